@@ -1,0 +1,70 @@
+//! `dice`: evaluate, generate, curate and train CUDA kernels written by diffusion language models.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "dice",
+    version,
+    about = "Evaluate, generate and train CUDA kernels written by block-diffusion language models",
+    long_about = "dice evaluates candidate kernels on KernelBench (compile, correctness, speedup, fast_p, \
+reward-hack detection), generates kernels with SDAR / DICE block-diffusion models or any \
+OpenAI-compatible endpoint, and trains models on verified kernels.\n\n\
+Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=dice=debug) for more detail."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List and validate the problems of a KernelBench tree.
+    #[command(subcommand)]
+    Problems(cmd::problems::ProblemsCommand),
+    /// Evaluate candidate kernels: build, check correctness, time against the reference.
+    Eval(cmd::eval::EvalArgs),
+    /// Summarise an evaluation run: verdicts, correctness, fast_p, pass@k, speedups.
+    Report(cmd::report::ReportArgs),
+    /// Print a KernelBench end-to-end prompt or a kernel-infilling prompt.
+    Prompt(cmd::prompt::PromptArgs),
+    /// Tokenize text with a model's tokenizer (optionally through its chat template).
+    Tokenize(cmd::tokenize::TokenizeArgs),
+    /// Turn token ids back into text.
+    Detokenize(cmd::tokenize::DetokenizeArgs),
+    /// Generate kernels (or any text) with a block-diffusion model or an OpenAI-compatible endpoint.
+    Generate(cmd::generate::GenerateArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API.
+    Serve(cmd::serve::ServeArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Problems(c) => cmd::problems::run(c),
+        Command::Eval(a) => cmd::eval::run(a),
+        Command::Report(a) => cmd::report::run(a),
+        Command::Prompt(a) => cmd::prompt::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run_tokenize(a),
+        Command::Detokenize(a) => cmd::tokenize::run_detokenize(a),
+        Command::Generate(a) => cmd::generate::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
