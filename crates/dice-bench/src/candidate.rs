@@ -1,0 +1,161 @@
+//! Candidate kernels: KernelBench run folders (`level_L_problem_ID_sample_S_kernel.py`)
+//! and JSONL files of code or raw model answers.
+
+use crate::extract::extract_first_code;
+use crate::records::{read_jsonl_file, Record};
+use anyhow::{bail, Context, Result};
+use regex::Regex;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+
+static KERNEL_FILE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py$").expect("valid regex")
+});
+
+/// One candidate program for one (level, problem, sample).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub level: u32,
+    pub problem_id: u32,
+    pub sample_id: u32,
+    /// The program's bytes; `None` when no code could be extracted from the raw answer.
+    pub code: Option<Vec<u8>>,
+    /// The model's answer the code was extracted from, when the input was a raw answer.
+    pub raw_answer: Option<String>,
+    /// Where it came from: a file path, or `file:line` for JSONL.
+    pub origin: String,
+}
+
+impl Candidate {
+    pub fn key(&self) -> (u32, u32, u32) {
+        (self.level, self.problem_id, self.sample_id)
+    }
+}
+
+/// Loads candidates from files and folders, sorted by (level, problem, sample).
+///
+/// * a file named `level_{L}_problem_{ID}_sample_{S}_kernel.py` (KernelBench run layout);
+/// * a folder: its files with that name pattern (others are ignored; none at all is an error);
+/// * a `.jsonl` file: lines `{level, problem_id, sample_id, code}` or
+///   `{level, problem_id, sample_id, completion}` (a raw answer, extracted with
+///   [`extract_first_code`]).
+///
+/// The same (level, problem, sample) twice is an error naming both origins.
+pub fn load_candidates(paths: &[PathBuf]) -> Result<Vec<Candidate>> {
+    let mut by_key: BTreeMap<(u32, u32, u32), Candidate> = BTreeMap::new();
+    for path in paths {
+        for candidate in load_path(path)? {
+            if let Some(first) = by_key.get(&candidate.key()) {
+                let (l, p, s) = candidate.key();
+                bail!(
+                    "level {l} problem {p} sample {s} is given twice: {} and {}",
+                    first.origin,
+                    candidate.origin
+                );
+            }
+            by_key.insert(candidate.key(), candidate);
+        }
+    }
+    Ok(by_key.into_values().collect())
+}
+
+fn load_path(path: &Path) -> Result<Vec<Candidate>> {
+    if path.is_dir() {
+        return load_folder(path);
+    }
+    if !path.exists() {
+        bail!("candidate path `{}` does not exist", path.display());
+    }
+    if let Some(key) = kernel_file_key(path) {
+        return Ok(vec![read_kernel_file(path, key)?]);
+    }
+    if path.extension().is_some_and(|e| e == "jsonl") {
+        return load_jsonl(path);
+    }
+    bail!(
+        "`{}` is neither a `level_L_problem_ID_sample_S_kernel.py` file, a folder of them, \
+         nor a `.jsonl` file of candidates",
+        path.display()
+    )
+}
+
+fn load_folder(dir: &Path) -> Result<Vec<Candidate>> {
+    let mut candidates = Vec::new();
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    for entry in entries {
+        let path = entry
+            .with_context(|| format!("cannot list {}", dir.display()))?
+            .path();
+        match kernel_file_key(&path).filter(|_| path.is_file()) {
+            Some(key) => candidates.push(read_kernel_file(&path, key)?),
+            None => tracing::debug!("ignoring {} (not a candidate kernel file)", path.display()),
+        }
+    }
+    if candidates.is_empty() {
+        bail!(
+            "folder `{}` holds no `level_L_problem_ID_sample_S_kernel.py` files",
+            dir.display()
+        );
+    }
+    Ok(candidates)
+}
+
+fn kernel_file_key(path: &Path) -> Option<(u32, u32, u32)> {
+    let name = path.file_name()?.to_str()?;
+    let caps = KERNEL_FILE.captures(name)?;
+    let num = |i: usize| caps[i].parse::<u32>().ok();
+    Some((num(1)?, num(2)?, num(3)?))
+}
+
+fn read_kernel_file(
+    path: &Path,
+    (level, problem_id, sample_id): (u32, u32, u32),
+) -> Result<Candidate> {
+    let code = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(Candidate {
+        level,
+        problem_id,
+        sample_id,
+        code: Some(code),
+        raw_answer: None,
+        origin: path.display().to_string(),
+    })
+}
+
+fn load_jsonl(path: &Path) -> Result<Vec<Candidate>> {
+    read_jsonl_file(path)?
+        .into_iter()
+        .map(candidate_from_record)
+        .collect()
+}
+
+fn candidate_from_record(record: Record) -> Result<Candidate> {
+    let level = record.required_u32("level")?;
+    let problem_id = record.required_u32("problem_id")?;
+    let sample_id = record.required_u32("sample_id")?;
+    let (code, raw_answer) = match (record.str_field("code")?, record.str_field("completion")?) {
+        (Some(code), None) => (Some(code.as_bytes().to_vec()), None),
+        (None, Some(answer)) => (
+            extract_first_code(answer).map(String::into_bytes),
+            Some(answer.to_string()),
+        ),
+        (Some(_), Some(_)) => bail!(
+            "{}: has both `code` and `completion`; give one of them",
+            record.origin
+        ),
+        (None, None) => bail!(
+            "{}: missing `code` (a program) or `completion` (a raw model answer)",
+            record.origin
+        ),
+    };
+    Ok(Candidate {
+        level,
+        problem_id,
+        sample_id,
+        code,
+        raw_answer,
+        origin: record.origin,
+    })
+}

@@ -1,0 +1,66 @@
+//! PyTorch→CUDA pairs (DICE's released format) as level-0 problems with one candidate each.
+
+use crate::candidate::Candidate;
+use crate::problem::{InvalidProblem, Problem};
+use crate::records::read_records;
+use crate::validate::validate_problem_source;
+use anyhow::{bail, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Pairs are not KernelBench problems; they all live in this level.
+pub const PAIRS_LEVEL: u32 = 0;
+
+/// Problems and candidates read from a pairs file.
+#[derive(Clone, Debug, Default)]
+pub struct PairSet {
+    /// Valid problems, sorted by id; named `pair_{id}`, `path` = the pairs file.
+    pub problems: Vec<Problem>,
+    /// Pairs whose `pytorch_code` is not a usable problem (their candidates are left out).
+    pub invalid: Vec<InvalidProblem>,
+    /// One candidate per valid problem (sample 0); `code` is `None` for an empty `cuda_code`.
+    pub candidates: Vec<Candidate>,
+}
+
+/// Reads a JSON array or JSONL of objects with `pytorch_code` (the problem) and `cuda_code`
+/// (the candidate). The problem id is the object's `id`, or its 0-based position when absent.
+pub fn load_pairs(path: &Path) -> Result<PairSet> {
+    let mut seen: BTreeMap<u32, String> = BTreeMap::new();
+    let mut set = PairSet::default();
+    for (position, record) in read_records(path)?.into_iter().enumerate() {
+        let id = match record.u32_field("id")? {
+            Some(id) => id,
+            None => u32::try_from(position)?,
+        };
+        if let Some(first) = seen.insert(id, record.origin.clone()) {
+            bail!("{}: pair id {id} is already used by {first}", record.origin);
+        }
+        let source = record.required_str("pytorch_code")?.as_bytes().to_vec();
+        let cuda_code = record.required_str("cuda_code")?;
+        if let Some(reason) = validate_problem_source(&source) {
+            set.invalid.push(InvalidProblem {
+                path: PathBuf::from(&record.origin),
+                reason,
+            });
+            continue;
+        }
+        set.candidates.push(Candidate {
+            level: PAIRS_LEVEL,
+            problem_id: id,
+            sample_id: 0,
+            code: (!cuda_code.is_empty()).then(|| cuda_code.as_bytes().to_vec()),
+            raw_answer: None,
+            origin: record.origin,
+        });
+        set.problems.push(Problem {
+            level: PAIRS_LEVEL,
+            problem_id: id,
+            name: format!("pair_{id}"),
+            path: path.to_path_buf(),
+            source,
+        });
+    }
+    set.problems.sort_by_key(|p| p.problem_id);
+    set.candidates.sort_by_key(|c| c.problem_id);
+    Ok(set)
+}

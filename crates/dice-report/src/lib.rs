@@ -1,0 +1,30 @@
+//! Metrics and reports of evaluation runs.
+//!
+//! [`build_report`] turns a run's records (as the evaluator stores them) into a [`Report`]:
+//! one row per sample and, per level, KernelBench's metrics (compiled and correct rates,
+//! fast_p, geometric-mean speedup, pass@k, fast_p@k), each both *raw* and *robust*
+//! (deceptive samples count as incorrect), as in the DICE paper's Table 6.
+//! [`render`] writes it as Markdown, CSV, JSON or a self-contained HTML page.
+//!
+//! Conventions (KernelBench `scripts/benchmark_eval_analysis.py`, `src/score.py`):
+//! * rates are over all problems of the level in the run; only sample 0 of each problem
+//!   counts, and a problem without a sample 0 counts as a failure;
+//! * fast_p counts problems that are correct with speedup strictly greater than p; a correct
+//!   sample without a speedup (no timing) is correct but never fast;
+//! * problems whose reference failed stay in the denominators (they are failures for every
+//!   candidate, as in KernelBench, where they cannot be solved) and are listed separately
+//!   under `problem_errors` so that they can be told apart from candidate failures.
+
+mod metrics;
+mod ordered;
+mod pass_at_k;
+pub mod render;
+mod report;
+mod threshold;
+
+pub use metrics::{Outcome, ProblemOutcomes, Scores};
+pub use ordered::OrderedMap;
+pub use pass_at_k::{k_values, pass_at_k};
+pub use render::{render, Format};
+pub use report::{build_report, LevelReport, ProblemError, Report, SampleRow, Scoring};
+pub use threshold::{parse_thresholds, Threshold, DEFAULT_FAST_P};

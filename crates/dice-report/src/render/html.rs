@@ -1,0 +1,140 @@
+//! HTML: one self-contained page (inline CSS and SVG, no scripts, no external resources).
+
+use super::svg::{speedup_histogram, strip_chart, Mark};
+use super::{metric_rows, optional_ms, run_settings, speedup};
+use crate::report::{Report, Scoring};
+use std::fmt::Write;
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;color:#222}\
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em}\
+td.n{text-align:right}th{background:#f2f2f2}.headline{background:#e8f4f2}\
+tr.deceptive td{background:#fdecec}";
+
+pub(super) fn render(r: &Report) -> String {
+    let mut out = format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>dice evaluation report</title><style>{STYLE}</style></head><body>\
+         <h1>dice evaluation report</h1>"
+    );
+    out.push_str("<table>");
+    for (k, v) in run_settings(r) {
+        let _ = write!(out, "<tr><th>{k}</th><td>{}</td></tr>", esc(&v));
+    }
+    out.push_str("</table>");
+
+    let correct_speedups: Vec<f64> = r.samples.iter().filter_map(|s| s.speedup).collect();
+    out.push_str("<h2>Speedups of correct samples</h2>");
+    out.push_str(&speedup_histogram(&correct_speedups));
+
+    for (level, lr) in &r.levels {
+        let _ = write!(
+            out,
+            "<h2>Level {level}: {} problems, {} samples</h2><table><tr><th>metric</th>",
+            lr.problems, lr.samples
+        );
+        for (name, scoring) in [("raw", Scoring::Raw), ("robust", Scoring::Robust)] {
+            let class = if scoring == r.headline {
+                " class=\"headline\""
+            } else {
+                ""
+            };
+            let _ = write!(out, "<th{class}>{name}</th>");
+        }
+        out.push_str("</tr>");
+        for row in metric_rows(&lr.raw, &lr.robust) {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+                esc(&row.label),
+                esc(&row.raw),
+                esc(&row.robust)
+            );
+        }
+        out.push_str("</table><p>Verdicts (all samples): ");
+        let verdicts: Vec<String> = lr
+            .verdicts
+            .iter()
+            .map(|(v, n)| format!("{v} {n}"))
+            .collect();
+        out.push_str(&esc(&verdicts.join(", ")));
+        let _ = write!(
+            out,
+            ". Deceptive samples: {}; flagged: {}.</p>",
+            lr.deceptive_samples, lr.flagged_samples
+        );
+        let points: Vec<(u32, Option<f64>, Mark)> = r
+            .samples
+            .iter()
+            .filter(|s| s.level == *level)
+            .map(|s| {
+                let mark = match (s.correct, s.deceptive) {
+                    (false, _) => Mark::Failed,
+                    (true, true) => Mark::Deceptive,
+                    (true, false) => Mark::Correct,
+                };
+                (s.problem_id, s.speedup, mark)
+            })
+            .collect();
+        out.push_str(&strip_chart(
+            &format!("Level {level}: speedup per problem (red = deceptive)"),
+            &points,
+        ));
+    }
+
+    if !r.problem_errors.is_empty() {
+        out.push_str(
+            "<h2>Problems whose reference failed</h2><p>They count as failures in the rates above.</p>\
+             <table><tr><th>level</th><th>problem</th><th>name</th><th>error</th></tr>",
+        );
+        for e in &r.problem_errors {
+            let _ = write!(
+                out,
+                "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
+                e.level,
+                e.problem_id,
+                esc(&e.name),
+                esc(&e.reference_error)
+            );
+        }
+        out.push_str("</table>");
+    }
+
+    out.push_str(
+        "<h2>Samples</h2><table><tr><th>level</th><th>problem</th><th>name</th><th>sample</th>\
+         <th>verdict</th><th>speedup</th><th>candidate ms</th><th>baseline ms</th>\
+         <th>deceptive</th><th>flags</th><th>message</th></tr>",
+    );
+    for s in &r.samples {
+        let class = if s.deceptive {
+            " class=\"deceptive\""
+        } else {
+            ""
+        };
+        let _ = write!(
+            out,
+            "<tr{class}><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td>\
+             <td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            s.level,
+            s.problem_id,
+            esc(s.name.as_deref().unwrap_or("")),
+            s.sample_id,
+            s.verdict,
+            s.speedup.map_or(String::new(), speedup),
+            optional_ms(s.candidate_ms),
+            optional_ms(s.baseline_ms),
+            if s.deceptive { "yes" } else { "no" },
+            esc(&s.flags.join(", ")),
+            esc(s.message.as_deref().unwrap_or(""))
+        );
+    }
+    out.push_str("</table></body></html>\n");
+    out
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}

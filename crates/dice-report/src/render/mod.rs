@@ -1,0 +1,141 @@
+//! Report output formats.
+
+mod csv;
+mod html;
+mod markdown;
+mod svg;
+
+use crate::report::{Report, Scoring};
+use crate::Scores;
+use anyhow::{bail, Result};
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Markdown summary tables.
+    Md,
+    /// One row per sample.
+    Csv,
+    /// Everything, machine-readable.
+    Json,
+    /// One self-contained page: the tables plus inline SVG charts.
+    Html,
+}
+
+impl FromStr for Format {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "md" | "markdown" => Format::Md,
+            "csv" => Format::Csv,
+            "json" => Format::Json,
+            "html" => Format::Html,
+            other => bail!("unknown report format `{other}` (use md, csv, json or html)"),
+        })
+    }
+}
+
+pub fn render(report: &Report, format: Format) -> Result<String> {
+    Ok(match format {
+        Format::Md => markdown::render(report),
+        Format::Csv => csv::render(report),
+        Format::Json => serde_json::to_string_pretty(report)? + "\n",
+        Format::Html => html::render(report),
+    })
+}
+
+/// One metric line of a level table: label, raw value, robust value.
+struct MetricRow {
+    label: String,
+    raw: String,
+    robust: String,
+}
+
+/// The rows of the raw-vs-robust table of one level, in reading order.
+fn metric_rows(raw: &Scores, robust: &Scores) -> Vec<MetricRow> {
+    let row = |label: String, f: &dyn Fn(&Scores) -> String| MetricRow {
+        label,
+        raw: f(raw),
+        robust: f(robust),
+    };
+    let mut rows = vec![
+        row("compiled".into(), &|s| percent(s.compiled)),
+        row("correct".into(), &|s| percent(s.correct)),
+    ];
+    for (p, _) in raw.fast_p.iter() {
+        rows.push(row(format!("fast_{p}"), &|s| {
+            percent(*s.fast_p.get(p).unwrap_or(&0.0))
+        }));
+    }
+    rows.push(row("geomean speedup (correct)".into(), &|s| {
+        s.geomean_speedup.map_or("–".into(), speedup)
+    }));
+    if let Some(pass) = &raw.pass_at_k {
+        for (k, _) in pass.iter() {
+            rows.push(row(format!("pass@{k}"), &|s| {
+                percent(*s.pass_at_k.as_ref().and_then(|m| m.get(k)).unwrap_or(&0.0))
+            }));
+        }
+    }
+    if let Some(fast) = &raw.fast_p_at_k {
+        for (p, by_k) in fast.iter() {
+            for (k, _) in by_k.iter() {
+                rows.push(row(format!("fast_{p}@{k}"), &|s| {
+                    let v = s
+                        .fast_p_at_k
+                        .as_ref()
+                        .and_then(|m| m.get(p)?.get(k).copied());
+                    percent(v.unwrap_or(0.0))
+                }));
+            }
+        }
+    }
+    rows
+}
+
+/// The run's settings as (label, value) lines, shared by the text formats.
+fn run_settings(r: &Report) -> Vec<(&'static str, String)> {
+    let run = &r.run;
+    vec![
+        ("device", format!("{} ({})", run.device, run.hardware)),
+        (
+            "software",
+            format!(
+                "torch {}, python {}, dice {}",
+                run.torch_version, run.python_version, run.dice_version
+            ),
+        ),
+        (
+            "correctness",
+            format!(
+                "{} trials, atol {}, rtol {}",
+                run.correctness_trials, run.atol, run.rtol
+            ),
+        ),
+        (
+            "timing",
+            format!("{} trials, baseline {}", run.perf_trials, run.baseline),
+        ),
+        ("problems", run.source.clone()),
+        ("headline", headline_name(r.headline).to_string()),
+    ]
+}
+
+fn headline_name(scoring: Scoring) -> &'static str {
+    match scoring {
+        Scoring::Raw => "raw (KernelBench: every sample passing the correctness trials counts)",
+        Scoring::Robust => "robust (deceptive samples count as incorrect)",
+    }
+}
+
+fn percent(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
+
+fn speedup(x: f64) -> String {
+    format!("{x:.3}×")
+}
+
+fn optional_ms(x: Option<f64>) -> String {
+    x.map_or(String::new(), |v| format!("{v:.4}"))
+}

@@ -1,0 +1,233 @@
+//! A run's report: sample rows and per-level raw/robust metrics, built from stored records.
+
+use crate::metrics::{Outcome, ProblemOutcomes, Scores};
+use crate::threshold::Threshold;
+use dice_eval::{ProblemRecord, RunInfo, SampleRecord, Verdict};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Which correctness the headline metrics use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scoring {
+    /// KernelBench's: every sample that passed the correctness trials is correct.
+    Raw,
+    /// Deceptive samples (reward hacks) count as incorrect.
+    Robust,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub run: RunInfo,
+    /// What the top-level metrics of each level are (`robust` with `--strict` or a strict run).
+    pub headline: Scoring,
+    /// Threshold labels in the order given.
+    pub fast_p_thresholds: Vec<String>,
+    /// Keyed by level.
+    pub levels: BTreeMap<u32, LevelReport>,
+    /// Problems whose reference failed; they stay in the denominators.
+    pub problem_errors: Vec<ProblemError>,
+    pub samples: Vec<SampleRow>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LevelReport {
+    /// Problems of this level in the run (with or without candidates).
+    pub problems: usize,
+    /// Samples of this level (all sample ids).
+    pub samples: usize,
+    /// The headline scores (raw or robust, see [`Report::headline`]).
+    #[serde(flatten)]
+    pub headline: Scores,
+    pub raw: Scores,
+    pub robust: Scores,
+    /// Sample count per verdict (all samples).
+    pub verdicts: BTreeMap<Verdict, usize>,
+    /// Samples marked deceptive / carrying at least one flag (all samples).
+    pub deceptive_samples: usize,
+    pub flagged_samples: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProblemError {
+    pub level: u32,
+    pub problem_id: u32,
+    pub name: String,
+    pub reference_error: String,
+}
+
+/// One candidate as reported.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SampleRow {
+    pub level: u32,
+    pub problem_id: u32,
+    /// The problem's name when the run recorded the problem.
+    pub name: Option<String>,
+    pub sample_id: u32,
+    pub verdict: Verdict,
+    pub compiled: bool,
+    pub correct: bool,
+    /// Correct and not deceptive.
+    pub robust_correct: bool,
+    /// baseline mean / candidate mean; `None` unless correct (and timed).
+    pub speedup: Option<f64>,
+    pub candidate_ms: Option<f64>,
+    pub baseline_ms: Option<f64>,
+    pub flags: Vec<String>,
+    pub deceptive: bool,
+    pub message: Option<String>,
+}
+
+impl SampleRow {
+    fn from_record(record: &SampleRecord, name: Option<String>) -> SampleRow {
+        let correct = record.verdict.is_correct();
+        let candidate_ms = record.candidate_timing.as_ref().map(|t| t.mean_ms);
+        let baseline_ms = record.baseline_timing.as_ref().map(|t| t.mean_ms);
+        let measured = match (baseline_ms, candidate_ms) {
+            (Some(b), Some(c)) if c > 0.0 => Some(b / c),
+            _ => None,
+        };
+        SampleRow {
+            level: record.level,
+            problem_id: record.problem_id,
+            name,
+            sample_id: record.sample_id,
+            verdict: record.verdict,
+            compiled: record.verdict.compiled(),
+            correct,
+            robust_correct: correct && !record.deceptive,
+            speedup: if correct {
+                record.speedup.or(measured)
+            } else {
+                None
+            },
+            candidate_ms,
+            baseline_ms,
+            flags: record.flags.clone(),
+            deceptive: record.deceptive,
+            message: record.message.clone(),
+        }
+    }
+
+    fn outcome(&self, scoring: Scoring) -> Outcome {
+        let correct = match scoring {
+            Scoring::Raw => self.correct,
+            Scoring::Robust => self.robust_correct,
+        };
+        Outcome {
+            compiled: self.compiled,
+            correct,
+            speedup: self.speedup.filter(|_| correct),
+        }
+    }
+}
+
+/// Builds the report. `strict` (or a run evaluated with `strict`) makes robust the headline.
+pub fn build_report(
+    run: &RunInfo,
+    problems: &[ProblemRecord],
+    samples: &[SampleRecord],
+    thresholds: &[Threshold],
+    strict: bool,
+) -> Report {
+    let names: BTreeMap<(u32, u32), &str> = problems
+        .iter()
+        .map(|p| ((p.level, p.problem_id), p.name.as_str()))
+        .collect();
+    let mut rows: Vec<SampleRow> = samples
+        .iter()
+        .map(|s| {
+            let name = names.get(&(s.level, s.problem_id)).map(|n| n.to_string());
+            SampleRow::from_record(s, name)
+        })
+        .collect();
+    rows.sort_by_key(|r| (r.level, r.problem_id, r.sample_id));
+
+    // A sample of an unrecorded problem still makes that problem part of the run.
+    let problem_keys: BTreeSet<(u32, u32)> = problems
+        .iter()
+        .map(|p| (p.level, p.problem_id))
+        .chain(rows.iter().map(|r| (r.level, r.problem_id)))
+        .collect();
+    let headline = if strict || run.strict {
+        Scoring::Robust
+    } else {
+        Scoring::Raw
+    };
+    let levels = problem_keys
+        .iter()
+        .map(|&(level, _)| level)
+        .collect::<BTreeSet<u32>>()
+        .into_iter()
+        .map(|level| {
+            let keys: Vec<(u32, u32)> = problem_keys
+                .iter()
+                .copied()
+                .filter(|k| k.0 == level)
+                .collect();
+            (level, level_report(&keys, &rows, thresholds, headline))
+        })
+        .collect();
+    let problem_errors = problems
+        .iter()
+        .filter_map(|p| {
+            Some(ProblemError {
+                level: p.level,
+                problem_id: p.problem_id,
+                name: p.name.clone(),
+                reference_error: p.reference_error.clone()?,
+            })
+        })
+        .collect();
+    Report {
+        run: run.clone(),
+        headline,
+        fast_p_thresholds: thresholds.iter().map(|t| t.label.clone()).collect(),
+        levels,
+        problem_errors,
+        samples: rows,
+    }
+}
+
+fn level_report(
+    keys: &[(u32, u32)],
+    rows: &[SampleRow],
+    thresholds: &[Threshold],
+    headline: Scoring,
+) -> LevelReport {
+    let level = keys[0].0;
+    let level_rows: Vec<&SampleRow> = rows.iter().filter(|r| r.level == level).collect();
+    let outcomes = |scoring: Scoring| -> Vec<ProblemOutcomes> {
+        keys.iter()
+            .map(|&(_, pid)| {
+                let mine = level_rows.iter().filter(|r| r.problem_id == pid);
+                ProblemOutcomes {
+                    first: mine
+                        .clone()
+                        .find(|r| r.sample_id == 0)
+                        .map(|r| r.outcome(scoring)),
+                    all: mine.map(|r| r.outcome(scoring)).collect(),
+                }
+            })
+            .collect()
+    };
+    let raw = Scores::compute(&outcomes(Scoring::Raw), thresholds);
+    let robust = Scores::compute(&outcomes(Scoring::Robust), thresholds);
+    let mut verdicts = BTreeMap::new();
+    for r in &level_rows {
+        *verdicts.entry(r.verdict).or_insert(0) += 1;
+    }
+    LevelReport {
+        problems: keys.len(),
+        samples: level_rows.len(),
+        headline: match headline {
+            Scoring::Raw => raw.clone(),
+            Scoring::Robust => robust.clone(),
+        },
+        raw,
+        robust,
+        verdicts,
+        deceptive_samples: level_rows.iter().filter(|r| r.deceptive).count(),
+        flagged_samples: level_rows.iter().filter(|r| !r.flags.is_empty()).count(),
+    }
+}
