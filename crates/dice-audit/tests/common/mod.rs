@@ -1,0 +1,66 @@
+//! Paths to the shared data and the repository's adversarial suite.
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// `/work/shared` (or `$DICE_SHARED`): read in place, never copied into the repository.
+pub fn shared_dir() -> PathBuf {
+    std::env::var_os("DICE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+}
+
+pub fn adversarial_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/adversarial")
+}
+
+/// The source of KernelBench problem `level`/`id` from the shared copy.
+pub fn problem_source(level: u32, id: u32) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let dir = shared_dir().join(format!("kernelbench/level{level}"));
+    let prefix = format!("{id}_");
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with(&prefix) && name.ends_with(".py") {
+            return std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()));
+        }
+    }
+    anyhow::bail!("no problem {level}/{id} under {}", dir.display())
+}
+
+/// The DICE/KernelBench one-shot example as the prompt shows it: the add `Model` and the
+/// elementwise-add `ModelNew`, cut out of the golden level-1 prompt.
+pub fn prompt_example() -> anyhow::Result<(String, String)> {
+    let path = shared_dir().join("sdar/golden/prompts/kernelbench_level1_1.user.txt");
+    let prompt = std::fs::read_to_string(&path)?;
+    let problem = fenced_after(&prompt, "The example given architecture is:")?;
+    let candidate = fenced_after(
+        &prompt,
+        "The example new arch with custom CUDA kernels looks like this:",
+    )?;
+    Ok((problem, candidate))
+}
+
+fn fenced_after(text: &str, marker: &str) -> anyhow::Result<String> {
+    let start = text
+        .find(marker)
+        .ok_or_else(|| anyhow::anyhow!("marker {marker:?} not in prompt"))?;
+    let rest = &text[start..];
+    let open = rest
+        .find("```")
+        .ok_or_else(|| anyhow::anyhow!("no fence after {marker:?}"))?;
+    let body = &rest[open + 3..];
+    let close = body
+        .find("```")
+        .ok_or_else(|| anyhow::anyhow!("unclosed fence after {marker:?}"))?;
+    // Only the first line carries the prompt's f-string indentation.
+    let mut lines = body[..close].lines().skip(1);
+    let first = lines.next().unwrap_or("").trim_start();
+    Ok(std::iter::once(first)
+        .chain(lines)
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
