@@ -1,0 +1,754 @@
+//! SDAR / DICE block-diffusion decoder (Qwen3 architecture), spec §1-§3.
+//!
+//! The model is stateless: weights only. KV caches belong to the caller and are passed into
+//! every cached forward.
+//!
+//! # Inference API and KV-cache layout
+//!
+//! [`KvCache`] holds, per layer, keys and values of shape `[B, kv_heads, capacity, head_dim]`
+//! and one committed length per row. Row i's valid K/V occupy slots `0..lens[i]` (rows are
+//! left-aligned; lengths may differ per row, which is what continuous batching needs). Every
+//! length is a multiple of the block size.
+//!
+//! [`Sdar::forward`] runs `T` new tokens per row (`T` a multiple of the block size):
+//! - the new token t of row i has position `lens[i] + t` (positions are implied by the cache);
+//! - it attends the cached prefix of its row plus the new tokens of its own and earlier
+//!   blocks (block-causal prefill, spec §3.2; with `T` = one block this is the all-ones
+//!   decoding mask of §3.3);
+//! - the new K/V are written into slots `lens[i]..lens[i]+T` of every row, and `commit[i]`
+//!   (0 or a multiple of the block size, at most `T`) of them become part of row i:
+//!   `lens[i] += commit[i]`. With `commit[i] == 0` (`store_kv=False`) the visible content of
+//!   the row is unchanged: the slots past `lens[i]` are scratch space, overwritten by the next
+//!   forward. This is JetEngine's write-then-advance scheme (spec §3.3) and needs
+//!   `lens[i] + T <= capacity` even for read-only rows.
+//! - Rows with unequal lengths get one additive key mask `[B, 1, 1, T, S]` (S = max(lens) + T);
+//!   equal lengths share one `[T, S]` mask; a single block on equal lengths (every step at
+//!   batch size 1) uses no mask at all, and writes with one `slice_set` per layer instead of a
+//!   scatter, so B = 1 pays nothing for the batching support.
+//! - A row that is not needed in a step can be given any tokens and `commit = 0`.
+//!
+//! Batched prefill of prompts of different lengths: right-pad the ids to a common `T` and pass
+//! each row's whole-block length as `commit[i]`; the padded tokens are never visible to the
+//! real tokens (block-causal), and their outputs are to be ignored.
+//!
+//! Rows are managed with [`KvCache::select_rows`] (drop finished sequences),
+//! [`KvCache::copy_row_from`] (put a freshly prefilled sequence into a free row) and
+//! [`KvCache::truncate_row`].
+//!
+//! Attention never expands K/V for GQA (query heads are grouped onto their KV head by a
+//! reshape) and masks are broadcast over heads. Scores are computed in the activation dtype,
+//! softmax in f32.
+//!
+//! # Training API
+//!
+//! [`Sdar::two_stream_hidden`] is the two-stream SFT forward of spec §3.1 / §6.3 on a
+//! [`crate::sft::TwoStreamBatch`]; it uses differentiable ops only, so with weights loaded by
+//! [`Sdar::load_trainable`] `loss.backward()` yields gradients for every checkpoint tensor.
+//! Attention runs per packed sample (the mask is block-diagonal across samples), so the
+//! largest score tensor is `[kv_heads, groups * 2n, 2n]` for the longest sample n, never
+//! `[2N, 2N]` for the whole packed row.
+//!
+//! # Numerics (HF reference, spec §2)
+//! RMSNorm: f32 normalisation times the f32 weight, rounded once to the activation dtype (the
+//! fused candle kernel does exactly that on CUDA; CPU half types use the composite form).
+//! RoPE: cos/sin in f32 cast to the activation dtype, products in that dtype. qk-norm before
+//! RoPE. SiLU in f32, rounded once, times `up` in the activation dtype. No logit shift: the
+//! logit row of position i predicts the token at position i.
+
+use crate::checkpoint;
+use crate::config::SdarConfig;
+use crate::masks;
+use crate::sft::TwoStreamBatch;
+use anyhow::{bail, ensure, Context};
+use candle_core::{DType, Device, Result, Tensor, D};
+use candle_nn::{VarBuilder, VarMap};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Which implementation of the fused operations a forward uses. Inference takes candle's fused
+/// kernels (no backward); training takes composite ops that autograd can differentiate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    Fused,
+    Differentiable,
+}
+
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, kernels: Kernels) -> Result<Tensor> {
+    let fused_is_exact = x.device().is_cuda() || x.dtype() == DType::F32;
+    if kernels == Kernels::Fused && fused_is_exact {
+        return candle_nn::ops::rms_norm(x, weight, eps as f32);
+    }
+    let x32 = x.to_dtype(DType::F32)?;
+    let rstd = (x32.sqr()?.mean_keepdim(D::Minus1)? + eps)?
+        .sqrt()?
+        .recip()?;
+    x32.broadcast_mul(&rstd)?
+        .broadcast_mul(&weight.to_dtype(DType::F32)?)?
+        .to_dtype(x.dtype())
+}
+
+fn linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    let mut out_dims = x.dims().to_vec();
+    let last = out_dims.len() - 1;
+    out_dims[last] = weight.dim(0)?;
+    x.flatten_to(last - 1)?
+        .matmul(&weight.t()?)?
+        .reshape(out_dims)
+}
+
+fn silu_in_f32(x: &Tensor) -> Result<Tensor> {
+    x.to_dtype(DType::F32)?.silu()?.to_dtype(x.dtype())
+}
+
+fn softmax_last_dim(x: &Tensor, kernels: Kernels) -> Result<Tensor> {
+    match kernels {
+        Kernels::Fused => candle_nn::ops::softmax_last_dim(x),
+        Kernels::Differentiable => candle_nn::ops::softmax(x, D::Minus1),
+    }
+}
+
+/// Rotary tables for one forward: cos and sin of shape `[T, head_dim/2]` (positions shared by
+/// all rows) or `[B, T, head_dim/2]`, already in the activation dtype.
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    /// `positions`: u32 tensor `[T]` or `[B, T]`.
+    fn new(inv_freq: &Tensor, positions: &Tensor, dtype: DType) -> Result<Self> {
+        let angles = positions
+            .to_dtype(DType::F32)?
+            .unsqueeze(D::Minus1)?
+            .broadcast_mul(inv_freq)?;
+        Ok(Self {
+            cos: angles.cos()?.to_dtype(dtype)?,
+            sin: angles.sin()?.to_dtype(dtype)?,
+        })
+    }
+
+    /// Rotate-half RoPE on `x` of shape `[B, heads, T, head_dim]`.
+    fn apply(&self, x: &Tensor, kernels: Kernels) -> Result<Tensor> {
+        if kernels == Kernels::Fused {
+            return candle_nn::rotary_emb::rope(&x.contiguous()?, &self.cos, &self.sin);
+        }
+        let full = |t: &Tensor| -> Result<Tensor> {
+            let t = Tensor::cat(&[t, t], D::Minus1)?;
+            match t.rank() {
+                2 => t.unsqueeze(0)?.unsqueeze(0),
+                _ => t.unsqueeze(1),
+            }
+        };
+        let half = x.dim(D::Minus1)? / 2;
+        let rotated = Tensor::cat(
+            &[
+                &x.narrow(D::Minus1, half, half)?.neg()?,
+                &x.narrow(D::Minus1, 0, half)?,
+            ],
+            D::Minus1,
+        )?;
+        x.broadcast_mul(&full(&self.cos)?)? + rotated.broadcast_mul(&full(&self.sin)?)?
+    }
+}
+
+/// Softmax attention with GQA by grouping: `q [B, Hq, T, Dh]`, `k`/`v` `[B, Hkv, S, Dh]`,
+/// `mask` additive f32 broadcastable to `[B, Hkv, Hq/Hkv, T, S]`. Returns `[B, T, Hq*Dh]`.
+fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    kernels: Kernels,
+) -> Result<Tensor> {
+    let (b, hq, t, dh) = q.dims4()?;
+    let (hkv, s) = (k.dim(1)?, k.dim(2)?);
+    let groups = hq / hkv;
+    let q = q.contiguous()?.reshape((b, hkv, groups * t, dh))?;
+    let scores = (q.matmul(&k.t()?)?.to_dtype(DType::F32)? * (1.0 / (dh as f64).sqrt()))?;
+    let scores = match mask {
+        Some(mask) => scores
+            .reshape((b, hkv, groups, t, s))?
+            .broadcast_add(mask)?
+            .reshape((b, hkv, groups * t, s))?,
+        None => scores,
+    };
+    let probs = softmax_last_dim(&scores, kernels)?.to_dtype(v.dtype())?;
+    probs
+        .matmul(v)?
+        .reshape((b, hq, t, dh))?
+        .transpose(1, 2)?
+        .reshape((b, t, hq * dh))
+}
+
+/// Query rows per attention call in inference: bounds the f32 score tensor of a long prefill
+/// to `[B, Hkv, groups * QUERY_CHUNK, S]`.
+const QUERY_CHUNK: usize = 1024;
+
+/// [`attention`] over consecutive query chunks (inference only: without autograd the chunks'
+/// intermediates are freed one after the other). `mask` has the query axis at dim 3.
+fn chunked_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    let t = q.dim(2)?;
+    if t <= QUERY_CHUNK {
+        return attention(q, k, v, mask, Kernels::Fused);
+    }
+    let mut outputs = Vec::with_capacity(t.div_ceil(QUERY_CHUNK));
+    for start in (0..t).step_by(QUERY_CHUNK) {
+        let len = QUERY_CHUNK.min(t - start);
+        let mask = mask.map(|m| m.narrow(3, start, len)).transpose()?;
+        outputs.push(attention(
+            &q.narrow(2, start, len)?,
+            k,
+            v,
+            mask.as_ref(),
+            Kernels::Fused,
+        )?);
+    }
+    Tensor::cat(&outputs, 1)
+}
+
+struct DecoderLayer {
+    input_layernorm: Tensor,
+    q_proj: Tensor,
+    k_proj: Tensor,
+    v_proj: Tensor,
+    q_norm: Tensor,
+    k_norm: Tensor,
+    o_proj: Tensor,
+    post_attention_layernorm: Tensor,
+    gate_proj: Tensor,
+    up_proj: Tensor,
+    down_proj: Tensor,
+}
+
+impl DecoderLayer {
+    fn new(cfg: &SdarConfig, vb: VarBuilder) -> Result<Self> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let attn = vb.pp("self_attn");
+        let mlp = vb.pp("mlp");
+        Ok(Self {
+            input_layernorm: vb.get(h, "input_layernorm.weight")?,
+            q_proj: attn.get((cfg.q_dim(), h), "q_proj.weight")?,
+            k_proj: attn.get((cfg.kv_dim(), h), "k_proj.weight")?,
+            v_proj: attn.get((cfg.kv_dim(), h), "v_proj.weight")?,
+            q_norm: attn.get(cfg.head_dim, "q_norm.weight")?,
+            k_norm: attn.get(cfg.head_dim, "k_norm.weight")?,
+            o_proj: attn.get((h, cfg.q_dim()), "o_proj.weight")?,
+            post_attention_layernorm: vb.get(h, "post_attention_layernorm.weight")?,
+            gate_proj: mlp.get((i, h), "gate_proj.weight")?,
+            up_proj: mlp.get((i, h), "up_proj.weight")?,
+            down_proj: mlp.get((h, i), "down_proj.weight")?,
+        })
+    }
+
+    fn tensors(&self) -> [&Tensor; 11] {
+        [
+            &self.input_layernorm,
+            &self.q_proj,
+            &self.k_proj,
+            &self.v_proj,
+            &self.q_norm,
+            &self.k_norm,
+            &self.o_proj,
+            &self.post_attention_layernorm,
+            &self.gate_proj,
+            &self.up_proj,
+            &self.down_proj,
+        ]
+    }
+
+    /// Pre-norm, projections, qk-norm and RoPE: q `[B, Hq, T, Dh]`, k and v `[B, Hkv, T, Dh]`.
+    fn qkv(
+        &self,
+        cfg: &SdarConfig,
+        h: &Tensor,
+        rope: &Rope,
+        kernels: Kernels,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t, _) = h.dims3()?;
+        let eps = cfg.rms_norm_eps;
+        let x = rms_norm(h, &self.input_layernorm, eps, kernels)?;
+        let heads = |w: &Tensor, n: usize, norm: Option<&Tensor>| -> Result<Tensor> {
+            let y = linear(&x, w)?.reshape((b, t, n, cfg.head_dim))?;
+            let y = match norm {
+                Some(norm) => rms_norm(&y, norm, eps, kernels)?,
+                None => y,
+            };
+            y.transpose(1, 2)?.contiguous()
+        };
+        let q = heads(&self.q_proj, cfg.num_attention_heads, Some(&self.q_norm))?;
+        let k = heads(&self.k_proj, cfg.num_key_value_heads, Some(&self.k_norm))?;
+        let v = heads(&self.v_proj, cfg.num_key_value_heads, None)?;
+        Ok((rope.apply(&q, kernels)?, rope.apply(&k, kernels)?, v))
+    }
+
+    /// Output projection, residual, and the SwiGLU block with its residual.
+    fn finish(
+        &self,
+        cfg: &SdarConfig,
+        residual: &Tensor,
+        attn: &Tensor,
+        kernels: Kernels,
+    ) -> Result<Tensor> {
+        let h = (residual + linear(attn, &self.o_proj)?)?;
+        let x = rms_norm(
+            &h,
+            &self.post_attention_layernorm,
+            cfg.rms_norm_eps,
+            kernels,
+        )?;
+        let gate = silu_in_f32(&linear(&x, &self.gate_proj)?)?;
+        let m = linear(&(gate * linear(&x, &self.up_proj)?)?, &self.down_proj)?;
+        h + m
+    }
+}
+
+/// Where the new K/V of a forward go in the cache.
+enum SlotWrite {
+    /// Every row writes at the same slot offset.
+    Uniform(usize),
+    /// Per-row offsets: u32 slot indices of shape `[B, Hkv, T, Dh]` for `scatter_set`.
+    PerRow(Tensor),
+}
+
+/// Caller-owned KV cache of a batch of sequences; see the module docs for the layout.
+#[derive(Clone)]
+pub struct KvCache {
+    keys: Vec<Tensor>,
+    values: Vec<Tensor>,
+    lens: Vec<usize>,
+}
+
+impl KvCache {
+    /// An empty cache of `batch` rows, each able to hold `capacity` positions.
+    pub fn new(
+        cfg: &SdarConfig,
+        batch: usize,
+        capacity: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> anyhow::Result<Self> {
+        let shape = (batch, cfg.num_key_value_heads, capacity, cfg.head_dim);
+        let alloc = || Tensor::zeros(shape, dtype, device);
+        let keys = (0..cfg.num_hidden_layers)
+            .map(|_| alloc())
+            .collect::<Result<Vec<_>>>();
+        let values = (0..cfg.num_hidden_layers)
+            .map(|_| alloc())
+            .collect::<Result<Vec<_>>>();
+        let context =
+            || format!("cannot allocate a KV cache of {batch} rows x {capacity} positions");
+        Ok(Self {
+            keys: keys.with_context(context)?,
+            values: values.with_context(context)?,
+            lens: vec![0; batch],
+        })
+    }
+
+    pub fn batch_size(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Committed (visible) positions of each row.
+    pub fn lens(&self) -> &[usize] {
+        &self.lens
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.keys.first().map_or(0, |k| k.dims()[2])
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.keys.first().map_or(DType::F32, |k| k.dtype())
+    }
+
+    /// Bytes held by the cache tensors.
+    pub fn size_in_bytes(&self) -> usize {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
+    }
+
+    /// A new cache holding the given rows of this one, in that order.
+    pub fn select_rows(&self, rows: &[usize]) -> anyhow::Result<Self> {
+        for &r in rows {
+            ensure!(
+                r < self.batch_size(),
+                "row {r} is out of range for a KV cache of {} rows",
+                self.batch_size()
+            );
+        }
+        let device = self
+            .keys
+            .first()
+            .map(|k| k.device().clone())
+            .unwrap_or(Device::Cpu);
+        let index = Tensor::new(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), &device)?;
+        let pick = |ts: &[Tensor]| -> Result<Vec<Tensor>> {
+            ts.iter().map(|t| t.index_select(&index, 0)).collect()
+        };
+        Ok(Self {
+            keys: pick(&self.keys)?,
+            values: pick(&self.values)?,
+            lens: rows.iter().map(|&r| self.lens[r]).collect(),
+        })
+    }
+
+    /// Overwrites row `row` with row `src_row` of `src` (same model, dtype and capacity), in
+    /// place: how a sequence prefilled on its own joins a running batch.
+    pub fn copy_row_from(
+        &mut self,
+        row: usize,
+        src: &KvCache,
+        src_row: usize,
+    ) -> anyhow::Result<()> {
+        ensure!(
+            row < self.batch_size(),
+            "row {row} is out of range for a KV cache of {} rows",
+            self.batch_size()
+        );
+        ensure!(
+            src_row < src.batch_size(),
+            "source row {src_row} is out of range for a KV cache of {} rows",
+            src.batch_size()
+        );
+        ensure!(
+            src.capacity() == self.capacity() && src.keys.len() == self.keys.len(),
+            "KV caches differ in capacity or layer count ({} vs {} positions)",
+            src.capacity(),
+            self.capacity()
+        );
+        for (dst, s) in self
+            .keys
+            .iter()
+            .zip(&src.keys)
+            .chain(self.values.iter().zip(&src.values))
+        {
+            dst.slice_set(&s.narrow(0, src_row, 1)?, 0, row)?;
+        }
+        self.lens[row] = src.lens[src_row];
+        Ok(())
+    }
+
+    /// Forgets everything of row `row` past `len` (a multiple of the block size); `len = 0`
+    /// frees the row for a new sequence.
+    pub fn truncate_row(&mut self, row: usize, len: usize) -> anyhow::Result<()> {
+        ensure!(
+            row < self.batch_size(),
+            "row {row} is out of range for a KV cache of {} rows",
+            self.batch_size()
+        );
+        ensure!(
+            len <= self.lens[row],
+            "cannot truncate row {row} of length {} to {len}",
+            self.lens[row]
+        );
+        self.lens[row] = len;
+        Ok(())
+    }
+
+    /// Slot placement of `t` new tokens per row, after checking capacity.
+    fn slot_write(&self, t: usize, kv_heads: usize, head_dim: usize) -> anyhow::Result<SlotWrite> {
+        let cap = self.capacity();
+        if let Some((row, len)) = self.lens.iter().enumerate().find(|(_, &l)| l + t > cap) {
+            bail!("KV cache row {row} holds {len} positions; {t} more exceed its capacity {cap}: allocate a larger cache");
+        }
+        if self.lens.iter().all(|&l| l == self.lens[0]) {
+            return Ok(SlotWrite::Uniform(self.lens[0]));
+        }
+        let mut index = Vec::with_capacity(self.lens.len() * kv_heads * t * head_dim);
+        for &len in &self.lens {
+            for _ in 0..kv_heads {
+                for p in 0..t {
+                    index.extend(std::iter::repeat_n((len + p) as u32, head_dim));
+                }
+            }
+        }
+        let shape = (self.lens.len(), kv_heads, t, head_dim);
+        Ok(SlotWrite::PerRow(Tensor::from_vec(
+            index,
+            shape,
+            self.keys[0].device(),
+        )?))
+    }
+}
+
+/// An SDAR causal-LM: embeddings, decoder layers, final norm and (untied) lm_head.
+pub struct Sdar {
+    config: SdarConfig,
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    inv_freq: Tensor,
+}
+
+impl Sdar {
+    /// Builds the model from any `VarBuilder` whose tensors use the checkpoint key names.
+    pub fn new(config: &SdarConfig, vb: VarBuilder) -> Result<Self> {
+        let (v, h) = (config.vocab_size, config.hidden_size);
+        let embed_tokens = vb.get((v, h), "model.embed_tokens.weight")?;
+        let layers = (0..config.num_hidden_layers)
+            .map(|l| DecoderLayer::new(config, vb.pp(format!("model.layers.{l}"))))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = vb.get(h, "model.norm.weight")?;
+        let lm_head = if config.tie_word_embeddings {
+            embed_tokens.clone()
+        } else {
+            vb.get((v, h), "lm_head.weight")?
+        };
+        let half = config.head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / (config.rope_theta as f32).powf(2.0 * i as f32 / config.head_dim as f32))
+            .collect();
+        let inv_freq = Tensor::from_vec(inv_freq, half, vb.device())?;
+        Ok(Self {
+            config: config.clone(),
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            inv_freq,
+        })
+    }
+
+    /// Loads a checkpoint directory (`config.json` + single or sharded safetensors) in `dtype`
+    /// on `device`, memory-mapped.
+    pub fn load(dir: &Path, dtype: DType, device: &Device) -> anyhow::Result<Self> {
+        let config = SdarConfig::from_path(dir)?;
+        let vb = checkpoint::mmaped_var_builder(dir, &config, dtype, device)?;
+        Self::new(&config, vb)
+            .with_context(|| format!("cannot build the model from {}", dir.display()))
+    }
+
+    /// Loads a checkpoint with every weight a trainable `Var` (keyed by checkpoint name in the
+    /// returned `VarMap`, ready for a candle optimizer).
+    pub fn load_trainable(
+        dir: &Path,
+        dtype: DType,
+        device: &Device,
+    ) -> anyhow::Result<(Self, VarMap)> {
+        let config = SdarConfig::from_path(dir)?;
+        let (varmap, vb) = checkpoint::trainable_var_builder(dir, &config, dtype, device)?;
+        let model = Self::new(&config, vb)
+            .with_context(|| format!("cannot build the model from {}", dir.display()))?;
+        Ok((model, varmap))
+    }
+
+    /// Random weights (normal(0, initializer_range) matrices, unit norms) for a config, created on the
+    /// device in `dtype`: for speed and memory benchmarks of the real model sizes.
+    pub fn random(config: &SdarConfig, dtype: DType, device: &Device) -> anyhow::Result<Self> {
+        config.validate()?;
+        let vb = checkpoint::random_var_builder(config.initializer_range, dtype, device);
+        Self::new(config, vb).context("cannot allocate random weights")
+    }
+
+    pub fn config(&self) -> &SdarConfig {
+        &self.config
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.embed_tokens.dtype()
+    }
+
+    pub fn device(&self) -> &Device {
+        self.embed_tokens.device()
+    }
+
+    /// Number of parameters actually held (a tied lm_head counts once).
+    pub fn num_parameters(&self) -> usize {
+        let lm_head = if self.config.tie_word_embeddings {
+            0
+        } else {
+            self.lm_head.elem_count()
+        };
+        self.embed_tokens.elem_count()
+            + self.norm.elem_count()
+            + lm_head
+            + self
+                .layers
+                .iter()
+                .flat_map(|l| l.tensors())
+                .map(|t| t.elem_count())
+                .sum::<usize>()
+    }
+
+    fn embed(&self, input_ids: &Tensor) -> Result<Tensor> {
+        let mut dims = input_ids.dims().to_vec();
+        dims.push(self.config.hidden_size);
+        self.embed_tokens
+            .index_select(&input_ids.flatten_all()?, 0)?
+            .reshape(dims)
+    }
+
+    /// Final norm: hidden states to the input of the lm_head.
+    fn final_norm(&self, h: &Tensor, kernels: Kernels) -> Result<Tensor> {
+        rms_norm(h, &self.norm, self.config.rms_norm_eps, kernels)
+    }
+
+    /// Logits (model dtype, not upcast) of final-normed hidden states `[..., H]`.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        linear(hidden, &self.lm_head)
+    }
+
+    /// The cached block forward of the module docs: `input_ids` u32 `[B, T]`, `T` a multiple of
+    /// the block size; returns final-normed hidden states `[B, T, H]` (pass them, or the rows
+    /// you need, to [`Sdar::logits`]). `commit[i]` new positions of row i become part of the
+    /// cache (`0` = read-only, `T` = store all).
+    pub fn forward_hidden(
+        &self,
+        input_ids: &Tensor,
+        cache: &mut KvCache,
+        commit: &[usize],
+    ) -> anyhow::Result<Tensor> {
+        let cfg = &self.config;
+        let (b, t) = input_ids
+            .dims2()
+            .context("input_ids must be a [batch, tokens] tensor")?;
+        let bs = cfg.block_size;
+        ensure!(
+            t > 0 && t % bs == 0,
+            "{t} tokens per row is not a positive multiple of the block size {bs}"
+        );
+        ensure!(
+            cache.batch_size() == b && cache.keys.len() == self.layers.len(),
+            "KV cache has {} rows and {} layers, the batch {b} rows and the model {} layers",
+            cache.batch_size(),
+            cache.keys.len(),
+            self.layers.len()
+        );
+        ensure!(
+            commit.len() == b,
+            "commit has {} entries for {b} rows",
+            commit.len()
+        );
+        for (row, &c) in commit.iter().enumerate() {
+            ensure!(
+                c <= t && c % bs == 0,
+                "commit {c} of row {row} is not a multiple of {bs} in 0..={t}"
+            );
+        }
+        let device = self.device();
+        let write = cache.slot_write(t, cfg.num_key_value_heads, cfg.head_dim)?;
+        let positions = match &write {
+            SlotWrite::Uniform(len) => Tensor::arange(*len as u32, (len + t) as u32, device)?,
+            SlotWrite::PerRow(_) => {
+                let pos: Vec<u32> = cache
+                    .lens
+                    .iter()
+                    .flat_map(|&len| (len..len + t).map(|p| p as u32))
+                    .collect();
+                Tensor::from_vec(pos, (b, t), device)?
+            }
+        };
+        let rope = Rope::new(&self.inv_freq, &positions, self.dtype())?;
+        let mask = masks::cached_block_mask(&cache.lens, t, bs, device)?;
+        let slots = cache.lens.iter().copied().max().unwrap_or(0) + t;
+        let mut h = self.embed(input_ids)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let (q, k, v) = layer.qkv(cfg, &h, &rope, Kernels::Fused)?;
+            for (store, new) in [(&cache.keys[l], &k), (&cache.values[l], &v)] {
+                match &write {
+                    SlotWrite::Uniform(offset) => store.slice_set(new, 2, *offset)?,
+                    SlotWrite::PerRow(index) => store.scatter_set(index, new, 2)?,
+                }
+            }
+            let keys = cache.keys[l].narrow(2, 0, slots)?;
+            let values = cache.values[l].narrow(2, 0, slots)?;
+            let a = chunked_attention(&q, &keys, &values, mask.as_ref())?;
+            h = layer.finish(cfg, &h, &a, Kernels::Fused)?;
+        }
+        for (len, c) in cache.lens.iter_mut().zip(commit) {
+            *len += c;
+        }
+        Ok(self.final_norm(&h, Kernels::Fused)?)
+    }
+
+    /// [`Sdar::forward_hidden`] followed by the lm_head on every position: logits `[B, T, V]`.
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        cache: &mut KvCache,
+        commit: &[usize],
+    ) -> anyhow::Result<Tensor> {
+        let hidden = self.forward_hidden(input_ids, cache, commit)?;
+        Ok(self.logits(&hidden)?)
+    }
+
+    /// Block-causal prefill (spec §3.2) of whole blocks into empty or partly filled rows,
+    /// storing every token: logits `[B, T, V]`.
+    pub fn prefill(&self, input_ids: &Tensor, cache: &mut KvCache) -> anyhow::Result<Tensor> {
+        let t = input_ids.dim(D::Minus1)?;
+        self.forward(input_ids, cache, &vec![t; cache.batch_size()])
+    }
+
+    /// One decoding forward of a block per row (spec §3.3) with per-row `store_kv`: logits
+    /// `[B, block, V]`.
+    pub fn block_forward(
+        &self,
+        input_ids: &Tensor,
+        cache: &mut KvCache,
+        store_kv: &[bool],
+    ) -> anyhow::Result<Tensor> {
+        let t = input_ids.dim(D::Minus1)?;
+        let commit: Vec<usize> = store_kv.iter().map(|&s| if s { t } else { 0 }).collect();
+        self.forward(input_ids, cache, &commit)
+    }
+
+    /// The two-stream SFT forward (spec §3.1, §6.3), differentiable: final-normed hidden states
+    /// of the batch's selected noisy-stream positions, `[M, H]` in the batch's selection order.
+    pub fn two_stream_hidden(&self, batch: &TwoStreamBatch) -> anyhow::Result<Tensor> {
+        let cfg = &self.config;
+        let kernels = Kernels::Differentiable;
+        let device = self.device();
+        let tokens = Tensor::new(batch.tokens(), device)?.unsqueeze(0)?;
+        let positions = Tensor::new(batch.positions(), device)?;
+        let rope = Rope::new(&self.inv_freq, &positions, self.dtype())?;
+        let mut masks_by_len: HashMap<usize, Tensor> = HashMap::new();
+        for &n in batch.sample_lens() {
+            if let std::collections::hash_map::Entry::Vacant(e) = masks_by_len.entry(n) {
+                e.insert(masks::two_stream_mask(n, cfg.block_size, device)?);
+            }
+        }
+        let mut h = self.embed(&tokens)?;
+        for layer in &self.layers {
+            let (q, k, v) = layer.qkv(cfg, &h, &rope, kernels)?;
+            let mut outputs = Vec::with_capacity(batch.sample_lens().len());
+            let mut start = 0;
+            for &n in batch.sample_lens() {
+                let span = |x: &Tensor| x.narrow(2, start, 2 * n);
+                outputs.push(attention(
+                    &span(&q)?,
+                    &span(&k)?,
+                    &span(&v)?,
+                    Some(&masks_by_len[&n]),
+                    kernels,
+                )?);
+                start += 2 * n;
+            }
+            let a = Tensor::cat(&outputs, 1)?;
+            h = layer.finish(cfg, &h, &a, kernels)?;
+        }
+        let select = Tensor::new(batch.selected(), device)?;
+        let picked = h.squeeze(0)?.index_select(&select, 0)?;
+        Ok(self.final_norm(&picked, kernels)?)
+    }
+
+    /// SFT loss of spec §6.4 on [`Sdar::two_stream_hidden`] output: Σ CE(logits, label) / p
+    /// over the selected positions, divided by `batch.num_loss_tokens()` (labels != -100).
+    /// Logits in the model dtype, log-softmax in f32; returns an f32 scalar.
+    pub fn sft_loss(&self, hidden: &Tensor, batch: &TwoStreamBatch) -> anyhow::Result<Tensor> {
+        let device = self.device();
+        let labels = Tensor::new(batch.selected_labels(), device)?;
+        let p = Tensor::new(batch.selected_p(), device)?;
+        let logits = self.logits(hidden)?.to_dtype(DType::F32)?;
+        let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+        let nll = log_probs
+            .gather(&labels.unsqueeze(1)?, 1)?
+            .squeeze(1)?
+            .neg()?;
+        let denom = batch.num_loss_tokens().max(1) as f64;
+        Ok(((nll / p)?.sum_all()? / denom)?)
+    }
+}

@@ -1,0 +1,57 @@
+//! Shared test helpers: where `shared/` is, and max-abs-diff comparisons.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use candle_core::{DType, Tensor};
+use std::path::PathBuf;
+
+pub fn shared_dir() -> PathBuf {
+    std::env::var_os("DICE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+}
+
+pub fn tiny_dir() -> PathBuf {
+    shared_dir().join("sdar/golden/tiny")
+}
+
+pub fn read_json(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+pub fn cases() -> serde_json::Value {
+    read_json(&tiny_dir().join("cases.json"))
+}
+
+pub fn expected(name: &str) -> Tensor {
+    let all = candle_core::safetensors::load(
+        tiny_dir().join("expected.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    all.get(name)
+        .unwrap_or_else(|| panic!("expected.safetensors has no {name}"))
+        .clone()
+}
+
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.dims(), b.dims(), "shape mismatch");
+    (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
