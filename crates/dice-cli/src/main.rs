@@ -39,6 +39,9 @@ enum Command {
     Generate(cmd::generate::GenerateArgs),
     /// Serve a model over an OpenAI-compatible HTTP API.
     Serve(cmd::serve::ServeArgs),
+    /// Benchmarks: model speed and memory at real sizes.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCommand),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Detokenize(a) => cmd::tokenize::run_detokenize(a),
         Command::Generate(a) => cmd::generate::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Bench(c) => cmd::bench::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

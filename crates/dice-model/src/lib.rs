@@ -1,17 +1,20 @@
 //! SDAR / DICE block-diffusion models in candle: checkpoint loading, the stateless model with
-//! caller-owned KV caches, the two-stream SFT forward and loss, the Qwen2 tokenizer rebuilt
-//! from vocab + merges, and the chat template.
+//! caller-owned KV caches, the two-stream SFT forward and loss (one autograd graph, or
+//! checkpointed layer by layer), synthetic training workloads for benchmarks, the Qwen2
+//! tokenizer rebuilt from vocab + merges, and the chat template.
 
+pub mod bench;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod masks;
+pub mod memory;
 pub mod sdar;
 pub mod sft;
 pub mod tokenizer;
 
 pub use chat::ChatTemplate;
 pub use config::SdarConfig;
-pub use sdar::{KvCache, Sdar};
+pub use sdar::{KvCache, Sdar, SftGradients};
 pub use sft::{PackedRow, TwoStreamBatch};
 pub use tokenizer::SdarTokenizer;

@@ -1,5 +1,7 @@
+pub mod bench;
 pub mod eval;
 pub mod generate;
+pub mod golden;
 pub mod problems;
 pub mod prompt;
 pub mod report;

@@ -1,0 +1,223 @@
+//! `dice bench`: speed and memory of the model on its real sizes, with random weights.
+
+use super::generate::{DTypeArg, DeviceKind};
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use clap::{Args, Subcommand};
+use dice_model::memory::PeakMemory;
+use dice_model::{KvCache, Sdar, SdarConfig};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Load, prefill and cached block-decoding speed and peak memory of a random-weight model.
+    #[command(after_help = "\
+Builds a model of CONFIG's real shapes with random weights directly on the device, then for each
+batch size: a block-causal prefill of CONTEXT tokens per row, and one read-only 4-token block
+forward over that cache (the step a block-diffusion decoder repeats). Prints a table, and checks
+the memory bound: at batch 1, peak <= weights + KV cache + 2 GiB.
+
+Peak memory is the highest device memory in use that the CUDA driver reports while each piece
+runs (sampled every millisecond; it includes the CUDA context).
+
+Example (H200):
+  dice bench model --config sdar-8b.json --device cuda --dtype bf16 --batch 1,32 --context 2048")]
+    Model(ModelBenchArgs),
+    /// Recompute the reference's golden outputs on a device and dtype, and compare.
+    Golden(super::golden::GoldenArgs),
+}
+
+#[derive(Args)]
+pub struct ModelBenchArgs {
+    /// A model config.json (e.g. ../shared/sdar/configs/sdar-4b.json); weights are random.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Where to run (cuda needs a binary built with `--features cuda`).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: DeviceKind,
+    /// Weight and activation dtype.
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub dtype: DTypeArg,
+    /// Batch sizes to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
+    pub batch: Vec<usize>,
+    /// Prompt tokens per row (prefilled), and the context of the cached block forward.
+    #[arg(long, default_value_t = 2048)]
+    pub context: usize,
+    /// Timed repetitions of the block forward (after 3 warm-ups); the median is reported.
+    #[arg(long, default_value_t = 20)]
+    pub iters: usize,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Model(args) => model(args),
+        BenchCommand::Golden(args) => super::golden::run(args),
+    }
+}
+
+#[derive(Serialize)]
+struct ModelBench {
+    config: String,
+    device: String,
+    dtype: String,
+    parameters: usize,
+    weight_bytes: u64,
+    build_s: f64,
+    rows: Vec<BatchBench>,
+}
+
+#[derive(Serialize)]
+struct BatchBench {
+    batch: usize,
+    context: usize,
+    prefill_ms: f64,
+    prefill_tokens_per_s: f64,
+    block_forward_ms: f64,
+    kv_cache_bytes: u64,
+    peak_bytes: Option<u64>,
+}
+
+fn model(args: ModelBenchArgs) -> Result<()> {
+    let config = SdarConfig::from_path(&args.config)?;
+    let device = args.device.device()?;
+    let dtype = args.dtype.dtype();
+    let start = Instant::now();
+    let model = Sdar::random(&config, dtype, &device)?;
+    device.synchronize()?;
+    let build_s = start.elapsed().as_secs_f64();
+    let weight_bytes = (model.num_parameters() * dtype.size_in_bytes()) as u64;
+    let mut rows = Vec::new();
+    for &batch in &args.batch {
+        rows.push(measure_batch(&model, batch, args.context, args.iters)?);
+    }
+    let result = ModelBench {
+        config: args.config.display().to_string(),
+        device: format!("{:?}", device.location()),
+        dtype: format!("{dtype:?}"),
+        parameters: model.num_parameters(),
+        weight_bytes,
+        build_s,
+        rows,
+    };
+    print_model_bench(&result);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn measure_batch(model: &Sdar, batch: usize, context: usize, iters: usize) -> Result<BatchBench> {
+    let config = model.config();
+    let device = model.device();
+    let bs = config.block_size;
+    let context = context / bs * bs;
+    // The allocator may still hold the previous batch's memory: measure from a settled state.
+    device.synchronize()?;
+    let peak = PeakMemory::start(device)?;
+    let mut cache = KvCache::new(config, batch, context + bs, model.dtype(), device)?;
+    let ids: Vec<u32> = (0..batch * context)
+        .map(|i| (i * 7919 % 150_000) as u32)
+        .collect();
+    let prompt = Tensor::from_vec(ids, (batch, context), device)?;
+    // One untimed prefill loads the kernels; the timed one starts from an empty cache again.
+    model.forward_hidden(&prompt, &mut cache, &vec![context; batch])?;
+    for row in 0..batch {
+        cache.truncate_row(row, 0)?;
+    }
+    device.synchronize()?;
+    let start = Instant::now();
+    model.forward_hidden(&prompt, &mut cache, &vec![context; batch])?;
+    device.synchronize()?;
+    let prefill_ms = start.elapsed().as_secs_f64() * 1e3;
+    let block = Tensor::full(config.mask_token_id, (batch, bs), device)?;
+    let read_only = vec![false; batch];
+    for _ in 0..3 {
+        model.block_forward(&block, &mut cache, &read_only)?;
+    }
+    device.synchronize()?;
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters.max(1) {
+        let start = Instant::now();
+        model.block_forward(&block, &mut cache, &read_only)?;
+        device.synchronize()?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    let kv_cache_bytes = cache.size_in_bytes() as u64;
+    drop(cache);
+    Ok(BatchBench {
+        batch,
+        context,
+        prefill_ms,
+        prefill_tokens_per_s: (batch * context) as f64 / (prefill_ms / 1e3),
+        block_forward_ms: times[times.len() / 2],
+        kv_cache_bytes,
+        peak_bytes: peak.finish(),
+    })
+}
+
+fn print_model_bench(b: &ModelBench) {
+    println!(
+        "model {} ({} parameters, {} weights, {}) on {}, built in {:.2} s",
+        b.config,
+        b.parameters,
+        gib(b.weight_bytes),
+        b.dtype,
+        b.device,
+        b.build_s
+    );
+    println!("| batch | context | prefill ms | prefill tok/s | 4-token block ms | KV cache | peak memory | bound (weights + KV + 2 GiB) |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    for r in &b.rows {
+        let bound = b.weight_bytes + r.kv_cache_bytes + (2u64 << 30);
+        let check = match r.peak_bytes {
+            Some(p) if r.batch == 1 => {
+                format!("{} ({})", gib(bound), if p <= bound { "met" } else { "NOT met" })
+            }
+            _ => "-".to_string(),
+        };
+        println!(
+            "| {} | {} | {:.1} | {:.0} | {:.2} | {} | {} | {} |",
+            r.batch,
+            r.context,
+            r.prefill_ms,
+            r.prefill_tokens_per_s,
+            r.block_forward_ms,
+            gib(r.kv_cache_bytes),
+            r.peak_bytes.map_or("-".to_string(), gib),
+            check
+        );
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+impl DeviceKind {
+    pub fn device(self) -> Result<Device> {
+        match self {
+            DeviceKind::Cpu => Ok(Device::Cpu),
+            DeviceKind::Cuda => Device::new_cuda(0).context(
+                "cannot use CUDA device 0 (is this binary built with `--features cuda` and is a GPU visible?)",
+            ),
+        }
+    }
+}
+
+impl DTypeArg {
+    pub fn dtype(self) -> DType {
+        match self {
+            DTypeArg::F32 => DType::F32,
+            DTypeArg::Bf16 => DType::BF16,
+            DTypeArg::Fp16 => DType::F16,
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! `dice generate --kernelbench` writes `candidates.jsonl` lines that dice-bench reads, and a
+//! second run only adds what is missing.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn shared_dir() -> PathBuf {
+    std::env::var_os("DICE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+}
+
+fn generate(run: &Path, samples: &str) {
+    let shared = shared_dir();
+    let output = Command::new(env!("CARGO_BIN_EXE_dice"))
+        .arg("generate")
+        .arg("--model")
+        .arg(shared.join("sdar/golden/tiny"))
+        .arg("--kernelbench")
+        .arg(shared.join("kernelbench"))
+        .args(["--level", "1", "--problems", "3,1", "--samples", samples])
+        .args(["--max-new-tokens", "6", "--no-stop"])
+        .arg("--run")
+        .arg(run)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "dice generate failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn lines(run: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run.join("candidates.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn kernelbench_candidates_are_written_and_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    generate(&run, "1");
+    let first = lines(&run);
+    let keys: Vec<(u64, u64, u64)> = first
+        .iter()
+        .map(|l| {
+            (
+                l["level"].as_u64().unwrap(),
+                l["problem_id"].as_u64().unwrap(),
+                l["sample_id"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(keys, vec![(1, 1, 0), (1, 3, 0)]);
+    for line in &first {
+        assert!(line["completion"].is_string());
+        let ids = line["token_ids"].as_array().unwrap();
+        assert!(ids.len() >= 6);
+        assert_eq!(line["trace"].as_array().unwrap().len(), ids.len());
+    }
+    let candidates = dice_bench::load_candidates(&[run.join("candidates.jsonl")]).unwrap();
+    assert_eq!(candidates.len(), 2);
+
+    generate(&run, "2");
+    let second = lines(&run);
+    assert_eq!(second.len(), 4);
+    assert_eq!(second[..2], first[..]);
+    let added: Vec<u64> = second[2..]
+        .iter()
+        .map(|l| l["sample_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(added, vec![1, 1]);
+}

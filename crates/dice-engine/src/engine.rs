@@ -1,0 +1,350 @@
+//! The continuous-batching decoder: many sequences at once, each in its own phase, in the
+//! slots of one preallocated KV cache; a finished sequence's slot is refilled before the next
+//! forward. Unlike JetEngine's scheduler (spec §7.3) one forward serves both the store pass
+//! of clean blocks and the denoising of the others.
+
+use crate::model::{BlockDiffusionModel, BlockRow, PrefillRow};
+use crate::params::DecodeParams;
+use crate::sequence::{FinishReason, Phase, Sequence};
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, VecDeque};
+
+pub type RequestId = u64;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub params: DecodeParams,
+}
+
+/// A finished sequence.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    pub id: RequestId,
+    /// Generated ids only (the prompt is not repeated).
+    pub token_ids: Vec<u32>,
+    /// For each generated token, the 1-based index of the denoising forward of this
+    /// response in which it was unmasked (TraceRL's step map).
+    pub trace: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub prompt_len: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A block was committed: its generated tokens (in order, after the stopping rules).
+    Tokens {
+        id: RequestId,
+        tokens: Vec<u32>,
+    },
+    Finished(Completion),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Sequences decoded at once (KV-cache slots).
+    pub max_batch: usize,
+    /// Positions per slot: a request needs its prompt plus max_new_tokens, rounded up to
+    /// whole blocks.
+    pub max_seq_len: usize,
+    /// Prompt tokens per prefill forward (a longer single prompt still goes alone).
+    pub max_prefill_tokens: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_batch: 32,
+            max_seq_len: 8192,
+            max_prefill_tokens: 16384,
+        }
+    }
+}
+
+struct Active {
+    id: RequestId,
+    slot: usize,
+    sequence: Sequence,
+}
+
+pub struct Engine<M: BlockDiffusionModel> {
+    model: M,
+    config: EngineConfig,
+    /// Allocated at the first step, then reused for the engine's lifetime.
+    cache: Option<M::Cache>,
+    free_slots: Vec<usize>,
+    waiting: VecDeque<(RequestId, Request)>,
+    active: Vec<Active>,
+    next_id: RequestId,
+}
+
+impl<M: BlockDiffusionModel> Engine<M> {
+    pub fn new(model: M, config: EngineConfig) -> Result<Self> {
+        ensure!(
+            config.max_batch > 0,
+            "the engine needs a batch size of at least 1"
+        );
+        Ok(Engine {
+            model,
+            config,
+            cache: None,
+            free_slots: (0..config.max_batch).rev().collect(),
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            next_id: 0,
+        })
+    }
+
+    pub fn model(&self) -> &M {
+        &self.model
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Queues a request; it starts as soon as a slot is free.
+    pub fn submit(&mut self, request: Request) -> Result<RequestId> {
+        let params = &request.params;
+        params.validate()?;
+        self.model.check_block_length(params.block_length)?;
+        let vocab = self.model.vocab_size();
+        if let Some(bad) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
+            bail!("prompt token id {bad} is outside the model's vocabulary of {vocab}");
+        }
+        let needed = (request.prompt.len() + params.max_new_tokens).div_ceil(params.block_length)
+            * params.block_length;
+        ensure!(
+            needed <= self.config.max_seq_len,
+            "a prompt of {} tokens plus {} new tokens needs {needed} positions, more than the \
+             engine's maximum sequence length {}: shorten the prompt or lower max new tokens",
+            request.prompt.len(),
+            params.max_new_tokens,
+            self.config.max_seq_len
+        );
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back((id, request));
+        Ok(id)
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.active.is_empty()
+    }
+
+    /// Drops every queued and running sequence and the KV cache (after a failed forward),
+    /// returning their ids.
+    pub fn abort_all(&mut self) -> Vec<RequestId> {
+        let mut ids: Vec<RequestId> = self.active.drain(..).map(|a| a.id).collect();
+        ids.extend(self.waiting.drain(..).map(|(id, _)| id));
+        self.cache = None;
+        self.free_slots = (0..self.config.max_batch).rev().collect();
+        ids
+    }
+
+    /// One round: fill free slots with waiting requests and prefill them, then one forward
+    /// per block length that stores every clean block and denoises every other block.
+    pub fn step(&mut self) -> Result<Vec<Event>> {
+        if self.cache.is_none() {
+            let cache = self
+                .model
+                .new_cache(self.config.max_batch, self.config.max_seq_len)
+                .context("cannot allocate the KV cache")?;
+            self.cache = Some(cache);
+        }
+        self.admit();
+        self.prefill_new()?;
+        let mut events = Vec::new();
+        for block_length in self.block_lengths() {
+            self.forward_group(block_length, &mut events)?;
+        }
+        Ok(events)
+    }
+
+    /// Runs the requests to completion; completions in request order.
+    pub fn generate(&mut self, requests: Vec<Request>) -> Result<Vec<Completion>> {
+        let ids = requests
+            .into_iter()
+            .map(|r| self.submit(r))
+            .collect::<Result<Vec<_>>>()?;
+        let mut done: BTreeMap<RequestId, Completion> = BTreeMap::new();
+        while ids.iter().any(|id| !done.contains_key(id)) {
+            for event in self.step()? {
+                if let Event::Finished(c) = event {
+                    done.insert(c.id, c);
+                }
+            }
+        }
+        Ok(ids.iter().filter_map(|id| done.remove(id)).collect())
+    }
+
+    /// Slots are empty when handed out: they are cleared when their sequence finishes.
+    fn admit(&mut self) {
+        while !self.waiting.is_empty() {
+            let Some(slot) = self.free_slots.pop() else {
+                break;
+            };
+            let (id, request) = self.waiting.pop_front().expect("not empty");
+            let sequence =
+                Sequence::new(&request.prompt, request.params, self.model.mask_token_id());
+            self.active.push(Active { id, slot, sequence });
+        }
+    }
+
+    /// Block lengths of the running sequences, in first-seen order: one forward per group.
+    fn block_lengths(&self) -> Vec<usize> {
+        let mut lengths = Vec::new();
+        for a in &self.active {
+            if !lengths.contains(&a.sequence.block_length()) {
+                lengths.push(a.sequence.block_length());
+            }
+        }
+        lengths
+    }
+
+    fn prefill_new(&mut self) -> Result<()> {
+        for block_length in self.block_lengths() {
+            let pending: Vec<usize> = (0..self.active.len())
+                .filter(|&i| {
+                    let s = &self.active[i].sequence;
+                    s.phase == Phase::Prefill && s.block_length() == block_length
+                })
+                .collect();
+            for chunk in self.prefill_chunks(&pending) {
+                let rows: Vec<PrefillRow<'_>> = chunk
+                    .iter()
+                    .map(|&i| PrefillRow {
+                        slot: self.active[i].slot,
+                        tokens: self.active[i].sequence.committed(),
+                    })
+                    .collect();
+                let cache = self.cache.as_mut().expect("allocated");
+                self.model
+                    .prefill(cache, &rows, block_length)
+                    .context("prefill forward failed")?;
+                for &i in &chunk {
+                    self.active[i].sequence.prefilled();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits sequences into prefill batches of at most `max_prefill_tokens` tokens.
+    fn prefill_chunks(&self, pending: &[usize]) -> Vec<Vec<usize>> {
+        let mut chunks: Vec<Vec<usize>> = Vec::new();
+        let mut tokens = 0;
+        for &i in pending {
+            let len = self.active[i].sequence.committed().len();
+            match chunks.last_mut() {
+                Some(chunk) if tokens + len <= self.config.max_prefill_tokens => {
+                    chunk.push(i);
+                    tokens += len;
+                }
+                _ => {
+                    chunks.push(vec![i]);
+                    tokens = len;
+                }
+            }
+        }
+        chunks
+    }
+
+    fn forward_group(&mut self, block_length: usize, events: &mut Vec<Event>) -> Result<()> {
+        let members: Vec<usize> = (0..self.active.len())
+            .filter(|&i| {
+                let s = &self.active[i].sequence;
+                s.block_length() == block_length && s.phase != Phase::Prefill
+            })
+            .collect();
+        if members.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<BlockRow<'_>> = members
+            .iter()
+            .map(|&i| BlockRow {
+                slot: self.active[i].slot,
+                tokens: self.active[i].sequence.block(),
+                store: self.active[i].sequence.phase == Phase::Store,
+            })
+            .collect();
+        let denoised = rows.iter().filter(|r| !r.store).count();
+        let cache = self.cache.as_mut().expect("allocated");
+        let logits = self
+            .model
+            .forward_blocks(cache, &rows)
+            .context("decoding forward failed")?;
+        drop(rows);
+        let logits = match logits {
+            Some(logits) => self.host_logits(&logits, denoised, block_length)?,
+            None => Vec::new(),
+        };
+        let vocab = self.model.vocab_size();
+        let mut rows_logits = logits.chunks_exact(block_length * vocab);
+        let mut finished = Vec::new();
+        for &i in &members {
+            let a = &mut self.active[i];
+            if a.sequence.phase == Phase::Denoise {
+                let row = rows_logits
+                    .next()
+                    .context("the model returned too few logit rows")?;
+                a.sequence.denoise_step(row, vocab);
+                continue;
+            }
+            let committed = a.sequence.commit_block();
+            if !committed.tokens.is_empty() {
+                events.push(Event::Tokens {
+                    id: a.id,
+                    tokens: committed.tokens,
+                });
+            }
+            if let Some(reason) = committed.finished {
+                finished.push((i, reason));
+            }
+        }
+        let mut completions = Vec::new();
+        for (i, finish_reason) in finished.into_iter().rev() {
+            let done = self.active.remove(i);
+            let cache = self.cache.as_mut().expect("allocated");
+            self.model.clear_slot(cache, done.slot)?;
+            self.free_slots.push(done.slot);
+            let prompt_len = done.sequence.prompt_len();
+            let (token_ids, trace) = done.sequence.into_output();
+            completions.push(Event::Finished(Completion {
+                id: done.id,
+                token_ids,
+                trace,
+                finish_reason,
+                prompt_len,
+            }));
+        }
+        events.extend(completions.into_iter().rev());
+        Ok(())
+    }
+
+    fn host_logits(&self, logits: &Tensor, rows: usize, block_length: usize) -> Result<Vec<f32>> {
+        let vocab = self.model.vocab_size();
+        ensure!(
+            logits.dims() == [rows, block_length, vocab],
+            "the model returned logits of shape {:?}, expected [{rows}, {block_length}, {vocab}]",
+            logits.dims()
+        );
+        let logits = logits
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()
+            .context("cannot read the logits back")?;
+        // fp16 activations can overflow (spec Q7); decoding on NaN would be silent garbage.
+        ensure!(
+            logits.iter().all(|l| !l.is_nan() && *l != f32::INFINITY),
+            "the model produced NaN or infinite logits (an fp16 overflow?): use bf16 or f32"
+        );
+        Ok(logits)
+    }
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

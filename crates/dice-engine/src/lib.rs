@@ -1,0 +1,33 @@
+//! Block-diffusion decoding for SDAR / DICE models (spec §4, §7): block-by-block generation
+//! with whole-block prefill, per-block denoising with a transfer schedule and a remasking
+//! strategy, continuous batching over the slots of one preallocated KV cache, and TraceRL
+//! step traces.
+//!
+//! [`Engine`] drives any [`BlockDiffusionModel`]; [`SdarDecoder`] is `dice_model`'s SDAR.
+//! [`serve`] puts an engine behind an OpenAI-compatible HTTP API, [`ApiClient`] talks to one.
+
+mod client;
+mod engine;
+mod model;
+mod params;
+mod sampling;
+mod schedule;
+mod sdar;
+mod sequence;
+mod server;
+mod strategy;
+#[cfg(test)]
+mod test_model;
+mod text;
+
+pub use client::{ApiAnswer, ApiClient, CompletionSettings};
+pub use engine::{Completion, Engine, EngineConfig, Event, Request, RequestId};
+pub use model::{BlockDiffusionModel, BlockRow, PrefillRow};
+pub use params::DecodeParams;
+pub use sampling::{sample_row, Candidate, SamplingParams};
+pub use schedule::transfer_schedule;
+pub use sdar::SdarDecoder;
+pub use sequence::FinishReason;
+pub use server::{serve, ServeOptions};
+pub use strategy::{select_transfer, Overflow, Scored, Strategy};
+pub use text::{default_stop_ids, TextCodec};

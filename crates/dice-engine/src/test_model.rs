@@ -1,0 +1,151 @@
+//! A deterministic stand-in model for unit tests of the scheduling logic: its logits are a
+//! hash of everything a real model would see (committed tokens, block tokens, positions), and
+//! it checks the calling protocol (whole-block prefill into empty slots, clean blocks only for
+//! store, capacity respected).
+
+use crate::model::{BlockDiffusionModel, BlockRow, PrefillRow};
+use anyhow::{ensure, Result};
+use candle_core::{Device, Tensor};
+use std::cell::RefCell;
+
+pub const VOCAB: usize = 64;
+pub const MASK: u32 = 63;
+
+pub struct SlotCache {
+    slots: Vec<Vec<u32>>,
+    capacity: usize,
+}
+
+#[derive(Default)]
+pub struct HashModel {
+    /// Every forward as (kind, number of rows).
+    pub calls: RefCell<Vec<(&'static str, usize)>>,
+    /// Return NaN logits, as an overflowing fp16 forward would.
+    pub overflow: bool,
+    /// Always predict the mask token.
+    pub predict_mask: bool,
+}
+
+fn mix(mut h: u64, x: u64) -> u64 {
+    h ^= x
+        .wrapping_add(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(h << 6)
+        .wrapping_add(h >> 2);
+    h.wrapping_mul(0xff51_afd7_ed55_8ccd)
+}
+
+impl HashModel {
+    pub fn block_logits(committed: &[u32], block: &[u32]) -> Vec<f32> {
+        let context = committed.iter().fold(17u64, |h, &t| mix(h, u64::from(t)));
+        let visible = block
+            .iter()
+            .filter(|&&t| t != MASK)
+            .fold(context, |h, &t| mix(h, u64::from(t)));
+        let mut out = Vec::with_capacity(block.len() * VOCAB);
+        for position in 0..block.len() {
+            let h = mix(visible, (committed.len() + position) as u64);
+            let peak = (h % (VOCAB as u64 - 1)) as f32;
+            let sharpness = 0.5 + ((h >> 20) % 4) as f32;
+            out.extend((0..VOCAB).map(|t| -sharpness * (t as f32 - peak).abs()));
+        }
+        out
+    }
+}
+
+impl BlockDiffusionModel for HashModel {
+    type Cache = SlotCache;
+
+    fn vocab_size(&self) -> usize {
+        VOCAB
+    }
+
+    fn mask_token_id(&self) -> u32 {
+        MASK
+    }
+
+    fn check_block_length(&self, block_length: usize) -> Result<()> {
+        ensure!(
+            block_length <= 16,
+            "block length {block_length} is too long for the test model"
+        );
+        Ok(())
+    }
+
+    fn new_cache(&self, slots: usize, capacity: usize) -> Result<SlotCache> {
+        Ok(SlotCache {
+            slots: vec![Vec::new(); slots],
+            capacity,
+        })
+    }
+
+    fn clear_slot(&self, cache: &mut SlotCache, slot: usize) -> Result<()> {
+        cache.slots[slot].clear();
+        Ok(())
+    }
+
+    fn prefill(
+        &self,
+        cache: &mut SlotCache,
+        rows: &[PrefillRow<'_>],
+        block_length: usize,
+    ) -> Result<()> {
+        self.calls.borrow_mut().push(("prefill", rows.len()));
+        for row in rows {
+            let slot = &mut cache.slots[row.slot];
+            ensure!(slot.is_empty(), "prefill into a used slot");
+            ensure!(
+                !row.tokens.is_empty() && row.tokens.len() % block_length == 0,
+                "prefill of a partial block"
+            );
+            slot.extend_from_slice(row.tokens);
+        }
+        Ok(())
+    }
+
+    fn forward_blocks(
+        &self,
+        cache: &mut SlotCache,
+        rows: &[BlockRow<'_>],
+    ) -> Result<Option<Tensor>> {
+        let stores = rows.iter().filter(|r| r.store).count();
+        self.calls.borrow_mut().push(("forward", rows.len()));
+        self.calls.borrow_mut().push(("store", stores));
+        let block = rows[0].tokens.len();
+        let mut data = Vec::new();
+        for row in rows {
+            ensure!(row.tokens.len() == block, "rows of different block lengths");
+            let slot = &mut cache.slots[row.slot];
+            ensure!(
+                slot.len() + block <= cache.capacity,
+                "slot capacity exceeded"
+            );
+            if row.store {
+                ensure!(
+                    self.predict_mask || !row.tokens.contains(&MASK),
+                    "store of a block with masks"
+                );
+                slot.extend_from_slice(row.tokens);
+            } else if self.overflow {
+                data.extend(std::iter::repeat_n(f32::NAN, block * VOCAB));
+            } else if self.predict_mask {
+                data.extend((0..block * VOCAB).map(|i| {
+                    if i % VOCAB == MASK as usize {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                }));
+            } else {
+                data.extend(Self::block_logits(slot, row.tokens));
+            }
+        }
+        if stores == rows.len() {
+            return Ok(None);
+        }
+        Ok(Some(Tensor::from_vec(
+            data,
+            (rows.len() - stores, block, VOCAB),
+            &Device::Cpu,
+        )?))
+    }
+}
