@@ -1,0 +1,254 @@
+//! `dice eval`: evaluate candidate kernels against KernelBench problems or pairs.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use dice_bench::{load_candidates, load_pairs, Candidate, InvalidProblem, KernelBench, Problem};
+use dice_eval::{Baseline, Device, EvalConfig, EvalProblem, EvalSample, Precision, Summary};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// Candidate files, folders of `level_L_problem_ID_sample_S_kernel.py` files, or JSONL files.
+    pub candidates: Vec<PathBuf>,
+    /// The KernelBench problem tree (the folder holding level1/ … level4/).
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "pairs",
+        conflicts_with = "pairs"
+    )]
+    pub kernelbench: Option<PathBuf>,
+    /// A PyTorch→CUDA pairs file (JSON or JSONL with pytorch_code and cuda_code) instead.
+    #[arg(long, value_name = "FILE")]
+    pub pairs: Option<PathBuf>,
+    /// The run directory (created; holds dice.db).
+    #[arg(long, value_name = "RUN_DIR")]
+    pub run: PathBuf,
+    /// The SQLite store [default: RUN_DIR/dice.db].
+    #[arg(long, value_name = "FILE")]
+    pub db: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub device: DeviceArg,
+    /// Seconds each run of a candidate may take (builds not included).
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub timeout: u64,
+    /// Seconds each extension build may take.
+    #[arg(long, value_name = "SECS", default_value_t = 900)]
+    pub compile_timeout: u64,
+    /// Parallel builds [default: all CPU cores].
+    #[arg(long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Re-evaluate samples already in the store (and accept changed settings).
+    #[arg(long)]
+    pub force: bool,
+    /// Python with torch and ninja [default: $DICE_PYTHON, else the project's .dice/venv].
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+    /// The extension build cache [default: $DICE_CACHE, else ~/.cache/dice/builds].
+    #[arg(long, value_name = "DIR")]
+    pub build_cache: Option<PathBuf>,
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub correctness_trials: u32,
+    /// Timed calls of each correct candidate and of its baseline (0: no timing).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub perf_trials: u32,
+    /// atol = rtol of the correctness check (KernelBench v0.1 / DICE: 1e-2).
+    #[arg(
+        long,
+        value_name = "TOL",
+        default_value_t = 1e-2,
+        conflicts_with = "kernelbench_tolerance"
+    )]
+    pub tolerance: f64,
+    /// Use KernelBench HEAD's per-precision tolerance instead (fp32 1e-4, fp16/bf16 1e-2).
+    #[arg(long)]
+    pub kernelbench_tolerance: bool,
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
+    pub precision: PrecisionArg,
+    /// What speedups are measured against.
+    #[arg(long, value_enum, default_value_t = BaselineArg::Eager)]
+    pub baseline: BaselineArg,
+    /// Count samples flagged as deceptive as incorrect in reports.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DeviceArg {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PrecisionArg {
+    Fp32,
+    Fp16,
+    Bf16,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum BaselineArg {
+    Eager,
+    TorchCompile,
+}
+
+pub fn run(a: EvalArgs) -> Result<()> {
+    let (problems, invalid, candidates, source) = load_inputs(&a)?;
+    for bad in &invalid {
+        eprintln!(
+            "warning: {}: {}; its candidates get no verdict",
+            bad.path.display(),
+            bad.reason
+        );
+    }
+    let mut eval_problems: Vec<EvalProblem> = problems.into_iter().map(eval_problem).collect();
+    eval_problems.extend(invalid.iter().filter_map(defective_problem));
+    let samples: Vec<EvalSample> = candidates.into_iter().map(eval_sample).collect();
+    if samples.is_empty() {
+        bail!("no candidates given");
+    }
+    let cfg = config(&a, source)?;
+    let db = cfg.db.clone();
+    let summary = dice_eval::evaluate(cfg, eval_problems, samples, None)?;
+    print_summary(&summary, &db);
+    Ok(())
+}
+
+type Inputs = (Vec<Problem>, Vec<InvalidProblem>, Vec<Candidate>, String);
+
+fn load_inputs(a: &EvalArgs) -> Result<Inputs> {
+    if let Some(pairs) = &a.pairs {
+        if !a.candidates.is_empty() {
+            bail!("--pairs brings its own candidates; give no CANDIDATES with it");
+        }
+        let set = load_pairs(pairs)?;
+        let source = format!("pairs:{}", pairs.display());
+        return Ok((set.problems, set.invalid, set.candidates, source));
+    }
+    let dir = a
+        .kernelbench
+        .as_ref()
+        .expect("clap requires --kernelbench without --pairs");
+    if a.candidates.is_empty() {
+        bail!("no CANDIDATES given (files, folders or JSONL files)");
+    }
+    let tree = KernelBench::open(dir)?;
+    let scan = tree.scan(None)?;
+    let candidates = load_candidates(&a.candidates)?;
+    let source = format!("kernelbench:{}", tree.root().display());
+    Ok((scan.problems, scan.invalid, candidates, source))
+}
+
+fn eval_problem(p: Problem) -> EvalProblem {
+    EvalProblem {
+        level: p.level,
+        problem_id: p.problem_id,
+        name: p.name,
+        source: p.source,
+        defect: None,
+    }
+}
+
+/// A rejected problem file that still names its level and id: its candidates are skipped with
+/// the reason as the problem's reference error.
+fn defective_problem(bad: &InvalidProblem) -> Option<EvalProblem> {
+    let name = bad.path.file_name()?.to_str()?.to_string();
+    let problem_id = name.split('_').next()?.parse().ok()?;
+    let level = bad
+        .path
+        .parent()?
+        .file_name()?
+        .to_str()?
+        .strip_prefix("level")?
+        .parse()
+        .ok()?;
+    Some(EvalProblem {
+        level,
+        problem_id,
+        name,
+        source: Vec::new(),
+        defect: Some(bad.reason.clone()),
+    })
+}
+
+fn eval_sample(c: Candidate) -> EvalSample {
+    EvalSample {
+        level: c.level,
+        problem_id: c.problem_id,
+        sample_id: c.sample_id,
+        code: c.code,
+        origin: c.origin,
+    }
+}
+
+fn config(a: &EvalArgs, source: String) -> Result<EvalConfig> {
+    let db = a.db.clone().unwrap_or_else(|| a.run.join("dice.db"));
+    std::fs::create_dir_all(&a.run)
+        .with_context(|| format!("cannot create {}", a.run.display()))?;
+    let mut cfg = EvalConfig::new(db, source);
+    cfg.device = match a.device {
+        DeviceArg::Cpu => Device::Cpu,
+        DeviceArg::Cuda => Device::Cuda,
+    };
+    cfg.timeout = Duration::from_secs(a.timeout.max(1));
+    cfg.compile_timeout = Duration::from_secs(a.compile_timeout.max(1));
+    if let Some(jobs) = a.jobs {
+        cfg.jobs = jobs.max(1);
+    }
+    cfg.correctness_trials = a.correctness_trials.max(1);
+    cfg.perf_trials = a.perf_trials;
+    cfg.precision = match a.precision {
+        PrecisionArg::Fp32 => Precision::Fp32,
+        PrecisionArg::Fp16 => Precision::Fp16,
+        PrecisionArg::Bf16 => Precision::Bf16,
+    };
+    let tolerance = if a.kernelbench_tolerance {
+        cfg.precision.kernelbench_tolerance()
+    } else {
+        a.tolerance
+    };
+    cfg.atol = tolerance;
+    cfg.rtol = tolerance;
+    cfg.baseline = match a.baseline {
+        BaselineArg::Eager => Baseline::Eager,
+        BaselineArg::TorchCompile => Baseline::TorchCompile,
+    };
+    if let Some(dir) = &a.build_cache {
+        cfg.build_cache = dir.clone();
+    }
+    cfg.python = a.python.clone();
+    cfg.force = a.force;
+    cfg.strict = a.strict;
+    cfg.progress = true;
+    Ok(cfg)
+}
+
+fn print_summary(s: &Summary, db: &Path) {
+    let evaluated: usize = s.verdicts.values().sum();
+    let counts: Vec<String> = s.verdicts.iter().map(|(v, n)| format!("{v} {n}")).collect();
+    println!(
+        "evaluated {evaluated} samples: {}",
+        if counts.is_empty() {
+            "-".into()
+        } else {
+            counts.join(", ")
+        }
+    );
+    if s.already_done > 0 {
+        println!(
+            "{} samples were already in the store (use --force to re-evaluate)",
+            s.already_done
+        );
+    }
+    for (level, problem_id, why) in &s.reference_errors {
+        println!("level {level} problem {problem_id}: the reference failed, its samples get no verdict: {why}");
+    }
+    if s.skipped > 0 {
+        println!(
+            "{} samples skipped because their problem's reference failed",
+            s.skipped
+        );
+    }
+    println!("results: {}", db.display());
+}

@@ -1,0 +1,198 @@
+//! `dice eval` as a user runs it: the examples' wiring, resumption, and bad input.
+//! Builds share the evaluator tests' cache (target/tmp/dice-eval-build-cache).
+
+use dice_eval::{Store, Verdict};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+fn build_cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-eval-build-cache")
+}
+
+fn dice_eval(args: &[&str], run: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dice"))
+        .arg("eval")
+        .args(args)
+        .args([
+            "--run",
+            run.to_str().unwrap(),
+            "--build-cache",
+            build_cache().to_str().unwrap(),
+        ])
+        .args(["--timeout", "20", "--perf-trials", "4"])
+        .output()
+        .expect("the dice binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The examples' lines for problem 2 (a correct fused kernel, a raw answer without code, the
+/// renamed reference) as their own JSONL file.
+fn problem2_candidates(dir: &Path) -> PathBuf {
+    let all = std::fs::read_to_string(examples().join("candidates.jsonl")).unwrap();
+    let lines: Vec<&str> = all
+        .lines()
+        .filter(|l| l.contains("\"problem_id\": 2") || l.contains("\"problem_id\":2"))
+        .collect();
+    assert_eq!(lines.len(), 3, "the examples changed");
+    let path = dir.join("problem2.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+#[test]
+fn evaluates_resumes_and_refuses_changed_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let candidates = problem2_candidates(dir.path());
+    let kb = examples().join("kernelbench");
+    let args = [
+        candidates.to_str().unwrap(),
+        "--kernelbench",
+        kb.to_str().unwrap(),
+    ];
+    let out = dice_eval(&args, &run);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("evaluated 3 samples"),
+        "{}",
+        text(&out.stdout)
+    );
+    let store = Store::open(&run.join("dice.db")).unwrap();
+    let verdicts: Vec<(u32, Verdict)> = store
+        .samples()
+        .unwrap()
+        .iter()
+        .map(|s| (s.sample_id, s.verdict))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            (0, Verdict::Correct),
+            (1, Verdict::NoCode),
+            (2, Verdict::Correct)
+        ]
+    );
+    assert!(store
+        .run_info()
+        .unwrap()
+        .unwrap()
+        .source
+        .starts_with("kernelbench:"));
+
+    let again = dice_eval(&args, &run);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stdout).contains("3 samples were already in the store"),
+        "{}",
+        text(&again.stdout)
+    );
+
+    let changed = dice_eval(&[&args[..], &["--tolerance", "0.5"]].concat(), &run);
+    assert!(!changed.status.success());
+    let err = text(&changed.stderr);
+    assert!(
+        err.contains("different settings") && err.contains("atol"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn bad_input_ends_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let kb = examples().join("kernelbench");
+    let jsonl = examples().join("candidates.jsonl");
+
+    let missing = dice_eval(
+        &[jsonl.to_str().unwrap(), "--kernelbench", "/nonexistent/kb"],
+        &run,
+    );
+    assert!(!missing.status.success());
+    assert!(
+        text(&missing.stderr).contains("/nonexistent/kb"),
+        "{}",
+        text(&missing.stderr)
+    );
+
+    let no_torch = dice_eval(
+        &[
+            jsonl.to_str().unwrap(),
+            "--kernelbench",
+            kb.to_str().unwrap(),
+            "--python",
+            "/nonexistent/python3",
+        ],
+        &run,
+    );
+    assert!(!no_torch.status.success());
+    assert!(
+        text(&no_torch.stderr).contains("/nonexistent/python3"),
+        "{}",
+        text(&no_torch.stderr)
+    );
+
+    let malformed = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &malformed,
+        "{\"level\": 1, \"problem_id\": 1, \"sample_id\": 0, \"code\": \"x\"}\n{not json\n",
+    )
+    .unwrap();
+    let out = dice_eval(
+        &[
+            malformed.to_str().unwrap(),
+            "--kernelbench",
+            kb.to_str().unwrap(),
+        ],
+        &run,
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("bad.jsonl"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !run.join("dice.db").exists()
+            || Store::open(&run.join("dice.db"))
+                .unwrap()
+                .samples()
+                .unwrap()
+                .is_empty()
+    );
+
+    let folder = dir.path().join("kernels");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(
+        folder.join("level_1_problem_1_sample_0_kernel.py"),
+        b"x = '\xff\xfe'\n",
+    )
+    .unwrap();
+    let out = dice_eval(
+        &[
+            folder.to_str().unwrap(),
+            "--kernelbench",
+            kb.to_str().unwrap(),
+        ],
+        &run,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let samples = Store::open(&run.join("dice.db"))
+        .unwrap()
+        .samples()
+        .unwrap();
+    assert_eq!(samples.len(), 1);
+    assert_eq!(
+        samples[0].verdict,
+        Verdict::LoadError,
+        "{:?}",
+        samples[0].message
+    );
+}

@@ -1,0 +1,212 @@
+"""What a forked child does: `build`, `reference` (trusted; also the judge) or `candidate`.
+
+Children talk to the evaluator over a unix socket, one JSON object per line: events out
+({"event": ...}), operations in ({"op": ...}). The judge lives in the reference process: it loads
+a candidate's published outputs as plain tensors (weights_only) and never runs candidate code.
+"""
+
+import json
+import os
+import traceback
+
+import torch
+
+import buildcache
+import protocol
+
+MESSAGE_CHARS = 500
+
+
+class Channel:
+    def __init__(self, conn):
+        self.conn = conn
+        self.reader = conn.makefile("r", encoding="utf-8")
+
+    def send(self, **msg):
+        self.conn.sendall((json.dumps(msg) + "\n").encode())
+
+    def ops(self):
+        for line in self.reader:
+            if line.strip():
+                yield json.loads(line)
+
+
+def run(role, channel, req):
+    {"build": build, "reference": reference, "candidate": candidate}[role](channel, req)
+
+
+def one_line(exc):
+    text = f"{type(exc).__name__}: {exc}".strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return first[:MESSAGE_CHARS]
+
+
+def classify(exc):
+    """The verdict of an exception raised by candidate code while constructing or running it."""
+    text = str(exc)
+    if isinstance(exc, MemoryError):
+        return "crashed", "out of memory (evaluator limit): " + one_line(exc)
+    if "CUDA error" in text or "illegal memory access" in text or type(exc).__name__ == "AcceleratorError":
+        return "crashed", one_line(exc)
+    return "runtime_error", one_line(exc)
+
+
+def fail(channel, verdict, message, phase):
+    traceback.print_exc()
+    channel.send(event="failed", verdict=verdict, message=message, phase=phase)
+
+
+def load_candidate(channel, req):
+    """Imports the candidate; returns its module or None after reporting why it failed."""
+    buildcache.install(req["cache_dir"], channel)
+    try:
+        return protocol.load_module("dice_candidate", req["candidate_path"])
+    except BaseException as e:  # noqa: B036 (SystemExit and KeyboardInterrupt are candidate failures too)
+        if buildcache.State.failed:
+            fail(channel, "compile_error", one_line(e), "build")
+        elif isinstance(e, MemoryError):
+            fail(channel, "crashed", "out of memory (evaluator limit) while importing", "load")
+        else:
+            fail(channel, "load_error", one_line(e), "load")
+        return None
+
+
+def build(channel, req):
+    """Compile stage: import the candidate with CUDA hidden, only to trigger its extension builds."""
+    load_candidate(channel, req)
+    channel.send(event="done")
+
+
+def candidate(channel, req):
+    setup = protocol.Setup(req)
+    problem = protocol.load_module("dice_problem", req["problem_path"])
+    module = load_candidate(channel, req)
+    if module is None:
+        return
+    model_class = getattr(module, "ModelNew", None)
+    if not isinstance(model_class, type):
+        channel.send(event="failed", verdict="load_error", message="the program defines no class ModelNew", phase="load")
+        return
+    channel.send(event="loaded")
+    try:
+        model = setup.build_model(problem, model_class)
+    except BaseException as e:  # noqa: B036
+        fail(channel, *classify(e), "construct")
+        return
+    channel.send(event="constructed")
+    for trial, seed in enumerate(protocol.trial_seeds(req["trials"])):
+        try:
+            outputs = protocol.as_tensor_list(setup.run_trial(problem, model, seed))
+        except BaseException as e:  # noqa: B036
+            fail(channel, *classify(e), "forward")
+            return
+        path = os.path.join(req["dir"], f"output_{trial}.pt")
+        torch.save(outputs, path)
+        channel.send(event="output", trial=trial, path=path)
+    channel.send(event="trials_done")
+    serve_timing(channel, protocol.Timer(setup, problem, model))
+
+
+def serve_timing(channel, timer):
+    for op in channel.ops():
+        if op["op"] == "time":
+            try:
+                ms = timer.run(op["n"])
+            except BaseException as e:  # noqa: B036
+                fail(channel, *classify(e), "timing")
+                return
+            channel.send(event="times", ms=ms)
+        elif op["op"] == "quit":
+            return
+
+
+def reference(channel, req):
+    setup = protocol.Setup(req)
+    try:
+        problem = protocol.load_module("dice_problem", req["problem_path"])
+        for name in ("Model", "get_inputs", "get_init_inputs"):
+            if not hasattr(problem, name):
+                raise AttributeError(f"the problem defines no {name}")
+        model = setup.build_model(problem, problem.Model)
+        expected = [protocol.as_tensor_list(setup.run_trial(problem, model, s)) for s in protocol.trial_seeds(req["trials"])]
+        timed = torch.compile(model) if req.get("baseline") == "torch_compile" else model
+        timer = protocol.Timer(setup, problem, timed)
+    except BaseException as e:  # noqa: B036
+        traceback.print_exc()
+        channel.send(event="failed", verdict="reference_error", message=one_line(e), phase="reference")
+        return
+    channel.send(event="ready")
+    judge = Judge(expected, req["atol"], req["rtol"])
+    for op in channel.ops():
+        if op["op"] == "judge":
+            channel.send(event="judged", **judge.check(op["trial"], op["path"]))
+        elif op["op"] == "time":
+            try:
+                ms = timer.run(op["n"])
+            except BaseException as e:  # noqa: B036
+                fail(channel, "reference_error", one_line(e), "timing")
+                return
+            channel.send(event="times", ms=ms)
+        elif op["op"] == "quit":
+            return
+
+
+class Judge:
+    def __init__(self, expected, atol, rtol):
+        self.expected = expected
+        self.atol = atol
+        self.rtol = rtol
+
+    def check(self, trial, path):
+        expected = self.expected[trial]
+        limit = 2 * sum(t.numel() * t.element_size() for t in expected) + (1 << 20)
+        try:
+            size = os.path.getsize(path)
+            if size > limit:
+                return verdict("shape_mismatch", f"published output of {size} bytes, far larger than the reference's")
+            got = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            return verdict("runtime_error", "unreadable published output: " + one_line(e))
+        if not isinstance(got, list) or not all(isinstance(t, torch.Tensor) for t in got):
+            return verdict("runtime_error", "published output is not a list of tensors")
+        if len(got) != len(expected):
+            return verdict("shape_mismatch", f"expected {len(expected)} output tensors, got {len(got)}")
+        worst_abs = worst_rel = 0.0
+        failure = None
+        for ref, new in zip(expected, got):
+            if tuple(ref.shape) != tuple(new.shape):
+                return verdict("shape_mismatch", f"output shape mismatch: expected {tuple(ref.shape)}, got {tuple(new.shape)}")
+            outcome = self.compare(ref, new)
+            worst_abs = max(worst_abs, outcome["max_abs"])
+            worst_rel = max(worst_rel, outcome["max_rel"])
+            if outcome["verdict"] != "ok" and failure is None:
+                failure = outcome
+        if failure is None:
+            return dict(verdict("ok", None), max_abs=worst_abs, max_rel=worst_rel)
+        return dict(failure, max_abs=worst_abs, max_rel=worst_rel)
+
+    def compare(self, ref, new):
+        wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
+        r = ref.to(wide)
+        n = new.to(wide)
+        diff = (r - n).abs()
+        diff = torch.where(r == n, torch.zeros_like(diff), diff)  # equal infinities are no error
+        finite = torch.isfinite(diff)
+        rel = diff / r.abs().clamp_min(self.atol)
+        errors = dict(
+            max_abs=float(diff[finite].max()) if finite.any() else 0.0,
+            max_rel=float(rel[finite].max()) if finite.any() else 0.0,
+        )
+        spoiled = int((torch.isfinite(r) & ~torch.isfinite(n)).sum())
+        if spoiled:
+            return dict(verdict("nan_or_inf", f"{spoiled} non-finite values where the reference is finite"), **errors)
+        if new.dtype != ref.dtype:
+            return dict(verdict("output_mismatch", f"output dtype {new.dtype}, expected {ref.dtype}"), **errors)
+        if not torch.allclose(ref, new, atol=self.atol, rtol=self.rtol, equal_nan=True):
+            message = f"max abs error {errors['max_abs']:.6g}, max rel error {errors['max_rel']:.6g}"
+            return dict(verdict("output_mismatch", message), **errors)
+        return dict(verdict("ok", None), **errors)
+
+
+def verdict(name, message):
+    return {"verdict": name, "message": message}

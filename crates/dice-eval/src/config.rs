@@ -1,0 +1,154 @@
+//! What to evaluate and how: the evaluator's inputs and settings.
+
+use crate::record::SampleRecord;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+impl Device {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
+}
+
+/// What a candidate's speed is compared with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Baseline {
+    Eager,
+    TorchCompile,
+}
+
+impl Baseline {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Baseline::Eager => "eager",
+            Baseline::TorchCompile => "torch_compile",
+        }
+    }
+}
+
+/// Floating-point tensors (inputs, parameters) are cast to this precision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    Fp32,
+    Fp16,
+    Bf16,
+}
+
+impl Precision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+            Precision::Bf16 => "bf16",
+        }
+    }
+
+    /// KernelBench HEAD's tolerance for this precision (atol = rtol), KB spec §2.5.
+    pub fn kernelbench_tolerance(self) -> f64 {
+        match self {
+            Precision::Fp32 => 1e-4,
+            Precision::Fp16 | Precision::Bf16 => 1e-2,
+        }
+    }
+}
+
+/// One problem to evaluate against: its reference program as bytes.
+#[derive(Clone, Debug)]
+pub struct EvalProblem {
+    pub level: u32,
+    pub problem_id: u32,
+    pub name: String,
+    pub source: Vec<u8>,
+    /// Why the problem cannot be used, when that is known before running it (e.g. no
+    /// `get_inputs`); recorded as its reference error.
+    pub defect: Option<String>,
+}
+
+/// One candidate: its program bytes, or None when no code could be extracted.
+#[derive(Clone, Debug)]
+pub struct EvalSample {
+    pub level: u32,
+    pub problem_id: u32,
+    pub sample_id: u32,
+    pub code: Option<Vec<u8>>,
+    /// Where it came from, for messages and the store (file path, JSONL line).
+    pub origin: String,
+}
+
+/// Reward-hack checks run on every finished sample before it is stored: the place where
+/// dice-audit's rules set `flags` and `deceptive`.
+pub trait Audit: Send + Sync {
+    fn audit(&self, problem: &EvalProblem, sample: &EvalSample, record: &mut SampleRecord);
+}
+
+#[derive(Clone, Debug)]
+pub struct EvalConfig {
+    pub device: Device,
+    /// Bounds each run of a candidate (import, construction and correctness trials; and each
+    /// timing round), not counting extension builds.
+    pub timeout: Duration,
+    /// Bounds each extension build.
+    pub compile_timeout: Duration,
+    /// Parallel builds in the compile stage.
+    pub jobs: usize,
+    pub correctness_trials: u32,
+    pub perf_trials: u32,
+    /// Timed trials are split into this many rounds, alternating candidate and baseline.
+    pub timing_rounds: u32,
+    pub atol: f64,
+    pub rtol: f64,
+    pub precision: Precision,
+    pub baseline: Baseline,
+    pub build_cache: PathBuf,
+    pub python: Option<PathBuf>,
+    pub db: PathBuf,
+    /// Re-evaluate samples already stored.
+    pub force: bool,
+    pub strict: bool,
+    /// Where the problems came from (a KernelBench tree or a pairs file).
+    pub source: String,
+    pub progress: bool,
+}
+
+impl EvalConfig {
+    pub fn new(db: PathBuf, source: String) -> EvalConfig {
+        EvalConfig {
+            device: Device::Cpu,
+            timeout: Duration::from_secs(120),
+            compile_timeout: Duration::from_secs(900),
+            jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            correctness_trials: 5,
+            perf_trials: 100,
+            timing_rounds: 10,
+            atol: 1e-2,
+            rtol: 1e-2,
+            precision: Precision::Fp32,
+            baseline: Baseline::Eager,
+            build_cache: default_build_cache(),
+            python: None,
+            db,
+            force: false,
+            strict: false,
+            source,
+            progress: false,
+        }
+    }
+}
+
+/// `$DICE_CACHE`, else `~/.cache/dice/builds`.
+pub fn default_build_cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("DICE_CACHE").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map_or_else(std::env::temp_dir, PathBuf::from);
+    home.join(".cache/dice/builds")
+}

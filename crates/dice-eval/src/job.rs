@@ -1,0 +1,115 @@
+//! What the stages share: the job context, and the outcome of evaluating one candidate.
+
+use crate::config::EvalConfig;
+use crate::record::TimingStats;
+use crate::store::BuildRecord;
+use crate::verdict::Verdict;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+pub struct JobContext {
+    pub cfg: EvalConfig,
+    pub jobs_dir: PathBuf,
+    /// Resource limits applied in every child before it runs anything it was handed.
+    pub limits: Value,
+}
+
+impl JobContext {
+    pub fn new(cfg: EvalConfig, jobs_dir: PathBuf) -> JobContext {
+        let limits = child_limits(&cfg);
+        JobContext {
+            cfg,
+            jobs_dir,
+            limits,
+        }
+    }
+}
+
+/// CPU seconds (all threads) as a backstop to the wall-clock limits, bounded file size, and on the
+/// CPU an address-space bound of the machine's RAM (CUDA needs huge virtual mappings, so not there).
+fn child_limits(cfg: &EvalConfig) -> Value {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let wall = cfg.compile_timeout + cfg.timeout * (cfg.timing_rounds + 1);
+    let mut limits = json!({
+        "RLIMIT_CPU": wall.as_secs().saturating_mul(cores).max(60),
+        "RLIMIT_FSIZE": 16u64 << 30,
+    });
+    if cfg.device == crate::config::Device::Cpu {
+        if let Some(ram) = physical_memory() {
+            limits["RLIMIT_AS"] = json!(ram);
+        }
+    }
+    limits
+}
+
+fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && size > 0).then(|| pages as u64 * size as u64)
+}
+
+/// What the compile stage leaves for the run stage.
+#[derive(Clone, Debug, Default)]
+pub struct Compiled {
+    pub builds: Vec<BuildRecord>,
+    pub wall_s: f64,
+}
+
+/// The evaluation of one candidate, before it becomes a stored record.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub verdict: Verdict,
+    pub message: Option<String>,
+    pub max_abs_error: Option<f64>,
+    pub max_rel_error: Option<f64>,
+    pub trials_passed: u32,
+    pub candidate_timing: Option<TimingStats>,
+    pub baseline_timing: Option<TimingStats>,
+    pub candidate_wall_ms: Option<f64>,
+    pub baseline_wall_ms: Option<f64>,
+    pub log: String,
+    pub builds: Vec<BuildRecord>,
+    pub wall_s: f64,
+}
+
+impl Outcome {
+    pub fn failed(
+        verdict: Verdict,
+        message: String,
+        log: String,
+        builds: Vec<BuildRecord>,
+        wall_s: f64,
+    ) -> Outcome {
+        Outcome {
+            verdict,
+            message: Some(message),
+            max_abs_error: None,
+            max_rel_error: None,
+            trials_passed: 0,
+            candidate_timing: None,
+            baseline_timing: None,
+            candidate_wall_ms: None,
+            baseline_wall_ms: None,
+            log,
+            builds,
+            wall_s,
+        }
+    }
+}
+
+/// A `build` event of a child as a record.
+pub fn build_record(msg: &Value) -> BuildRecord {
+    BuildRecord {
+        key: msg["key"].as_str().unwrap_or_default().to_string(),
+        name: msg["name"].as_str().unwrap_or_default().to_string(),
+        ok: msg["ok"].as_bool().unwrap_or(false),
+        cached: msg["cached"].as_bool().unwrap_or(false),
+        wall_s: msg["wall_s"].as_f64().unwrap_or(0.0),
+        log: msg["log"].as_str().unwrap_or_default().to_string(),
+    }
+}

@@ -1,0 +1,41 @@
+//! Evaluates KernelBench candidates: builds, correctness, timing, in sandboxed PyTorch workers.
+//!
+//! The candidate never shares a process with the reference or the judge. A Python fork server
+//! per device worker (torch imported once, CUDA untouched) forks a `reference` child per problem,
+//! which computes the expected outputs and judges the outputs candidates publish (loaded as plain
+//! tensors, never running candidate code), and one `candidate` child per sample. A compile stage
+//! first imports candidates with CUDA hidden on all cores, building their extensions into a
+//! content-addressed cache (python/buildcache.py); the run stage takes them as builds finish.
+//!
+//! Decisions worth knowing:
+//! * Seeding is symmetric (python/protocol.py): set_seed(42) before init inputs and before the
+//!   model; KernelBench's trial seeds; set_seed(s) before each trial's inputs and again right
+//!   before forward. Inputs are made inside a `torch.device(device)` context, so on CUDA they are
+//!   drawn on the GPU from the CUDA generator, identically in both processes.
+//! * A problem whose reference fails gets `ProblemRecord::reference_error`; its samples are not
+//!   stored (no verdict, so resuming retries them) and are counted in [`Summary::skipped`].
+//! * `--timeout` bounds the candidate's own run time (import, construction, correctness trials;
+//!   then each timing round); build time is bounded per build by the compile timeout instead.
+//! * Timing alternates rounds of candidate and baseline calls in separate processes; the
+//!   evaluator's own wall time of those rounds is stored beside the reported timings.
+
+mod child;
+pub mod config;
+mod excerpt;
+mod job;
+pub mod pipeline;
+pub mod python;
+pub mod record;
+mod stage_build;
+mod stage_run;
+mod stats;
+pub mod store;
+pub mod verdict;
+mod zygote;
+
+pub use config::{Audit, Baseline, Device, EvalConfig, EvalProblem, EvalSample, Precision};
+pub use excerpt::Excerpt;
+pub use pipeline::{evaluate, Summary};
+pub use record::{ProblemRecord, RunInfo, SampleRecord, TimingStats};
+pub use store::{BuildRecord, SampleExtras, Store};
+pub use verdict::Verdict;

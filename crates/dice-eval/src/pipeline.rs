@@ -1,0 +1,517 @@
+//! The evaluator: compile stage on all cores, run stage on every device, one store writer.
+//!
+//! Threads: `jobs` builders share one fork server with CUDA hidden and feed the run queue in the
+//! order builds finish; one run worker per device (the CPU, or each visible GPU) with its own fork
+//! server takes candidates one at a time; a writer thread commits each finished sample in its own
+//! transaction and drives the progress bar.
+
+use crate::config::{Audit, Device, EvalConfig, EvalProblem, EvalSample};
+use crate::job::{Compiled, JobContext, Outcome};
+use crate::python::Runtime;
+use crate::record::{ProblemRecord, RunInfo, SampleRecord};
+use crate::stage_build::{self, Built};
+use crate::stage_run::{self, Reference, ReferenceFailed, RunError};
+use crate::store::{SampleExtras, Store};
+use crate::verdict::Verdict;
+use crate::zygote::Zygote;
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+type ProblemKey = (u32, u32);
+
+/// What a run did, for the closing summary.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Samples evaluated in this invocation, per verdict.
+    pub verdicts: BTreeMap<Verdict, usize>,
+    /// Samples already in the store and not re-evaluated.
+    pub already_done: usize,
+    /// Samples left without a verdict because their problem's reference failed.
+    pub skipped: usize,
+    /// (level, problem_id, why) of problems whose reference failed.
+    pub reference_errors: Vec<(u32, u32, String)>,
+}
+
+enum Report {
+    Sample(usize, Box<Outcome>),
+    ReferenceOk(ProblemKey),
+    ReferenceFailed(usize, String),
+}
+
+struct RunItem {
+    sample: usize,
+    compiled: Compiled,
+}
+
+struct Shared {
+    ctx: JobContext,
+    rt: Runtime,
+    problems: HashMap<ProblemKey, EvalProblem>,
+    samples: Vec<EvalSample>,
+    zygote_env: Vec<(String, String)>,
+}
+
+/// Evaluates `samples` against `problems` into the store at `cfg.db`, skipping samples already
+/// stored unless `cfg.force`.
+pub fn evaluate(
+    cfg: EvalConfig,
+    problems: Vec<EvalProblem>,
+    samples: Vec<EvalSample>,
+    audit: Option<Arc<dyn Audit>>,
+) -> Result<Summary> {
+    let problems: HashMap<ProblemKey, EvalProblem> = problems
+        .into_iter()
+        .map(|p| ((p.level, p.problem_id), p))
+        .collect();
+    if let Some(s) = samples
+        .iter()
+        .find(|s| !problems.contains_key(&(s.level, s.problem_id)))
+    {
+        bail!(
+            "{}: level {} problem {} is not among the problems given",
+            s.origin,
+            s.level,
+            s.problem_id
+        );
+    }
+    std::fs::create_dir_all(&cfg.build_cache).with_context(|| {
+        format!(
+            "cannot create the build cache {}",
+            cfg.build_cache.display()
+        )
+    })?;
+    let rt = Runtime::new(cfg.python.as_deref(), cfg.device == Device::Cuda)?;
+    if cfg.device == Device::Cuda && rt.info.gpus.is_empty() {
+        bail!("--device cuda: no GPU is visible");
+    }
+    let mut store = Store::open(&cfg.db)?;
+    store.begin_run(&run_info(&cfg, &rt), &run_settings(&cfg), cfg.force)?;
+    let mut problem_rows: Vec<_> = problems
+        .values()
+        .map(|p| {
+            let record = ProblemRecord {
+                level: p.level,
+                problem_id: p.problem_id,
+                name: p.name.clone(),
+                reference_error: None,
+            };
+            (record, sha256_hex(&p.source))
+        })
+        .collect();
+    problem_rows.sort_by_key(|(p, _)| (p.level, p.problem_id));
+    store.add_problems(&problem_rows)?;
+
+    let finished = if cfg.force {
+        Default::default()
+    } else {
+        store.finished()?
+    };
+    let already_done = samples
+        .iter()
+        .filter(|s| finished.contains(&(s.level, s.problem_id, s.sample_id)))
+        .count();
+    let pending: Vec<EvalSample> = samples
+        .into_iter()
+        .filter(|s| !finished.contains(&(s.level, s.problem_id, s.sample_id)))
+        .collect();
+
+    let zygote_env = zygote_env(&cfg, &rt);
+    let run_workers = match cfg.device {
+        Device::Cpu => vec![None],
+        Device::Cuda => (0..rt.info.gpus.len()).map(Some).collect(),
+    };
+    let jobs_dir = rt.jobs_dir();
+    let shared = Arc::new(Shared {
+        ctx: JobContext::new(cfg.clone(), jobs_dir),
+        rt,
+        problems,
+        samples: pending,
+        zygote_env,
+    });
+
+    let (report_tx, report_rx) = mpsc::channel();
+    let writer = {
+        let shared = shared.clone();
+        let bar = progress_bar(cfg.progress, shared.samples.len());
+        std::thread::spawn(move || write_reports(store, &shared, report_rx, audit, bar))
+    };
+    let (run_tx, run_rx) = mpsc::channel::<RunItem>();
+    let mut to_build = Vec::new();
+    for (i, s) in shared.samples.iter().enumerate() {
+        if let Some(defect) = &shared.problems[&(s.level, s.problem_id)].defect {
+            let _ = report_tx.send(Report::ReferenceFailed(i, defect.clone()));
+            continue;
+        }
+        match &s.code {
+            None => {
+                let message = "no code block could be extracted from the answer".to_string();
+                let outcome = Outcome::failed(Verdict::NoCode, message, String::new(), vec![], 0.0);
+                let _ = report_tx.send(Report::Sample(i, Box::new(outcome)));
+            }
+            Some(code) if stage_build::may_build(code) => to_build.push(i),
+            Some(_) => {
+                let _ = run_tx.send(RunItem {
+                    sample: i,
+                    compiled: Compiled::default(),
+                });
+            }
+        }
+    }
+    let builders = start_builders(&shared, to_build, run_tx, report_tx.clone());
+    let run_rx = Arc::new(Mutex::new(run_rx));
+    let runners: Vec<_> = run_workers
+        .into_iter()
+        .map(|gpu| {
+            let (shared, run_rx, report_tx) = (shared.clone(), run_rx.clone(), report_tx.clone());
+            std::thread::spawn(move || run_worker(&shared, gpu, &run_rx, &report_tx))
+        })
+        .collect();
+    drop(report_tx);
+    let mut failures = Vec::new();
+    for b in builders {
+        if let Err(e) = b.join().expect("builder thread panicked") {
+            failures.push(e);
+        }
+    }
+    for r in runners {
+        if let Err(e) = r.join().expect("run worker panicked") {
+            failures.push(e);
+        }
+    }
+    let mut summary = writer.join().expect("store writer panicked")?;
+    summary.already_done = already_done;
+    if let Some(e) = failures.into_iter().next() {
+        return Err(e);
+    }
+    Ok(summary)
+}
+
+fn run_info(cfg: &EvalConfig, rt: &Runtime) -> RunInfo {
+    let hardware = match cfg.device {
+        Device::Cpu => rt.info.cpu.clone(),
+        Device::Cuda => {
+            let names: Vec<_> = rt.info.gpus.iter().map(|g| g.name.as_str()).collect();
+            names.join(", ")
+        }
+    };
+    RunInfo {
+        device: cfg.device.as_str().to_string(),
+        hardware,
+        torch_version: rt.info.torch.clone(),
+        python_version: rt.info.python.clone(),
+        dice_version: env!("CARGO_PKG_VERSION").to_string(),
+        correctness_trials: cfg.correctness_trials,
+        perf_trials: cfg.perf_trials,
+        atol: cfg.atol,
+        rtol: cfg.rtol,
+        baseline: cfg.baseline.as_str().to_string(),
+        strict: cfg.strict,
+        source: cfg.source.clone(),
+    }
+}
+
+/// Settings outside [`RunInfo`] that still change verdicts or timings.
+fn run_settings(cfg: &EvalConfig) -> serde_json::Value {
+    json!({"precision": cfg.precision.as_str(), "timing rounds": cfg.timing_rounds})
+}
+
+fn zygote_env(cfg: &EvalConfig, rt: &Runtime) -> Vec<(String, String)> {
+    let mut env = vec![("DICE_DEVICE".to_string(), cfg.device.as_str().to_string())];
+    if cfg.device == Device::Cuda && std::env::var_os("TORCH_CUDA_ARCH_LIST").is_none() {
+        let mut archs: Vec<_> = rt.info.gpus.iter().map(|g| g.arch.clone()).collect();
+        archs.sort();
+        archs.dedup();
+        env.push(("TORCH_CUDA_ARCH_LIST".to_string(), archs.join(";")));
+    }
+    env
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+type Worker = std::thread::JoinHandle<Result<()>>;
+
+fn start_builders(
+    shared: &Arc<Shared>,
+    to_build: Vec<usize>,
+    run_tx: Sender<RunItem>,
+    report_tx: Sender<Report>,
+) -> Vec<Worker> {
+    if to_build.is_empty() {
+        return Vec::new();
+    }
+    let threads = shared.ctx.cfg.jobs.clamp(1, to_build.len());
+    let queue = Arc::new(Mutex::new(to_build.into_iter()));
+    let zygote: Arc<Mutex<Option<Arc<Zygote>>>> = Arc::default();
+    (0..threads)
+        .map(|_| {
+            let (shared, queue, zygote) = (shared.clone(), queue.clone(), zygote.clone());
+            let (run_tx, report_tx) = (run_tx.clone(), report_tx.clone());
+            std::thread::spawn(move || -> Result<()> {
+                loop {
+                    let Some(i) = queue.lock().unwrap().next() else {
+                        return Ok(());
+                    };
+                    let z = build_zygote(&shared, &zygote)?;
+                    let sample = &shared.samples[i];
+                    let code = sample
+                        .code
+                        .as_deref()
+                        .expect("only samples with code are built");
+                    match stage_build::build(&shared.ctx, &z, sample, code) {
+                        Built::Ready(compiled) => {
+                            let _ = run_tx.send(RunItem {
+                                sample: i,
+                                compiled,
+                            });
+                        }
+                        Built::Failed(outcome) => {
+                            let _ = report_tx.send(Report::Sample(i, outcome));
+                        }
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// The compile stage's fork server (CUDA hidden), started on first use and again if it died.
+fn build_zygote(shared: &Shared, slot: &Mutex<Option<Arc<Zygote>>>) -> Result<Arc<Zygote>> {
+    let mut slot = slot.lock().unwrap();
+    if let Some(z) = slot.as_ref().filter(|z| z.is_alive()) {
+        return Ok(z.clone());
+    }
+    let mut env = shared.zygote_env.clone();
+    env.push(("CUDA_VISIBLE_DEVICES".to_string(), String::new()));
+    let z = Arc::new(Zygote::start(&shared.rt, &env, "zygote-build.log")?);
+    *slot = Some(z.clone());
+    Ok(z)
+}
+
+fn run_worker(
+    shared: &Shared,
+    gpu: Option<usize>,
+    queue: &Mutex<Receiver<RunItem>>,
+    reports: &Sender<Report>,
+) -> Result<()> {
+    let mut worker = RunWorker::new(shared, gpu, reports);
+    loop {
+        let Ok(item) = queue.lock().unwrap().recv() else {
+            break;
+        };
+        let sample = &shared.samples[item.sample];
+        // One retry with a fresh fork server when the evaluator itself failed.
+        let mut result = worker.run(sample, item.compiled.clone());
+        if let Err(RunError::Evaluator(e)) = &result {
+            tracing::warn!("{}: restarting the worker after: {e:#}", sample.origin);
+            worker.reset();
+            result = worker.run(sample, item.compiled);
+        }
+        match result {
+            Ok(outcome) => {
+                let _ = reports.send(Report::Sample(item.sample, Box::new(outcome)));
+            }
+            Err(RunError::Reference(failed)) => {
+                let _ = reports.send(Report::ReferenceFailed(item.sample, failed.0));
+            }
+            Err(RunError::Evaluator(e)) => {
+                return Err(e.context(format!("evaluating {}", sample.origin)))
+            }
+        }
+    }
+    worker.reset();
+    Ok(())
+}
+
+/// One device's fork server and the reference process of the problem it is on.
+struct RunWorker<'a> {
+    shared: &'a Shared,
+    reports: &'a Sender<Report>,
+    env: Vec<(String, String)>,
+    log_name: String,
+    zygote: Option<Zygote>,
+    reference: Option<(ProblemKey, Result<Reference, ReferenceFailed>)>,
+}
+
+impl<'a> RunWorker<'a> {
+    fn new(shared: &'a Shared, gpu: Option<usize>, reports: &'a Sender<Report>) -> Self {
+        let mut env = shared.zygote_env.clone();
+        let log_name = match gpu {
+            Some(i) => {
+                env.push(("CUDA_VISIBLE_DEVICES".to_string(), i.to_string()));
+                format!("zygote-gpu{i}.log")
+            }
+            None => "zygote-cpu.log".to_string(),
+        };
+        RunWorker {
+            shared,
+            reports,
+            env,
+            log_name,
+            zygote: None,
+            reference: None,
+        }
+    }
+
+    fn reset(&mut self) {
+        if let Some((_, Ok(r))) = self.reference.take() {
+            r.close();
+        }
+        self.zygote = None;
+    }
+
+    fn run(&mut self, sample: &EvalSample, compiled: Compiled) -> Result<Outcome, RunError> {
+        if !self.zygote.as_ref().is_some_and(Zygote::is_alive) {
+            self.reset();
+            let z = Zygote::start(&self.shared.rt, &self.env, &self.log_name)
+                .map_err(RunError::Evaluator)?;
+            self.zygote = Some(z);
+        }
+        let zygote = self.zygote.as_ref().expect("started above");
+        let key = (sample.level, sample.problem_id);
+        let problem = &self.shared.problems[&key];
+        if self.reference.as_ref().is_none_or(|(k, _)| *k != key) {
+            if let Some((_, Ok(old))) = self.reference.take() {
+                old.close();
+            }
+            let started = match Reference::start(&self.shared.ctx, zygote, problem) {
+                Ok(r) => {
+                    let _ = self.reports.send(Report::ReferenceOk(key));
+                    Ok(r)
+                }
+                Err(RunError::Reference(failed)) => Err(failed),
+                Err(e) => return Err(e),
+            };
+            self.reference = Some((key, started));
+        }
+        let reference = match &mut self.reference {
+            Some((_, Ok(r))) => r,
+            Some((_, Err(failed))) => return Err(RunError::Reference(failed.clone())),
+            None => unreachable!("set above"),
+        };
+        let code = sample
+            .code
+            .as_deref()
+            .expect("only samples with code are run");
+        let result =
+            stage_run::run_candidate(&self.shared.ctx, zygote, reference, problem, code, compiled);
+        if let Err(RunError::Reference(failed)) = &result {
+            if let Some((_, Ok(old))) = self.reference.take() {
+                old.close();
+            }
+            self.reference = Some((key, Err(failed.clone())));
+        }
+        result
+    }
+}
+
+fn progress_bar(show: bool, len: usize) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+fn write_reports(
+    mut store: Store,
+    shared: &Shared,
+    reports: Receiver<Report>,
+    audit: Option<Arc<dyn Audit>>,
+    bar: ProgressBar,
+) -> Result<Summary> {
+    let mut summary = Summary::default();
+    let mut failed_problems: BTreeMap<ProblemKey, String> = BTreeMap::new();
+    for report in reports {
+        match report {
+            Report::ReferenceOk(key) => {
+                store.set_reference_error(key.0, key.1, None)?;
+                failed_problems.remove(&key);
+            }
+            Report::ReferenceFailed(i, why) => {
+                let s = &shared.samples[i];
+                store.set_reference_error(s.level, s.problem_id, Some(&why))?;
+                failed_problems.insert((s.level, s.problem_id), why);
+                summary.skipped += 1;
+                bar.inc(1);
+            }
+            Report::Sample(i, outcome) => {
+                let sample = &shared.samples[i];
+                let problem = &shared.problems[&(sample.level, sample.problem_id)];
+                let (mut record, extras) = into_record(sample, *outcome);
+                if let Some(audit) = &audit {
+                    audit.audit(problem, sample, &mut record);
+                }
+                store
+                    .put_sample(&record, &extras)
+                    .with_context(|| format!("storing the result of {}", sample.origin))?;
+                *summary.verdicts.entry(record.verdict).or_default() += 1;
+                bar.inc(1);
+            }
+        }
+        bar.set_message(progress_message(&summary));
+    }
+    bar.finish();
+    summary.reference_errors = failed_problems
+        .into_iter()
+        .map(|((l, p), why)| (l, p, why))
+        .collect();
+    Ok(summary)
+}
+
+fn progress_message(summary: &Summary) -> String {
+    let mut parts: Vec<String> = summary
+        .verdicts
+        .iter()
+        .map(|(v, n)| format!("{v} {n}"))
+        .collect();
+    if summary.skipped > 0 {
+        parts.push(format!("skipped {}", summary.skipped));
+    }
+    parts.join(" · ")
+}
+
+fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) {
+    let speedup = match (&o.candidate_timing, &o.baseline_timing) {
+        (Some(c), Some(b)) if o.verdict == Verdict::Correct && c.mean_ms > 0.0 => {
+            Some(b.mean_ms / c.mean_ms)
+        }
+        _ => None,
+    };
+    let record = SampleRecord {
+        level: sample.level,
+        problem_id: sample.problem_id,
+        sample_id: sample.sample_id,
+        code_hash: sample.code.as_deref().map(sha256_hex),
+        verdict: o.verdict,
+        message: o.message,
+        max_abs_error: o.max_abs_error,
+        max_rel_error: o.max_rel_error,
+        trials_passed: o.trials_passed,
+        candidate_timing: o.candidate_timing,
+        baseline_timing: o.baseline_timing,
+        speedup,
+        flags: Vec::new(),
+        deceptive: false,
+        log_excerpt: o.log,
+        wall_s: o.wall_s,
+    };
+    let extras = SampleExtras {
+        origin: sample.origin.clone(),
+        candidate_wall_ms: o.candidate_wall_ms,
+        baseline_wall_ms: o.baseline_wall_ms,
+        builds: o.builds,
+    };
+    (record, extras)
+}

@@ -1,0 +1,163 @@
+//! The Python side: finding an interpreter with torch and ninja, checking it, and the embedded
+//! worker scripts written to a private runtime directory.
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SCRIPTS: [(&str, &str); 5] = [
+    ("zygote.py", include_str!("../python/zygote.py")),
+    ("roles.py", include_str!("../python/roles.py")),
+    ("protocol.py", include_str!("../python/protocol.py")),
+    ("buildcache.py", include_str!("../python/buildcache.py")),
+    ("probe.py", include_str!("../python/probe.py")),
+];
+
+/// The project's own environment, made by scripts/setup-python.sh.
+const WORKSPACE_VENV_PYTHON: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../.dice/venv/bin/python");
+
+/// What the interpreter reported about itself.
+#[derive(Clone, Debug, Deserialize)]
+pub struct PythonInfo {
+    pub python: String,
+    pub torch: String,
+    pub cpu: String,
+    pub gpus: Vec<GpuInfo>,
+    pub nvcc: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct GpuInfo {
+    pub name: String,
+    /// Compute capability, e.g. `9.0`.
+    pub arch: String,
+}
+
+/// A checked interpreter plus the directory holding the worker scripts.
+pub struct Runtime {
+    pub python: PathBuf,
+    pub info: PythonInfo,
+    /// PATH for workers: the interpreter's bin directory first, so torch finds its ninja.
+    pub path_env: String,
+    /// Private scratch space: the scripts, and one directory per job.
+    pub dir: tempfile::TempDir,
+}
+
+impl Runtime {
+    /// Finds and checks the interpreter; `cuda` also requires GPUs and nvcc.
+    pub fn new(explicit: Option<&Path>, cuda: bool) -> Result<Runtime> {
+        let python = locate(explicit)?;
+        let dir = scratch_dir()?;
+        for (name, text) in SCRIPTS {
+            std::fs::write(dir.path().join(name), text)
+                .with_context(|| format!("writing worker script into {}", dir.path().display()))?;
+        }
+        std::fs::create_dir(dir.path().join("jobs"))?;
+        let path_env = worker_path(&python);
+        let out = Command::new(&python)
+            .arg(dir.path().join("probe.py"))
+            .arg(if cuda { "cuda" } else { "cpu" })
+            .env("PATH", &path_env)
+            .output()
+            .with_context(|| format!("cannot run {}", python.display()))?;
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr);
+            let why = why
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("it failed");
+            bail!(
+                "{}: {why} (pass --python or DICE_PYTHON, or run scripts/setup-python.sh)",
+                python.display()
+            );
+        }
+        let info: PythonInfo = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("unexpected output from {}'s probe", python.display()))?;
+        Ok(Runtime {
+            python,
+            info,
+            path_env,
+            dir,
+        })
+    }
+
+    pub fn script(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn jobs_dir(&self) -> PathBuf {
+        self.dir.path().join("jobs")
+    }
+}
+
+/// `--python`, then `DICE_PYTHON`, then the workspace's venv, then `python3` on PATH.
+pub fn locate(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("DICE_PYTHON").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let venv = Path::new(WORKSPACE_VENV_PYTHON);
+    if venv.exists() {
+        return Ok(venv.to_path_buf());
+    }
+    Ok(PathBuf::from("python3"))
+}
+
+fn worker_path(python: &Path) -> String {
+    let inherited = std::env::var("PATH").unwrap_or_default();
+    match python.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(bin) => format!("{}:{inherited}", bin.display()),
+        None => inherited,
+    }
+}
+
+const SCRATCH_PREFIX: &str = "dice-eval-";
+const OWNER_FILE: &str = "owner.pid";
+
+/// RAM-backed when possible: published outputs and FIFOs live here. Scratch directories left by
+/// evaluators that were killed are removed first.
+fn scratch_dir() -> Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    let parent = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    remove_orphans(&parent);
+    let dir = tempfile::Builder::new()
+        .prefix(SCRATCH_PREFIX)
+        .tempdir_in(&parent)
+        .or_else(|_| tempfile::Builder::new().prefix(SCRATCH_PREFIX).tempdir())
+        .context("creating a scratch directory")?;
+    std::fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string())?;
+    Ok(dir)
+}
+
+fn remove_orphans(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let ours = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(SCRATCH_PREFIX));
+        let owner = std::fs::read_to_string(path.join(OWNER_FILE))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        if let (true, Some(pid)) = (ours, owner) {
+            // SAFETY: signal 0 only checks whether the process exists.
+            let gone = unsafe { libc::kill(pid, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            if gone {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! What a run stores: the contract between the evaluator (which writes it) and reports (which read it).
+
+use crate::verdict::Verdict;
+use serde::{Deserialize, Serialize};
+
+/// Summary statistics of repeated timings, in milliseconds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimingStats {
+    pub mean_ms: f64,
+    pub median_ms: f64,
+    pub std_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+    pub trials: u32,
+}
+
+/// Settings a run was started with; stored once per run and shown in reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// `cpu` or `cuda`.
+    pub device: String,
+    /// Hardware name as the worker reports it (GPU name or CPU model).
+    pub hardware: String,
+    pub torch_version: String,
+    pub python_version: String,
+    pub dice_version: String,
+    pub correctness_trials: u32,
+    pub perf_trials: u32,
+    pub atol: f64,
+    pub rtol: f64,
+    /// `eager` or `torch_compile`.
+    pub baseline: String,
+    /// Deceptive samples count as incorrect.
+    pub strict: bool,
+    /// Where the problems came from: a KernelBench tree or a pairs file.
+    pub source: String,
+}
+
+/// One problem of the run, with the outcome of running its reference.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProblemRecord {
+    pub level: u32,
+    pub problem_id: u32,
+    pub name: String,
+    /// `None` when the reference ran; otherwise why it failed (never blamed on candidates).
+    pub reference_error: Option<String>,
+}
+
+/// One evaluated candidate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SampleRecord {
+    pub level: u32,
+    pub problem_id: u32,
+    pub sample_id: u32,
+    /// SHA-256 of the candidate program bytes (None for `no_code`).
+    pub code_hash: Option<String>,
+    pub verdict: Verdict,
+    /// One line saying why, for every verdict other than `correct`.
+    pub message: Option<String>,
+    /// Largest absolute / relative error seen in correctness trials (mismatches and passes).
+    pub max_abs_error: Option<f64>,
+    pub max_rel_error: Option<f64>,
+    /// Correctness trials passed, out of `RunInfo::correctness_trials`.
+    pub trials_passed: u32,
+    pub candidate_timing: Option<TimingStats>,
+    pub baseline_timing: Option<TimingStats>,
+    /// baseline mean / candidate mean, only for correct samples.
+    pub speedup: Option<f64>,
+    /// Rule ids of reward-hack findings (static and run-time).
+    pub flags: Vec<String>,
+    pub deceptive: bool,
+    /// Bounded excerpt of the candidate's stdout/stderr and build log.
+    pub log_excerpt: String,
+    /// Wall seconds spent on this sample (build + run).
+    pub wall_s: f64,
+}

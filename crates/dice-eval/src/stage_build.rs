@@ -1,0 +1,86 @@
+//! Compile stage: imports each candidate with CUDA hidden, only so that its extensions get built
+//! into the cache. A failed or timed-out build is a verdict here; anything else is left for the
+//! run stage to judge.
+
+use crate::child::{Child, Deadline, Event};
+use crate::config::EvalSample;
+use crate::job::{build_record, Compiled, JobContext, Outcome};
+use crate::verdict::Verdict;
+use crate::zygote::Zygote;
+use serde_json::json;
+
+/// What the compile stage decided about one candidate.
+pub enum Built {
+    /// Go on to the run stage (its builds, if any, are cached).
+    Ready(Compiled),
+    /// The build failed or ran out of time.
+    Failed(Box<Outcome>),
+}
+
+/// Whether a program could build an extension at all; others skip the compile stage.
+pub fn may_build(code: &[u8]) -> bool {
+    let has = |needle: &[u8]| code.windows(needle.len()).any(|w| w == needle);
+    has(b"cpp_extension") || has(b"load_inline")
+}
+
+pub fn build(ctx: &JobContext, zygote: &Zygote, sample: &EvalSample, code: &[u8]) -> Built {
+    let started = std::time::Instant::now();
+    let request = json!({
+        "cache_dir": ctx.cfg.build_cache,
+        "candidate_path": "candidate.py",
+        "limits": ctx.limits,
+    });
+    let mut child = match Child::start(
+        zygote,
+        &ctx.jobs_dir,
+        "build",
+        &[("candidate.py", code)],
+        request,
+    ) {
+        Ok(child) => child,
+        Err(e) => {
+            tracing::warn!("compile stage could not start for {}: {e:#}", sample.origin);
+            return Built::Ready(Compiled {
+                builds: Vec::new(),
+                wall_s: started.elapsed().as_secs_f64(),
+            });
+        }
+    };
+    let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.compile_timeout);
+    let mut builds = Vec::new();
+    let mut failure = None;
+    loop {
+        match child.next_within(&mut deadline) {
+            None => {
+                if deadline.building() {
+                    let secs = ctx.cfg.compile_timeout.as_secs();
+                    failure = Some((
+                        Verdict::CompileTimeout,
+                        format!("an extension build ran past {secs} s"),
+                    ));
+                }
+                break;
+            }
+            Some(Event::Exited(_)) => break,
+            Some(Event::Msg(msg)) => match msg["event"].as_str() {
+                Some("build") => builds.push(build_record(&msg)),
+                Some("failed") if msg["verdict"] == "compile_error" => {
+                    let message = msg["message"]
+                        .as_str()
+                        .unwrap_or("the extension failed to build");
+                    failure = Some((Verdict::CompileError, message.to_string()));
+                }
+                Some("done") => break,
+                _ => {}
+            },
+        }
+    }
+    let (_, log) = child.finish();
+    let wall_s = started.elapsed().as_secs_f64();
+    match failure {
+        None => Built::Ready(Compiled { builds, wall_s }),
+        Some((verdict, message)) => Built::Failed(Box::new(Outcome::failed(
+            verdict, message, log, builds, wall_s,
+        ))),
+    }
+}

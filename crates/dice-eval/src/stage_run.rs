@@ -1,0 +1,435 @@
+//! Run stage on one device: the reference process of a problem (trusted; also the judge) and one
+//! candidate process at a time. Correctness trials are judged as they arrive; a correct candidate
+//! is then timed in rounds that alternate with the reference, never both at once.
+
+use crate::child::{Child, Deadline, Event};
+use crate::config::EvalProblem;
+use crate::job::{build_record, Compiled, JobContext, Outcome};
+use crate::stats::timing_stats;
+use crate::verdict::Verdict;
+use crate::zygote::{Exit, Zygote};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+/// The reference of a problem failed: a problem error, never blamed on the candidate.
+#[derive(Clone, Debug)]
+pub struct ReferenceFailed(pub String);
+
+/// Why a candidate got no outcome.
+#[derive(Debug)]
+pub enum RunError {
+    Reference(ReferenceFailed),
+    /// The evaluator itself failed (e.g. its fork server died): nobody's verdict.
+    Evaluator(anyhow::Error),
+}
+
+impl From<ReferenceFailed> for RunError {
+    fn from(e: ReferenceFailed) -> Self {
+        RunError::Reference(e)
+    }
+}
+
+/// A problem's reference process, kept alive across the problem's candidates.
+pub struct Reference {
+    child: Child,
+}
+
+impl Reference {
+    pub fn start(
+        ctx: &JobContext,
+        zygote: &Zygote,
+        problem: &EvalProblem,
+    ) -> Result<Reference, RunError> {
+        let mut request = common_request(ctx);
+        request["problem_path"] = json!("problem.py");
+        request["baseline"] = json!(ctx.cfg.baseline.as_str());
+        request["atol"] = json!(ctx.cfg.atol);
+        request["rtol"] = json!(ctx.cfg.rtol);
+        let files: [(&str, &[u8]); 1] = [("problem.py", &problem.source)];
+        let child = Child::start(zygote, &ctx.jobs_dir, "reference", &files, request)
+            .map_err(RunError::Evaluator)?;
+        let mut reference = Reference { child };
+        match reference.wait_for(ctx, "ready", "running the reference") {
+            Ok(_) => Ok(reference),
+            Err(failed) => {
+                let (_, log) = reference.child.finish();
+                tracing::warn!(
+                    "the reference of {} failed: {}\n{log}",
+                    problem.name,
+                    failed.0
+                );
+                Err(failed.into())
+            }
+        }
+    }
+
+    fn wait_for(
+        &mut self,
+        ctx: &JobContext,
+        event: &str,
+        doing: &str,
+    ) -> Result<Value, ReferenceFailed> {
+        let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.compile_timeout);
+        loop {
+            match self.child.next_within(&mut deadline) {
+                None => {
+                    return Err(ReferenceFailed(format!(
+                        "{doing} took longer than {} s",
+                        ctx.cfg.timeout.as_secs()
+                    )))
+                }
+                Some(Event::Exited(exit)) => {
+                    return Err(ReferenceFailed(format!(
+                        "{doing}: the reference {}",
+                        describe_exit(exit)
+                    )))
+                }
+                Some(Event::Msg(msg)) if msg["event"] == event => return Ok(msg),
+                Some(Event::Msg(msg)) if msg["event"] == "failed" => {
+                    let why = msg["message"].as_str().unwrap_or("unknown error");
+                    return Err(ReferenceFailed(format!("{doing}: {why}")));
+                }
+                Some(Event::Msg(_)) => {}
+            }
+        }
+    }
+
+    fn request(
+        &mut self,
+        ctx: &JobContext,
+        op: Value,
+        reply: &str,
+        doing: &str,
+    ) -> Result<Value, ReferenceFailed> {
+        if !self.child.send(&op) {
+            return Err(ReferenceFailed(format!(
+                "{doing}: the reference process is gone"
+            )));
+        }
+        self.wait_for(ctx, reply, doing)
+    }
+
+    fn judge(
+        &mut self,
+        ctx: &JobContext,
+        trial: u32,
+        path: &str,
+    ) -> Result<Value, ReferenceFailed> {
+        self.request(
+            ctx,
+            json!({"op": "judge", "trial": trial, "path": path}),
+            "judged",
+            "judging an output",
+        )
+    }
+
+    /// Timings of `n` calls in ms, and the evaluator-side wall time of the batch.
+    fn time(&mut self, ctx: &JobContext, n: u32) -> Result<(Vec<f64>, f64), ReferenceFailed> {
+        let started = Instant::now();
+        let reply = self.request(
+            ctx,
+            json!({"op": "time", "n": n}),
+            "times",
+            "timing the baseline",
+        )?;
+        Ok((times_of(&reply), started.elapsed().as_secs_f64() * 1e3))
+    }
+
+    pub fn close(self) {
+        self.child.send(&json!({"op": "quit"}));
+        self.child.finish();
+    }
+}
+
+fn common_request(ctx: &JobContext) -> Value {
+    json!({
+        "device": ctx.cfg.device.as_str(),
+        "precision": ctx.cfg.precision.as_str(),
+        "trials": ctx.cfg.correctness_trials,
+        "limits": ctx.limits,
+    })
+}
+
+fn times_of(reply: &Value) -> Vec<f64> {
+    reply["ms"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default()
+}
+
+pub fn describe_exit(exit: Exit) -> String {
+    match exit {
+        Exit::Signal(sig) => format!("was killed by signal {sig} ({})", signal_name(sig)),
+        Exit::Code(code) => format!("exited with status {code}"),
+        Exit::Lost => "was lost with its worker".to_string(),
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGILL => "SIGILL",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGXCPU => "SIGXCPU, CPU time limit",
+        libc::SIGXFSZ => "SIGXFSZ, file size limit",
+        libc::SIGTERM => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+/// Judging state of the correctness trials.
+#[derive(Default)]
+struct Trials {
+    judged: u32,
+    passed: u32,
+    max_abs: Option<f64>,
+    max_rel: Option<f64>,
+    failure: Option<(Verdict, String)>,
+}
+
+impl Trials {
+    /// Takes one judgement; true when the candidate is already decided (a shape mismatch).
+    fn take(&mut self, judged: &Value) -> bool {
+        self.judged += 1;
+        let fold = |old: Option<f64>, new: Option<f64>| match (old, new) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.max_abs = fold(self.max_abs, judged["max_abs"].as_f64());
+        self.max_rel = fold(self.max_rel, judged["max_rel"].as_f64());
+        let verdict = match judged["verdict"].as_str() {
+            Some("ok") => {
+                self.passed += 1;
+                return false;
+            }
+            Some("shape_mismatch") => Verdict::ShapeMismatch,
+            Some("nan_or_inf") => Verdict::NanOrInf,
+            Some("output_mismatch") => Verdict::OutputMismatch,
+            _ => Verdict::RuntimeError,
+        };
+        let message = judged["message"]
+            .as_str()
+            .unwrap_or("wrong output")
+            .to_string();
+        self.failure.get_or_insert((verdict, message));
+        verdict == Verdict::ShapeMismatch
+    }
+}
+
+/// Runs one candidate against `reference`, after its compile stage.
+pub fn run_candidate(
+    ctx: &JobContext,
+    zygote: &Zygote,
+    reference: &mut Reference,
+    problem: &EvalProblem,
+    code: &[u8],
+    compiled: Compiled,
+) -> Result<Outcome, RunError> {
+    let Compiled {
+        mut builds,
+        wall_s: build_wall_s,
+    } = compiled;
+    let started = Instant::now();
+    let mut request = common_request(ctx);
+    request["cache_dir"] = json!(ctx.cfg.build_cache);
+    request["problem_path"] = json!("problem.py");
+    request["candidate_path"] = json!("candidate.py");
+    let files: [(&str, &[u8]); 2] = [("problem.py", &problem.source), ("candidate.py", code)];
+    let mut child = Child::start(zygote, &ctx.jobs_dir, "candidate", &files, request)
+        .map_err(RunError::Evaluator)?;
+    let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.compile_timeout);
+    let mut trials = Trials::default();
+    let mut phase = "importing the program".to_string();
+    let mut verdict: Option<(Verdict, String)> = None;
+    let mut timing = None;
+    while verdict.is_none() {
+        match child.next_within(&mut deadline) {
+            None => verdict = Some(timed_out(ctx, &deadline, &phase)),
+            Some(Event::Exited(exit)) => {
+                verdict = Some((
+                    Verdict::Crashed,
+                    format!("{} while {phase}", describe_exit(exit)),
+                ))
+            }
+            Some(Event::Msg(msg)) => match msg["event"].as_str().unwrap_or_default() {
+                "build" => builds.push(build_record(&msg)),
+                "failed" => verdict = Some(failure_of(&msg)),
+                "loaded" => phase = "constructing ModelNew".into(),
+                "constructed" => phase = "running correctness trial 1".into(),
+                "output" => {
+                    // The candidate's word is not trusted: trials come in order, and the judge
+                    // reads the one file the candidate may publish for that trial.
+                    let trial = trials.judged;
+                    if msg["trial"].as_u64() != Some(u64::from(trial))
+                        || trial >= ctx.cfg.correctness_trials
+                    {
+                        verdict = Some((
+                            Verdict::RuntimeError,
+                            "the program broke the evaluation protocol".into(),
+                        ));
+                        continue;
+                    }
+                    let path = child.dir().join(format!("output_{trial}.pt"));
+                    let judged = reference.judge(ctx, trial, &path.to_string_lossy())?;
+                    if trials.take(&judged) {
+                        verdict = trials.failure.clone();
+                    }
+                    phase = format!("running correctness trial {}", trial + 2);
+                }
+                "trials_done" => match trials.failure.clone() {
+                    Some(failure) => verdict = Some(failure),
+                    None if trials.passed < ctx.cfg.correctness_trials => {
+                        verdict = Some((
+                            Verdict::RuntimeError,
+                            "fewer outputs than correctness trials".into(),
+                        ))
+                    }
+                    None => {
+                        let result = time_side_by_side(ctx, &mut child, reference)?;
+                        verdict = Some(match result {
+                            Ok(t) => {
+                                timing = Some(t);
+                                (Verdict::Correct, String::new())
+                            }
+                            Err(failure) => failure,
+                        });
+                    }
+                },
+                _ => {}
+            },
+        }
+    }
+    child.send(&json!({"op": "quit"}));
+    let (_, log) = child.finish();
+    let (verdict, message) = verdict.expect("loop ends with a verdict");
+    let mut outcome = Outcome::failed(
+        verdict,
+        message,
+        log,
+        builds,
+        build_wall_s + started.elapsed().as_secs_f64(),
+    );
+    if verdict == Verdict::Correct {
+        outcome.message = None;
+    }
+    outcome.trials_passed = trials.passed;
+    outcome.max_abs_error = trials.max_abs;
+    outcome.max_rel_error = trials.max_rel;
+    if let Some(t) = timing.filter(|t| !t.candidate_ms.is_empty()) {
+        outcome.candidate_timing = timing_stats(&t.candidate_ms);
+        outcome.baseline_timing = timing_stats(&t.baseline_ms);
+        outcome.candidate_wall_ms = Some(t.candidate_wall_ms);
+        outcome.baseline_wall_ms = Some(t.baseline_wall_ms);
+    }
+    Ok(outcome)
+}
+
+fn timed_out(ctx: &JobContext, deadline: &Deadline, phase: &str) -> (Verdict, String) {
+    if deadline.building() {
+        let secs = ctx.cfg.compile_timeout.as_secs();
+        (
+            Verdict::CompileTimeout,
+            format!("an extension build ran past {secs} s"),
+        )
+    } else {
+        (
+            Verdict::Timeout,
+            format!(
+                "no result within {} s while {phase}",
+                ctx.cfg.timeout.as_secs()
+            ),
+        )
+    }
+}
+
+/// A failure the candidate process reported about itself; it can only ever make itself worse.
+fn failure_of(msg: &Value) -> (Verdict, String) {
+    let verdict = match msg["verdict"].as_str().and_then(|v| v.parse().ok()) {
+        Some(v @ (Verdict::LoadError | Verdict::CompileError | Verdict::Crashed)) => v,
+        _ => Verdict::RuntimeError,
+    };
+    let message = msg["message"].as_str().unwrap_or("failed").to_string();
+    (verdict, message)
+}
+
+struct Timings {
+    candidate_ms: Vec<f64>,
+    baseline_ms: Vec<f64>,
+    candidate_wall_ms: f64,
+    baseline_wall_ms: f64,
+}
+
+/// Alternates rounds of candidate and baseline calls (the order flips each round), each round
+/// with its own time limit.
+fn time_side_by_side(
+    ctx: &JobContext,
+    child: &mut Child,
+    reference: &mut Reference,
+) -> Result<Result<Timings, (Verdict, String)>, ReferenceFailed> {
+    let mut t = Timings {
+        candidate_ms: Vec::new(),
+        baseline_ms: Vec::new(),
+        candidate_wall_ms: 0.0,
+        baseline_wall_ms: 0.0,
+    };
+    let total = ctx.cfg.perf_trials;
+    let rounds = ctx.cfg.timing_rounds.clamp(1, total.max(1));
+    for round in 0..rounds.min(total) {
+        let n = total / rounds + u32::from(round < total % rounds);
+        for side in [round % 2, 1 - round % 2] {
+            if side == 0 {
+                let started = Instant::now();
+                match time_candidate(ctx, child, n) {
+                    Ok(ms) => t.candidate_ms.extend(ms),
+                    Err(failure) => return Ok(Err(failure)),
+                }
+                t.candidate_wall_ms += started.elapsed().as_secs_f64() * 1e3;
+            } else {
+                let (ms, wall) = reference.time(ctx, n)?;
+                t.baseline_ms.extend(ms);
+                t.baseline_wall_ms += wall;
+            }
+        }
+    }
+    Ok(Ok(t))
+}
+
+fn time_candidate(
+    ctx: &JobContext,
+    child: &mut Child,
+    n: u32,
+) -> Result<Vec<f64>, (Verdict, String)> {
+    if !child.send(&json!({"op": "time", "n": n})) {
+        return Err((
+            Verdict::Crashed,
+            "the candidate stopped listening before timing".into(),
+        ));
+    }
+    let mut deadline = Deadline::new(ctx.cfg.timeout, Duration::ZERO);
+    loop {
+        match child.next_within(&mut deadline) {
+            None => return Err(timed_out(ctx, &deadline, "timing")),
+            Some(Event::Exited(exit)) => {
+                return Err((
+                    Verdict::Crashed,
+                    format!("{} while timing", describe_exit(exit)),
+                ))
+            }
+            Some(Event::Msg(msg)) if msg["event"] == "times" => {
+                let ms = times_of(&msg);
+                if ms.len() != n as usize || ms.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                    return Err((
+                        Verdict::RuntimeError,
+                        "the timing loop returned invalid timings".into(),
+                    ));
+                }
+                return Ok(ms);
+            }
+            Some(Event::Msg(msg)) if msg["event"] == "failed" => return Err(failure_of(&msg)),
+            Some(Event::Msg(_)) => {}
+        }
+    }
+}

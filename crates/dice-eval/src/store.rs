@@ -1,0 +1,353 @@
+//! The run store: one SQLite file holding the run's settings, its problems, every finished
+//! sample and every extension build. Each finished sample is one transaction, so a run killed at
+//! any moment resumes from what was committed.
+
+use crate::record::{ProblemRecord, RunInfo, SampleRecord, TimingStats};
+use crate::verdict::Verdict;
+use anyhow::{bail, Context, Result};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Duration;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS run (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    info TEXT NOT NULL,
+    settings TEXT NOT NULL DEFAULT '{}',
+    started_at TEXT NOT NULL DEFAULT (datetime('now')),
+    updated_at TEXT NOT NULL DEFAULT (datetime('now'))
+);
+CREATE TABLE IF NOT EXISTS problems (
+    level INTEGER NOT NULL,
+    problem_id INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    source_sha256 TEXT NOT NULL,
+    reference_error TEXT,
+    PRIMARY KEY (level, problem_id)
+);
+CREATE TABLE IF NOT EXISTS samples (
+    level INTEGER NOT NULL,
+    problem_id INTEGER NOT NULL,
+    sample_id INTEGER NOT NULL,
+    origin TEXT NOT NULL,
+    code_hash TEXT,
+    verdict TEXT NOT NULL,
+    message TEXT,
+    max_abs_error REAL,
+    max_rel_error REAL,
+    trials_passed INTEGER NOT NULL,
+    candidate_timing TEXT,
+    baseline_timing TEXT,
+    speedup REAL,
+    candidate_wall_ms REAL,
+    baseline_wall_ms REAL,
+    flags TEXT NOT NULL,
+    deceptive INTEGER NOT NULL,
+    log_excerpt TEXT NOT NULL,
+    wall_s REAL NOT NULL,
+    evaluated_at TEXT NOT NULL DEFAULT (datetime('now')),
+    PRIMARY KEY (level, problem_id, sample_id)
+);
+CREATE TABLE IF NOT EXISTS builds (
+    key TEXT NOT NULL,
+    level INTEGER NOT NULL,
+    problem_id INTEGER NOT NULL,
+    sample_id INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    ok INTEGER NOT NULL,
+    cached INTEGER NOT NULL,
+    wall_s REAL NOT NULL,
+    log TEXT NOT NULL,
+    at TEXT NOT NULL DEFAULT (datetime('now'))
+);
+";
+
+/// One extension build (or cache hit) seen while evaluating a sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BuildRecord {
+    pub key: String,
+    pub name: String,
+    pub ok: bool,
+    pub cached: bool,
+    pub wall_s: f64,
+    pub log: String,
+}
+
+/// Measurements stored next to a sample that are not part of [`SampleRecord`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SampleExtras {
+    /// Where the candidate came from (file, JSONL line).
+    pub origin: String,
+    /// Evaluator-side wall time of all timed batches, candidate and baseline (a check on the
+    /// timers a candidate could tamper with).
+    pub candidate_wall_ms: Option<f64>,
+    pub baseline_wall_ms: Option<f64>,
+    pub builds: Vec<BuildRecord>,
+}
+
+pub struct Store {
+    conn: Connection,
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Store> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create the run directory {}", dir.display()))?;
+        }
+        let conn = Connection::open(path)
+            .with_context(|| format!("cannot open the run database {}", path.display()))?;
+        conn.busy_timeout(Duration::from_secs(30))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .and_then(|_| conn.pragma_update(None, "synchronous", "NORMAL"))
+            .and_then(|_| conn.execute_batch(SCHEMA))
+            .with_context(|| format!("{} is not a dice run database", path.display()))?;
+        Ok(Store { conn })
+    }
+
+    pub fn run_info(&self) -> Result<Option<RunInfo>> {
+        let text: Option<String> = self
+            .conn
+            .query_row("SELECT info FROM run WHERE id = 1", [], |r| r.get(0))
+            .optional()?;
+        text.map(|t| serde_json::from_str(&t).context("corrupt run settings in the store"))
+            .transpose()
+    }
+
+    /// Records the settings of this run (`settings`: those not in [`RunInfo`]). A run resumed with
+    /// different settings is refused unless `replace` (its finished samples would not compare).
+    pub fn begin_run(
+        &mut self,
+        info: &RunInfo,
+        settings: &serde_json::Value,
+        replace: bool,
+    ) -> Result<()> {
+        if let Some(old) = self.run_info()? {
+            let old_settings: String =
+                self.conn
+                    .query_row("SELECT settings FROM run WHERE id = 1", [], |r| r.get(0))?;
+            let mut changed = settings_changes(&old, info);
+            let old_settings: serde_json::Value =
+                serde_json::from_str(&old_settings).unwrap_or_default();
+            for (name, value) in settings.as_object().into_iter().flatten() {
+                if old_settings.get(name) != Some(value) {
+                    changed.push(name.clone());
+                }
+            }
+            if !changed.is_empty() && !replace {
+                bail!(
+                    "this run was started with different settings ({}); use --force to re-evaluate \
+                     everything with the new ones, or choose another --run directory",
+                    changed.join(", ")
+                );
+            }
+        }
+        self.conn.execute(
+            "INSERT INTO run (id, info, settings) VALUES (1, ?1, ?2)
+             ON CONFLICT(id) DO UPDATE SET info = excluded.info, settings = excluded.settings,
+               updated_at = datetime('now')",
+            params![serde_json::to_string(info)?, settings.to_string()],
+        )?;
+        Ok(())
+    }
+
+    /// Adds problems (keeping any recorded reference error of a known one).
+    pub fn add_problems(&mut self, problems: &[(ProblemRecord, String)]) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        for (p, source_sha256) in problems {
+            tx.execute(
+                "INSERT INTO problems (level, problem_id, name, source_sha256, reference_error)
+                 VALUES (?1, ?2, ?3, ?4, NULL)
+                 ON CONFLICT(level, problem_id) DO UPDATE SET name = excluded.name,
+                   reference_error = CASE WHEN source_sha256 = excluded.source_sha256
+                                          THEN reference_error END,
+                   source_sha256 = excluded.source_sha256",
+                params![p.level, p.problem_id, p.name, source_sha256],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn set_reference_error(
+        &mut self,
+        level: u32,
+        problem_id: u32,
+        error: Option<&str>,
+    ) -> Result<()> {
+        self.conn.execute(
+            "UPDATE problems SET reference_error = ?3 WHERE level = ?1 AND problem_id = ?2",
+            params![level, problem_id, error],
+        )?;
+        Ok(())
+    }
+
+    pub fn problems(&self) -> Result<Vec<ProblemRecord>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT level, problem_id, name, reference_error FROM problems ORDER BY level, problem_id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(ProblemRecord {
+                level: r.get(0)?,
+                problem_id: r.get(1)?,
+                name: r.get(2)?,
+                reference_error: r.get(3)?,
+            })
+        })?;
+        rows.collect::<rusqlite::Result<_>>().map_err(Into::into)
+    }
+
+    /// (level, problem_id, sample_id) of every finished sample.
+    pub fn finished(&self) -> Result<HashSet<(u32, u32, u32)>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT level, problem_id, sample_id FROM samples")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        rows.collect::<rusqlite::Result<_>>().map_err(Into::into)
+    }
+
+    /// Stores one finished sample and its builds atomically, replacing an earlier result.
+    pub fn put_sample(&mut self, s: &SampleRecord, extras: &SampleExtras) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        let key = params![s.level, s.problem_id, s.sample_id];
+        tx.execute(
+            "DELETE FROM builds WHERE level = ?1 AND problem_id = ?2 AND sample_id = ?3",
+            key,
+        )?;
+        tx.execute(
+            "INSERT OR REPLACE INTO samples (level, problem_id, sample_id, origin, code_hash, verdict,
+               message, max_abs_error, max_rel_error, trials_passed, candidate_timing,
+               baseline_timing, speedup, candidate_wall_ms, baseline_wall_ms, flags, deceptive,
+               log_excerpt, wall_s)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+            params![
+                s.level,
+                s.problem_id,
+                s.sample_id,
+                extras.origin,
+                s.code_hash,
+                s.verdict.as_str(),
+                s.message,
+                s.max_abs_error,
+                s.max_rel_error,
+                s.trials_passed,
+                timing_json(&s.candidate_timing)?,
+                timing_json(&s.baseline_timing)?,
+                s.speedup,
+                extras.candidate_wall_ms,
+                extras.baseline_wall_ms,
+                serde_json::to_string(&s.flags)?,
+                s.deceptive,
+                s.log_excerpt,
+                s.wall_s,
+            ],
+        )?;
+        for b in &extras.builds {
+            tx.execute(
+                "INSERT INTO builds (key, level, problem_id, sample_id, name, ok, cached, wall_s, log)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![b.key, s.level, s.problem_id, s.sample_id, b.name, b.ok, b.cached, b.wall_s, b.log],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn samples(&self) -> Result<Vec<SampleRecord>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT level, problem_id, sample_id, code_hash, verdict, message, max_abs_error,
+                    max_rel_error, trials_passed, candidate_timing, baseline_timing, speedup, flags,
+                    deceptive, log_excerpt, wall_s
+             FROM samples ORDER BY level, problem_id, sample_id",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                SampleRecord {
+                    level: r.get(0)?,
+                    problem_id: r.get(1)?,
+                    sample_id: r.get(2)?,
+                    code_hash: r.get(3)?,
+                    verdict: Verdict::NoCode,
+                    message: r.get(5)?,
+                    max_abs_error: r.get(6)?,
+                    max_rel_error: r.get(7)?,
+                    trials_passed: r.get(8)?,
+                    candidate_timing: None,
+                    baseline_timing: None,
+                    speedup: r.get(11)?,
+                    flags: Vec::new(),
+                    deceptive: r.get(13)?,
+                    log_excerpt: r.get(14)?,
+                    wall_s: r.get(15)?,
+                },
+                r.get::<_, String>(4)?,
+                r.get::<_, Option<String>>(9)?,
+                r.get::<_, Option<String>>(10)?,
+                r.get::<_, String>(12)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (mut s, verdict, cand, base, flags) = row?;
+            s.verdict = verdict.parse().map_err(anyhow::Error::msg)?;
+            s.candidate_timing = parse_timing(cand)?;
+            s.baseline_timing = parse_timing(base)?;
+            s.flags = serde_json::from_str(&flags).context("corrupt flags in the store")?;
+            out.push(s);
+        }
+        Ok(out)
+    }
+
+    pub fn builds(&self) -> Result<Vec<BuildRecord>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT key, name, ok, cached, wall_s, log FROM builds ORDER BY rowid")?;
+        let rows = stmt.query_map([], |r| {
+            Ok(BuildRecord {
+                key: r.get(0)?,
+                name: r.get(1)?,
+                ok: r.get(2)?,
+                cached: r.get(3)?,
+                wall_s: r.get(4)?,
+                log: r.get(5)?,
+            })
+        })?;
+        rows.collect::<rusqlite::Result<_>>().map_err(Into::into)
+    }
+}
+
+fn timing_json(t: &Option<TimingStats>) -> Result<Option<String>> {
+    t.as_ref()
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(Into::into)
+}
+
+fn parse_timing(text: Option<String>) -> Result<Option<TimingStats>> {
+    text.map(|t| serde_json::from_str(&t).context("corrupt timing in the store"))
+        .transpose()
+}
+
+/// Names of the settings that differ; hardware and versions are descriptive, not settings.
+fn settings_changes(old: &RunInfo, new: &RunInfo) -> Vec<String> {
+    let mut changed = Vec::new();
+    let mut check = |name: &str, differs: bool| {
+        if differs {
+            changed.push(name.to_string());
+        }
+    };
+    check("device", old.device != new.device);
+    check(
+        "correctness trials",
+        old.correctness_trials != new.correctness_trials,
+    );
+    check("perf trials", old.perf_trials != new.perf_trials);
+    check("atol", old.atol != new.atol);
+    check("rtol", old.rtol != new.rtol);
+    check("baseline", old.baseline != new.baseline);
+    check("strict", old.strict != new.strict);
+    check("source", old.source != new.source);
+    check("torch version", old.torch_version != new.torch_version);
+    changed
+}

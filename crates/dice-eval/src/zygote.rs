@@ -1,0 +1,171 @@
+//! The fork server: one Python process that imported torch once and forks a child per job.
+
+use crate::python::Runtime;
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How a child ended, as the zygote saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+    /// The zygote itself went away, taking the child with it.
+    Lost,
+}
+
+struct Route {
+    pid: Option<Sender<i32>>,
+    exit: Sender<Exit>,
+}
+
+type Routes = Arc<Mutex<HashMap<u64, Route>>>;
+
+pub struct Zygote {
+    stdin: Mutex<ChildStdin>,
+    routes: Routes,
+    alive: Arc<AtomicBool>,
+    process: Mutex<std::process::Child>,
+}
+
+const READY_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl Zygote {
+    /// Starts the fork server with extra environment (e.g. CUDA_VISIBLE_DEVICES) and waits until
+    /// torch is imported.
+    pub fn start(rt: &Runtime, env: &[(String, String)], log_name: &str) -> Result<Zygote> {
+        let log = std::fs::File::create(rt.dir.path().join(log_name))?;
+        let mut cmd = Command::new(&rt.python);
+        cmd.arg(rt.script("zygote.py"))
+            .env("PATH", &rt.path_env)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .process_group(0);
+        let mut process = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", rt.python.display()))?;
+        let stdin = process.stdin.take().expect("piped stdin");
+        let stdout = process.stdout.take().expect("piped stdout");
+        let routes: Routes = Arc::default();
+        let alive = Arc::new(AtomicBool::new(true));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        {
+            let routes = routes.clone();
+            let alive = alive.clone();
+            std::thread::spawn(move || {
+                route_events(BufReader::new(stdout), routes, alive, ready_tx)
+            });
+        }
+        match ready_rx.recv_timeout(READY_TIMEOUT) {
+            Ok(()) => {}
+            Err(_) => {
+                let _ = process.kill();
+                let _ = process.wait();
+                let log = std::fs::read_to_string(rt.dir.path().join(log_name)).unwrap_or_default();
+                let last = log
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("no output");
+                bail!("the Python worker failed to start: {last}");
+            }
+        }
+        Ok(Zygote {
+            stdin: Mutex::new(stdin),
+            routes,
+            alive,
+            process: Mutex::new(process),
+        })
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Forks a child for `request` (which must carry `job`); returns its pid and where its exit
+    /// status will arrive.
+    pub fn spawn(&self, job: u64, request: &Value) -> Result<(i32, Receiver<Exit>)> {
+        let (pid_tx, pid_rx) = mpsc::channel();
+        let (exit_tx, exit_rx) = mpsc::channel();
+        self.routes.lock().unwrap().insert(
+            job,
+            Route {
+                pid: Some(pid_tx),
+                exit: exit_tx,
+            },
+        );
+        let mut fields = request.as_object().cloned().unwrap_or_default();
+        fields.insert("op".into(), "spawn".into());
+        fields.insert("job".into(), job.into());
+        let line = format!("{}\n", Value::Object(fields));
+        let written = self.stdin.lock().unwrap().write_all(line.as_bytes());
+        if written.is_err() || !self.is_alive() {
+            self.routes.lock().unwrap().remove(&job);
+            bail!("the Python worker is gone");
+        }
+        let pid = pid_rx
+            .recv_timeout(Duration::from_secs(60))
+            .map_err(|_| anyhow!("the Python worker did not fork a child"))?;
+        Ok((pid, exit_rx))
+    }
+}
+
+impl Drop for Zygote {
+    fn drop(&mut self) {
+        let mut process = self.process.lock().unwrap();
+        let _ = process.kill();
+        let _ = process.wait();
+    }
+}
+
+fn route_events(
+    stdout: BufReader<std::process::ChildStdout>,
+    routes: Routes,
+    alive: Arc<AtomicBool>,
+    ready: Sender<()>,
+) {
+    for line in stdout.lines() {
+        let Ok(line) = line else { break };
+        let Ok(msg) = serde_json::from_str::<Value>(&line) else {
+            tracing::warn!("unexpected line from the Python worker: {line}");
+            continue;
+        };
+        let job = msg["job"].as_u64().unwrap_or(0);
+        match msg["event"].as_str() {
+            Some("ready") => {
+                let _ = ready.send(());
+            }
+            Some("spawned") => {
+                let mut routes = routes.lock().unwrap();
+                if let Some(tx) = routes.get_mut(&job).and_then(|r| r.pid.take()) {
+                    let _ = tx.send(msg["pid"].as_i64().unwrap_or(0) as i32);
+                }
+            }
+            Some("exited") => {
+                if let Some(route) = routes.lock().unwrap().remove(&job) {
+                    let exit = match (msg["signal"].as_i64(), msg["code"].as_i64()) {
+                        (Some(sig), _) => Exit::Signal(sig as i32),
+                        (None, Some(code)) => Exit::Code(code as i32),
+                        (None, None) => Exit::Lost,
+                    };
+                    let _ = route.exit.send(exit);
+                }
+            }
+            _ => tracing::warn!("unexpected event from the Python worker: {line}"),
+        }
+    }
+    alive.store(false, Ordering::SeqCst);
+    for (_, route) in routes.lock().unwrap().drain() {
+        let _ = route.exit.send(Exit::Lost);
+    }
+}

@@ -1,0 +1,92 @@
+//! Helpers shared by the evaluator's integration tests: the examples, and one build cache for all
+//! tests (the examples' C++ source builds once per cache).
+
+#![allow(dead_code)]
+
+use dice_bench::{load_candidates, KernelBench};
+use dice_eval::{EvalConfig, EvalProblem, EvalSample, Verdict};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+/// Shared by every test binary, so each distinct extension is compiled once per checkout.
+pub fn build_cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-eval-build-cache")
+}
+
+pub fn kernelbench_problems(dir: &Path) -> Vec<EvalProblem> {
+    let scan = KernelBench::open(dir).unwrap().scan(None).unwrap();
+    scan.problems
+        .into_iter()
+        .map(|p| EvalProblem {
+            level: p.level,
+            problem_id: p.problem_id,
+            name: p.name,
+            source: p.source,
+            defect: None,
+        })
+        .collect()
+}
+
+pub fn example_problems() -> Vec<EvalProblem> {
+    kernelbench_problems(&examples_dir().join("kernelbench"))
+}
+
+pub fn example_samples() -> Vec<EvalSample> {
+    load_candidates(&[examples_dir().join("candidates.jsonl")])
+        .unwrap()
+        .into_iter()
+        .map(|c| EvalSample {
+            level: c.level,
+            problem_id: c.problem_id,
+            sample_id: c.sample_id,
+            code: c.code,
+            origin: c.origin,
+        })
+        .collect()
+}
+
+/// The example whose code is the correct ReLU (its shared C++ source is every example's).
+pub fn example(problem_id: u32, sample_id: u32) -> EvalSample {
+    example_samples()
+        .into_iter()
+        .find(|s| s.problem_id == problem_id && s.sample_id == sample_id)
+        .unwrap()
+}
+
+/// Settings for tests: short timeouts, few timed trials, the shared cache.
+pub fn test_config(run_dir: &Path) -> EvalConfig {
+    let mut cfg = EvalConfig::new(run_dir.join("dice.db"), "kernelbench:examples".into());
+    cfg.build_cache = build_cache();
+    cfg.timeout = Duration::from_secs(20);
+    cfg.perf_trials = 10;
+    cfg.timing_rounds = 2;
+    cfg
+}
+
+/// (problem_id, sample_id) → verdict, as the examples' README documents them.
+pub fn documented_verdicts() -> BTreeMap<(u32, u32), Verdict> {
+    let readme = std::fs::read_to_string(examples_dir().join("README.md")).unwrap();
+    let mut expected = BTreeMap::new();
+    let mut problem = 0;
+    for line in readme.lines().filter(|l| l.starts_with("| ")) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let Some(sample) = cells.get(1).and_then(|c| c.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some(id) = cells[0]
+            .split_whitespace()
+            .next()
+            .and_then(|c| c.parse().ok())
+        {
+            problem = id;
+        }
+        let verdict = cells[3].split('`').nth(1).unwrap().parse().unwrap();
+        expected.insert((problem, sample), verdict);
+    }
+    expected
+}

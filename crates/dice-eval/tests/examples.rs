@@ -1,0 +1,51 @@
+//! End to end on the project's examples: every verdict class from real C++ candidates.
+//! Slow: the first run in a checkout compiles the examples' extension (~60 s on 2 cores).
+
+mod common;
+
+use common::*;
+use dice_eval::{Store, Verdict};
+use std::collections::BTreeMap;
+
+#[test]
+fn examples_get_their_documented_verdicts_and_are_not_redone() {
+    let run = tempfile::tempdir().unwrap();
+    let summary = dice_eval::evaluate(
+        test_config(run.path()),
+        example_problems(),
+        example_samples(),
+        None,
+    )
+    .unwrap();
+    let store = Store::open(&run.path().join("dice.db")).unwrap();
+    let samples = store.samples().unwrap();
+    let got: BTreeMap<(u32, u32), Verdict> = samples
+        .iter()
+        .map(|s| ((s.problem_id, s.sample_id), s.verdict))
+        .collect();
+    assert_eq!(got, documented_verdicts(), "{samples:#?}");
+    assert_eq!(summary.verdicts.values().sum::<usize>(), got.len());
+    let compile_error = samples
+        .iter()
+        .find(|s| s.verdict == Verdict::CompileError)
+        .unwrap();
+    assert!(
+        compile_error.message.as_ref().unwrap().contains("error"),
+        "{compile_error:?}"
+    );
+    assert!(
+        compile_error.log_excerpt.contains("FAILED"),
+        "the build log is kept"
+    );
+
+    let again = dice_eval::evaluate(
+        test_config(run.path()),
+        example_problems(),
+        example_samples(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(again.already_done, got.len());
+    assert!(again.verdicts.is_empty());
+    assert_eq!(store.samples().unwrap(), samples);
+}
