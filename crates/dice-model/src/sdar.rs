@@ -41,12 +41,12 @@
 //!
 //! # Training API
 //!
-//! [`Sdar::two_stream_hidden`] is the two-stream SFT forward of spec §3.1 / §6.3 on a
-//! [`crate::sft::TwoStreamBatch`]; it uses differentiable ops only, so with weights loaded by
-//! [`Sdar::load_trainable`] `loss.backward()` yields gradients for every checkpoint tensor.
-//! Attention runs per packed sample (the mask is block-diagonal across samples), so the
-//! largest score tensor is `[kv_heads, groups * 2n, 2n]` for the longest sample n, never
-//! `[2N, 2N]` for the whole packed row.
+//! The two-stream SFT forward and loss of spec §3.1 / §6.3-§6.4 live in [`training`]:
+//! [`Sdar::two_stream_hidden`] + [`Sdar::sft_loss`] build one autograd graph over the whole
+//! model (with weights from [`Sdar::load_trainable`], `loss.backward()` yields every gradient;
+//! memory grows with layers x positions), and [`Sdar::sft_loss_and_grads`] computes the same
+//! loss and gradients with layer-wise activation checkpointing and query-chunked attention
+//! (memory of one layer and one chunk at a time, see its docs).
 //!
 //! # Numerics (HF reference, spec §2)
 //! RMSNorm: f32 normalisation times the f32 weight, rounded once to the activation dtype (the
@@ -58,12 +58,14 @@
 use crate::checkpoint;
 use crate::config::SdarConfig;
 use crate::masks;
-use crate::sft::TwoStreamBatch;
 use anyhow::{bail, ensure, Context};
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{DType, Device, Result, Shape, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
-use std::collections::HashMap;
 use std::path::Path;
+
+pub mod training;
+
+pub use training::SftGradients;
 
 /// Which implementation of the fused operations a forward uses. Inference takes candle's fused
 /// kernels (no backward); training takes composite ops that autograd can differentiate.
@@ -180,29 +182,48 @@ fn attention(
         .reshape((b, t, hq * dh))
 }
 
-/// Query rows per attention call in inference: bounds the f32 score tensor of a long prefill
+/// Query rows per attention call in inference, and the default chunk of the checkpointed
+/// training step ([`Sdar::sft_loss_and_grads`]): bounds the f32 score tensor of a long sequence
 /// to `[B, Hkv, groups * QUERY_CHUNK, S]`.
-const QUERY_CHUNK: usize = 1024;
+pub const QUERY_CHUNK: usize = 1024;
 
-/// [`attention`] over consecutive query chunks (inference only: without autograd the chunks'
-/// intermediates are freed one after the other). `mask` has the query axis at dim 3.
-fn chunked_attention(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+/// `(start, len)` of consecutive chunks of at most `rows` (> 0) of `0..total`.
+fn row_chunks(total: usize, rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..total)
+        .step_by(rows)
+        .map(move |start| (start, rows.min(total - start)))
+}
+
+/// [`attention`] of the query rows `start..start + len` only; `mask` has the query axis at dim 3.
+fn attention_rows(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    (start, len): (usize, usize),
+    kernels: Kernels,
+) -> Result<Tensor> {
+    let mask = mask.map(|m| m.narrow(3, start, len)).transpose()?;
+    attention(&q.narrow(2, start, len)?, k, v, mask.as_ref(), kernels)
+}
+
+/// [`attention`] over consecutive chunks of `rows` queries. Without autograd each chunk's
+/// intermediates are freed before the next chunk runs; under autograd the graph keeps them all.
+fn chunked_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    rows: usize,
+    kernels: Kernels,
+) -> Result<Tensor> {
     let t = q.dim(2)?;
-    if t <= QUERY_CHUNK {
-        return attention(q, k, v, mask, Kernels::Fused);
+    if t <= rows {
+        return attention(q, k, v, mask, kernels);
     }
-    let mut outputs = Vec::with_capacity(t.div_ceil(QUERY_CHUNK));
-    for start in (0..t).step_by(QUERY_CHUNK) {
-        let len = QUERY_CHUNK.min(t - start);
-        let mask = mask.map(|m| m.narrow(3, start, len)).transpose()?;
-        outputs.push(attention(
-            &q.narrow(2, start, len)?,
-            k,
-            v,
-            mask.as_ref(),
-            Kernels::Fused,
-        )?);
-    }
+    let outputs = row_chunks(t, rows)
+        .map(|chunk| attention_rows(q, k, v, mask, chunk, kernels))
+        .collect::<Result<Vec<_>>>()?;
     Tensor::cat(&outputs, 1)
 }
 
@@ -221,23 +242,79 @@ struct DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// Checkpoint names of the layer's tensors relative to `model.layers.{l}.`, in the order of
+    /// [`DecoderLayer::tensors`].
+    const NAMES: [&'static str; 11] = [
+        "input_layernorm.weight",
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.q_norm.weight",
+        "self_attn.k_norm.weight",
+        "self_attn.o_proj.weight",
+        "post_attention_layernorm.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+    ];
+
     fn new(cfg: &SdarConfig, vb: VarBuilder) -> Result<Self> {
-        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-        let attn = vb.pp("self_attn");
-        let mlp = vb.pp("mlp");
-        Ok(Self {
-            input_layernorm: vb.get(h, "input_layernorm.weight")?,
-            q_proj: attn.get((cfg.q_dim(), h), "q_proj.weight")?,
-            k_proj: attn.get((cfg.kv_dim(), h), "k_proj.weight")?,
-            v_proj: attn.get((cfg.kv_dim(), h), "v_proj.weight")?,
-            q_norm: attn.get(cfg.head_dim, "q_norm.weight")?,
-            k_norm: attn.get(cfg.head_dim, "k_norm.weight")?,
-            o_proj: attn.get((h, cfg.q_dim()), "o_proj.weight")?,
-            post_attention_layernorm: vb.get(h, "post_attention_layernorm.weight")?,
-            gate_proj: mlp.get((i, h), "gate_proj.weight")?,
-            up_proj: mlp.get((i, h), "up_proj.weight")?,
-            down_proj: mlp.get((h, i), "down_proj.weight")?,
-        })
+        let (h, i, q, kv) = (
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.q_dim(),
+            cfg.kv_dim(),
+        );
+        let shapes: [Shape; 11] = [
+            h.into(),
+            (q, h).into(),
+            (kv, h).into(),
+            (kv, h).into(),
+            cfg.head_dim.into(),
+            cfg.head_dim.into(),
+            (h, q).into(),
+            h.into(),
+            (i, h).into(),
+            (i, h).into(),
+            (h, i).into(),
+        ];
+        let tensors = Self::NAMES
+            .iter()
+            .zip(shapes)
+            .map(|(name, shape)| vb.get(shape, name))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::from_tensors(tensors))
+    }
+
+    /// The layer from its tensors in the order of [`DecoderLayer::NAMES`].
+    fn from_tensors(tensors: Vec<Tensor>) -> Self {
+        let mut tensors = tensors.into_iter();
+        // Struct fields are evaluated in the order written, which is the order of NAMES.
+        let mut next = || {
+            tensors
+                .next()
+                .expect("a decoder layer is built from exactly its 11 tensors")
+        };
+        Self {
+            input_layernorm: next(),
+            q_proj: next(),
+            k_proj: next(),
+            v_proj: next(),
+            q_norm: next(),
+            k_norm: next(),
+            o_proj: next(),
+            post_attention_layernorm: next(),
+            gate_proj: next(),
+            up_proj: next(),
+            down_proj: next(),
+        }
+    }
+
+    /// The same layer with every tensor replaced by `f(tensor)`: detached views for a forward
+    /// without autograd, `Var`s for a recomputation with it.
+    fn map(&self, f: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<Self> {
+        let tensors = self.tensors().into_iter().map(f).collect::<Result<_>>()?;
+        Ok(Self::from_tensors(tensors))
     }
 
     fn tensors(&self) -> [&Tensor; 11] {
@@ -656,7 +733,14 @@ impl Sdar {
             }
             let keys = cache.keys[l].narrow(2, 0, slots)?;
             let values = cache.values[l].narrow(2, 0, slots)?;
-            let a = chunked_attention(&q, &keys, &values, mask.as_ref())?;
+            let a = chunked_attention(
+                &q,
+                &keys,
+                &values,
+                mask.as_ref(),
+                QUERY_CHUNK,
+                Kernels::Fused,
+            )?;
             h = layer.finish(cfg, &h, &a, Kernels::Fused)?;
         }
         for (len, c) in cache.lens.iter_mut().zip(commit) {
@@ -694,61 +778,5 @@ impl Sdar {
         let t = input_ids.dim(D::Minus1)?;
         let commit: Vec<usize> = store_kv.iter().map(|&s| if s { t } else { 0 }).collect();
         self.forward(input_ids, cache, &commit)
-    }
-
-    /// The two-stream SFT forward (spec §3.1, §6.3), differentiable: final-normed hidden states
-    /// of the batch's selected noisy-stream positions, `[M, H]` in the batch's selection order.
-    pub fn two_stream_hidden(&self, batch: &TwoStreamBatch) -> anyhow::Result<Tensor> {
-        let cfg = &self.config;
-        let kernels = Kernels::Differentiable;
-        let device = self.device();
-        let tokens = Tensor::new(batch.tokens(), device)?.unsqueeze(0)?;
-        let positions = Tensor::new(batch.positions(), device)?;
-        let rope = Rope::new(&self.inv_freq, &positions, self.dtype())?;
-        let mut masks_by_len: HashMap<usize, Tensor> = HashMap::new();
-        for &n in batch.sample_lens() {
-            if let std::collections::hash_map::Entry::Vacant(e) = masks_by_len.entry(n) {
-                e.insert(masks::two_stream_mask(n, cfg.block_size, device)?);
-            }
-        }
-        let mut h = self.embed(&tokens)?;
-        for layer in &self.layers {
-            let (q, k, v) = layer.qkv(cfg, &h, &rope, kernels)?;
-            let mut outputs = Vec::with_capacity(batch.sample_lens().len());
-            let mut start = 0;
-            for &n in batch.sample_lens() {
-                let span = |x: &Tensor| x.narrow(2, start, 2 * n);
-                outputs.push(attention(
-                    &span(&q)?,
-                    &span(&k)?,
-                    &span(&v)?,
-                    Some(&masks_by_len[&n]),
-                    kernels,
-                )?);
-                start += 2 * n;
-            }
-            let a = Tensor::cat(&outputs, 1)?;
-            h = layer.finish(cfg, &h, &a, kernels)?;
-        }
-        let select = Tensor::new(batch.selected(), device)?;
-        let picked = h.squeeze(0)?.index_select(&select, 0)?;
-        Ok(self.final_norm(&picked, kernels)?)
-    }
-
-    /// SFT loss of spec §6.4 on [`Sdar::two_stream_hidden`] output: Σ CE(logits, label) / p
-    /// over the selected positions, divided by `batch.num_loss_tokens()` (labels != -100).
-    /// Logits in the model dtype, log-softmax in f32; returns an f32 scalar.
-    pub fn sft_loss(&self, hidden: &Tensor, batch: &TwoStreamBatch) -> anyhow::Result<Tensor> {
-        let device = self.device();
-        let labels = Tensor::new(batch.selected_labels(), device)?;
-        let p = Tensor::new(batch.selected_p(), device)?;
-        let logits = self.logits(hidden)?.to_dtype(DType::F32)?;
-        let log_probs = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        let nll = log_probs
-            .gather(&labels.unsqueeze(1)?, 1)?
-            .squeeze(1)?
-            .neg()?;
-        let denom = batch.num_loss_tokens().max(1) as f64;
-        Ok(((nll / p)?.sum_all()? / denom)?)
     }
 }

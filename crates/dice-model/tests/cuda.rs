@@ -1,5 +1,6 @@
 //! CUDA against CPU on a random checkpoint (run with `--features cuda` on a GPU machine):
-//! every forward path, including per-row cache writes and the differentiable SFT path.
+//! every forward path, including per-row cache writes, the differentiable SFT path and the
+//! checkpointed SFT step.
 #![cfg(feature = "cuda")]
 
 use candle_core::{DType, Device, IndexOp, Tensor};
@@ -136,7 +137,19 @@ fn cuda_sft_gradients_match_cpu() {
         (loss, q)
     };
     let (cpu_loss, cpu_q) = grads_on(&Device::Cpu);
-    let (gpu_loss, gpu_q) = grads_on(&Device::new_cuda(0).unwrap());
+    let gpu = Device::new_cuda(0).unwrap();
+    let (gpu_loss, gpu_q) = grads_on(&gpu);
     assert!(max_diff(&cpu_loss, &gpu_loss) < 1e-4);
     assert!(max_diff(&cpu_q, &gpu_q) < 1e-4);
+    // The checkpointed step on the GPU, with query and head chunks of 5 rows.
+    let model = Sdar::load(dir.path(), DType::F32, &gpu).unwrap();
+    let step = model.sft_loss_and_grads(&batch, 5).unwrap();
+    let cpu_loss: f32 = cpu_loss.to_scalar().unwrap();
+    assert!((step.loss - cpu_loss).abs() < 1e-4);
+    assert!(
+        max_diff(
+            &cpu_q,
+            &step.grads["model.layers.0.self_attn.q_proj.weight"]
+        ) < 1e-4
+    );
 }

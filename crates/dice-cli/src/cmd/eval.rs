@@ -3,8 +3,11 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dice_bench::{load_candidates, load_pairs, Candidate, InvalidProblem, KernelBench, Problem};
-use dice_eval::{Baseline, Device, EvalConfig, EvalProblem, EvalSample, Precision, Summary};
+use dice_eval::{
+    Baseline, Device, EvalConfig, EvalProblem, EvalSample, Precision, SampleRecord, Summary,
+};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Args, Debug)]
@@ -110,9 +113,39 @@ pub fn run(a: EvalArgs) -> Result<()> {
     }
     let cfg = config(&a, source)?;
     let db = cfg.db.clone();
-    let summary = dice_eval::evaluate(cfg, eval_problems, samples, None)?;
+    let audit = Arc::new(StaticAudit { strict: a.strict });
+    let summary = dice_eval::evaluate(cfg, eval_problems, samples, Some(audit))?;
     print_summary(&summary, &db);
     Ok(())
+}
+
+/// dice-audit's static rules on every sample: their rule ids become the sample's flags, and an
+/// error-severity finding makes it deceptive.
+struct StaticAudit {
+    strict: bool,
+}
+
+impl dice_eval::Audit for StaticAudit {
+    fn audit(&self, problem: &EvalProblem, sample: &EvalSample, record: &mut SampleRecord) {
+        let Some(code) = &sample.code else { return };
+        // Non-UTF-8 sources never get past loading; there is nothing to audit.
+        let (Ok(code), Ok(reference)) = (
+            std::str::from_utf8(code),
+            std::str::from_utf8(&problem.source),
+        ) else {
+            return;
+        };
+        let options = dice_audit::AuditOptions {
+            strict: self.strict,
+        };
+        let audit = dice_audit::audit(code, reference, &options);
+        for rule in audit.flags() {
+            if !record.flags.iter().any(|f| f == rule) {
+                record.flags.push(rule.to_string());
+            }
+        }
+        record.deceptive |= audit.deceptive();
+    }
 }
 
 type Inputs = (Vec<Problem>, Vec<InvalidProblem>, Vec<Candidate>, String);

@@ -1,0 +1,452 @@
+//! Two-stream SFT training (spec §3.1, §6.3-§6.4): the differentiable forward and loss as one
+//! autograd graph, and [`Sdar::sft_loss_and_grads`], the same loss and gradients with
+//! layer-wise activation checkpointing.
+//!
+//! candle has no checkpointing and no way to seed `backward()` with an output gradient, so a
+//! piece of the model is backpropagated on its own through the surrogate scalar
+//! Σ ⟨output, upstream⟩ (detached upstream): its gradient with respect to the output is exactly
+//! the upstream gradient, so `backward()` on it yields the vector-Jacobian product of the piece.
+
+use super::{
+    attention_rows, chunked_attention, linear, rms_norm, row_chunks, DecoderLayer, Kernels, Rope,
+    Sdar, QUERY_CHUNK,
+};
+use crate::masks;
+use crate::sft::TwoStreamBatch;
+use anyhow::{ensure, Context};
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Result, Tensor, Var, D};
+use std::collections::HashMap;
+
+/// Training always runs the composite ops autograd can differentiate.
+const KERNELS: Kernels = Kernels::Differentiable;
+
+/// Loss and gradients of one SFT micro-batch, from [`Sdar::sft_loss_and_grads`].
+#[derive(Debug, Clone)]
+pub struct SftGradients {
+    /// The loss of spec §6.4.
+    pub loss: f32,
+    /// d loss / d weight for every checkpoint tensor, keyed by its checkpoint name (the keys of
+    /// [`crate::SdarConfig::tensor_shapes`] and of the `VarMap` of [`Sdar::load_trainable`]), in
+    /// the dtype of that weight.
+    pub grads: HashMap<String, Tensor>,
+}
+
+/// What every layer of one two-stream forward shares: rotary tables and the sample masks.
+struct TwoStreamLayout<'a> {
+    batch: &'a TwoStreamBatch,
+    rope: Rope,
+    /// Additive `[1, 1, 1, 2n, 2n]` mask per sample length n (query axis at dim 3, as the
+    /// chunked attention expects).
+    masks: HashMap<usize, Tensor>,
+}
+
+impl<'a> TwoStreamLayout<'a> {
+    fn new(model: &Sdar, batch: &'a TwoStreamBatch) -> Result<Self> {
+        let device = model.device();
+        let positions = Tensor::new(batch.positions(), device)?;
+        let rope = Rope::new(&model.inv_freq, &positions, model.dtype())?;
+        let mut masks = HashMap::new();
+        for &n in batch.sample_lens() {
+            if let std::collections::hash_map::Entry::Vacant(e) = masks.entry(n) {
+                let mask = masks::two_stream_mask(n, model.config.block_size, device)?;
+                e.insert(mask.reshape((1, 1, 1, 2 * n, 2 * n))?);
+            }
+        }
+        Ok(Self { batch, rope, masks })
+    }
+
+    /// First index and length n of every sample in the flattened sequence (it spans 2n).
+    fn samples(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.batch.sample_lens().iter().scan(0, |next, &n| {
+            let start = *next;
+            *next += 2 * n;
+            Some((start, n))
+        })
+    }
+
+    /// Attention within every sample (`rows` queries at a time): q `[1, Hq, T, Dh]`, k and v
+    /// `[1, Hkv, T, Dh]`, result `[1, T, Hq * Dh]`.
+    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, rows: usize) -> Result<Tensor> {
+        let outputs = self
+            .samples()
+            .map(|(start, n)| {
+                let span = |x: &Tensor| x.narrow(2, start, 2 * n);
+                chunked_attention(
+                    &span(q)?,
+                    &span(k)?,
+                    &span(v)?,
+                    Some(&self.masks[&n]),
+                    rows,
+                    KERNELS,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&outputs, 1)
+    }
+
+    /// Gradients of [`TwoStreamLayout::attention`] with respect to q, k and v for the output
+    /// gradient `upstream`, recomputing and backpropagating one query chunk of one sample at a
+    /// time. The chunks' contributions are summed in f32 and rounded once to the input dtype.
+    fn attention_backward(
+        &self,
+        [q, k, v]: [&Tensor; 3],
+        upstream: &Tensor,
+        rows: usize,
+    ) -> anyhow::Result<[Tensor; 3]> {
+        let mut per_sample: [Vec<Tensor>; 3] = Default::default();
+        for (start, n) in self.samples() {
+            // Fresh leaves (copies), so that each backward stops at this sample's q, k and v.
+            let leaf = |x: &Tensor| Var::from_tensor(&x.narrow(2, start, 2 * n)?);
+            let leaves = [leaf(q)?, leaf(k)?, leaf(v)?];
+            let [ql, kl, vl] = leaves.each_ref().map(Var::as_tensor);
+            let mut sums: [Option<Tensor>; 3] = Default::default();
+            for chunk in row_chunks(2 * n, rows) {
+                let out = attention_rows(ql, kl, vl, Some(&self.masks[&n]), chunk, KERNELS)?;
+                let grads = pull_back(&[(&out, &upstream.narrow(1, start + chunk.0, chunk.1)?)])?;
+                for (sum, leaf) in sums.iter_mut().zip(&leaves) {
+                    accumulate(
+                        sum,
+                        grad_of(&grads, leaf.as_tensor(), "an attention input")?,
+                    )?;
+                }
+            }
+            for (parts, sum) in per_sample.iter_mut().zip(sums) {
+                parts.push(sum.context("a sample spans at least one query chunk")?);
+            }
+        }
+        let dtype = q.dtype();
+        let [dq, dk, dv] = per_sample;
+        Ok([
+            Tensor::cat(&dq, 2)?.to_dtype(dtype)?,
+            Tensor::cat(&dk, 2)?.to_dtype(dtype)?,
+            Tensor::cat(&dv, 2)?.to_dtype(dtype)?,
+        ])
+    }
+
+    /// One decoder layer on the two-stream sequence `h` `[1, T, H]`: its attention output
+    /// `[1, T, Hq * Dh]` and its output `[1, T, H]`.
+    fn layer_forward(
+        &self,
+        model: &Sdar,
+        layer: &DecoderLayer,
+        h: &Tensor,
+        rows: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let (q, k, v) = layer.qkv(&model.config, h, &self.rope, KERNELS)?;
+        let attn = self.attention(&q, &k, &v, rows)?;
+        let out = layer.finish(&model.config, h, &attn, KERNELS)?;
+        Ok((attn, out))
+    }
+}
+
+/// Backpropagates the output gradients `upstream` through the graphs of `outputs` (pairs of
+/// output and its gradient, same dtype) via the surrogate of the module docs.
+fn pull_back(pairs: &[(&Tensor, &Tensor)]) -> Result<GradStore> {
+    let mut surrogate: Option<Tensor> = None;
+    for (output, upstream) in pairs {
+        let term = (*output * upstream.detach())?.sum_all()?;
+        surrogate = Some(match surrogate {
+            Some(s) => (s + term)?,
+            None => term,
+        });
+    }
+    match surrogate {
+        Some(s) => s.backward(),
+        None => Ok(GradStore::default()),
+    }
+}
+
+fn grad_of<'g>(grads: &'g GradStore, tensor: &Tensor, what: &str) -> anyhow::Result<&'g Tensor> {
+    grads
+        .get(tensor)
+        .with_context(|| format!("internal error: backward reached no gradient for {what}"))
+}
+
+/// Adds a gradient contribution to an f32 running sum: a gradient made of several
+/// contributions is summed in f32 and rounded to the weight dtype once.
+fn accumulate(sum: &mut Option<Tensor>, grad: &Tensor) -> Result<()> {
+    let grad = grad.to_dtype(DType::F32)?;
+    *sum = Some(match sum.take() {
+        Some(s) => (s + grad)?,
+        None => grad,
+    });
+    Ok(())
+}
+
+/// An f32 gradient sum rounded to the dtype of `weight`; zeros when nothing contributed.
+fn rounded(sum: Option<Tensor>, weight: &Tensor) -> Result<Tensor> {
+    match sum {
+        Some(s) => s.to_dtype(weight.dtype()),
+        None => weight.zeros_like(),
+    }
+}
+
+/// Σ CE(logits, label) / p over rows: logits `[M, V]` in the model dtype, log-softmax in f32.
+fn weighted_nll_sum(logits: &Tensor, labels: &Tensor, p: &Tensor) -> Result<Tensor> {
+    let log_probs = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
+    let nll = log_probs
+        .gather(&labels.unsqueeze(1)?, 1)?
+        .squeeze(1)?
+        .neg()?;
+    (nll / p)?.sum_all()
+}
+
+/// What the loss head gives back to the layer stack.
+struct HeadGradients {
+    loss: f32,
+    /// d loss / d (last hidden state), `[1, T, H]` in the model dtype.
+    hidden: Tensor,
+    norm: Option<Tensor>,
+    lm_head: Option<Tensor>,
+}
+
+impl Sdar {
+    /// The two-stream SFT forward (spec §3.1, §6.3) as one autograd graph: final-normed hidden
+    /// states of the batch's selected noisy-stream positions, `[M, H]` in the batch's selection
+    /// order. The graph keeps every layer's activations; [`Sdar::sft_loss_and_grads`] is the
+    /// memory-bounded way to train.
+    pub fn two_stream_hidden(&self, batch: &TwoStreamBatch) -> anyhow::Result<Tensor> {
+        let device = self.device();
+        let layout = TwoStreamLayout::new(self, batch)?;
+        let tokens = Tensor::new(batch.tokens(), device)?.unsqueeze(0)?;
+        let mut h = self.embed(&tokens)?;
+        for layer in &self.layers {
+            h = layout.layer_forward(self, layer, &h, QUERY_CHUNK)?.1;
+        }
+        let select = Tensor::new(batch.selected(), device)?;
+        let picked = h.squeeze(0)?.index_select(&select, 0)?;
+        Ok(self.final_norm(&picked, KERNELS)?)
+    }
+
+    /// SFT loss of spec §6.4 on [`Sdar::two_stream_hidden`] output: Σ CE(logits, label) / p
+    /// over the selected positions, divided by `batch.num_loss_tokens()` (labels != -100).
+    /// Logits in the model dtype, log-softmax in f32; returns an f32 scalar.
+    pub fn sft_loss(&self, hidden: &Tensor, batch: &TwoStreamBatch) -> anyhow::Result<Tensor> {
+        let device = self.device();
+        let labels = Tensor::new(batch.selected_labels(), device)?;
+        let p = Tensor::new(batch.selected_p(), device)?;
+        let sum = weighted_nll_sum(&self.logits(hidden)?, &labels, &p)?;
+        Ok((sum / batch.num_loss_tokens().max(1) as f64)?)
+    }
+
+    /// The SFT loss of [`Sdar::sft_loss`] and its gradient for every checkpoint tensor, with
+    /// layer-wise activation checkpointing; equal to `sft_loss(two_stream_hidden(batch))`
+    /// followed by `backward()` up to rounding.
+    ///
+    /// Steps: (1) a forward through the layers without autograd that keeps, per layer, only
+    /// its input and its attention output; (2) the loss head (final norm, gather of the masked
+    /// noisy positions, lm_head, CE/p) `chunk_rows` selected positions at a time, each chunk
+    /// with its own graph and backward, giving d loss / d h_L; (3) from the last layer to the
+    /// first: the layer is recomputed from its saved input with autograd, the MLP half is
+    /// backpropagated, then the attention one query chunk of one sample at a time (scores
+    /// recomputed per chunk), then the q/k/v projections; the layer's weight gradients are
+    /// kept, d loss / d input becomes the upstream of the layer below, and everything else of
+    /// the layer is dropped; (4) the embedding gradient is the first layer's input gradient
+    /// index-added into the rows of the tokens used.
+    ///
+    /// Memory, estimated for SDAR-1.7B in bf16 on one packed row of 4,096 tokens (T = 8,192
+    /// positions with both streams) with 1,024-row chunks:
+    /// - weights and gradients: 3.8 GiB each (gradients accumulate as layers finish);
+    /// - saved activations: 2 × T × H × 2 B = 64 MiB per layer, 1.75 GiB for 28 layers, plus
+    ///   the [2n, 2n] f32 mask of a sample (256 MiB);
+    /// - one attention chunk: f32 scores of 16 heads × 1,024 queries × 8,192 keys × 4 B =
+    ///   512 MiB per tensor; the graph keeps six of them (scores, scaled, masked, shifted,
+    ///   exp, probabilities) and two bf16 halves, 3.5 GiB, and its backward adds a few more
+    ///   (including candle's unused gradient for the mask): about 7 GiB at the peak;
+    /// - the rest of one layer's recomputation (MLP [T, 6,144], norms in f32): about 1.5 GiB;
+    /// - one head chunk: 1,024 × 151,936 f32 logits (594 MiB) a few times over, about
+    ///   4.5 GiB, next to the f32 lm_head gradient sum (1.16 GiB); the f32 embedding gradient
+    ///   sum (1.16 GiB, twice while it is index-added) exists only at the end.
+    ///
+    /// Expected peak about 18 GiB, reached in a layer's attention backward. The attention
+    /// term grows with `chunk_rows` × sample length, the saved activations with layers × T;
+    /// nothing holds all layers' attention or all positions' logits at once.
+    ///
+    /// Weights that are `Var`s ([`Sdar::load_trainable`]) are used in place; plain weights
+    /// ([`Sdar::load`], [`Sdar::random`]) are copied into `Var`s one layer at a time while
+    /// that layer is recomputed. Gradients come back in the weight dtype, as candle's
+    /// `backward()` gives them; a gradient with several contributions (the lm_head over head
+    /// chunks, embedding rows of repeated tokens, a tied embedding, q/k/v over query chunks,
+    /// the two paths into a layer input) is summed in f32 and rounded once.
+    ///
+    /// `chunk_rows` (> 0; [`QUERY_CHUNK`] is the default choice) is the query-chunk and
+    /// head-chunk length.
+    pub fn sft_loss_and_grads(
+        &self,
+        batch: &TwoStreamBatch,
+        chunk_rows: usize,
+    ) -> anyhow::Result<SftGradients> {
+        ensure!(chunk_rows > 0, "chunk_rows must be positive");
+        ensure!(
+            !batch.tokens().is_empty(),
+            "the SFT batch has no tokens: pass at least one non-empty packed row"
+        );
+        let device = self.device();
+        let layout = TwoStreamLayout::new(self, batch)?;
+        let tokens = Tensor::new(batch.tokens(), device)?;
+
+        let mut h = self
+            .embed_tokens
+            .detach()
+            .index_select(&tokens, 0)?
+            .unsqueeze(0)?;
+        let mut saved = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let frozen = layer.map(|t| Ok(t.detach()))?;
+            let (attn, out) = layout.layer_forward(self, &frozen, &h, chunk_rows)?;
+            saved.push((std::mem::replace(&mut h, out), attn));
+        }
+
+        let head = self.head_backward(&h, batch, chunk_rows)?;
+        drop(h);
+        let mut grads = HashMap::new();
+        grads.insert(
+            "model.norm.weight".to_string(),
+            rounded(head.norm, &self.norm)?,
+        );
+        let mut embed_sum = None;
+        if self.config.tie_word_embeddings {
+            embed_sum = head.lm_head;
+        } else {
+            grads.insert(
+                "lm_head.weight".to_string(),
+                rounded(head.lm_head, &self.lm_head)?,
+            );
+        }
+
+        let mut upstream = head.hidden;
+        for (l, layer) in self.layers.iter().enumerate().rev() {
+            let (input, attn) = saved
+                .pop()
+                .context("internal error: one saved input per layer")?;
+            let (d_input, layer_grads) =
+                self.layer_backward(layer, &layout, &input, &attn, &upstream, chunk_rows)?;
+            for (name, grad) in DecoderLayer::NAMES.iter().zip(layer_grads) {
+                grads.insert(format!("model.layers.{l}.{name}"), grad);
+            }
+            upstream = d_input;
+        }
+
+        let rows = Tensor::zeros(self.embed_tokens.shape(), DType::F32, device)?.index_add(
+            &tokens,
+            &upstream.squeeze(0)?.to_dtype(DType::F32)?,
+            0,
+        )?;
+        accumulate(&mut embed_sum, &rows)?;
+        drop(rows);
+        grads.insert(
+            "model.embed_tokens.weight".to_string(),
+            rounded(embed_sum, &self.embed_tokens)?,
+        );
+        Ok(SftGradients {
+            loss: head.loss,
+            grads,
+        })
+    }
+
+    /// Loss head on the last hidden states `[1, T, H]` (no graph), `rows` selected positions
+    /// at a time: the loss, d loss / d hidden, and the f32 gradient sums of norm and lm_head.
+    fn head_backward(
+        &self,
+        last: &Tensor,
+        batch: &TwoStreamBatch,
+        rows: usize,
+    ) -> anyhow::Result<HeadGradients> {
+        let device = self.device();
+        let select = Tensor::new(batch.selected(), device)?;
+        let labels = Tensor::new(batch.selected_labels(), device)?;
+        let p = Tensor::new(batch.selected_p(), device)?;
+        let last = last.squeeze(0)?;
+        let picked = last.index_select(&select, 0)?;
+        let norm = Var::from_tensor(&self.norm)?;
+        let lm_head = Var::from_tensor(&self.lm_head)?;
+        let denom = batch.num_loss_tokens().max(1) as f64;
+        let mut loss = 0f32;
+        let (mut norm_sum, mut lm_head_sum) = (None, None);
+        let mut d_picked = Vec::new();
+        for (start, len) in row_chunks(batch.selected().len(), rows) {
+            let x = Var::from_tensor(&picked.narrow(0, start, len)?)?;
+            let normed = rms_norm(
+                x.as_tensor(),
+                norm.as_tensor(),
+                self.config.rms_norm_eps,
+                KERNELS,
+            )?;
+            let chunk_loss = (weighted_nll_sum(
+                &linear(&normed, lm_head.as_tensor())?,
+                &labels.narrow(0, start, len)?,
+                &p.narrow(0, start, len)?,
+            )? / denom)?;
+            loss += chunk_loss.to_scalar::<f32>()?;
+            let grads = chunk_loss.backward()?;
+            accumulate(
+                &mut norm_sum,
+                grad_of(&grads, norm.as_tensor(), "the final norm")?,
+            )?;
+            accumulate(
+                &mut lm_head_sum,
+                grad_of(&grads, lm_head.as_tensor(), "the lm_head")?,
+            )?;
+            d_picked.push(grad_of(&grads, x.as_tensor(), "the head input")?.to_dtype(DType::F32)?);
+        }
+        let mut hidden = Tensor::zeros(last.shape(), DType::F32, device)?;
+        if !d_picked.is_empty() {
+            hidden = hidden.index_add(&select, &Tensor::cat(&d_picked, 0)?, 0)?;
+        }
+        Ok(HeadGradients {
+            loss,
+            hidden: hidden.to_dtype(self.dtype())?.unsqueeze(0)?,
+            norm: norm_sum,
+            lm_head: lm_head_sum,
+        })
+    }
+
+    /// Recomputes `layer` with autograd from its saved `input` `[1, T, H]` and attention output
+    /// and backpropagates `upstream` (d loss / d output): d loss / d input, and the layer's
+    /// weight gradients in the order of [`DecoderLayer::NAMES`].
+    fn layer_backward(
+        &self,
+        layer: &DecoderLayer,
+        layout: &TwoStreamLayout,
+        input: &Tensor,
+        attn: &Tensor,
+        upstream: &Tensor,
+        rows: usize,
+    ) -> anyhow::Result<(Tensor, Vec<Tensor>)> {
+        let cfg = &self.config;
+        let weights = layer.map(|t| Ok(Var::from_tensor(t)?.into_inner()))?;
+        let input = Var::from_tensor(input)?;
+        let (q, k, v) = weights.qkv(cfg, input.as_tensor(), &layout.rope, KERNELS)?;
+        // The MLP half starts from the saved attention output, so the attention graph is never
+        // built for the whole sequence at once.
+        let attn = Var::from_tensor(attn)?;
+        let mut late = {
+            let out = weights.finish(cfg, input.as_tensor(), attn.as_tensor(), KERNELS)?;
+            pull_back(&[(&out, upstream)])?
+        };
+        let d_attn = grad_of(&late, attn.as_tensor(), "the attention output")?.clone();
+        let [dq, dk, dv] = layout.attention_backward([&q, &k, &v], &d_attn, rows)?;
+        drop(d_attn);
+        let mut early = pull_back(&[(&q, &dq), (&k, &dk), (&v, &dv)])?;
+        let mut d_input = None;
+        for grads in [&late, &early] {
+            accumulate(
+                &mut d_input,
+                grad_of(grads, input.as_tensor(), "a layer input")?,
+            )?;
+        }
+        let weight_grads = weights
+            .tensors()
+            .into_iter()
+            .zip(DecoderLayer::NAMES)
+            .map(|(w, name)| {
+                early
+                    .remove(w)
+                    .or_else(|| late.remove(w))
+                    .with_context(|| format!("internal error: no gradient for {name}"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok((rounded(d_input, input.as_tensor())?, weight_grads))
+    }
+}
