@@ -27,6 +27,38 @@ Example (H200):
     Model(ModelBenchArgs),
     /// Recompute the reference's golden outputs on a device and dtype, and compare.
     Golden(super::golden::GoldenArgs),
+    /// One checkpointed two-stream SFT step (loss and all gradients) of a random-weight model.
+    #[command(after_help = "\
+Builds a model of CONFIG's real shapes with random weights, packs one synthetic sample of TOKENS
+tokens (a quarter prompt, the response masked with p = 0.5), and runs STEPS checkpointed
+training steps (forward and backward of the two-stream loss over 2 x TOKENS positions). Prints
+the last step's wall time and the peak device memory, beside the bound (--bound-gib).
+
+Example (H200): dice bench train --config sdar-1.7b.json --device cuda --tokens 4096")]
+    Train(TrainBenchArgs),
+}
+
+#[derive(Args)]
+pub struct TrainBenchArgs {
+    /// A model config.json; weights are random.
+    #[arg(long)]
+    pub config: PathBuf,
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: DeviceKind,
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub dtype: DTypeArg,
+    /// Tokens of the packed row (the step sees twice as many positions).
+    #[arg(long, default_value_t = 4096)]
+    pub tokens: usize,
+    /// Steps to run; all but the last are warm-up.
+    #[arg(long, default_value_t = 2)]
+    pub steps: usize,
+    /// The peak-memory bound to check against, in GiB.
+    #[arg(long, default_value_t = 60.0)]
+    pub bound_gib: f64,
+    /// Also write the result as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -58,6 +90,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Model(args) => model(args),
         BenchCommand::Golden(args) => super::golden::run(args),
+        BenchCommand::Train(args) => train(args),
     }
 }
 
@@ -179,7 +212,11 @@ fn print_model_bench(b: &ModelBench) {
         let bound = b.weight_bytes + r.kv_cache_bytes + (2u64 << 30);
         let check = match r.peak_bytes {
             Some(p) if r.batch == 1 => {
-                format!("{} ({})", gib(bound), if p <= bound { "met" } else { "NOT met" })
+                format!(
+                    "{} ({})",
+                    gib(bound),
+                    if p <= bound { "met" } else { "NOT met" }
+                )
             }
             _ => "-".to_string(),
         };
@@ -195,6 +232,60 @@ fn print_model_bench(b: &ModelBench) {
             check
         );
     }
+}
+
+#[derive(Serialize)]
+struct TrainBench {
+    config: String,
+    dtype: String,
+    tokens: usize,
+    positions: usize,
+    masked: usize,
+    loss: f32,
+    step_s: f64,
+    peak_bytes: Option<u64>,
+    bound_bytes: u64,
+}
+
+fn train(args: TrainBenchArgs) -> Result<()> {
+    let config = SdarConfig::from_path(&args.config)?;
+    let device = args.device.device()?;
+    let dtype = args.dtype.dtype();
+    let peak = PeakMemory::start(&device)?;
+    let step = dice_model::bench::time_sft_step(&config, dtype, &device, args.tokens, args.steps)?;
+    let result = TrainBench {
+        config: args.config.display().to_string(),
+        dtype: format!("{dtype:?}"),
+        tokens: args.tokens,
+        positions: step.positions,
+        masked: step.masked,
+        loss: step.loss,
+        step_s: step.seconds,
+        peak_bytes: peak.finish(),
+        bound_bytes: (args.bound_gib * (1u64 << 30) as f64) as u64,
+    };
+    let check = match result.peak_bytes {
+        Some(p) if p <= result.bound_bytes => "met",
+        Some(_) => "NOT met",
+        None => "not measured on the CPU",
+    };
+    println!(
+        "sft step of {} ({}): {} tokens, {} positions, {} masked; loss {:.4}; {:.2} s; peak {} (bound {}: {check})",
+        result.config,
+        result.dtype,
+        result.tokens,
+        result.positions,
+        result.masked,
+        result.loss,
+        result.step_s,
+        result.peak_bytes.map_or("-".to_string(), gib),
+        gib(result.bound_bytes),
+    );
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn gib(bytes: u64) -> String {

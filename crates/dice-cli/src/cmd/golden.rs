@@ -68,8 +68,9 @@ pub fn run(args: GoldenArgs) -> Result<()> {
             .with_context(|| format!("cannot read {}/cases.json", dir.display()))?,
     )
     .with_context(|| format!("{}/cases.json is not valid JSON", dir.display()))?;
-    let expected = candle_core::safetensors::load(dir.join("expected.safetensors"), &Device::Cpu)
-        .with_context(|| format!("cannot read {}/expected.safetensors", dir.display()))?;
+    let expected =
+        candle_core::safetensors::load(dir.join("expected.safetensors"), &Device::Cpu)
+            .with_context(|| format!("cannot read {}/expected.safetensors", dir.display()))?;
     let want = |name: &str| -> Result<&Tensor> {
         expected
             .get(name)
@@ -225,7 +226,9 @@ fn forward_cases(model: &Sdar, cases: &Value) -> Result<(Tensor, Tensor)> {
     let ids = Tensor::from_vec(prompt.clone(), (1, prompt.len()), device)?;
     let prefill = model.prefill(&ids, &mut cache)?.squeeze(0)?;
     let ids = Tensor::from_vec(block.clone(), (1, block.len()), device)?;
-    let decode = model.block_forward(&ids, &mut cache, &[false])?.squeeze(0)?;
+    let decode = model
+        .block_forward(&ids, &mut cache, &[false])?
+        .squeeze(0)?;
     Ok((prefill, decode))
 }
 
@@ -243,20 +246,29 @@ fn sft_case(dir: &Path, dtype: DType, device: &Device, case: &Value) -> Result<S
     let row = PackedRow {
         input_ids: u32s(&case["input_ids"], "sft_loss.input_ids")?,
         noisy_ids: u32s(&case["noisy_input_ids"], "sft_loss.noisy_input_ids")?,
-        labels: floats(&case["labels"]).into_iter().map(|x| x as i64).collect(),
+        labels: floats(&case["labels"])
+            .into_iter()
+            .map(|x| x as i64)
+            .collect(),
         position_ids: u32s(&case["position_ids"], "sft_loss.position_ids")?,
         masked_positions: u32s(&case["masked_positions"], "sft_loss.masked_positions")?
             .into_iter()
             .map(|p| p as usize)
             .collect(),
-        p_mask: floats(&case["p_mask"]).into_iter().map(|x| x as f32).collect(),
+        p_mask: floats(&case["p_mask"])
+            .into_iter()
+            .map(|x| x as f32)
+            .collect(),
     };
     let batch = TwoStreamBatch::new(&[row])?;
     let (model, vars) = Sdar::load_trainable(dir, dtype, device)?;
     let hidden = model.two_stream_hidden(&batch)?;
     let loss = model.sft_loss(&hidden, &batch)?;
     let grads = loss.backward()?;
-    let vars = vars.data().lock().expect("the VarMap lock is never poisoned");
+    let vars = vars
+        .data()
+        .lock()
+        .expect("the VarMap lock is never poisoned");
     let grad = |name: &str| -> Result<Tensor> {
         let var = vars
             .get(name)
