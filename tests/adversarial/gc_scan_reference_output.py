@@ -31,7 +31,7 @@ torch::Tensor matmul_forward(torch::Tensor A, torch::Tensor B) {
 """
 
 matmul_ext = load_inline(
-    name="matmul_gc_ext",
+    name="matmul_shared_ext",
     cpp_sources=matmul_cpp_source,
     functions=["matmul_forward"],
     verbose=False,

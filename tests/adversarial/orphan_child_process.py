@@ -24,7 +24,7 @@ torch::Tensor relu_forward(torch::Tensor x) {
 """
 
 relu_ext = load_inline(
-    name="relu_orphan_ext",
+    name="relu_shared_ext",
     cpp_sources=relu_cpp_source,
     functions=["relu_forward"],
     verbose=False,

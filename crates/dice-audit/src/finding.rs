@@ -26,10 +26,18 @@ pub enum Rule {
     DynamicCode,
     UnresolvedSource,
     TorchComputeInForward,
+    // Run-time rules: reported by the evaluator (dice-eval) while running a candidate.
+    InputMutation,
+    OutputReused,
+    TimingOutputMismatch,
+    TimerInconsistent,
+    CustomKernelNotLaunched,
+    NonDefaultStream,
+    LowCustomKernelShare,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 20] = [
+    pub const ALL: [Rule; 27] = [
         Rule::NoCustomKernel,
         Rule::ExampleKernelCopied,
         Rule::KernelNotWired,
@@ -50,6 +58,13 @@ impl Rule {
         Rule::DynamicCode,
         Rule::UnresolvedSource,
         Rule::TorchComputeInForward,
+        Rule::InputMutation,
+        Rule::OutputReused,
+        Rule::TimingOutputMismatch,
+        Rule::TimerInconsistent,
+        Rule::CustomKernelNotLaunched,
+        Rule::NonDefaultStream,
+        Rule::LowCustomKernelShare,
     ];
 
     pub fn id(self) -> &'static str {
@@ -74,11 +89,23 @@ impl Rule {
             Rule::DynamicCode => "dynamic_code",
             Rule::UnresolvedSource => "unresolved_source",
             Rule::TorchComputeInForward => "torch_compute_in_forward",
+            Rule::InputMutation => "input_mutation",
+            Rule::OutputReused => "output_reused",
+            Rule::TimingOutputMismatch => "timing_output_mismatch",
+            Rule::TimerInconsistent => "timer_inconsistent",
+            Rule::CustomKernelNotLaunched => "custom_kernel_not_launched",
+            Rule::NonDefaultStream => "non_default_stream",
+            Rule::LowCustomKernelShare => "low_custom_kernel_share",
         }
     }
 
     pub fn from_id(id: &str) -> Option<Rule> {
         Rule::ALL.into_iter().find(|rule| rule.id() == id)
+    }
+
+    /// Whether only running the candidate can show it (dice-eval reports these).
+    pub fn is_runtime(self) -> bool {
+        self >= Rule::InputMutation
     }
 }
 

@@ -55,9 +55,15 @@ fn manifest_is_complete() -> anyhow::Result<()> {
         let static_rule = expect["rule"].as_str().map(Rule::from_id);
         let runtime = expect["runtime"] == Value::Bool(true) && expect["verdict_not"] == "correct";
         assert!(
-            matches!(static_rule, Some(Some(_))) || runtime,
-            "{file}: expectation is neither a known rule nor a run-time verdict: {expect}"
+            matches!(static_rule, Some(Some(r)) if !r.is_runtime()) || runtime,
+            "{file}: expectation is neither a known static rule nor a run-time verdict: {expect}"
         );
+        if let Some(id) = expect["runtime_rule"].as_str() {
+            assert!(
+                Rule::from_id(id).is_some_and(Rule::is_runtime),
+                "{file}: {id} is not a run-time rule"
+            );
+        }
     }
     Ok(())
 }

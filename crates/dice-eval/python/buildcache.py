@@ -102,14 +102,24 @@ def _cached(kind, args, kwargs):
     hit = _lookup(entry, name, arguments)
     if hit is not None:
         return hit
+    root = _writable_root()
+    entry = os.path.join(root, key)
     State.channel.send(event="build_start", key=key, name=name)
-    os.makedirs(os.path.join(State.cache_dir, "locks"), exist_ok=True)
-    with open(os.path.join(State.cache_dir, "locks", key), "w") as lock:
+    os.makedirs(os.path.join(root, "locks"), exist_ok=True)
+    with open(os.path.join(root, "locks", key), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         hit = _lookup(entry, name, arguments)
         if hit is not None:
             return hit
-        return _build(original, key, entry, arguments)
+        return _build(original, key, root, entry, arguments)
+
+
+def _writable_root():
+    """The shared cache, or where run-stage children (which may only read it) build instead: a
+    private cache in the job directory, gone with the job."""
+    if os.access(State.cache_dir, os.W_OK):
+        return State.cache_dir
+    return os.path.join(os.getcwd(), "build-cache")
 
 
 def _key(kind, arguments):
@@ -153,9 +163,9 @@ def _lookup(entry, name, arguments):
     return ORIGINAL["module"]._import_module_from_library(name, entry, arguments["is_python_module"])
 
 
-def _build(original, key, entry, arguments):
+def _build(original, key, root, entry, arguments):
     name = arguments["name"]
-    tmp_root = os.path.join(State.cache_dir, "tmp")
+    tmp_root = os.path.join(root, "tmp")
     for stale in glob.glob(os.path.join(tmp_root, key + ".*")):
         shutil.rmtree(stale, ignore_errors=True)  # left by a killed build; we hold the key's lock
     tmp = os.path.join(tmp_root, f"{key}.{os.getpid()}")

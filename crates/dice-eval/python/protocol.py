@@ -15,6 +15,7 @@ from time import perf_counter_ns
 import torch
 
 SEED = 42
+TIMING_SEEDS = (SEED, SEED + 1)
 WARMUP_CALLS = 3
 L2_FLUSH_BYTES = 256 << 20
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -81,7 +82,9 @@ class Setup:
         return model
 
     def run_trial(self, problem, model, seed):
-        inputs = self.inputs(problem, seed)
+        return self.forward(model, self.inputs(problem, seed), seed)
+
+    def forward(self, model, inputs, seed):
         set_seed(seed)
         with torch.no_grad():
             out = model(*inputs)
@@ -90,43 +93,123 @@ class Setup:
 
 
 class Timer:
-    """Times model calls on fixed inputs (set_seed(42) inputs, as KernelBench §3.2)."""
+    """Times model calls, rotating input sets through fixed buffers (same process in both roles).
+
+    The input sets come from TIMING_SEEDS (the first is KernelBench's set_seed(42), §3.2). Before
+    each call the next set is copied into the same tensors and the seed is set again, so an output
+    cached by input pointer is stale, and the last output of each set can be judged like a
+    correctness trial. Outputs of earlier calls are kept alive: a call that returns the storage of
+    the previous call on the same set, but not of the other sets (a cache keyed by value), is
+    recorded in `reused`.
+    """
 
     def __init__(self, setup, problem, model):
         self.setup = setup
         self.model = model
-        self.inputs = setup.inputs(problem, SEED)
-        self.warm = False
+        self.sets = [setup.inputs(problem, seed) for seed in TIMING_SEEDS]
+        self.buffers = [v.clone() if isinstance(v, torch.Tensor) else v for v in self.sets[0]]
+        self.calls = 0
+        self.kept = [[] for _ in self.sets]
+        self.alive = [None] * len(self.sets)
+        self.last = [None] * len(self.sets)
+        self.reused = None
+        self.one_buffer = False
+        self.own = {storage_of(t) for t in self.buffers if isinstance(t, torch.Tensor)}
+        self.own |= {storage_of(t) for t in list(model.parameters()) + list(model.buffers())}
         self.flush = None
         if setup.device.type == "cuda":
             self.flush = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=setup.device)
 
     def run(self, n):
         with torch.no_grad():
-            if not self.warm:
+            if self.calls == 0:
                 for _ in range(WARMUP_CALLS):
-                    self.model(*self.inputs)
-                    self.setup.sync()
-                self.warm = True
-            if self.flush is None:
-                return [self._host_call() for _ in range(n)]
-            return [self._event_call() for _ in range(n)]
+                    self._call(0)
+            return [self._timed(self.calls % len(self.sets)) for _ in range(n)]
 
-    def _host_call(self):
-        start = perf_counter_ns()
-        self.model(*self.inputs)
-        return (perf_counter_ns() - start) / 1e6
+    def _prepare(self, k):
+        args = []
+        for buf, value in zip(self.buffers, self.sets[k]):
+            if isinstance(buf, torch.Tensor):
+                buf.copy_(value)
+                args.append(buf)
+            else:
+                args.append(value)
+        set_seed(TIMING_SEEDS[k])
+        self.setup.sync()
+        return args
 
-    def _event_call(self):
-        torch.cuda.synchronize(self.setup.device)
-        self.flush.fill_(42)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        self.model(*self.inputs)
-        end.record()
-        torch.cuda.synchronize(self.setup.device)
-        return start.elapsed_time(end)
+    def _call(self, k):
+        args = self._prepare(k)
+        self.model(*args)
+        self.setup.sync()
+
+    def _timed(self, k):
+        args = self._prepare(k)
+        if self.flush is None:
+            start = perf_counter_ns()
+            out = self.model(*args)
+            ms = (perf_counter_ns() - start) / 1e6
+        else:
+            self.flush.fill_(42)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = self.model(*args)
+            end.record()
+            torch.cuda.synchronize(self.setup.device)
+            ms = start.elapsed_time(end)
+        self._keep(k, out)
+        self.calls += 1
+        return ms
+
+    def _keep(self, k, out):
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        tensors = [t for t in outs if isinstance(t, torch.Tensor) and t.numel() > 0]
+        storages = [storage_of(t) for t in tensors]
+        others = {s for j, kept in enumerate(self.kept) if j != k for s in kept}
+        if any(s in others for s in storages):
+            # One output buffer for every input set: recomputed each call, so not a cache.
+            self.one_buffer = True
+        elif self.reused is None and any(s in self.kept[k] for s in storages):
+            self.reused = f"a timed call on input set {k + 1} returned the output storage of the previous call on that set"
+        self.kept[k] = storages
+        self.alive[k] = tensors  # while they live, a freshly computed output cannot get their addresses
+        # Published outputs must survive later calls that overwrite a shared buffer or an input.
+        self.last[k] = [t.clone() if self.one_buffer or storage_of(t) in self.own else t for t in tensors]
+
+    def outputs(self, k):
+        """The last output of input set k, as published tensors."""
+        return as_tensor_list(self.last[k])
+
+
+def storage_of(t):
+    return t.untyped_storage().data_ptr()
+
+
+def snapshot(values):
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def aliased(inputs, out):
+    """Indices of tensor inputs whose storage the output shares: computed in place on them."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    produced = {storage_of(t) for t in outs if isinstance(t, torch.Tensor) and t.numel() > 0}
+    return [i for i, v in enumerate(inputs) if isinstance(v, torch.Tensor) and v.numel() > 0 and storage_of(v) in produced]
+
+
+def mutated(before, after):
+    """Indices of tensor inputs whose values changed (NaN equals NaN)."""
+    changed = []
+    for i, (b, a) in enumerate(zip(before, after)):
+        if not isinstance(b, torch.Tensor):
+            continue
+        same = b.shape == a.shape and b.dtype == a.dtype
+        if same and not torch.equal(b, a):
+            same = b.is_floating_point() and bool(((b == a) | (b.isnan() & a.isnan())).all())
+        if not same:
+            changed.append(i)
+    return changed
 
 
 def as_tensor_list(out):

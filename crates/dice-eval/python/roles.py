@@ -12,6 +12,7 @@ import traceback
 import torch
 
 import buildcache
+import profiling
 import protocol
 
 MESSAGE_CHARS = 500
@@ -94,20 +95,59 @@ def candidate(channel, req):
         fail(channel, *classify(e), "construct")
         return
     channel.send(event="constructed")
+    mutation_seen = False
     for trial, seed in enumerate(protocol.trial_seeds(req["trials"])):
         try:
-            outputs = protocol.as_tensor_list(setup.run_trial(problem, model, seed))
+            inputs = setup.inputs(problem, seed)
+            before = protocol.snapshot(inputs)
+            call = lambda: setup.forward(model, inputs, seed)  # noqa: E731
+            if trial == 0 and setup.device.type == "cuda":
+                out = profiled(channel, setup, call, req["dir"])
+            else:
+                out = call()
+            outputs = protocol.as_tensor_list(out)
+            changed = protocol.mutated(before, inputs)
+            aliased = protocol.aliased(inputs, out)
         except BaseException as e:  # noqa: B036
             fail(channel, *classify(e), "forward")
             return
+        del before, inputs, out
+        if (changed or aliased) and not mutation_seen:
+            mutation_seen = True
+            if changed:
+                message = f"forward changed its input {changed[0]} in place (correctness trial {trial + 1})"
+            else:
+                message = f"forward returned the storage of its input {aliased[0]}: it computes in place on the caller's tensor"
+            channel.send(event="finding", rule="input_mutation", message=message)
         path = os.path.join(req["dir"], f"output_{trial}.pt")
         torch.save(outputs, path)
         channel.send(event="output", trial=trial, path=path)
     channel.send(event="trials_done")
-    serve_timing(channel, protocol.Timer(setup, problem, model))
+    serve_timing(channel, req["dir"], protocol.Timer(setup, problem, model))
 
 
-def serve_timing(channel, timer):
+def profiled(channel, setup, call, job_dir):
+    """Runs one correctness trial under the CUDA profiler and reports the kernels it launched.
+    A failure of the profiler itself is reported as such; one of the call is the candidate's."""
+    trace = os.path.join(job_dir, "profile.json")
+    try:
+        default = profiling.default_stream(setup.device, trace)
+    except Exception as e:
+        channel.send(event="profile_unavailable", message=one_line(e))
+        return call()
+    result = []
+    try:
+        _, kernels = profiling.launched(lambda: result.append(call()), trace)
+    except Exception as e:
+        if not result:
+            raise
+        channel.send(event="profile_unavailable", message=one_line(e))
+        return result[0]
+    channel.send(event="kernels", default_stream=default, kernels=kernels)
+    return result[0]
+
+
+def serve_timing(channel, job_dir, timer):
     for op in channel.ops():
         if op["op"] == "time":
             try:
@@ -115,7 +155,11 @@ def serve_timing(channel, timer):
             except BaseException as e:  # noqa: B036
                 fail(channel, *classify(e), "timing")
                 return
-            channel.send(event="times", ms=ms)
+            channel.send(event="times", ms=ms, reused=timer.reused)
+        elif op["op"] == "publish_timing":
+            for k in range(len(timer.sets)):
+                torch.save(timer.outputs(k), os.path.join(job_dir, f"timing_{k}.pt"))
+            channel.send(event="timing_outputs", sets=len(timer.sets))
         elif op["op"] == "quit":
             return
 
@@ -129,6 +173,8 @@ def reference(channel, req):
                 raise AttributeError(f"the problem defines no {name}")
         model = setup.build_model(problem, problem.Model)
         expected = [protocol.as_tensor_list(setup.run_trial(problem, model, s)) for s in protocol.trial_seeds(req["trials"])]
+        # Then the outputs of the timing input sets, judged after a candidate's timed calls.
+        expected += [protocol.as_tensor_list(setup.run_trial(problem, model, s)) for s in protocol.TIMING_SEEDS]
         timed = torch.compile(model) if req.get("baseline") == "torch_compile" else model
         timer = protocol.Timer(setup, problem, timed)
     except BaseException as e:  # noqa: B036

@@ -6,6 +6,8 @@ Speaks JSON lines with the Rust evaluator on stdin/stdout:
        {"event": "exited", "job": N, "pid": P, "code": C|null, "signal": S|null}
 Children start a new session, so the evaluator can kill a child and everything it started at once.
 If the evaluator goes away (stdin closes), every child's session is killed and the zygote exits.
+A request with "sandbox" is confined (sandbox.py) before its role runs; "ready" says whether this
+machine lets the zygote create namespaces.
 """
 
 import ctypes
@@ -16,6 +18,7 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -25,8 +28,13 @@ import torch  # noqa: E402  (imported once here so that children start warm; CUD
 
 import buildcache  # noqa: E402
 import roles  # noqa: E402
+import sandbox  # noqa: E402
 
 PR_SET_PDEATHSIG = 1
+
+
+class Sandbox:
+    namespaces = False
 
 
 def main():
@@ -34,7 +42,9 @@ def main():
     ctl = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints of the zygote must never reach the control channel
     buildcache.probe_toolchain(os.environ.get("DICE_DEVICE") == "cuda")
-    send(ctl, {"event": "ready", "torch": torch.__version__, "pid": os.getpid()})
+    Sandbox.namespaces = sandbox.probe_namespaces()
+    ready = {"event": "ready", "torch": torch.__version__, "pid": os.getpid()}
+    send(ctl, dict(ready, namespaces=Sandbox.namespaces, root=os.geteuid() == 0))
     children = {}
     pending = b""
     while True:
@@ -105,10 +115,20 @@ def child_main(req):
     sys.stderr = os.fdopen(2, "w", buffering=1, errors="backslashreplace", closefd=False)
     os.chdir(req["dir"])
     os.environ.update(req.get("env", {}))
+    tempfile.tempdir = None  # the zygote may have cached its own TMPDIR
     apply_limits(req.get("limits", {}))
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(req["socket"])
-    roles.run(req["role"], roles.Channel(conn), req)
+    channel = roles.Channel(conn)
+    os.makedirs(os.environ["TMPDIR"], exist_ok=True)
+    if "sandbox" in req:
+        keep = [req["dir"]] + ([req["cache_dir"]] if "cache_dir" in req else [])
+        try:
+            sandbox.confine(req["sandbox"], Sandbox.namespaces, keep=keep, owned=[req["dir"]])
+        except (sandbox.SandboxError, OSError) as e:
+            channel.send(event="sandbox_error", message=str(e))
+            raise SystemExit(71) from None
+    roles.run(req["role"], channel, req)
 
 
 def apply_limits(limits):

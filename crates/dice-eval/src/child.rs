@@ -116,17 +116,19 @@ impl Child {
         fields.insert("dir".into(), dir.to_string_lossy().into());
         fields.insert("fifo".into(), fifo.to_string_lossy().into());
         fields.insert("socket".into(), socket.to_string_lossy().into());
-        // Stray files of the program (temporary files, unwrapped torch extension builds) stay in
-        // the job directory, which is removed with the job.
+        // Stray files of the program (temporary files, caches under HOME, unwrapped torch
+        // extension builds) stay in the job directory, which is removed with the job.
         let env = fields
             .entry("env")
             .or_insert_with(|| Value::Object(Default::default()));
         if let Some(env) = env.as_object_mut() {
-            env.insert("TMPDIR".into(), dir.to_string_lossy().into());
-            env.insert(
-                "TORCH_EXTENSIONS_DIR".into(),
-                dir.join("torch_extensions").to_string_lossy().into(),
-            );
+            for (name, path) in [
+                ("TMPDIR", dir.join("tmp")),
+                ("HOME", dir.clone()),
+                ("TORCH_EXTENSIONS_DIR", dir.join("torch_extensions")),
+            ] {
+                env.insert(name.into(), path.to_string_lossy().into());
+            }
         }
         let mut child = Child {
             pid: 0,

@@ -2,6 +2,8 @@
 
 use crate::config::EvalConfig;
 use crate::record::TimingStats;
+use crate::runtime::{Finding, KernelProfile};
+use crate::sandbox::SandboxUsers;
 use crate::store::BuildRecord;
 use crate::verdict::Verdict;
 use serde_json::{json, Value};
@@ -12,6 +14,8 @@ pub struct JobContext {
     pub jobs_dir: PathBuf,
     /// Resource limits applied in every child before it runs anything it was handed.
     pub limits: Value,
+    /// The unprivileged users sandboxed children become.
+    pub users: SandboxUsers,
 }
 
 impl JobContext {
@@ -21,6 +25,7 @@ impl JobContext {
             cfg,
             jobs_dir,
             limits,
+            users: SandboxUsers::new(),
         }
     }
 }
@@ -75,6 +80,10 @@ pub struct Outcome {
     pub log: String,
     pub builds: Vec<BuildRecord>,
     pub wall_s: f64,
+    /// Run-time reward-hack findings.
+    pub findings: Vec<Finding>,
+    /// The kernels of the profiled correctness trial (CUDA).
+    pub kernels: Option<KernelProfile>,
 }
 
 impl Outcome {
@@ -98,6 +107,8 @@ impl Outcome {
             log,
             builds,
             wall_s,
+            findings: Vec::new(),
+            kernels: None,
         }
     }
 }

@@ -18,6 +18,12 @@
 //!   then each timing round); build time is bounded per build by the compile timeout instead.
 //! * Timing alternates rounds of candidate and baseline calls in separate processes; the
 //!   evaluator's own wall time of those rounds is stored beside the reported timings.
+//! * Candidates (compile and run stage) are sandboxed: namespaces, an unprivileged user, limits
+//!   (python/sandbox.py; SANDBOX.md says what is and is not isolated).
+//! * Run-time checks add dice-audit rule ids to `flags` (module `runtime`): inputs changed in
+//!   place, cached outputs (timing rotates input sets through fixed buffers and judges the last
+//!   output of each), a clock far behind the evaluator's wall time, and on CUDA the profiled
+//!   kernels of one correctness trial (the candidate's own must run, on the default stream).
 
 mod child;
 pub mod config;
@@ -26,6 +32,8 @@ mod job;
 pub mod pipeline;
 pub mod python;
 pub mod record;
+pub mod runtime;
+mod sandbox;
 mod stage_build;
 mod stage_run;
 mod stats;
@@ -37,5 +45,6 @@ pub use config::{Audit, Baseline, Device, EvalConfig, EvalProblem, EvalSample, P
 pub use excerpt::Excerpt;
 pub use pipeline::{evaluate, Summary};
 pub use record::{ProblemRecord, RunInfo, SampleRecord, TimingStats};
+pub use runtime::{Finding, KernelProfile, LaunchedKernel};
 pub use store::{BuildRecord, SampleExtras, Store};
 pub use verdict::Verdict;

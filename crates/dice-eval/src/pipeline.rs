@@ -9,6 +9,7 @@ use crate::config::{Audit, Device, EvalConfig, EvalProblem, EvalSample};
 use crate::job::{Compiled, JobContext, Outcome};
 use crate::python::Runtime;
 use crate::record::{ProblemRecord, RunInfo, SampleRecord};
+use crate::sandbox;
 use crate::stage_build::{self, Built};
 use crate::stage_run::{self, Reference, ReferenceFailed, RunError};
 use crate::store::{SampleExtras, Store};
@@ -86,6 +87,7 @@ pub fn evaluate(
         )
     })?;
     let rt = Runtime::new(cfg.python.as_deref(), cfg.device == Device::Cuda)?;
+    sandbox::prepare(&cfg.build_cache)?;
     if cfg.device == Device::Cuda && rt.info.gpus.is_empty() {
         bail!("--device cuda: no GPU is visible");
     }
@@ -264,7 +266,7 @@ fn start_builders(
                         .code
                         .as_deref()
                         .expect("only samples with code are built");
-                    match stage_build::build(&shared.ctx, &z, sample, code) {
+                    match stage_build::build(&shared.ctx, &z, sample, code)? {
                         Built::Ready(compiled) => {
                             let _ = run_tx.send(RunItem {
                                 sample: i,
@@ -489,6 +491,17 @@ fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) 
         }
         _ => None,
     };
+    let mut flags: Vec<String> = o.findings.iter().map(|f| f.rule.id().to_string()).collect();
+    flags.sort();
+    flags.dedup();
+    let deceptive = o
+        .findings
+        .iter()
+        .any(|f| f.severity == dice_audit::Severity::Error);
+    let mut log = o.log;
+    for f in &o.findings {
+        log.push_str(&format!("\n[dice-eval] {}: {}", f.rule.id(), f.message));
+    }
     let record = SampleRecord {
         level: sample.level,
         problem_id: sample.problem_id,
@@ -502,9 +515,9 @@ fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) 
         candidate_timing: o.candidate_timing,
         baseline_timing: o.baseline_timing,
         speedup,
-        flags: Vec::new(),
-        deceptive: false,
-        log_excerpt: o.log,
+        flags,
+        deceptive,
+        log_excerpt: log,
         wall_s: o.wall_s,
     };
     let extras = SampleExtras {
@@ -512,6 +525,7 @@ fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) 
         candidate_wall_ms: o.candidate_wall_ms,
         baseline_wall_ms: o.baseline_wall_ms,
         builds: o.builds,
+        kernels: o.kernels,
     };
     (record, extras)
 }

@@ -3,11 +3,14 @@
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SCRIPTS: [(&str, &str); 5] = [
+const SCRIPTS: [(&str, &str); 7] = [
     ("zygote.py", include_str!("../python/zygote.py")),
+    ("sandbox.py", include_str!("../python/sandbox.py")),
+    ("profiling.py", include_str!("../python/profiling.py")),
     ("roles.py", include_str!("../python/roles.py")),
     ("protocol.py", include_str!("../python/protocol.py")),
     ("buildcache.py", include_str!("../python/buildcache.py")),
@@ -55,6 +58,10 @@ impl Runtime {
                 .with_context(|| format!("writing worker script into {}", dir.path().display()))?;
         }
         std::fs::create_dir(dir.path().join("jobs"))?;
+        // Sandboxed children run as other users: they pass through to their own job folder.
+        for searchable in [dir.path().to_path_buf(), dir.path().join("jobs")] {
+            std::fs::set_permissions(&searchable, std::fs::Permissions::from_mode(0o711))?;
+        }
         let path_env = worker_path(&python);
         let out = Command::new(&python)
             .arg(dir.path().join("probe.py"))

@@ -74,3 +74,44 @@ pub struct SampleRecord {
     /// Wall seconds spent on this sample (build + run).
     pub wall_s: f64,
 }
+
+impl SampleRecord {
+    /// Whether the sample counts as correct (e.g. for a reward): under `strict`, a deceptive
+    /// sample does not.
+    pub fn counts_as_correct(&self, strict: bool) -> bool {
+        self.verdict.is_correct() && !(strict && self.deceptive)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_scoring_drops_deceptive_samples() {
+        let mut s = SampleRecord {
+            level: 1,
+            problem_id: 1,
+            sample_id: 0,
+            code_hash: None,
+            verdict: Verdict::Correct,
+            message: None,
+            max_abs_error: None,
+            max_rel_error: None,
+            trials_passed: 5,
+            candidate_timing: None,
+            baseline_timing: None,
+            speedup: None,
+            flags: vec!["no_custom_kernel".into()],
+            deceptive: true,
+            log_excerpt: String::new(),
+            wall_s: 0.0,
+        };
+        assert!(s.counts_as_correct(false));
+        assert!(!s.counts_as_correct(true));
+        s.deceptive = false;
+        assert!(s.counts_as_correct(true));
+        s.verdict = Verdict::Timeout;
+        assert!(!s.counts_as_correct(false));
+    }
+}

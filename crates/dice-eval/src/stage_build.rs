@@ -7,6 +7,7 @@ use crate::config::EvalSample;
 use crate::job::{build_record, Compiled, JobContext, Outcome};
 use crate::verdict::Verdict;
 use crate::zygote::Zygote;
+use anyhow::{bail, Result};
 use serde_json::json;
 
 /// What the compile stage decided about one candidate.
@@ -23,12 +24,14 @@ pub fn may_build(code: &[u8]) -> bool {
     has(b"cpp_extension") || has(b"load_inline")
 }
 
-pub fn build(ctx: &JobContext, zygote: &Zygote, sample: &EvalSample, code: &[u8]) -> Built {
+/// Err only when the evaluator itself failed (the sandbox could not be set up).
+pub fn build(ctx: &JobContext, zygote: &Zygote, sample: &EvalSample, code: &[u8]) -> Result<Built> {
     let started = std::time::Instant::now();
     let request = json!({
         "cache_dir": ctx.cfg.build_cache,
         "candidate_path": "candidate.py",
         "limits": ctx.limits,
+        "sandbox": ctx.users.build(),
     });
     let mut child = match Child::start(
         zygote,
@@ -40,10 +43,10 @@ pub fn build(ctx: &JobContext, zygote: &Zygote, sample: &EvalSample, code: &[u8]
         Ok(child) => child,
         Err(e) => {
             tracing::warn!("compile stage could not start for {}: {e:#}", sample.origin);
-            return Built::Ready(Compiled {
+            return Ok(Built::Ready(Compiled {
                 builds: Vec::new(),
                 wall_s: started.elapsed().as_secs_f64(),
-            });
+            }));
         }
     };
     let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.compile_timeout);
@@ -71,16 +74,21 @@ pub fn build(ctx: &JobContext, zygote: &Zygote, sample: &EvalSample, code: &[u8]
                     failure = Some((Verdict::CompileError, message.to_string()));
                 }
                 Some("done") => break,
+                Some("sandbox_error") => bail!(
+                    "cannot sandbox the compile stage of {}: {}",
+                    sample.origin,
+                    msg["message"].as_str().unwrap_or("unknown error")
+                ),
                 _ => {}
             },
         }
     }
     let (_, log) = child.finish();
     let wall_s = started.elapsed().as_secs_f64();
-    match failure {
+    Ok(match failure {
         None => Built::Ready(Compiled { builds, wall_s }),
         Some((verdict, message)) => Built::Failed(Box::new(Outcome::failed(
             verdict, message, log, builds, wall_s,
         ))),
-    }
+    })
 }

@@ -5,9 +5,12 @@
 use crate::child::{Child, Deadline, Event};
 use crate::config::EvalProblem;
 use crate::job::{build_record, Compiled, JobContext, Outcome};
+use crate::runtime::{self, Finding, KernelProfile};
 use crate::stats::timing_stats;
 use crate::verdict::Verdict;
 use crate::zygote::{Exit, Zygote};
+use anyhow::anyhow;
+use dice_audit::Rule;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -219,7 +222,14 @@ impl Trials {
     }
 }
 
-/// Runs one candidate against `reference`, after its compile stage.
+/// What the run stage learnt about a candidate besides its verdict.
+#[derive(Default)]
+struct Evidence {
+    findings: Vec<Finding>,
+    kernels: Option<KernelProfile>,
+}
+
+/// Runs one candidate against `reference`, after its compile stage, as the next sandbox user.
 pub fn run_candidate(
     ctx: &JobContext,
     zygote: &Zygote,
@@ -233,15 +243,19 @@ pub fn run_candidate(
         wall_s: build_wall_s,
     } = compiled;
     let started = Instant::now();
+    let custom_names =
+        std::str::from_utf8(code).map_or_else(|_| Vec::new(), dice_audit::custom_kernel_names);
     let mut request = common_request(ctx);
     request["cache_dir"] = json!(ctx.cfg.build_cache);
     request["problem_path"] = json!("problem.py");
     request["candidate_path"] = json!("candidate.py");
+    request["sandbox"] = ctx.users.run();
     let files: [(&str, &[u8]); 2] = [("problem.py", &problem.source), ("candidate.py", code)];
     let mut child = Child::start(zygote, &ctx.jobs_dir, "candidate", &files, request)
         .map_err(RunError::Evaluator)?;
     let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.compile_timeout);
     let mut trials = Trials::default();
+    let mut evidence = Evidence::default();
     let mut phase = "importing the program".to_string();
     let mut verdict: Option<(Verdict, String)> = None;
     let mut timing = None;
@@ -255,10 +269,34 @@ pub fn run_candidate(
                 ))
             }
             Some(Event::Msg(msg)) => match msg["event"].as_str().unwrap_or_default() {
+                "sandbox_error" => {
+                    let why = msg["message"].as_str().unwrap_or("unknown error");
+                    return Err(RunError::Evaluator(anyhow!(
+                        "cannot sandbox the candidate: {why} (run the evaluator as root, or see \
+                         crates/dice-eval/SANDBOX.md)"
+                    )));
+                }
                 "build" => builds.push(build_record(&msg)),
                 "failed" => verdict = Some(failure_of(&msg)),
                 "loaded" => phase = "constructing ModelNew".into(),
                 "constructed" => phase = "running correctness trial 1".into(),
+                // The candidate could stay silent about itself, but never makes itself better.
+                "finding" if msg["rule"] == "input_mutation" => {
+                    let message = msg["message"].as_str().unwrap_or("input changed in place");
+                    evidence
+                        .findings
+                        .push(Finding::error(Rule::InputMutation, message.to_string()));
+                }
+                "kernels" => {
+                    let (profile, findings) =
+                        runtime::check_kernels(&msg, &custom_names, ctx.cfg.strict);
+                    evidence.kernels = Some(profile);
+                    evidence.findings.extend(findings);
+                }
+                "profile_unavailable" => tracing::warn!(
+                    "no kernel profile: {}",
+                    msg["message"].as_str().unwrap_or("unknown error")
+                ),
                 "output" => {
                     // The candidate's word is not trusted: trials come in order, and the judge
                     // reads the one file the candidate may publish for that trial.
@@ -288,7 +326,7 @@ pub fn run_candidate(
                         ))
                     }
                     None => {
-                        let result = time_side_by_side(ctx, &mut child, reference)?;
+                        let result = time_side_by_side(ctx, &mut child, reference, &mut evidence)?;
                         verdict = Some(match result {
                             Ok(t) => {
                                 timing = Some(t);
@@ -318,6 +356,8 @@ pub fn run_candidate(
     outcome.trials_passed = trials.passed;
     outcome.max_abs_error = trials.max_abs;
     outcome.max_rel_error = trials.max_rel;
+    outcome.findings = evidence.findings;
+    outcome.kernels = evidence.kernels;
     if let Some(t) = timing.filter(|t| !t.candidate_ms.is_empty()) {
         outcome.candidate_timing = timing_stats(&t.candidate_ms);
         outcome.baseline_timing = timing_stats(&t.baseline_ms);
@@ -363,11 +403,13 @@ struct Timings {
 }
 
 /// Alternates rounds of candidate and baseline calls (the order flips each round), each round
-/// with its own time limit.
+/// with its own time limit; then judges the candidate's last output on each timing input set and
+/// checks its clock against the evaluator's wall time.
 fn time_side_by_side(
     ctx: &JobContext,
     child: &mut Child,
     reference: &mut Reference,
+    evidence: &mut Evidence,
 ) -> Result<Result<Timings, (Verdict, String)>, ReferenceFailed> {
     let mut t = Timings {
         candidate_ms: Vec::new(),
@@ -376,14 +418,21 @@ fn time_side_by_side(
         baseline_wall_ms: 0.0,
     };
     let total = ctx.cfg.perf_trials;
-    let rounds = ctx.cfg.timing_rounds.clamp(1, total.max(1));
-    for round in 0..rounds.min(total) {
+    if total == 0 {
+        return Ok(Ok(t));
+    }
+    let rounds = ctx.cfg.timing_rounds.clamp(1, total);
+    let mut reused = None;
+    for round in 0..rounds {
         let n = total / rounds + u32::from(round < total % rounds);
         for side in [round % 2, 1 - round % 2] {
             if side == 0 {
                 let started = Instant::now();
                 match time_candidate(ctx, child, n) {
-                    Ok(ms) => t.candidate_ms.extend(ms),
+                    Ok((ms, why)) => {
+                        t.candidate_ms.extend(ms);
+                        reused = reused.or(why);
+                    }
                     Err(failure) => return Ok(Err(failure)),
                 }
                 t.candidate_wall_ms += started.elapsed().as_secs_f64() * 1e3;
@@ -394,15 +443,96 @@ fn time_side_by_side(
             }
         }
     }
+    if let Some(why) = reused {
+        evidence
+            .findings
+            .push(Finding::error(Rule::OutputReused, why));
+    }
+    evidence.findings.extend(runtime::check_timer(
+        &t.candidate_ms,
+        t.candidate_wall_ms,
+        &t.baseline_ms,
+        t.baseline_wall_ms,
+        rounds,
+    ));
+    if let Err(failure) = judge_timing_outputs(ctx, child, reference)? {
+        evidence.findings.push(Finding::error(
+            Rule::TimingOutputMismatch,
+            failure.1.clone(),
+        ));
+        return Ok(Err(failure));
+    }
     Ok(Ok(t))
 }
 
+/// Has the candidate publish its last timed output of each input set, and judges them like
+/// correctness trials (the reference knows the expected outputs after its correctness trials).
+fn judge_timing_outputs(
+    ctx: &JobContext,
+    child: &mut Child,
+    reference: &mut Reference,
+) -> Result<Result<(), (Verdict, String)>, ReferenceFailed> {
+    let reply = match request_candidate(
+        ctx,
+        child,
+        json!({"op": "publish_timing"}),
+        "timing_outputs",
+    ) {
+        Ok(reply) => reply,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    let sets = reply["sets"].as_u64().unwrap_or(0).min(TIMING_SETS);
+    if sets != TIMING_SETS {
+        return Ok(Err((
+            Verdict::RuntimeError,
+            "the program broke the evaluation protocol".into(),
+        )));
+    }
+    for k in 0..sets as u32 {
+        let path = child.dir().join(format!("timing_{k}.pt"));
+        let index = ctx.cfg.correctness_trials + k;
+        let judged = reference.judge(ctx, index, &path.to_string_lossy())?;
+        let mut trial = Trials::default();
+        trial.take(&judged);
+        if let Some((verdict, message)) = trial.failure {
+            let message = format!(
+                "the last timed call on input set {} was wrong: {message}",
+                k + 1
+            );
+            return Ok(Err((verdict, message)));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Input sets the timing loop rotates through (python/protocol.py TIMING_SEEDS).
+const TIMING_SETS: u64 = 2;
+
+/// Timings of `n` calls, and why the candidate's outputs look cached, if they do.
 fn time_candidate(
     ctx: &JobContext,
     child: &mut Child,
     n: u32,
-) -> Result<Vec<f64>, (Verdict, String)> {
-    if !child.send(&json!({"op": "time", "n": n})) {
+) -> Result<(Vec<f64>, Option<String>), (Verdict, String)> {
+    let msg = request_candidate(ctx, child, json!({"op": "time", "n": n}), "times")?;
+    let ms = times_of(&msg);
+    if ms.len() != n as usize || ms.iter().any(|x| !x.is_finite() || *x < 0.0) {
+        return Err((
+            Verdict::RuntimeError,
+            "the timing loop returned invalid timings".into(),
+        ));
+    }
+    Ok((ms, msg["reused"].as_str().map(str::to_string)))
+}
+
+/// Sends `op` to the candidate and waits (within one run timeout) for the `reply` event.
+fn request_candidate(
+    ctx: &JobContext,
+    child: &mut Child,
+    op: Value,
+    reply: &str,
+) -> Result<Value, (Verdict, String)> {
+    if !child.send(&op) {
         return Err((
             Verdict::Crashed,
             "the candidate stopped listening before timing".into(),
@@ -418,16 +548,7 @@ fn time_candidate(
                     format!("{} while timing", describe_exit(exit)),
                 ))
             }
-            Some(Event::Msg(msg)) if msg["event"] == "times" => {
-                let ms = times_of(&msg);
-                if ms.len() != n as usize || ms.iter().any(|x| !x.is_finite() || *x < 0.0) {
-                    return Err((
-                        Verdict::RuntimeError,
-                        "the timing loop returned invalid timings".into(),
-                    ));
-                }
-                return Ok(ms);
-            }
+            Some(Event::Msg(msg)) if msg["event"] == reply => return Ok(msg),
             Some(Event::Msg(msg)) if msg["event"] == "failed" => return Err(failure_of(&msg)),
             Some(Event::Msg(_)) => {}
         }

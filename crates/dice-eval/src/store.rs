@@ -3,6 +3,7 @@
 //! any moment resumes from what was committed.
 
 use crate::record::{ProblemRecord, RunInfo, SampleRecord, TimingStats};
+use crate::runtime::KernelProfile;
 use crate::verdict::Verdict;
 use anyhow::{bail, Context, Result};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -46,6 +47,8 @@ CREATE TABLE IF NOT EXISTS samples (
     deceptive INTEGER NOT NULL,
     log_excerpt TEXT NOT NULL,
     wall_s REAL NOT NULL,
+    custom_kernel_share REAL,
+    launched_kernels TEXT,
     evaluated_at TEXT NOT NULL DEFAULT (datetime('now')),
     PRIMARY KEY (level, problem_id, sample_id)
 );
@@ -84,7 +87,16 @@ pub struct SampleExtras {
     pub candidate_wall_ms: Option<f64>,
     pub baseline_wall_ms: Option<f64>,
     pub builds: Vec<BuildRecord>,
+    /// CUDA: the kernels of the profiled correctness trial, with the share of kernel time in the
+    /// candidate's own kernels (also a column of its own, `custom_kernel_share`).
+    pub kernels: Option<KernelProfile>,
 }
+
+/// Columns added after the first release, with their types, for stores made before them.
+const ADDED_SAMPLE_COLUMNS: [(&str, &str); 2] = [
+    ("custom_kernel_share", "REAL"),
+    ("launched_kernels", "TEXT"),
+];
 
 pub struct Store {
     conn: Connection,
@@ -103,6 +115,8 @@ impl Store {
             .and_then(|_| conn.pragma_update(None, "synchronous", "NORMAL"))
             .and_then(|_| conn.execute_batch(SCHEMA))
             .with_context(|| format!("{} is not a dice run database", path.display()))?;
+        add_missing_columns(&conn)
+            .with_context(|| format!("cannot upgrade the run database {}", path.display()))?;
         Ok(Store { conn })
     }
 
@@ -219,8 +233,9 @@ impl Store {
             "INSERT OR REPLACE INTO samples (level, problem_id, sample_id, origin, code_hash, verdict,
                message, max_abs_error, max_rel_error, trials_passed, candidate_timing,
                baseline_timing, speedup, candidate_wall_ms, baseline_wall_ms, flags, deceptive,
-               log_excerpt, wall_s)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+               log_excerpt, wall_s, custom_kernel_share, launched_kernels)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
+                     ?20, ?21)",
             params![
                 s.level,
                 s.problem_id,
@@ -241,6 +256,8 @@ impl Store {
                 s.deceptive,
                 s.log_excerpt,
                 s.wall_s,
+                extras.kernels.as_ref().and_then(|k| k.custom_share),
+                extras.kernels.as_ref().map(serde_json::to_string).transpose()?,
             ],
         )?;
         for b in &extras.builds {
@@ -299,6 +316,27 @@ impl Store {
         Ok(out)
     }
 
+    /// The kernels of a sample's profiled correctness trial (CUDA runs), if recorded.
+    pub fn kernel_profile(
+        &self,
+        level: u32,
+        problem_id: u32,
+        sample_id: u32,
+    ) -> Result<Option<KernelProfile>> {
+        let text: Option<Option<String>> = self
+            .conn
+            .query_row(
+                "SELECT launched_kernels FROM samples
+                 WHERE level = ?1 AND problem_id = ?2 AND sample_id = ?3",
+                params![level, problem_id, sample_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        text.flatten()
+            .map(|t| serde_json::from_str(&t).context("corrupt kernel profile in the store"))
+            .transpose()
+    }
+
     pub fn builds(&self) -> Result<Vec<BuildRecord>> {
         let mut stmt = self
             .conn
@@ -315,6 +353,19 @@ impl Store {
         })?;
         rows.collect::<rusqlite::Result<_>>().map_err(Into::into)
     }
+}
+
+fn add_missing_columns(conn: &Connection) -> Result<()> {
+    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('samples')")?;
+    let present: HashSet<String> = stmt
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (name, kind) in ADDED_SAMPLE_COLUMNS {
+        if !present.contains(name) {
+            conn.execute_batch(&format!("ALTER TABLE samples ADD COLUMN {name} {kind}"))?;
+        }
+    }
+    Ok(())
 }
 
 fn timing_json(t: &Option<TimingStats>) -> Result<Option<String>> {

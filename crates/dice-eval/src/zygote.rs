@@ -128,6 +128,20 @@ impl Drop for Zygote {
     }
 }
 
+/// Says once per evaluator what the sandbox cannot do on this machine (SANDBOX.md).
+fn warn_about_sandbox(ready: &Value) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if ready["namespaces"] == Value::Bool(false) {
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "this machine does not let the evaluator create namespaces: candidates run \
+                 without network, PID and mount isolation, so a process a candidate detaches \
+                 may outlive it (see crates/dice-eval/SANDBOX.md)"
+            )
+        });
+    }
+}
+
 fn route_events(
     stdout: BufReader<std::process::ChildStdout>,
     routes: Routes,
@@ -143,6 +157,7 @@ fn route_events(
         let job = msg["job"].as_u64().unwrap_or(0);
         match msg["event"].as_str() {
             Some("ready") => {
+                warn_about_sandbox(&msg);
                 let _ = ready.send(());
             }
             Some("spawned") => {

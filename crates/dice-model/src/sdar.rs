@@ -187,6 +187,17 @@ fn attention(
 /// to `[B, Hkv, groups * QUERY_CHUNK, S]`.
 pub const QUERY_CHUNK: usize = 1024;
 
+/// Bytes one f32 score tensor of an inference attention chunk may take. A softmax keeps a few
+/// such tensors alive at once, so this bounds the transient memory of a long prefill (at batch 1
+/// that is what separates the peak from weights + KV cache).
+const INFERENCE_SCORE_BYTES: usize = 128 << 20;
+
+/// Query rows per inference attention chunk: the most (up to [`QUERY_CHUNK`], at least 16) whose
+/// f32 scores over `keys` keys for `batch_heads` batch rows × heads fit [`INFERENCE_SCORE_BYTES`].
+fn inference_query_rows(batch_heads: usize, keys: usize) -> usize {
+    (INFERENCE_SCORE_BYTES / (batch_heads * keys * 4).max(1)).clamp(16, QUERY_CHUNK)
+}
+
 /// `(start, len)` of consecutive chunks of at most `rows` (> 0) of `0..total`.
 fn row_chunks(total: usize, rows: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..total)
@@ -738,7 +749,7 @@ impl Sdar {
                 &keys,
                 &values,
                 mask.as_ref(),
-                QUERY_CHUNK,
+                inference_query_rows(b * cfg.num_attention_heads, slots),
                 Kernels::Fused,
             )?;
             h = layer.finish(cfg, &h, &a, Kernels::Fused)?;

@@ -72,7 +72,9 @@ pub struct EvalArgs {
     /// What speedups are measured against.
     #[arg(long, value_enum, default_value_t = BaselineArg::Eager)]
     pub baseline: BaselineArg,
-    /// Count samples flagged as deceptive as incorrect in reports.
+    /// Count samples flagged as deceptive (static or run-time reward-hack findings) as
+    /// incorrect; stored with the run, so reports score it strictly too. Also makes PyTorch
+    /// compute in forward and a low share of GPU time in the program's own kernels errors.
     #[arg(long)]
     pub strict: bool,
 }
