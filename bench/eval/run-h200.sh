@@ -12,7 +12,9 @@ set -uo pipefail
 DATA=${DATA:?} OUT=${OUT:?}
 export DICE_PYTHON=$(command -v python3)
 export LD_LIBRARY_PATH=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')
-runs=$OUT/runs cache=/tmp/dice-build-cache
+# Runs live outside $OUT (emptied by the next call) and are packed into $OUT after every step,
+# so a step cut by a time limit still brings back what it finished.
+runs=/tmp/dice-runs cache=/tmp/dice-build-cache
 mkdir -p "$runs"
 step() { # name, seconds, dice args...
   local name=$1 limit=$2; shift 2
@@ -22,6 +24,7 @@ step() { # name, seconds, dice args...
   local rc=$?
   echo "$name rc=$rc wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
   tail -2 "$runs/$name.log"
+  tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs
 }
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))' | tee "$OUT/steps.txt"
 step c-cold 200 --pairs "$DATA/pairs32.json"
@@ -32,4 +35,4 @@ for r in c-cold c-warm b-identity a-pairs; do
   "$DATA/dice" report "$runs/$r" --format json >"$runs/$r.json" 2>>"$OUT/steps.txt"
   "$DATA/dice" report "$runs/$r" --format md >"$runs/$r.md" 2>>"$OUT/steps.txt"
 done
-tar -C "$OUT" -czf "$OUT/eval-runs.tgz" runs && rm -rf "$runs"
+tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs

@@ -12,8 +12,8 @@ use std::process::ExitCode;
     about = "Evaluate, generate and train CUDA kernels written by block-diffusion language models",
     long_about = "dice evaluates candidate kernels on KernelBench (compile, correctness, speedup, fast_p, \
 reward-hack detection), generates kernels with SDAR / DICE block-diffusion models or any \
-OpenAI-compatible endpoint, and trains models on verified kernels.\n\n\
-Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=dice=debug) for more detail."
+OpenAI-compatible endpoint. Training (block-diffusion SFT, BiC-RL) is planned.\n\n\
+Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug, or RUST_LOG=dice_eval=debug) for more detail."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -39,7 +39,7 @@ enum Command {
     Generate(cmd::generate::GenerateArgs),
     /// Serve a model over an OpenAI-compatible HTTP API.
     Serve(cmd::serve::ServeArgs),
-    /// Benchmarks: model speed and memory at real sizes.
+    /// Benchmarks and GPU checks: golden parity, model speed and memory, a training step.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
 }
