@@ -63,6 +63,21 @@ impl Default for EngineConfig {
     }
 }
 
+/// Model forwards an engine has run since it was created: what throughput is measured per.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardCounts {
+    /// Block-causal prefill forwards (one per prefill chunk).
+    pub prefill: u64,
+    /// Decoding forwards (one per block length per step that has a decoding sequence).
+    pub decode: u64,
+}
+
+impl ForwardCounts {
+    pub fn total(&self) -> u64 {
+        self.prefill + self.decode
+    }
+}
+
 struct Active {
     id: RequestId,
     slot: usize,
@@ -78,6 +93,7 @@ pub struct Engine<M: BlockDiffusionModel> {
     waiting: VecDeque<(RequestId, Request)>,
     active: Vec<Active>,
     next_id: RequestId,
+    forwards: ForwardCounts,
 }
 
 impl<M: BlockDiffusionModel> Engine<M> {
@@ -94,6 +110,7 @@ impl<M: BlockDiffusionModel> Engine<M> {
             waiting: VecDeque::new(),
             active: Vec::new(),
             next_id: 0,
+            forwards: ForwardCounts::default(),
         })
     }
 
@@ -103,6 +120,15 @@ impl<M: BlockDiffusionModel> Engine<M> {
 
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// Gives the model back (e.g. to build an engine of another batch size around it).
+    pub fn into_model(self) -> M {
+        self.model
+    }
+
+    pub fn forward_counts(&self) -> ForwardCounts {
+        self.forwards
     }
 
     /// Queues a request; it starts as soon as a slot is free.
@@ -224,6 +250,7 @@ impl<M: BlockDiffusionModel> Engine<M> {
                 self.model
                     .prefill(cache, &rows, block_length)
                     .context("prefill forward failed")?;
+                self.forwards.prefill += 1;
                 for &i in &chunk {
                     self.active[i].sequence.prefilled();
                 }
@@ -276,6 +303,7 @@ impl<M: BlockDiffusionModel> Engine<M> {
             .model
             .forward_blocks(cache, &rows)
             .context("decoding forward failed")?;
+        self.forwards.decode += 1;
         drop(rows);
         let logits = match logits {
             Some(logits) => self.host_logits(&logits, denoised, block_length)?,

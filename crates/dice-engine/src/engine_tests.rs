@@ -118,6 +118,37 @@ fn greedy_static_trace_unmasks_left_to_right_with_one_store_per_block() {
 }
 
 #[test]
+fn forward_counts_are_the_model_calls_of_the_static_schedule() {
+    // Two prompts of 8 tokens prefilled in one chunk (16 <= max_prefill_tokens), then per
+    // 4-token block: 4 denoising forwards and 1 store forward, both rows in each forward.
+    let mut e = engine(2);
+    let params = DecodeParams::dice_eval(8);
+    let prompts = [prompt(1, 8), prompt(2, 8)];
+    e.generate(
+        prompts
+            .iter()
+            .map(|p| request(p.clone(), &params))
+            .collect(),
+    )
+    .unwrap();
+    let blocks = 8 / params.block_length as u64;
+    let expected = ForwardCounts {
+        prefill: 1,
+        decode: blocks * (params.steps as u64 + 1),
+    };
+    assert_eq!(e.forward_counts(), expected);
+    let calls = e.model().calls.borrow();
+    let count = |kind: &str| calls.iter().filter(|c| c.0 == kind).count() as u64;
+    assert_eq!(count("prefill"), expected.prefill);
+    assert_eq!(count("forward"), expected.decode);
+    drop(calls);
+    assert_eq!(
+        e.into_model().calls.borrow().len() as u64,
+        1 + 2 * expected.decode
+    );
+}
+
+#[test]
 fn token_limit_ends_with_the_block_of_the_last_token_unless_exact() {
     let mut params = DecodeParams::dice_eval(5);
     let out = engine(1)

@@ -21,7 +21,7 @@ mod test_model;
 mod text;
 
 pub use client::{ApiAnswer, ApiClient, CompletionSettings};
-pub use engine::{Completion, Engine, EngineConfig, Event, Request, RequestId};
+pub use engine::{Completion, Engine, EngineConfig, Event, ForwardCounts, Request, RequestId};
 pub use model::{BlockDiffusionModel, BlockRow, PrefillRow};
 pub use params::DecodeParams;
 pub use sampling::{sample_row, Candidate, SamplingParams};

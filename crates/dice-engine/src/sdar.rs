@@ -13,17 +13,28 @@ pub struct SdarDecoder {
 }
 
 impl SdarDecoder {
-    /// Loads a checkpoint directory for decoding with blocks of `block_length` tokens. The
-    /// block length fixes the attention pattern of prefill and decoding (spec §3.2 uses the
-    /// decoding block length for the prefill mask), so it replaces `block_size` of the config.
+    /// Loads a checkpoint directory for decoding with blocks of `block_length` tokens.
     pub fn load(dir: &Path, dtype: DType, device: &Device, block_length: usize) -> Result<Self> {
-        ensure!(block_length > 0, "block length must be at least 1");
-        let mut config = SdarConfig::from_path(dir)?;
-        config.block_size = block_length;
+        let config = decoding_config(&SdarConfig::from_path(dir)?, block_length)?;
         let vb = checkpoint::mmaped_var_builder(dir, &config, dtype, device)?;
         let model = Sdar::new(&config, vb)
             .with_context(|| format!("cannot build the model from {}", dir.display()))?;
         Ok(SdarDecoder { model })
+    }
+
+    /// A model of `config`'s shapes with random weights ([`Sdar::random`]), for decoding with
+    /// blocks of `block_length` tokens: for throughput benchmarks, where the weights' values
+    /// do not matter.
+    pub fn random(
+        config: &SdarConfig,
+        dtype: DType,
+        device: &Device,
+        block_length: usize,
+    ) -> Result<Self> {
+        let config = decoding_config(config, block_length)?;
+        Ok(SdarDecoder {
+            model: Sdar::random(&config, dtype, device)?,
+        })
     }
 
     pub fn model(&self) -> &Sdar {
@@ -43,6 +54,16 @@ impl SdarDecoder {
             self.model.device(),
         )?)
     }
+}
+
+/// The block length fixes the attention pattern of prefill and decoding (spec §3.2 uses the
+/// decoding block length for the prefill mask), so it replaces `block_size` of the config.
+fn decoding_config(config: &SdarConfig, block_length: usize) -> Result<SdarConfig> {
+    ensure!(block_length > 0, "block length must be at least 1");
+    Ok(SdarConfig {
+        block_size: block_length,
+        ..config.clone()
+    })
 }
 
 impl BlockDiffusionModel for SdarDecoder {

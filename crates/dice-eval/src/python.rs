@@ -118,7 +118,13 @@ pub fn locate(explicit: Option<&Path>) -> Result<PathBuf> {
 fn worker_path(python: &Path) -> String {
     let inherited = std::env::var("PATH").unwrap_or_default();
     match python.parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(bin) => format!("{}:{inherited}", bin.display()),
+        // Resolved, because inside the sandbox only the Python installation itself is mounted:
+        // a path through other folders (the workspace venv's `crates/dice-eval/../..`) would
+        // not resolve there, and torch would not find ninja.
+        Some(bin) => {
+            let bin = bin.canonicalize().unwrap_or_else(|_| bin.to_path_buf());
+            format!("{}:{inherited}", bin.display())
+        }
         None => inherited,
     }
 }

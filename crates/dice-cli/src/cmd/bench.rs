@@ -36,6 +36,20 @@ the last step's wall time and the peak device memory, beside the bound (--bound-
 
 Example (H200): dice bench train --config sdar-1.7b.json --device cuda --tokens 4096")]
     Train(TrainBenchArgs),
+    /// Decoding throughput and peak memory of the engine on a random-weight model.
+    #[command(after_help = "\
+Builds a model of CONFIG's real shapes with random weights, then for each batch size: an engine
+of that many slots generates NEW_TOKENS greedy tokens (no stop ids) after PROMPT_TOKENS
+pseudo-random prompt tokens for every sequence at once, after one untimed one-block warm-up.
+Prints tokens/s (generated tokens / wall time), the forwards the engine ran (prefill included),
+ms per forward and peak memory; for the 4B (2560 wide, 36 layers) and 8B (4096 wide, 36 layers)
+shapes at the reference settings (the defaults, bf16), also the reference implementations'
+figures and whether the targets are met: batch 1 at most twice the weight-read time per forward
+(4B <= 4.2 ms, 8B <= 7.6 ms), 4B batch 128 >= 7400 tokens/s (twice JetEngine's).
+
+Example (H200):
+  dice bench generate --config sdar-4b.json --device cuda --batch 1,128")]
+    Generate(super::bench_generate::GenerateBenchArgs),
 }
 
 #[derive(Args)]
@@ -91,6 +105,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Model(args) => model(args),
         BenchCommand::Golden(args) => super::golden::run(args),
         BenchCommand::Train(args) => train(args),
+        BenchCommand::Generate(args) => super::bench_generate::run(args),
     }
 }
 
@@ -288,7 +303,7 @@ fn train(args: TrainBenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn gib(bytes: u64) -> String {
+pub(super) fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_generate;
 pub mod eval;
 pub mod generate;
 pub mod golden;
