@@ -309,8 +309,11 @@ fn a_pointer_cache_is_caught_by_the_timing_outputs() {
     let records = evaluate(run.path(), vec![cache], 30);
     let r = &records[0];
     assert_ne!(r.verdict, Verdict::Correct, "{r:?}");
+    // Usually the timing outputs expose it; when the allocator happens to hand a later
+    // correctness trial an address seen before, that trial already does.
     assert!(
-        r.flags.iter().any(|f| f == "timing_output_mismatch"),
+        r.flags.iter().any(|f| f == "timing_output_mismatch")
+            || r.verdict == Verdict::OutputMismatch,
         "{r:?}"
     );
 }
