@@ -52,15 +52,38 @@ Example (H200):
     Generate(super::bench_generate::GenerateBenchArgs),
 }
 
+/// The model every benchmark builds: a real config's shapes with random weights.
 #[derive(Args)]
-pub struct TrainBenchArgs {
-    /// A model config.json; weights are random.
+pub struct RandomModelArgs {
+    /// A model config.json (e.g. ../shared/sdar/configs/sdar-4b.json); weights are random.
     #[arg(long)]
     pub config: PathBuf,
+    /// Where to run (cuda needs a binary built with `--features cuda`).
     #[arg(long, value_enum, default_value = "cpu")]
     pub device: DeviceKind,
+    /// Weight and activation dtype.
     #[arg(long, value_enum, default_value = "bf16")]
     pub dtype: DTypeArg,
+}
+
+impl RandomModelArgs {
+    pub fn resolve(&self) -> Result<(SdarConfig, Device, DType)> {
+        Ok((
+            SdarConfig::from_path(&self.config)?,
+            self.device.device()?,
+            self.dtype.dtype(),
+        ))
+    }
+
+    pub fn config_name(&self) -> String {
+        self.config.display().to_string()
+    }
+}
+
+#[derive(Args)]
+pub struct TrainBenchArgs {
+    #[command(flatten)]
+    pub model: RandomModelArgs,
     /// Tokens of the packed row (the step sees twice as many positions).
     #[arg(long, default_value_t = 4096)]
     pub tokens: usize,
@@ -77,15 +100,8 @@ pub struct TrainBenchArgs {
 
 #[derive(Args)]
 pub struct ModelBenchArgs {
-    /// A model config.json (e.g. ../shared/sdar/configs/sdar-4b.json); weights are random.
-    #[arg(long)]
-    pub config: PathBuf,
-    /// Where to run (cuda needs a binary built with `--features cuda`).
-    #[arg(long, value_enum, default_value = "cpu")]
-    pub device: DeviceKind,
-    /// Weight and activation dtype.
-    #[arg(long, value_enum, default_value = "bf16")]
-    pub dtype: DTypeArg,
+    #[command(flatten)]
+    pub model: RandomModelArgs,
     /// Batch sizes to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,32")]
     pub batch: Vec<usize>,
@@ -132,9 +148,7 @@ struct BatchBench {
 }
 
 fn model(args: ModelBenchArgs) -> Result<()> {
-    let config = SdarConfig::from_path(&args.config)?;
-    let device = args.device.device()?;
-    let dtype = args.dtype.dtype();
+    let (config, device, dtype) = args.model.resolve()?;
     let start = Instant::now();
     let model = Sdar::random(&config, dtype, &device)?;
     device.synchronize()?;
@@ -145,7 +159,7 @@ fn model(args: ModelBenchArgs) -> Result<()> {
         rows.push(measure_batch(&model, batch, args.context, args.iters)?);
     }
     let result = ModelBench {
-        config: args.config.display().to_string(),
+        config: args.model.config_name(),
         device: format!("{:?}", device.location()),
         dtype: format!("{dtype:?}"),
         parameters: model.num_parameters(),
@@ -263,13 +277,11 @@ struct TrainBench {
 }
 
 fn train(args: TrainBenchArgs) -> Result<()> {
-    let config = SdarConfig::from_path(&args.config)?;
-    let device = args.device.device()?;
-    let dtype = args.dtype.dtype();
+    let (config, device, dtype) = args.model.resolve()?;
     let peak = PeakMemory::start(&device)?;
     let step = dice_model::bench::time_sft_step(&config, dtype, &device, args.tokens, args.steps)?;
     let result = TrainBench {
-        config: args.config.display().to_string(),
+        config: args.model.config_name(),
         dtype: format!("{dtype:?}"),
         tokens: args.tokens,
         positions: step.positions,
@@ -305,25 +317,4 @@ fn train(args: TrainBenchArgs) -> Result<()> {
 
 pub(super) fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
-}
-
-impl DeviceKind {
-    pub fn device(self) -> Result<Device> {
-        match self {
-            DeviceKind::Cpu => Ok(Device::Cpu),
-            DeviceKind::Cuda => Device::new_cuda(0).context(
-                "cannot use CUDA device 0 (is this binary built with `--features cuda` and is a GPU visible?)",
-            ),
-        }
-    }
-}
-
-impl DTypeArg {
-    pub fn dtype(self) -> DType {
-        match self {
-            DTypeArg::F32 => DType::F32,
-            DTypeArg::Bf16 => DType::BF16,
-            DTypeArg::Fp16 => DType::F16,
-        }
-    }
 }

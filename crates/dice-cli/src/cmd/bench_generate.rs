@@ -1,8 +1,8 @@
 //! `dice bench generate`: decoding throughput of the engine on a random-weight model, beside
 //! the reference implementations' figures and the targets set against them.
 
-use super::bench::gib;
-use super::generate::{DTypeArg, DecodeArgs, DeviceKind};
+use super::bench::{gib, RandomModelArgs};
+use super::generate::DecodeArgs;
 use anyhow::{ensure, Context, Result};
 use candle_core::DType;
 use clap::Args;
@@ -17,15 +17,8 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct GenerateBenchArgs {
-    /// A model config.json (e.g. ../shared/sdar/configs/sdar-4b.json); weights are random.
-    #[arg(long)]
-    pub config: PathBuf,
-    /// Where to run (cuda needs a binary built with `--features cuda`).
-    #[arg(long, value_enum, default_value = "cpu")]
-    pub device: DeviceKind,
-    /// Weight and activation dtype.
-    #[arg(long, value_enum, default_value = "bf16")]
-    pub dtype: DTypeArg,
+    #[command(flatten)]
+    pub model: RandomModelArgs,
     /// Batch sizes to measure (sequences decoded at once), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,128")]
     pub batch: Vec<usize>,
@@ -173,9 +166,7 @@ pub fn run(args: GenerateBenchArgs) -> Result<()> {
         !args.batch.is_empty() && args.batch.iter().all(|&b| b > 0),
         "--batch needs batch sizes of at least 1"
     );
-    let config = SdarConfig::from_path(&args.config)?;
-    let device = args.device.device()?;
-    let dtype = args.dtype.dtype();
+    let (config, device, dtype) = args.model.resolve()?;
     let params = decode_params(&args)?;
     let start = Instant::now();
     let mut model = SdarDecoder::random(&config, dtype, &device, args.block_length)?;
@@ -198,7 +189,7 @@ pub fn run(args: GenerateBenchArgs) -> Result<()> {
         rows.push(row);
     }
     let result = GenerateBench {
-        config: args.config.display().to_string(),
+        config: args.model.config_name(),
         model: size,
         device: format!("{:?}", device.location()),
         dtype: format!("{dtype:?}"),

@@ -119,6 +119,27 @@ pub enum DTypeArg {
     Fp16,
 }
 
+impl DeviceKind {
+    pub fn device(self) -> Result<Device> {
+        match self {
+            DeviceKind::Cpu => Ok(Device::Cpu),
+            DeviceKind::Cuda => Device::new_cuda(0).context(
+                "cannot use CUDA device 0 (is this binary built with `--features cuda` and is a GPU visible?)",
+            ),
+        }
+    }
+}
+
+impl DTypeArg {
+    pub fn dtype(self) -> DType {
+        match self {
+            DTypeArg::F32 => DType::F32,
+            DTypeArg::Bf16 => DType::BF16,
+            DTypeArg::Fp16 => DType::F16,
+        }
+    }
+}
+
 /// Where the model runs.
 #[derive(Args, Clone, Debug)]
 pub struct RuntimeArgs {
@@ -136,18 +157,8 @@ pub struct RuntimeArgs {
 impl RuntimeArgs {
     /// The model of `dir` set up for `block_length`, with its tokenizer and chat template.
     pub fn load(&self, dir: &Path, block_length: usize) -> Result<(SdarDecoder, TextCodec)> {
-        let device = match self.device {
-            DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Cuda => Device::new_cuda(0).context(
-                "cannot use CUDA device 0 (is this binary built with `--features cuda` and is a GPU visible?)",
-            )?,
-        };
-        let dtype = match self.dtype {
-            DTypeArg::F32 => DType::F32,
-            DTypeArg::Bf16 => DType::BF16,
-            DTypeArg::Fp16 => DType::F16,
-        };
-        let model = SdarDecoder::load(dir, dtype, &device, block_length)
+        let device = self.device.device()?;
+        let model = SdarDecoder::load(dir, self.dtype.dtype(), &device, block_length)
             .with_context(|| format!("cannot load the model in {}", dir.display()))?;
         let codec = TextCodec::from_dir(dir)?;
         Ok((model, codec))
