@@ -2,7 +2,7 @@
 
 use crate::sampling::SamplingParams;
 use crate::strategy::{Overflow, Strategy};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -38,6 +38,36 @@ impl DecodeParams {
             seed: 0,
             overflow: Overflow::Clamp,
         }
+    }
+
+    /// The settings of one generation case of the reference's golden `cases.json` (keys
+    /// `block_length`, `denoising_steps`, `remasking_strategy`, `confidence_threshold`,
+    /// `temperature`, `top_k`, `top_p`, `gen_length`): no stop ids, and the reference's own
+    /// overflow rule, which its block-8 case reaches (2 transfers asked for, 1 mask left).
+    pub fn from_reference_case(case: &serde_json::Value) -> Result<Self> {
+        let number = |key: &str| -> Result<f64> {
+            case[key]
+                .as_f64()
+                .with_context(|| format!("generation case has no number `{key}`"))
+        };
+        let strategy_name = case["remasking_strategy"]
+            .as_str()
+            .context("generation case has no `remasking_strategy`")?;
+        Ok(DecodeParams {
+            block_length: number("block_length")? as usize,
+            steps: number("denoising_steps")? as usize,
+            strategy: Strategy::from_name(strategy_name, number("confidence_threshold")? as f32)?,
+            sampling: SamplingParams {
+                temperature: number("temperature")? as f32,
+                top_k: number("top_k")? as usize,
+                top_p: number("top_p")? as f32,
+            },
+            max_new_tokens: number("gen_length")? as usize,
+            exact_max: false,
+            stop_ids: Vec::new(),
+            seed: 0,
+            overflow: Overflow::Reference,
+        })
     }
 
     pub fn validate(&self) -> Result<()> {

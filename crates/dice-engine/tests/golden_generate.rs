@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device};
 use dice_engine::{
-    DecodeParams, Engine, EngineConfig, Overflow, Request, SamplingParams, SdarDecoder, Strategy,
+    DecodeParams, Engine, EngineConfig, Request, SamplingParams, SdarDecoder, Strategy,
 };
 use serde_json::Value;
 use std::path::PathBuf;
@@ -40,26 +40,8 @@ fn engine(block_length: usize, max_batch: usize) -> Engine<SdarDecoder> {
     Engine::new(model, config).unwrap()
 }
 
-/// The reference's settings of one case. Its block-8 case reaches the schedule overflow of
-/// the reference (2 transfers asked for with 1 mask left), so the reference rule is used.
 fn params_of(case: &Value) -> DecodeParams {
-    let threshold = case["confidence_threshold"].as_f64().unwrap() as f32;
-    DecodeParams {
-        block_length: case["block_length"].as_u64().unwrap() as usize,
-        steps: case["denoising_steps"].as_u64().unwrap() as usize,
-        strategy: Strategy::from_name(case["remasking_strategy"].as_str().unwrap(), threshold)
-            .unwrap(),
-        sampling: SamplingParams {
-            temperature: case["temperature"].as_f64().unwrap() as f32,
-            top_k: case["top_k"].as_u64().unwrap() as usize,
-            top_p: case["top_p"].as_f64().unwrap() as f32,
-        },
-        max_new_tokens: case["gen_length"].as_u64().unwrap() as usize,
-        exact_max: false,
-        stop_ids: Vec::new(),
-        seed: 0,
-        overflow: Overflow::Reference,
-    }
+    DecodeParams::from_reference_case(case).unwrap()
 }
 
 #[test]

@@ -10,9 +10,7 @@ use super::generate::{DTypeArg, DeviceKind};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
-use dice_engine::{
-    DecodeParams, Engine, EngineConfig, Overflow, Request, SamplingParams, SdarDecoder, Strategy,
-};
+use dice_engine::{DecodeParams, Engine, EngineConfig, Request, SdarDecoder};
 use dice_model::{KvCache, PackedRow, Sdar, TwoStreamBatch};
 use serde::Serialize;
 use serde_json::Value;
@@ -308,31 +306,8 @@ fn generation_case(
     let name = case["name"].as_str().unwrap_or("unnamed").to_string();
     let prompt = u32s(&case["prompt_ids"], "generate.prompt_ids")?;
     let expected = u32s(&case["output_ids"], "generate.output_ids")?;
-    let number = |key: &str| -> Result<f64> {
-        case[key]
-            .as_f64()
-            .with_context(|| format!("cases.json generate case {name}: no `{key}`"))
-    };
-    let strategy = Strategy::from_name(
-        case["remasking_strategy"].as_str().unwrap_or_default(),
-        number("confidence_threshold")? as f32,
-    )?;
-    let params = DecodeParams {
-        block_length: number("block_length")? as usize,
-        steps: number("denoising_steps")? as usize,
-        strategy,
-        sampling: SamplingParams {
-            temperature: number("temperature")? as f32,
-            top_k: number("top_k")? as usize,
-            top_p: number("top_p")? as f32,
-        },
-        max_new_tokens: number("gen_length")? as usize,
-        exact_max: false,
-        stop_ids: Vec::new(),
-        seed: 0,
-        // The reference's own behaviour when the schedule asks for more tokens than are masked.
-        overflow: Overflow::Reference,
-    };
+    let params = DecodeParams::from_reference_case(case)
+        .with_context(|| format!("cases.json generate case {name}"))?;
     let decoder = SdarDecoder::load(dir, dtype, device, params.block_length)?;
     let mut engine = Engine::new(
         decoder,
