@@ -1,38 +1,83 @@
 #!/usr/bin/env bash
-# The evaluator's GPU evidence (issue: evaluator), run on the H200 machine from the repository
-# root with the CUDA build of dice and the inputs under $DATA:
-#   $DATA/dice                   scripts/build-cuda.sh's binary
-#   $DATA/kb/level{1,2,3}        KernelBench problems (shared/kernelbench)
-#   $DATA/pairs.json             shared/dice/kernel_infilling_evaluation.json (99 pairs)
-#   $DATA/pairs32.json           its first 32 pairs: the fixed throughput subset
-#   $DATA/identity.jsonl         identity candidates (Model renamed ModelNew, word-bounded) for
-#                                the first 20 problems of levels 1-3 whose inputs fit in 8 GB
-# Each step is timed; runs resume, so the script can be re-run to finish what a time limit cut.
+# The evaluator's GPU evidence (issues: evaluator, hardening), run on the H200 machine from the
+# repository root:   DATA=.carry/dev bash bench/eval/run-h200.sh STEP...
+# with, under $DATA (an ignored folder carried to the machine; nothing of it is committed):
+#   dice.xz                      `cargo build --release -p dice-cli` (stripped, xz): evaluation
+#                                needs no CUDA build of dice, only torch on the machine
+#   adversarial_eval.xz          `cargo test --release -p dice-cli --test adversarial_eval --no-run`
+#   kb/level{1,2,3}              KernelBench problems (shared/kernelbench)
+#   pairs.json                   shared/dice/kernel_infilling_evaluation.json (99 pairs)
+#   pairs32.json                 its first 32 pairs: the fixed throughput subset
+#   identity.jsonl               identity candidates (Model renamed ModelNew, word-bounded) for the
+#                                first 20 problems of levels 1-3 whose inputs fit in 8 GB
+# Steps: c-cold (32 pairs, empty build cache), c-warm (the same 32 in a new run, cache filled),
+# a-pairs (all 99), b-identity, adversarial (the GPU programs of tests/adversarial through the
+# real test binary). Runs resume, so a step cut by BUDGET_S is finished by running it again.
 set -uo pipefail
-DATA=${DATA:?} OUT=${OUT:?}
+DATA=$(realpath "${DATA:?}") OUT=${OUT:?}
+start=$(date +%s)
+budget=${BUDGET_S:-580}
 export DICE_PYTHON=$(command -v python3)
 export LD_LIBRARY_PATH=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')
-# Runs live outside $OUT (emptied by the next call) and are packed into $OUT after every step,
-# so a step cut by a time limit still brings back what it finished.
-runs=/tmp/dice-runs cache=/tmp/dice-build-cache
-mkdir -p "$runs"
-step() { # name, seconds, dice args...
-  local name=$1 limit=$2; shift 2
-  local t0=$(date +%s%N)
-  timeout "$limit" "$DATA/dice" eval "$@" --run "$runs/$name" --device cuda --build-cache "$cache" --jobs 16 \
-    >"$runs/$name.log" 2>&1
-  local rc=$?
-  echo "$name rc=$rc wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
-  tail -2 "$runs/$name.log"
-  tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs
+runs=/tmp/dice-runs cache=/tmp/dice-build-cache bin=/tmp/dice-bin
+mkdir -p "$runs" "$bin"
+[[ -d $DATA/runs ]] && cp -a "$DATA/runs/." "$runs/"   # earlier calls' stores, to resume
+unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2" && chmod +x "$2"; }
+unxz "$DATA/dice.xz" "$bin/dice"
+left() { echo $(( budget - ($(date +%s) - start) )); }
+pack() { tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs; }
+stages() { # where the run stage's time went: seconds per stage over the run's samples
+  python3 - "$1/dice.db" <<'PY'
+import json, sqlite3, statistics, sys
+rows = sqlite3.connect(sys.argv[1]).execute("SELECT verdict, wall_s, stages FROM samples").fetchall()
+per = {}
+for _, _, s in rows:
+    for k, v in json.loads(s or "{}").items():
+        per.setdefault(k, []).append(v)
+verdicts = {}
+for v, _, _ in rows:
+    verdicts[v] = verdicts.get(v, 0) + 1
+print(f"  samples {len(rows)} {verdicts}")
+for k, v in per.items():
+    print(f"  stage {k:22s} n={len(v):3d} median {statistics.median(v):7.3f} s  sum {sum(v):8.1f} s")
+PY
 }
-python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))' | tee "$OUT/steps.txt"
-step c-cold 200 --pairs "$DATA/pairs32.json"
-step c-warm 120 --pairs "$DATA/pairs32.json"
-step b-identity 200 "$DATA/identity.jsonl" --kernelbench "$DATA/kb"
-step a-pairs "${A_LIMIT:-150}" --pairs "$DATA/pairs.json"
-for r in c-cold c-warm b-identity a-pairs; do
-  "$DATA/dice" report "$runs/$r" --format json >"$runs/$r.json" 2>>"$OUT/steps.txt"
-  "$DATA/dice" report "$runs/$r" --format md >"$runs/$r.md" 2>>"$OUT/steps.txt"
+step() { # name, cap seconds, dice eval args...
+  local name=$1 cap=$2; shift 2
+  local limit=$(( $(left) < cap ? $(left) : cap ))
+  (( limit > 10 )) || { echo "$name skipped: no time left" | tee -a "$OUT/steps.txt"; return; }
+  local t0=$(date +%s%N)
+  timeout "$limit" "$bin/dice" eval "$@" --run "$runs/$name" --device cuda --build-cache "$cache" \
+    --jobs 16 >"$runs/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc limit=${limit}s wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
+  tail -3 "$runs/$name.log" | tee -a "$OUT/steps.txt"
+  "$bin/dice" report "$runs/$name" --format json >"$runs/$name.json" 2>>"$OUT/steps.txt"
+  "$bin/dice" report "$runs/$name" --format md >"$runs/$name.md" 2>>"$OUT/steps.txt"
+  stages "$runs/$name" | tee -a "$OUT/steps.txt"
+  pack
+}
+adversarial() {
+  # The test reads the repository and its binaries through the paths it was compiled with.
+  mkdir -p /work /tmp/shared && ln -sfn "$PWD" /work/main && ln -sfn "$DATA/kb" /tmp/shared/kernelbench
+  mkdir -p target/release && cp "$bin/dice" target/release/dice
+  unxz "$DATA/adversarial_eval.xz" "$bin/adversarial_eval"
+  local t0=$(date +%s%N)
+  (cd /work/main/crates/dice-cli && DICE_TEST_CUDA=1 DICE_SHARED=/tmp/shared timeout "$(left)" \
+    "$bin/adversarial_eval" --nocapture --test-threads 1 every_gpu_hack_is_caught_by_dice_eval) \
+    >"$OUT/adversarial-gpu.log" 2>&1
+  echo "adversarial rc=$? wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
+  tail -5 "$OUT/adversarial-gpu.log"
+}
+python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))' | tee -a "$OUT/steps.txt"
+nproc | sed 's/^/cores /' | tee -a "$OUT/steps.txt"
+for s in "$@"; do
+  case $s in
+    c-cold) rm -rf "$cache"; step c-cold 330 --pairs "$DATA/pairs32.json" ;;
+    c-warm) step c-warm 120 --pairs "$DATA/pairs32.json" ;;
+    a-pairs) step a-pairs 600 --pairs "$DATA/pairs.json" ;;
+    b-identity) step b-identity 300 "$DATA/identity.jsonl" --kernelbench "$DATA/kb" ;;
+    adversarial) adversarial ;;
+    *) echo "unknown step $s" >&2 ;;
+  esac
 done
-tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs

@@ -48,6 +48,7 @@ fn counts_the_forwards_of_the_static_schedule_per_batch() {
     assert_eq!(v["block_length"], block);
     assert_eq!(v["steps"], steps);
     assert_eq!(v["strategy"], "low_confidence_static");
+    assert_eq!(v["cuda_event_tracking"], false);
     assert!(v["model"].is_null());
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);

@@ -3,8 +3,10 @@
 //! forward. Unlike JetEngine's scheduler (spec §7.3) one forward serves both the store pass
 //! of clean blocks and the denoising of the others.
 
+use crate::greedy::{greedy_candidates, non_finite_logits};
 use crate::model::{BlockDiffusionModel, BlockRow, PrefillRow};
 use crate::params::DecodeParams;
+use crate::sampling::Candidate;
 use crate::sequence::{FinishReason, Phase, Sequence};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Tensor};
@@ -297,7 +299,12 @@ impl<M: BlockDiffusionModel> Engine<M> {
                 store: self.active[i].sequence.phase == Phase::Store,
             })
             .collect();
-        let denoised = rows.iter().filter(|r| !r.store).count();
+        let greedy: Vec<bool> = members
+            .iter()
+            .map(|&i| &self.active[i].sequence)
+            .filter(|s| s.phase == Phase::Denoise)
+            .map(|s| s.sampling().is_greedy())
+            .collect();
         let cache = self.cache.as_mut().expect("allocated");
         let logits = self
             .model
@@ -305,20 +312,25 @@ impl<M: BlockDiffusionModel> Engine<M> {
             .context("decoding forward failed")?;
         self.forwards.decode += 1;
         drop(rows);
-        let logits = match logits {
-            Some(logits) => self.host_logits(&logits, denoised, block_length)?,
-            None => Vec::new(),
-        };
         let vocab = self.model.vocab_size();
-        let mut rows_logits = logits.chunks_exact(block_length * vocab);
+        let outputs = match logits {
+            Some(logits) => RowOutputs::read(&logits, &greedy, block_length, vocab)?,
+            None => RowOutputs::default(),
+        };
+        let mut greedy_rows = outputs.greedy.chunks_exact(block_length);
+        let mut sampled_rows = outputs.sampled.chunks_exact(block_length * vocab);
         let mut finished = Vec::new();
         for &i in &members {
             let a = &mut self.active[i];
             if a.sequence.phase == Phase::Denoise {
-                let row = rows_logits
-                    .next()
-                    .context("the model returned too few logit rows")?;
-                a.sequence.denoise_step(row, vocab);
+                let too_few = "the model returned too few logit rows";
+                if a.sequence.sampling().is_greedy() {
+                    let row = greedy_rows.next().context(too_few)?;
+                    a.sequence.denoise_step(|p| row[p]);
+                } else {
+                    let row = sampled_rows.next().context(too_few)?;
+                    a.sequence.denoise_sampled(row, vocab);
+                }
                 continue;
             }
             let committed = a.sequence.commit_block();
@@ -351,26 +363,66 @@ impl<M: BlockDiffusionModel> Engine<M> {
         events.extend(completions.into_iter().rev());
         Ok(())
     }
+}
 
-    fn host_logits(&self, logits: &Tensor, rows: usize, block_length: usize) -> Result<Vec<f32>> {
-        let vocab = self.model.vocab_size();
+/// What the host needs of one decoding forward's logits, in row order within each kind: the
+/// candidates of the greedy rows (picked on the logits' device) and the f32 logits of the
+/// sampled rows.
+#[derive(Default)]
+struct RowOutputs {
+    greedy: Vec<Candidate>,
+    sampled: Vec<f32>,
+}
+
+impl RowOutputs {
+    /// `greedy[r]` tells whether row `r` of `logits` (`[rows, block, vocab]`) decodes greedily.
+    fn read(logits: &Tensor, greedy: &[bool], block_length: usize, vocab: usize) -> Result<Self> {
+        let rows = greedy.len();
         ensure!(
             logits.dims() == [rows, block_length, vocab],
             "the model returned logits of shape {:?}, expected [{rows}, {block_length}, {vocab}]",
             logits.dims()
         );
-        let logits = logits
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()
-            .context("cannot read the logits back")?;
-        // fp16 activations can overflow (spec Q7); decoding on NaN would be silent garbage.
-        ensure!(
-            logits.iter().all(|l| !l.is_nan() && *l != f32::INFINITY),
-            "the model produced NaN or infinite logits (an fp16 overflow?): use bf16 or f32"
-        );
-        Ok(logits)
+        let greedy_logits = select_rows(logits, greedy, true)?;
+        let sampled_logits = select_rows(logits, greedy, false)?;
+        Ok(RowOutputs {
+            greedy: match greedy_logits {
+                Some(l) => greedy_candidates(&l)?,
+                None => Vec::new(),
+            },
+            sampled: match sampled_logits {
+                Some(l) => host_logits(&l)?,
+                None => Vec::new(),
+            },
+        })
     }
+}
+
+/// The rows `r` of `logits` with `greedy[r] == wanted`, or `None` when there is none.
+fn select_rows(logits: &Tensor, greedy: &[bool], wanted: bool) -> Result<Option<Tensor>> {
+    let rows: Vec<u32> = (0..greedy.len() as u32)
+        .filter(|&r| greedy[r as usize] == wanted)
+        .collect();
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    if rows.len() == greedy.len() {
+        return Ok(Some(logits.clone()));
+    }
+    let index = Tensor::new(rows.as_slice(), logits.device())?;
+    Ok(Some(logits.index_select(&index, 0)?))
+}
+
+fn host_logits(logits: &Tensor) -> Result<Vec<f32>> {
+    let logits = logits
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()
+        .context("cannot read the logits back")?;
+    if logits.iter().any(|l| l.is_nan() || *l == f32::INFINITY) {
+        return Err(non_finite_logits());
+    }
+    Ok(logits)
 }
 
 #[cfg(test)]

@@ -73,6 +73,34 @@ fn batched_generation_equals_generating_alone() {
 }
 
 #[test]
+fn greedy_and_sampled_rows_of_one_forward_equal_generating_alone() {
+    // Greedy rows take their candidates on the logits' device, sampled rows on the host.
+    let requests: Vec<Request> = (0..4)
+        .map(|i| {
+            let params = if i % 2 == 0 {
+                DecodeParams::dice_eval(13)
+            } else {
+                sampled(i)
+            };
+            request(prompt(i as u32, 6 + i as usize), &params)
+        })
+        .collect();
+    let alone: Vec<Completion> = requests
+        .iter()
+        .map(|r| engine(1).generate(vec![r.clone()]).unwrap().remove(0))
+        .collect();
+    let mut together = engine(4);
+    let batched = together.generate(requests).unwrap();
+    for (a, b) in alone.iter().zip(&batched) {
+        assert_eq!((&a.token_ids, &a.trace), (&b.token_ids, &b.trace));
+    }
+    let calls = together.model().calls.borrow();
+    assert!(calls
+        .iter()
+        .any(|&(kind, rows)| kind == "forward" && rows == 4));
+}
+
+#[test]
 fn a_freed_slot_is_refilled_before_the_next_forward() {
     let mut e = engine(2);
     let short = DecodeParams::dice_eval(4);

@@ -8,6 +8,7 @@
 
 mod client;
 mod engine;
+mod greedy;
 mod model;
 mod params;
 mod sampling;
@@ -22,6 +23,7 @@ mod text;
 
 pub use client::{ApiAnswer, ApiClient, CompletionSettings};
 pub use engine::{Completion, Engine, EngineConfig, Event, ForwardCounts, Request, RequestId};
+pub use greedy::greedy_candidates;
 pub use model::{BlockDiffusionModel, BlockRow, PrefillRow};
 pub use params::DecodeParams;
 pub use sampling::{sample_row, Candidate, SamplingParams};

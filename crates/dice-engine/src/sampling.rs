@@ -28,6 +28,13 @@ impl SamplingParams {
         top_p: 1.0,
     };
 
+    /// Top-k 1 keeps only the highest logit, leaving temperature and top-p nothing to act on:
+    /// the engine picks such tokens on the logits' device ([`crate::greedy_candidates`]),
+    /// the lowest index among exact ties.
+    pub fn is_greedy(&self) -> bool {
+        self.top_k == 1
+    }
+
     pub fn validate(&self) -> Result<()> {
         if !(self.temperature > 0.0 && self.temperature.is_finite()) {
             bail!(
@@ -75,16 +82,7 @@ pub fn sample_row(
     let total: f32 = weights.iter().sum();
     let chosen = draw(&weights, total, u);
     let entropy = if with_entropy {
-        let filtered_out = (logits.len() - kept.len()) as f32;
-        let clamped_term = -ENTROPY_CLAMP * ENTROPY_CLAMP.ln();
-        weights
-            .iter()
-            .map(|w| {
-                let p = (w / total).max(ENTROPY_CLAMP);
-                -p * p.ln()
-            })
-            .sum::<f32>()
-            + filtered_out * clamped_term
+        entropy(&weights, total, logits.len() - kept.len())
     } else {
         0.0
     };
@@ -93,6 +91,33 @@ pub fn sample_row(
         prob: weights[chosen] / total,
         entropy,
     }
+}
+
+/// The candidate [`sample_row`] gives in greedy mode when `token` is the lowest of the `ties`
+/// positions holding the highest of `vocab` logits: top-k 1 keeps exactly those positions,
+/// each with weight `exp(0) = 1`, so probability and entropy follow from `ties` alone.
+pub(crate) fn greedy_candidate(token: u32, ties: usize, vocab: usize) -> Candidate {
+    let weights = vec![1.0f32; ties];
+    let total: f32 = weights.iter().sum();
+    Candidate {
+        token,
+        prob: weights[0] / total,
+        entropy: entropy(&weights, total, vocab - ties),
+    }
+}
+
+/// Entropy of the kept tokens' distribution (`weights / total`) as the reference takes it:
+/// every probability clamped, the `filtered_out` tokens counted at the clamp.
+fn entropy(weights: &[f32], total: f32, filtered_out: usize) -> f32 {
+    let clamped_term = -ENTROPY_CLAMP * ENTROPY_CLAMP.ln();
+    weights
+        .iter()
+        .map(|w| {
+            let p = (w / total).max(ENTROPY_CLAMP);
+            -p * p.ln()
+        })
+        .sum::<f32>()
+        + filtered_out as f32 * clamped_term
 }
 
 /// Indices (ascending) of the logits ≥ the k-th largest one; every index when `k` is 0 or

@@ -2,7 +2,7 @@
 //! counter and random stream (spec §4.1, §4.2, §4.6; JetEngine's `Sequence`, §7.2).
 
 use crate::params::DecodeParams;
-use crate::sampling::{sample_row, Candidate};
+use crate::sampling::{sample_row, Candidate, SamplingParams};
 use crate::schedule::transfer_schedule;
 use crate::strategy::{select_transfer, Scored};
 use rand::rngs::StdRng;
@@ -110,19 +110,36 @@ impl Sequence {
         self.block_step = 0;
     }
 
-    /// One denoising step from this block's logits (`block_length × vocab`, row-major).
-    pub fn denoise_step(&mut self, logits: &[f32], vocab: usize) {
+    pub fn sampling(&self) -> &SamplingParams {
+        &self.params.sampling
+    }
+
+    /// One denoising step from this block's logits (`block_length × vocab`, row-major, f32),
+    /// drawing every position's uniform number first (the order seeded outputs rely on).
+    pub fn denoise_sampled(&mut self, logits: &[f32], vocab: usize) {
+        let uniforms: Vec<f64> = (0..self.params.block_length)
+            .map(|_| self.rng.random::<f64>())
+            .collect();
+        let sampling = self.params.sampling;
+        let with_entropy = self.params.strategy.needs_entropy();
+        self.denoise_step(|i| {
+            sample_row(
+                &logits[i * vocab..(i + 1) * vocab],
+                &sampling,
+                uniforms[i],
+                with_entropy,
+            )
+        });
+    }
+
+    /// One denoising step; `candidate(i)` is the candidate of block position `i`. It is asked
+    /// for the masked positions and, with [`crate::Overflow::Reference`], for the unmasked
+    /// positions the step rewrites.
+    pub fn denoise_step(&mut self, candidate: impl Fn(usize) -> Candidate) {
         self.forwards += 1;
         let b = self.params.block_length;
-        let uniforms: Vec<f64> = (0..b).map(|_| self.rng.random::<f64>()).collect();
-        let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
-        let with_entropy = self.params.strategy.needs_entropy();
-        let sampling = self.params.sampling;
         let candidates: Vec<Option<Candidate>> = (0..b)
-            .map(|i| {
-                (self.block[i] == self.mask_token_id)
-                    .then(|| sample_row(row(i), &sampling, uniforms[i], with_entropy))
-            })
+            .map(|i| (self.block[i] == self.mask_token_id).then(|| candidate(i)))
             .collect();
         let scores: Vec<Option<Scored>> = candidates
             .iter()
@@ -150,7 +167,7 @@ impl Sequence {
                     }
                     c.token
                 }
-                None => sample_row(row(i), &sampling, uniforms[i], false).token,
+                None => candidate(i).token,
             };
             self.block[i] = token;
         }

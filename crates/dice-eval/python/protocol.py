@@ -212,10 +212,10 @@ def mutated(before, after):
     return changed
 
 
-def as_tensor_list(out):
-    """The tensors of a forward result (a tensor, or a tuple/list of tensors), moved to the CPU."""
+def as_tensor_list(out, device="cpu"):
+    """The tensors of a forward result (a tensor, or a tuple/list of tensors), on `device`."""
     if isinstance(out, torch.Tensor):
-        return [out.detach().cpu()]
+        return [out.detach().to(device)]
     if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
-        return [t.detach().cpu() for t in out]
+        return [t.detach().to(device) for t in out]
     raise TypeError(f"forward returned {type(out).__name__}, expected a tensor")

@@ -78,6 +78,17 @@ def build(channel, req):
     channel.send(event="done")
 
 
+def await_op(ops, name):
+    """Blocks until the evaluator sends `name`: device work waits for its turn (the evaluator
+    keeps the device free while another candidate is timed). False when the evaluator hung up."""
+    for op in ops:
+        if op["op"] == name:
+            return True
+        if op["op"] == "quit":
+            return False
+    return False
+
+
 def candidate(channel, req):
     setup = protocol.Setup(req)
     problem = protocol.load_module("dice_problem", req["problem_path"])
@@ -88,7 +99,16 @@ def candidate(channel, req):
     if not isinstance(model_class, type):
         channel.send(event="failed", verdict="load_error", message="the program defines no class ModelNew", phase="load")
         return
+    profiler = None
+    if setup.device.type == "cuda":
+        try:
+            profiler = profiling.Session(req["dir"])
+        except Exception as e:
+            channel.send(event="profile_unavailable", message=one_line(e))
     channel.send(event="loaded")
+    ops = channel.ops()
+    if not await_op(ops, "construct"):
+        return
     try:
         model = setup.build_model(problem, model_class)
     except BaseException as e:  # noqa: B036
@@ -97,12 +117,14 @@ def candidate(channel, req):
     channel.send(event="constructed")
     mutation_seen = False
     for trial, seed in enumerate(protocol.trial_seeds(req["trials"])):
+        if not await_op(ops, "trial"):
+            return
         try:
             inputs = setup.inputs(problem, seed)
             before = protocol.snapshot(inputs)
             call = lambda: setup.forward(model, inputs, seed)  # noqa: E731
-            if trial == 0 and setup.device.type == "cuda":
-                out = profiled(channel, setup, call, req["dir"])
+            if trial == 0 and profiler is not None:
+                out = profiled(channel, profiler, call)
             else:
                 out = call()
             outputs = protocol.as_tensor_list(out)
@@ -123,21 +145,15 @@ def candidate(channel, req):
         torch.save(outputs, path)
         channel.send(event="output", trial=trial, path=path)
     channel.send(event="trials_done")
-    serve_timing(channel, req["dir"], protocol.Timer(setup, problem, model))
+    serve_timing(channel, ops, req["dir"], protocol.Timer(setup, problem, model))
 
 
-def profiled(channel, setup, call, job_dir):
+def profiled(channel, profiler, call):
     """Runs one correctness trial under the CUDA profiler and reports the kernels it launched.
     A failure of the profiler itself is reported as such; one of the call is the candidate's."""
-    trace = os.path.join(job_dir, "profile.json")
-    try:
-        default = profiling.default_stream(setup.device, trace)
-    except Exception as e:
-        channel.send(event="profile_unavailable", message=one_line(e))
-        return call()
     result = []
     try:
-        _, kernels = profiling.launched(lambda: result.append(call()), trace)
+        default, kernels = profiler.launched(lambda: result.append(call()))
     except Exception as e:
         if not result:
             raise
@@ -147,8 +163,8 @@ def profiled(channel, setup, call, job_dir):
     return result[0]
 
 
-def serve_timing(channel, job_dir, timer):
-    for op in channel.ops():
+def serve_timing(channel, ops, job_dir, timer):
+    for op in ops:
         if op["op"] == "time":
             try:
                 ms = timer.run(op["n"])
@@ -172,9 +188,6 @@ def reference(channel, req):
             if not hasattr(problem, name):
                 raise AttributeError(f"the problem defines no {name}")
         model = setup.build_model(problem, problem.Model)
-        expected = [protocol.as_tensor_list(setup.run_trial(problem, model, s)) for s in protocol.trial_seeds(req["trials"])]
-        # Then the outputs of the timing input sets, judged after a candidate's timed calls.
-        expected += [protocol.as_tensor_list(setup.run_trial(problem, model, s)) for s in protocol.TIMING_SEEDS]
         timed = torch.compile(model) if req.get("baseline") == "torch_compile" else model
         timer = protocol.Timer(setup, problem, timed)
     except BaseException as e:  # noqa: B036
@@ -182,10 +195,15 @@ def reference(channel, req):
         channel.send(event="failed", verdict="reference_error", message=one_line(e), phase="reference")
         return
     channel.send(event="ready")
-    judge = Judge(expected, req["atol"], req["rtol"])
+    judge = Judge(Expected(setup, problem, model, req["trials"]), req["atol"], req["rtol"], setup.device)
     for op in channel.ops():
         if op["op"] == "judge":
-            channel.send(event="judged", **judge.check(op["trial"], op["path"]))
+            try:
+                judged = judge.check(op["trial"], op["path"])
+            except BaseException as e:  # noqa: B036
+                fail(channel, "reference_error", one_line(e), "reference")
+                return
+            channel.send(event="judged", **judged)
         elif op["op"] == "time":
             try:
                 ms = timer.run(op["n"])
@@ -197,11 +215,36 @@ def reference(channel, req):
             return
 
 
+class Expected:
+    """The reference's outputs: correctness trials, then the timing input sets (judged after a
+    candidate's timed calls), on the evaluation device. Computed when first needed, while the evaluator holds the device for
+    the trial that needs them, and always in this order (a stateful model sees the same calls)."""
+
+    def __init__(self, setup, problem, model, trials):
+        self.setup = setup
+        self.problem = problem
+        self.model = model
+        self.seeds = protocol.trial_seeds(trials) + list(protocol.TIMING_SEEDS)
+        self.outputs = []
+
+    def __getitem__(self, index):
+        while len(self.outputs) <= index:
+            seed = self.seeds[len(self.outputs)]
+            out = self.setup.run_trial(self.problem, self.model, seed)
+            # Kept on the device (host memory is the scarcer one with several evaluations in
+            # flight), as copies: a forward may return storage that its next call overwrites.
+            self.outputs.append([t.clone() for t in protocol.as_tensor_list(out, self.setup.device)])
+        return self.outputs[index]
+
+
 class Judge:
-    def __init__(self, expected, atol, rtol):
+    """Compares on the evaluation device: multi-GB outputs take seconds per trial on the CPU."""
+
+    def __init__(self, expected, atol, rtol, device):
         self.expected = expected
         self.atol = atol
         self.rtol = rtol
+        self.device = device
 
     def check(self, trial, path):
         expected = self.expected[trial]
@@ -232,6 +275,8 @@ class Judge:
         return dict(failure, max_abs=worst_abs, max_rel=worst_rel)
 
     def compare(self, ref, new):
+        ref = ref.to(self.device)
+        new = new.to(self.device)
         wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
         r = ref.to(wide)
         n = new.to(wide)

@@ -129,6 +129,11 @@ impl Child {
             ] {
                 env.insert(name.into(), path.to_string_lossy().into());
             }
+            // Sandbox users have no passwd entry: getpass.getuser() (torch.profiler uses it)
+            // would fail on getpwuid without these.
+            for name in ["USER", "LOGNAME"] {
+                env.insert(name.into(), "dice-sandbox".into());
+            }
         }
         let mut child = Child {
             pid: 0,

@@ -100,6 +100,8 @@ pub struct EvalConfig {
     pub compile_timeout: Duration,
     /// Parallel builds in the compile stage.
     pub jobs: usize,
+    /// Candidates in flight per device: their untimed stages overlap, timing is exclusive.
+    pub runs_per_device: usize,
     pub correctness_trials: u32,
     pub perf_trials: u32,
     /// Timed trials are split into this many rounds, alternating candidate and baseline.
@@ -126,6 +128,7 @@ impl EvalConfig {
             timeout: Duration::from_secs(120),
             compile_timeout: Duration::from_secs(900),
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            runs_per_device: 1,
             correctness_trials: 5,
             perf_trials: 100,
             timing_rounds: 10,

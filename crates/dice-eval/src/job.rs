@@ -84,6 +84,9 @@ pub struct Outcome {
     pub findings: Vec<Finding>,
     /// The kernels of the profiled correctness trial (CUDA).
     pub kernels: Option<KernelProfile>,
+    /// Seconds per run-stage step (reference start, import, construct, trials, gate wait,
+    /// timing, ...), in order: where the evaluator's time went.
+    pub stages: Vec<(String, f64)>,
 }
 
 impl Outcome {
@@ -109,6 +112,7 @@ impl Outcome {
             wall_s,
             findings: Vec::new(),
             kernels: None,
+            stages: Vec::new(),
         }
     }
 }

@@ -28,10 +28,12 @@
 mod child;
 pub mod config;
 mod excerpt;
+mod gate;
 mod job;
 pub mod pipeline;
 pub mod python;
 pub mod record;
+mod run_queue;
 pub mod runtime;
 mod sandbox;
 mod stage_build;

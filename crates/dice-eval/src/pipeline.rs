@@ -1,14 +1,17 @@
 //! The evaluator: compile stage on all cores, run stage on every device, one store writer.
 //!
 //! Threads: `jobs` builders share one fork server with CUDA hidden and feed the run queue in the
-//! order builds finish; one run worker per device (the CPU, or each visible GPU) with its own fork
-//! server takes candidates one at a time; a writer thread commits each finished sample in its own
-//! transaction and drives the progress bar.
+//! order builds finish; each device (the CPU, or each visible GPU) has one fork server and
+//! `runs_per_device` run slots, each with a candidate in flight and the reference process of its
+//! problem; their untimed stages overlap, while timing holds the device alone (gate.rs). A writer
+//! thread commits each finished sample in its own transaction and drives the progress bar.
 
 use crate::config::{Audit, Device, EvalConfig, EvalProblem, EvalSample};
+use crate::gate::{Access, DeviceGate};
 use crate::job::{Compiled, JobContext, Outcome};
 use crate::python::Runtime;
 use crate::record::{ProblemRecord, RunInfo, SampleRecord};
+use crate::run_queue::{ProblemKey, Producer, RunQueue};
 use crate::sandbox;
 use crate::stage_build::{self, Built};
 use crate::stage_run::{self, Reference, ReferenceFailed, RunError};
@@ -22,8 +25,7 @@ use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-
-type ProblemKey = (u32, u32);
+use std::time::Instant;
 
 /// What a run did, for the closing summary.
 #[derive(Clone, Debug, Default)]
@@ -142,7 +144,7 @@ pub fn evaluate(
         let bar = progress_bar(cfg.progress, shared.samples.len());
         std::thread::spawn(move || write_reports(store, &shared, report_rx, audit, bar))
     };
-    let (run_tx, run_rx) = mpsc::channel::<RunItem>();
+    let (run_queue, run_tx) = RunQueue::new();
     let mut to_build = Vec::new();
     for (i, s) in shared.samples.iter().enumerate() {
         if let Some(defect) = &shared.problems[&(s.level, s.problem_id)].defect {
@@ -156,23 +158,27 @@ pub fn evaluate(
                 let _ = report_tx.send(Report::Sample(i, Box::new(outcome)));
             }
             Some(code) if stage_build::may_build(code) => to_build.push(i),
-            Some(_) => {
-                let _ = run_tx.send(RunItem {
+            Some(_) => run_tx.push(
+                (s.level, s.problem_id),
+                RunItem {
                     sample: i,
                     compiled: Compiled::default(),
-                });
-            }
+                },
+            ),
         }
     }
     let builders = start_builders(&shared, to_build, run_tx, report_tx.clone());
-    let run_rx = Arc::new(Mutex::new(run_rx));
-    let runners: Vec<_> = run_workers
-        .into_iter()
-        .map(|gpu| {
-            let (shared, run_rx, report_tx) = (shared.clone(), run_rx.clone(), report_tx.clone());
-            std::thread::spawn(move || run_worker(&shared, gpu, &run_rx, &report_tx))
-        })
-        .collect();
+    let mut runners = Vec::new();
+    for gpu in run_workers {
+        let lane = Arc::new(Lane::new(&shared, gpu));
+        for _ in 0..shared.ctx.cfg.runs_per_device.max(1) {
+            let (shared, lane, queue) = (shared.clone(), lane.clone(), run_queue.clone());
+            let report_tx = report_tx.clone();
+            runners.push(std::thread::spawn(move || {
+                run_slot(&shared, &lane, &queue, &report_tx)
+            }));
+        }
+    }
     drop(report_tx);
     let mut failures = Vec::new();
     for b in builders {
@@ -181,7 +187,7 @@ pub fn evaluate(
         }
     }
     for r in runners {
-        if let Err(e) = r.join().expect("run worker panicked") {
+        if let Err(e) = r.join().expect("run slot panicked") {
             failures.push(e);
         }
     }
@@ -242,7 +248,7 @@ type Worker = std::thread::JoinHandle<Result<()>>;
 fn start_builders(
     shared: &Arc<Shared>,
     to_build: Vec<usize>,
-    run_tx: Sender<RunItem>,
+    run_tx: Producer<RunItem>,
     report_tx: Sender<Report>,
 ) -> Vec<Worker> {
     if to_build.is_empty() {
@@ -250,7 +256,9 @@ fn start_builders(
     }
     let threads = shared.ctx.cfg.jobs.clamp(1, to_build.len());
     let queue = Arc::new(Mutex::new(to_build.into_iter()));
-    let zygote: Arc<Mutex<Option<Arc<Zygote>>>> = Arc::default();
+    let mut env = shared.zygote_env.clone();
+    env.push(("CUDA_VISIBLE_DEVICES".to_string(), String::new()));
+    let zygote = Arc::new(ZygoteSlot::new(env, "zygote-build.log".to_string()));
     (0..threads)
         .map(|_| {
             let (shared, queue, zygote) = (shared.clone(), queue.clone(), zygote.clone());
@@ -260,19 +268,20 @@ fn start_builders(
                     let Some(i) = queue.lock().unwrap().next() else {
                         return Ok(());
                     };
-                    let z = build_zygote(&shared, &zygote)?;
+                    let z = zygote.get(&shared.rt)?;
                     let sample = &shared.samples[i];
                     let code = sample
                         .code
                         .as_deref()
                         .expect("only samples with code are built");
                     match stage_build::build(&shared.ctx, &z, sample, code)? {
-                        Built::Ready(compiled) => {
-                            let _ = run_tx.send(RunItem {
+                        Built::Ready(compiled) => run_tx.push(
+                            (sample.level, sample.problem_id),
+                            RunItem {
                                 sample: i,
                                 compiled,
-                            });
-                        }
+                            },
+                        ),
                         Built::Failed(outcome) => {
                             let _ = report_tx.send(Report::Sample(i, outcome));
                         }
@@ -283,37 +292,95 @@ fn start_builders(
         .collect()
 }
 
-/// The compile stage's fork server (CUDA hidden), started on first use and again if it died.
-fn build_zygote(shared: &Shared, slot: &Mutex<Option<Arc<Zygote>>>) -> Result<Arc<Zygote>> {
-    let mut slot = slot.lock().unwrap();
-    if let Some(z) = slot.as_ref().filter(|z| z.is_alive()) {
-        return Ok(z.clone());
-    }
-    let mut env = shared.zygote_env.clone();
-    env.push(("CUDA_VISIBLE_DEVICES".to_string(), String::new()));
-    let z = Arc::new(Zygote::start(&shared.rt, &env, "zygote-build.log")?);
-    *slot = Some(z.clone());
-    Ok(z)
+/// A fork server started on first use, and again once it died or was given up.
+struct ZygoteSlot {
+    env: Vec<(String, String)>,
+    log_name: String,
+    current: Mutex<Option<Arc<Zygote>>>,
 }
 
-fn run_worker(
+impl ZygoteSlot {
+    fn new(env: Vec<(String, String)>, log_name: String) -> Self {
+        ZygoteSlot {
+            env,
+            log_name,
+            current: Mutex::default(),
+        }
+    }
+
+    fn get(&self, rt: &Runtime) -> Result<Arc<Zygote>> {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(z) = current.as_ref().filter(|z| z.is_alive()) {
+            return Ok(z.clone());
+        }
+        let z = Arc::new(Zygote::start(rt, &self.env, &self.log_name)?);
+        *current = Some(z.clone());
+        Ok(z)
+    }
+
+    /// The next `get` starts a fresh fork server, unless another caller already replaced `z`.
+    fn discard(&self, z: &Arc<Zygote>) {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, z)) {
+            *current = None;
+        }
+    }
+}
+
+/// One device: the fork server its run slots share, and the gate that keeps timing exclusive.
+struct Lane {
+    zygote: ZygoteSlot,
+    gate: DeviceGate,
+}
+
+impl Lane {
+    fn new(shared: &Shared, gpu: Option<usize>) -> Self {
+        let mut env = shared.zygote_env.clone();
+        let log_name = match gpu {
+            Some(i) => {
+                env.push(("CUDA_VISIBLE_DEVICES".to_string(), i.to_string()));
+                format!("zygote-gpu{i}.log")
+            }
+            None => "zygote-cpu.log".to_string(),
+        };
+        Lane {
+            zygote: ZygoteSlot::new(env, log_name),
+            gate: DeviceGate::default(),
+        }
+    }
+}
+
+fn run_slot(
     shared: &Shared,
-    gpu: Option<usize>,
-    queue: &Mutex<Receiver<RunItem>>,
+    lane: &Lane,
+    queue: &RunQueue<RunItem>,
     reports: &Sender<Report>,
 ) -> Result<()> {
-    let mut worker = RunWorker::new(shared, gpu, reports);
-    loop {
-        let Ok(item) = queue.lock().unwrap().recv() else {
-            break;
-        };
+    let mut slot = RunSlot {
+        shared,
+        lane,
+        reports,
+        zygote: None,
+        reference: None,
+    };
+    while let Some(item) = queue.take(slot.reference.as_ref().map(|(key, _)| *key)) {
         let sample = &shared.samples[item.sample];
         // One retry with a fresh fork server when the evaluator itself failed.
-        let mut result = worker.run(sample, item.compiled.clone());
+        let mut result = slot.run(sample, item.compiled.clone(), false);
         if let Err(RunError::Evaluator(e)) = &result {
             tracing::warn!("{}: restarting the worker after: {e:#}", sample.origin);
-            worker.reset();
-            result = worker.run(sample, item.compiled);
+            slot.reset();
+            result = slot.run(sample, item.compiled.clone(), false);
+        }
+        // Device memory may have run out because of the others in flight: not the candidate's
+        // fault (nor the reference's) until it happens with the device to itself.
+        if shared.ctx.cfg.runs_per_device > 1 && out_of_device_memory(&result) {
+            tracing::info!(
+                "{}: out of device memory beside others; again alone",
+                sample.origin
+            );
+            slot.forget_failed_reference();
+            result = slot.run(sample, item.compiled, true);
         }
         match result {
             Ok(outcome) => {
@@ -327,62 +394,97 @@ fn run_worker(
             }
         }
     }
-    worker.reset();
+    slot.close_reference();
     Ok(())
 }
 
-/// One device's fork server and the reference process of the problem it is on.
-struct RunWorker<'a> {
+fn out_of_device_memory(result: &Result<Outcome, RunError>) -> bool {
+    let message = match result {
+        Ok(o) if matches!(o.verdict, Verdict::RuntimeError | Verdict::Crashed) => {
+            o.message.as_deref().unwrap_or_default()
+        }
+        Err(RunError::Reference(failed)) => &failed.0,
+        _ => return false,
+    };
+    [
+        "CUDA out of memory",
+        "CUBLAS_STATUS_ALLOC_FAILED",
+        "cudaErrorMemoryAllocation",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
+}
+
+/// One candidate in flight on a device, and the reference process of the problem it is on.
+struct RunSlot<'a> {
     shared: &'a Shared,
+    lane: &'a Lane,
     reports: &'a Sender<Report>,
-    env: Vec<(String, String)>,
-    log_name: String,
-    zygote: Option<Zygote>,
+    zygote: Option<Arc<Zygote>>,
     reference: Option<(ProblemKey, Result<Reference, ReferenceFailed>)>,
 }
 
-impl<'a> RunWorker<'a> {
-    fn new(shared: &'a Shared, gpu: Option<usize>, reports: &'a Sender<Report>) -> Self {
-        let mut env = shared.zygote_env.clone();
-        let log_name = match gpu {
-            Some(i) => {
-                env.push(("CUDA_VISIBLE_DEVICES".to_string(), i.to_string()));
-                format!("zygote-gpu{i}.log")
-            }
-            None => "zygote-cpu.log".to_string(),
-        };
-        RunWorker {
-            shared,
-            reports,
-            env,
-            log_name,
-            zygote: None,
-            reference: None,
-        }
-    }
-
-    fn reset(&mut self) {
+impl RunSlot<'_> {
+    fn close_reference(&mut self) {
         if let Some((_, Ok(r))) = self.reference.take() {
             r.close();
         }
-        self.zygote = None;
     }
 
-    fn run(&mut self, sample: &EvalSample, compiled: Compiled) -> Result<Outcome, RunError> {
-        if !self.zygote.as_ref().is_some_and(Zygote::is_alive) {
-            self.reset();
-            let z = Zygote::start(&self.shared.rt, &self.env, &self.log_name)
-                .map_err(RunError::Evaluator)?;
-            self.zygote = Some(z);
+    /// A reference that failed is started again by the next run of its problem.
+    fn forget_failed_reference(&mut self) {
+        if matches!(self.reference, Some((_, Err(_)))) {
+            self.reference = None;
         }
-        let zygote = self.zygote.as_ref().expect("started above");
+    }
+
+    /// Gives up the reference and the fork server (for every slot of the device).
+    fn reset(&mut self) {
+        self.close_reference();
+        if let Some(z) = self.zygote.take() {
+            self.lane.zygote.discard(&z);
+        }
+    }
+
+    /// Evaluates `sample`; with `exclusive`, nothing else runs on the device meanwhile.
+    fn run(
+        &mut self,
+        sample: &EvalSample,
+        compiled: Compiled,
+        exclusive: bool,
+    ) -> Result<Outcome, RunError> {
+        let ctx = &self.shared.ctx;
+        let zygote = self
+            .lane
+            .zygote
+            .get(&self.shared.rt)
+            .map_err(RunError::Evaluator)?;
+        if !self
+            .zygote
+            .as_ref()
+            .is_some_and(|z| Arc::ptr_eq(z, &zygote))
+        {
+            // The reference was forked by a fork server that is gone.
+            self.close_reference();
+            self.zygote = Some(zygote.clone());
+        }
         let key = (sample.level, sample.problem_id);
         let problem = &self.shared.problems[&key];
+        let code = sample
+            .code
+            .as_deref()
+            .expect("only samples with code are run");
+        let access = Access::new(&self.lane.gate, exclusive);
+        // The candidate starts (fork, CUDA, import, extension load) while the reference does.
+        let candidate = stage_run::spawn_candidate(ctx, &zygote, problem, code)?;
+        let mut reference_s = None;
         if self.reference.as_ref().is_none_or(|(k, _)| *k != key) {
-            if let Some((_, Ok(old))) = self.reference.take() {
-                old.close();
-            }
-            let started = match Reference::start(&self.shared.ctx, zygote, problem) {
+            self.close_reference();
+            let started = Instant::now();
+            let step = access.untimed();
+            let started_reference = Reference::start(ctx, &zygote, problem);
+            drop(step);
+            let result = match started_reference {
                 Ok(r) => {
                     let _ = self.reports.send(Report::ReferenceOk(key));
                     Ok(r)
@@ -390,26 +492,25 @@ impl<'a> RunWorker<'a> {
                 Err(RunError::Reference(failed)) => Err(failed),
                 Err(e) => return Err(e),
             };
-            self.reference = Some((key, started));
+            reference_s = Some(started.elapsed().as_secs_f64());
+            self.reference = Some((key, result));
         }
         let reference = match &mut self.reference {
             Some((_, Ok(r))) => r,
             Some((_, Err(failed))) => return Err(RunError::Reference(failed.clone())),
             None => unreachable!("set above"),
         };
-        let code = sample
-            .code
-            .as_deref()
-            .expect("only samples with code are run");
-        let result =
-            stage_run::run_candidate(&self.shared.ctx, zygote, reference, problem, code, compiled);
+        let result = stage_run::run_candidate(ctx, &access, reference, candidate, compiled);
         if let Err(RunError::Reference(failed)) = &result {
-            if let Some((_, Ok(old))) = self.reference.take() {
-                old.close();
-            }
+            self.close_reference();
             self.reference = Some((key, Err(failed.clone())));
         }
-        result
+        result.map(|mut outcome| {
+            if let Some(s) = reference_s {
+                outcome.stages.insert(0, ("reference".to_string(), s));
+            }
+            outcome
+        })
     }
 }
 
@@ -526,6 +627,7 @@ fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) 
         baseline_wall_ms: o.baseline_wall_ms,
         builds: o.builds,
         kernels: o.kernels,
+        stages: o.stages,
     };
     (record, extras)
 }

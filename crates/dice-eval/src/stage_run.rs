@@ -4,6 +4,7 @@
 
 use crate::child::{Child, Deadline, Event};
 use crate::config::EvalProblem;
+use crate::gate::Access;
 use crate::job::{build_record, Compiled, JobContext, Outcome};
 use crate::runtime::{self, Finding, KernelProfile};
 use crate::stats::timing_stats;
@@ -229,20 +230,21 @@ struct Evidence {
     kernels: Option<KernelProfile>,
 }
 
-/// Runs one candidate against `reference`, after its compile stage, as the next sandbox user.
-pub fn run_candidate(
+/// A candidate process started for a problem, before its reference is ready.
+pub struct CandidateRun {
+    child: Child,
+    custom_names: Vec<String>,
+    clock: StageClock,
+}
+
+/// Starts the candidate process, as the next sandbox user, after its compile stage.
+pub fn spawn_candidate(
     ctx: &JobContext,
     zygote: &Zygote,
-    reference: &mut Reference,
     problem: &EvalProblem,
     code: &[u8],
-    compiled: Compiled,
-) -> Result<Outcome, RunError> {
-    let Compiled {
-        mut builds,
-        wall_s: build_wall_s,
-    } = compiled;
-    let started = Instant::now();
+) -> Result<CandidateRun, RunError> {
+    let clock = StageClock::start();
     let custom_names =
         std::str::from_utf8(code).map_or_else(|_| Vec::new(), dice_audit::custom_kernel_names);
     let mut request = common_request(ctx);
@@ -251,8 +253,35 @@ pub fn run_candidate(
     request["candidate_path"] = json!("candidate.py");
     request["sandbox"] = ctx.users.run();
     let files: [(&str, &[u8]); 2] = [("problem.py", &problem.source), ("candidate.py", code)];
-    let mut child = Child::start(zygote, &ctx.jobs_dir, "candidate", &files, request)
+    let child = Child::start(zygote, &ctx.jobs_dir, "candidate", &files, request)
         .map_err(RunError::Evaluator)?;
+    Ok(CandidateRun {
+        child,
+        custom_names,
+        clock,
+    })
+}
+
+/// Runs a started candidate against `reference`: construction and each correctness trial (with
+/// its judgement) under an untimed pass of `access`, then, when correct, timing with the device
+/// to itself.
+pub fn run_candidate(
+    ctx: &JobContext,
+    access: &Access<'_>,
+    reference: &mut Reference,
+    candidate: CandidateRun,
+    compiled: Compiled,
+) -> Result<Outcome, RunError> {
+    let Compiled {
+        mut builds,
+        wall_s: build_wall_s,
+    } = compiled;
+    let CandidateRun {
+        mut child,
+        custom_names,
+        mut clock,
+    } = candidate;
+    let mut step = None;
     let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.compile_timeout);
     let mut trials = Trials::default();
     let mut evidence = Evidence::default();
@@ -278,8 +307,21 @@ pub fn run_candidate(
                 }
                 "build" => builds.push(build_record(&msg)),
                 "failed" => verdict = Some(failure_of(&msg)),
-                "loaded" => phase = "constructing ModelNew".into(),
-                "constructed" => phase = "running correctness trial 1".into(),
+                "loaded" => {
+                    clock.lap("import");
+                    step = clock.wait(|| access.untimed());
+                    child.send(&json!({"op": "construct"}));
+                    phase = "constructing ModelNew".into();
+                }
+                "constructed" => {
+                    // Given back before the next one: a second shared pass taken while a writer
+                    // waits would deadlock.
+                    drop(step.take());
+                    clock.lap("construct");
+                    step = clock.wait(|| access.untimed());
+                    child.send(&json!({"op": "trial"}));
+                    phase = "running correctness trial 1".into();
+                }
                 // The candidate could stay silent about itself, but never makes itself better.
                 "finding" if msg["rule"] == "input_mutation" => {
                     let message = msg["message"].as_str().unwrap_or("input changed in place");
@@ -312,8 +354,14 @@ pub fn run_candidate(
                     }
                     let path = child.dir().join(format!("output_{trial}.pt"));
                     let judged = reference.judge(ctx, trial, &path.to_string_lossy())?;
+                    // Judged outputs can be GBs of RAM (the job folder is in /dev/shm).
+                    let _ = std::fs::remove_file(&path);
+                    drop(step.take());
                     if trials.take(&judged) {
                         verdict = trials.failure.clone();
+                    } else if trial + 1 < ctx.cfg.correctness_trials {
+                        step = clock.wait(|| access.untimed());
+                        child.send(&json!({"op": "trial"}));
                     }
                     phase = format!("running correctness trial {}", trial + 2);
                 }
@@ -326,7 +374,15 @@ pub fn run_candidate(
                         ))
                     }
                     None => {
-                        let result = time_side_by_side(ctx, &mut child, reference, &mut evidence)?;
+                        clock.lap("trials");
+                        let result = time_side_by_side(
+                            ctx,
+                            access,
+                            &mut child,
+                            reference,
+                            &mut evidence,
+                            &mut clock,
+                        )?;
                         verdict = Some(match result {
                             Ok(t) => {
                                 timing = Some(t);
@@ -340,16 +396,13 @@ pub fn run_candidate(
             },
         }
     }
+    drop(step);
     child.send(&json!({"op": "quit"}));
     let (_, log) = child.finish();
     let (verdict, message) = verdict.expect("loop ends with a verdict");
-    let mut outcome = Outcome::failed(
-        verdict,
-        message,
-        log,
-        builds,
-        build_wall_s + started.elapsed().as_secs_f64(),
-    );
+    let wall_s = build_wall_s + clock.total_s();
+    let mut outcome = Outcome::failed(verdict, message, log, builds, wall_s);
+    outcome.stages = clock.into_stages();
     if verdict == Verdict::Correct {
         outcome.message = None;
     }
@@ -407,9 +460,11 @@ struct Timings {
 /// checks its clock against the evaluator's wall time.
 fn time_side_by_side(
     ctx: &JobContext,
+    access: &Access<'_>,
     child: &mut Child,
     reference: &mut Reference,
     evidence: &mut Evidence,
+    clock: &mut StageClock,
 ) -> Result<Result<Timings, (Verdict, String)>, ReferenceFailed> {
     let mut t = Timings {
         candidate_ms: Vec::new(),
@@ -423,6 +478,8 @@ fn time_side_by_side(
     }
     let rounds = ctx.cfg.timing_rounds.clamp(1, total);
     let mut reused = None;
+    let alone = access.timed();
+    clock.lap("timing wait");
     for round in 0..rounds {
         let n = total / rounds + u32::from(round < total % rounds);
         for side in [round % 2, 1 - round % 2] {
@@ -443,6 +500,8 @@ fn time_side_by_side(
             }
         }
     }
+    drop(alone);
+    clock.lap("timing");
     if let Some(why) = reused {
         evidence
             .findings
@@ -455,7 +514,12 @@ fn time_side_by_side(
         t.baseline_wall_ms,
         rounds,
     ));
-    if let Err(failure) = judge_timing_outputs(ctx, child, reference)? {
+    let judged = {
+        let _step = clock.wait(|| access.untimed());
+        judge_timing_outputs(ctx, child, reference)?
+    };
+    clock.lap("judge timing outputs");
+    if let Err(failure) = judged {
         evidence.findings.push(Finding::error(
             Rule::TimingOutputMismatch,
             failure.1.clone(),
@@ -492,6 +556,7 @@ fn judge_timing_outputs(
         let path = child.dir().join(format!("timing_{k}.pt"));
         let index = ctx.cfg.correctness_trials + k;
         let judged = reference.judge(ctx, index, &path.to_string_lossy())?;
+        let _ = std::fs::remove_file(&path);
         let mut trial = Trials::default();
         trial.take(&judged);
         if let Some((verdict, message)) = trial.failure {
@@ -552,5 +617,51 @@ fn request_candidate(
             Some(Event::Msg(msg)) if msg["event"] == "failed" => return Err(failure_of(&msg)),
             Some(Event::Msg(_)) => {}
         }
+    }
+}
+
+/// Wall time of a candidate's stages, as the evaluator saw them, in seconds; time spent waiting
+/// for an untimed pass is also summed apart (`pass wait`).
+struct StageClock {
+    started: Instant,
+    last: Instant,
+    stages: Vec<(String, f64)>,
+    pass_wait_s: f64,
+}
+
+impl StageClock {
+    fn start() -> Self {
+        let now = Instant::now();
+        StageClock {
+            started: now,
+            last: now,
+            stages: Vec::new(),
+            pass_wait_s: 0.0,
+        }
+    }
+
+    fn wait<T>(&mut self, acquire: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let pass = acquire();
+        self.pass_wait_s += started.elapsed().as_secs_f64();
+        pass
+    }
+
+    fn into_stages(mut self) -> Vec<(String, f64)> {
+        self.stages
+            .push(("pass wait".to_string(), self.pass_wait_s));
+        self.stages
+    }
+
+    /// Ends the stage `name`, which began when the previous one ended.
+    fn lap(&mut self, name: &str) {
+        let now = Instant::now();
+        self.stages
+            .push((name.to_string(), (now - self.last).as_secs_f64()));
+        self.last = now;
+    }
+
+    fn total_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
     }
 }

@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS samples (
     wall_s REAL NOT NULL,
     custom_kernel_share REAL,
     launched_kernels TEXT,
+    stages TEXT,
     evaluated_at TEXT NOT NULL DEFAULT (datetime('now')),
     PRIMARY KEY (level, problem_id, sample_id)
 );
@@ -90,13 +91,27 @@ pub struct SampleExtras {
     /// CUDA: the kernels of the profiled correctness trial, with the share of kernel time in the
     /// candidate's own kernels (also a column of its own, `custom_kernel_share`).
     pub kernels: Option<KernelProfile>,
+    /// Seconds per run-stage step, in order (column `stages`, a JSON object).
+    pub stages: Vec<(String, f64)>,
 }
 
 /// Columns added after the first release, with their types, for stores made before them.
-const ADDED_SAMPLE_COLUMNS: [(&str, &str); 2] = [
+const ADDED_SAMPLE_COLUMNS: [(&str, &str); 3] = [
     ("custom_kernel_share", "REAL"),
     ("launched_kernels", "TEXT"),
+    ("stages", "TEXT"),
 ];
+
+fn stages_json(stages: &[(String, f64)]) -> Result<Option<String>> {
+    if stages.is_empty() {
+        return Ok(None);
+    }
+    let object: serde_json::Map<String, serde_json::Value> = stages
+        .iter()
+        .map(|(name, s)| (name.clone(), serde_json::json!(s)))
+        .collect();
+    Ok(Some(serde_json::to_string(&object)?))
+}
 
 pub struct Store {
     conn: Connection,
@@ -233,9 +248,9 @@ impl Store {
             "INSERT OR REPLACE INTO samples (level, problem_id, sample_id, origin, code_hash, verdict,
                message, max_abs_error, max_rel_error, trials_passed, candidate_timing,
                baseline_timing, speedup, candidate_wall_ms, baseline_wall_ms, flags, deceptive,
-               log_excerpt, wall_s, custom_kernel_share, launched_kernels)
+               log_excerpt, wall_s, custom_kernel_share, launched_kernels, stages)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-                     ?20, ?21)",
+                     ?20, ?21, ?22)",
             params![
                 s.level,
                 s.problem_id,
@@ -258,6 +273,7 @@ impl Store {
                 s.wall_s,
                 extras.kernels.as_ref().and_then(|k| k.custom_share),
                 extras.kernels.as_ref().map(serde_json::to_string).transpose()?,
+                stages_json(&extras.stages)?,
             ],
         )?;
         for b in &extras.builds {

@@ -156,6 +156,8 @@ fn python_candidates_get_every_runtime_verdict() {
     let run = tempfile::tempdir().unwrap();
     let mut cfg = test_config(run.path());
     cfg.timeout = Duration::from_secs(8);
+    // Several in flight: every verdict must come out the same as one at a time.
+    cfg.runs_per_device = 3;
     let samples = cases
         .iter()
         .map(|(p, s, code, _)| sample(*p, *s, code.clone()))

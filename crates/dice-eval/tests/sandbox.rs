@@ -117,7 +117,7 @@ fn processes_of(uid: u32) -> usize {
 }
 
 const PROBE: &str = "
-import os, resource, socket
+import getpass, os, resource, socket
 def _try(f):
     try:
         f()
@@ -128,7 +128,8 @@ print('SANDBOX', f'uid={os.getuid()}', f'nproc={resource.getrlimit(resource.RLIM
       f'pid={os.getpid()}', f'tmp={_try(lambda: open(\"/tmp/dice-sandbox-probe\", \"w\"))}',
       f'shm={_try(lambda: open(\"/dev/shm/dice-sandbox-probe\", \"w\"))}',
       f'net={_try(lambda: socket.create_connection((\"1.1.1.1\", 53), timeout=2))}',
-      f'own={_try(lambda: open(os.path.join(os.environ[\"TMPDIR\"], \"f\"), \"w\"))}', flush=True)
+      f'own={_try(lambda: open(os.path.join(os.environ[\"TMPDIR\"], \"f\"), \"w\"))}',
+      f'user={getpass.getuser()}', flush=True)
 ";
 
 /// What a candidate sees of the sandbox, as `field → value`; None when the machine does not
@@ -157,6 +158,8 @@ fn candidates_are_confined_and_a_fork_bomb_is_contained() {
     assert_eq!(state["shm"], "no", "{state:?}");
     assert_eq!(state["net"], "no", "{state:?}");
     assert_eq!(state["own"], "yes", "{state:?}");
+    // A user without a passwd entry still has a name (torch.profiler asks for it).
+    assert_eq!(state["user"], "dice-sandbox", "{state:?}");
 
     let bomb = candidate(
         &format!("{PROBE}\ndef _multiply():\n    while True:\n        os.fork()\n"),

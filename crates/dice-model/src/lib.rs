@@ -7,6 +7,7 @@ pub mod bench;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
+pub mod device;
 pub mod masks;
 pub mod memory;
 pub mod sdar;

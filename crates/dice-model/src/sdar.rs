@@ -48,6 +48,12 @@
 //! loss and gradients with layer-wise activation checkpointing and query-chunked attention
 //! (memory of one layer and one chunk at a time, see its docs).
 //!
+//! # Profiling
+//!
+//! The cached forward runs each of its [`Stage`]s through a probe: inference and training run
+//! them as they are, [`Sdar::profile_block_forward`] runs the same code timing each stage
+//! between device synchronizations (where a decoding forward's time goes, for benchmarks).
+//!
 //! # Numerics (HF reference, spec §2)
 //! RMSNorm: f32 normalisation times the f32 weight, rounded once to the activation dtype (the
 //! fused candle kernel does exactly that on CUDA; CPU half types use the composite form).
@@ -63,8 +69,13 @@ use candle_core::{DType, Device, Result, Shape, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
 use std::path::Path;
 
+mod profile;
+mod stage;
 pub mod training;
 
+pub use profile::{BlockForwardShape, ComponentProfile, ForwardProfile, ProfileSettings};
+pub use stage::Stage;
+use stage::{Probe, Unprobed};
 pub use training::SftGradients;
 
 /// Which implementation of the fused operations a forward uses. Inference takes candle's fused
@@ -351,22 +362,29 @@ impl DecoderLayer {
         h: &Tensor,
         rope: &Rope,
         kernels: Kernels,
+        probe: &mut impl Probe,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t, _) = h.dims3()?;
         let eps = cfg.rms_norm_eps;
-        let x = rms_norm(h, &self.input_layernorm, eps, kernels)?;
-        let heads = |w: &Tensor, n: usize, norm: Option<&Tensor>| -> Result<Tensor> {
-            let y = linear(&x, w)?.reshape((b, t, n, cfg.head_dim))?;
+        let x = probe.stage(Stage::InputNorm, || {
+            rms_norm(h, &self.input_layernorm, eps, kernels)
+        })?;
+        let mut heads = |w: &Tensor, n: usize, norm: Option<&Tensor>| -> Result<Tensor> {
+            let y = probe.stage(Stage::QkvProjection, || {
+                linear(&x, w)?.reshape((b, t, n, cfg.head_dim))
+            })?;
             let y = match norm {
-                Some(norm) => rms_norm(&y, norm, eps, kernels)?,
+                Some(norm) => probe.stage(Stage::QkNorm, || rms_norm(&y, norm, eps, kernels))?,
                 None => y,
             };
-            y.transpose(1, 2)?.contiguous()
+            probe.stage(Stage::HeadTranspose, || y.transpose(1, 2)?.contiguous())
         };
         let q = heads(&self.q_proj, cfg.num_attention_heads, Some(&self.q_norm))?;
         let k = heads(&self.k_proj, cfg.num_key_value_heads, Some(&self.k_norm))?;
         let v = heads(&self.v_proj, cfg.num_key_value_heads, None)?;
-        Ok((rope.apply(&q, kernels)?, rope.apply(&k, kernels)?, v))
+        let q = probe.stage(Stage::Rotary, || rope.apply(&q, kernels))?;
+        let k = probe.stage(Stage::Rotary, || rope.apply(&k, kernels))?;
+        Ok((q, k, v))
     }
 
     /// Output projection, residual, and the SwiGLU block with its residual.
@@ -376,17 +394,24 @@ impl DecoderLayer {
         residual: &Tensor,
         attn: &Tensor,
         kernels: Kernels,
+        probe: &mut impl Probe,
     ) -> Result<Tensor> {
-        let h = (residual + linear(attn, &self.o_proj)?)?;
-        let x = rms_norm(
-            &h,
-            &self.post_attention_layernorm,
-            cfg.rms_norm_eps,
-            kernels,
-        )?;
-        let gate = silu_in_f32(&linear(&x, &self.gate_proj)?)?;
-        let m = linear(&(gate * linear(&x, &self.up_proj)?)?, &self.down_proj)?;
-        h + m
+        let o = probe.stage(Stage::OProjection, || linear(attn, &self.o_proj))?;
+        let h = probe.stage(Stage::Residual, || residual + o)?;
+        let x = probe.stage(Stage::PostAttentionNorm, || {
+            rms_norm(
+                &h,
+                &self.post_attention_layernorm,
+                cfg.rms_norm_eps,
+                kernels,
+            )
+        })?;
+        let gate = probe.stage(Stage::GateUpProjection, || linear(&x, &self.gate_proj))?;
+        let gate = probe.stage(Stage::SiluMul, || silu_in_f32(&gate))?;
+        let up = probe.stage(Stage::GateUpProjection, || linear(&x, &self.up_proj))?;
+        let gated = probe.stage(Stage::SiluMul, || gate * up)?;
+        let m = probe.stage(Stage::DownProjection, || linear(&gated, &self.down_proj))?;
+        probe.stage(Stage::Residual, || h + m)
     }
 }
 
@@ -690,6 +715,17 @@ impl Sdar {
         cache: &mut KvCache,
         commit: &[usize],
     ) -> anyhow::Result<Tensor> {
+        self.probed_forward_hidden(input_ids, cache, commit, &mut Unprobed)
+    }
+
+    /// [`Sdar::forward_hidden`] running each stage through `probe`.
+    fn probed_forward_hidden(
+        &self,
+        input_ids: &Tensor,
+        cache: &mut KvCache,
+        commit: &[usize],
+        probe: &mut impl Probe,
+    ) -> anyhow::Result<Tensor> {
         let cfg = &self.config;
         let (b, t) = input_ids
             .dims2()
@@ -718,46 +754,55 @@ impl Sdar {
             );
         }
         let device = self.device();
-        let write = cache.slot_write(t, cfg.num_key_value_heads, cfg.head_dim)?;
-        let positions = match &write {
-            SlotWrite::Uniform(len) => Tensor::arange(*len as u32, (len + t) as u32, device)?,
-            SlotWrite::PerRow(_) => {
-                let pos: Vec<u32> = cache
-                    .lens
-                    .iter()
-                    .flat_map(|&len| (len..len + t).map(|p| p as u32))
-                    .collect();
-                Tensor::from_vec(pos, (b, t), device)?
-            }
-        };
-        let rope = Rope::new(&self.inv_freq, &positions, self.dtype())?;
-        let mask = masks::cached_block_mask(&cache.lens, t, bs, device)?;
-        let slots = cache.lens.iter().copied().max().unwrap_or(0) + t;
-        let mut h = self.embed(input_ids)?;
-        for (l, layer) in self.layers.iter().enumerate() {
-            let (q, k, v) = layer.qkv(cfg, &h, &rope, Kernels::Fused)?;
-            for (store, new) in [(&cache.keys[l], &k), (&cache.values[l], &v)] {
-                match &write {
-                    SlotWrite::Uniform(offset) => store.slice_set(new, 2, *offset)?,
-                    SlotWrite::PerRow(index) => store.scatter_set(index, new, 2)?,
+        let (write, rope, mask) = probe.stage(Stage::Setup, || -> anyhow::Result<_> {
+            let write = cache.slot_write(t, cfg.num_key_value_heads, cfg.head_dim)?;
+            let positions = match &write {
+                SlotWrite::Uniform(len) => Tensor::arange(*len as u32, (len + t) as u32, device)?,
+                SlotWrite::PerRow(_) => {
+                    let pos: Vec<u32> = cache
+                        .lens
+                        .iter()
+                        .flat_map(|&len| (len..len + t).map(|p| p as u32))
+                        .collect();
+                    Tensor::from_vec(pos, (b, t), device)?
                 }
-            }
-            let keys = cache.keys[l].narrow(2, 0, slots)?;
-            let values = cache.values[l].narrow(2, 0, slots)?;
-            let a = chunked_attention(
-                &q,
-                &keys,
-                &values,
-                mask.as_ref(),
-                inference_query_rows(b * cfg.num_attention_heads, slots),
-                Kernels::Fused,
-            )?;
-            h = layer.finish(cfg, &h, &a, Kernels::Fused)?;
+            };
+            let rope = Rope::new(&self.inv_freq, &positions, self.dtype())?;
+            let mask = masks::cached_block_mask(&cache.lens, t, bs, device)?;
+            Ok((write, rope, mask))
+        })?;
+        let slots = cache.lens.iter().copied().max().unwrap_or(0) + t;
+        let mut h = probe.stage(Stage::Embedding, || self.embed(input_ids))?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            probe.enter_layer(l);
+            let (q, k, v) = layer.qkv(cfg, &h, &rope, Kernels::Fused, probe)?;
+            probe.stage(Stage::KvCacheWrite, || {
+                for (store, new) in [(&cache.keys[l], &k), (&cache.values[l], &v)] {
+                    match &write {
+                        SlotWrite::Uniform(offset) => store.slice_set(new, 2, *offset)?,
+                        SlotWrite::PerRow(index) => store.scatter_set(index, new, 2)?,
+                    }
+                }
+                Result::Ok(())
+            })?;
+            let a = probe.stage(Stage::Attention, || {
+                let keys = cache.keys[l].narrow(2, 0, slots)?;
+                let values = cache.values[l].narrow(2, 0, slots)?;
+                chunked_attention(
+                    &q,
+                    &keys,
+                    &values,
+                    mask.as_ref(),
+                    inference_query_rows(b * cfg.num_attention_heads, slots),
+                    Kernels::Fused,
+                )
+            })?;
+            h = layer.finish(cfg, &h, &a, Kernels::Fused, probe)?;
         }
         for (len, c) in cache.lens.iter_mut().zip(commit) {
             *len += c;
         }
-        Ok(self.final_norm(&h, Kernels::Fused)?)
+        Ok(probe.stage(Stage::FinalNorm, || self.final_norm(&h, Kernels::Fused))?)
     }
 
     /// [`Sdar::forward_hidden`] followed by the lm_head on every position: logits `[B, T, V]`.
@@ -767,8 +812,19 @@ impl Sdar {
         cache: &mut KvCache,
         commit: &[usize],
     ) -> anyhow::Result<Tensor> {
-        let hidden = self.forward_hidden(input_ids, cache, commit)?;
-        Ok(self.logits(&hidden)?)
+        self.probed_forward(input_ids, cache, commit, &mut Unprobed)
+    }
+
+    /// [`Sdar::forward`] running each stage through `probe`.
+    fn probed_forward(
+        &self,
+        input_ids: &Tensor,
+        cache: &mut KvCache,
+        commit: &[usize],
+        probe: &mut impl Probe,
+    ) -> anyhow::Result<Tensor> {
+        let hidden = self.probed_forward_hidden(input_ids, cache, commit, probe)?;
+        Ok(probe.stage(Stage::LmHead, || self.logits(&hidden))?)
     }
 
     /// Block-causal prefill (spec §3.2) of whole blocks into empty or partly filled rows,

@@ -4,6 +4,7 @@
 #![cfg(feature = "cuda")]
 
 use candle_core::{DType, Device, IndexOp, Tensor};
+use dice_model::device::cuda_device;
 use dice_model::{KvCache, PackedRow, Sdar, SdarConfig, TwoStreamBatch};
 use std::collections::HashMap;
 
@@ -84,7 +85,7 @@ fn run_paths(model: &Sdar, device: &Device) -> Vec<Tensor> {
 #[test]
 fn cuda_forward_matches_cpu() {
     let (dir, _) = random_checkpoint();
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = cuda_device(0).unwrap();
     let cpu_model = Sdar::load(dir.path(), DType::F32, &Device::Cpu).unwrap();
     let reference = run_paths(&cpu_model, &Device::Cpu);
     for (dtype, tol) in [
@@ -137,7 +138,7 @@ fn cuda_sft_gradients_match_cpu() {
         (loss, q)
     };
     let (cpu_loss, cpu_q) = grads_on(&Device::Cpu);
-    let gpu = Device::new_cuda(0).unwrap();
+    let gpu = cuda_device(0).unwrap();
     let (gpu_loss, gpu_q) = grads_on(&gpu);
     assert!(max_diff(&cpu_loss, &gpu_loss) < 1e-4);
     assert!(max_diff(&cpu_q, &gpu_q) < 1e-4);

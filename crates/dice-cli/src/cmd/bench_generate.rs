@@ -2,6 +2,7 @@
 //! the reference implementations' figures and the targets set against them.
 
 use super::bench::{gib, RandomModelArgs};
+use super::bench_profile::{print_profile, profile_decoding};
 use super::generate::DecodeArgs;
 use anyhow::{ensure, Context, Result};
 use candle_core::DType;
@@ -9,7 +10,9 @@ use clap::Args;
 use dice_engine::{
     DecodeParams, Engine, EngineConfig, ForwardCounts, Request, SdarDecoder, Strategy,
 };
+use dice_model::device::{cuda_event_tracking, set_cuda_event_tracking};
 use dice_model::memory::PeakMemory;
+use dice_model::sdar::ForwardProfile;
 use dice_model::SdarConfig;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -40,6 +43,17 @@ pub struct GenerateBenchArgs {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// After the throughput runs, profile one decoding forward per batch size (block_length
+    /// tokens per row over prompt_tokens + new_tokens/2 cached): each stage (embedding, every
+    /// layer's norms, projections, rotary, KV write, attention, MLP, final norm, lm_head) timed
+    /// on its own between device synchronizations, with the tensors it creates and its byte
+    /// floor (weights + KV cache at the H200's bandwidth), beside the forward run as usual.
+    #[arg(long)]
+    pub profile: bool,
+    /// Keep cudarc's CUDA event tracking on (dice turns it off: two events per buffer that a
+    /// single stream never needs), for an A/B comparison.
+    #[arg(long)]
+    pub cuda_event_tracking: bool,
 }
 
 /// The tokenizer's first special id (`<|endoftext|>`); prompt ids stay below it.
@@ -64,7 +78,11 @@ struct GenerateBench {
     block_length: usize,
     steps: usize,
     strategy: &'static str,
+    /// Whether the CUDA device tracked buffer uses with events (false off CUDA).
+    cuda_event_tracking: bool,
     rows: Vec<GenerateRow>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    profile: Option<Vec<ForwardProfile>>,
 }
 
 #[derive(Serialize)]
@@ -167,6 +185,9 @@ pub fn run(args: GenerateBenchArgs) -> Result<()> {
         "--batch needs batch sizes of at least 1"
     );
     let (config, device, dtype) = args.model.resolve()?;
+    if args.cuda_event_tracking {
+        set_cuda_event_tracking(&device, true);
+    }
     let params = decode_params(&args)?;
     let start = Instant::now();
     let mut model = SdarDecoder::random(&config, dtype, &device, args.block_length)?;
@@ -188,6 +209,15 @@ pub fn run(args: GenerateBenchArgs) -> Result<()> {
         row.target_met = row.reference.as_ref().map(|r| r.target.met(&row));
         rows.push(row);
     }
+    let profile = args
+        .profile
+        .then(|| {
+            args.batch
+                .iter()
+                .map(|&batch| profile_decoding(model.model(), batch, &args, H200_BYTES_PER_S))
+                .collect::<Result<Vec<_>>>()
+        })
+        .transpose()?;
     let result = GenerateBench {
         config: args.model.config_name(),
         model: size,
@@ -202,7 +232,9 @@ pub fn run(args: GenerateBenchArgs) -> Result<()> {
         block_length: params.block_length,
         steps: params.steps,
         strategy: params.strategy.name(),
+        cuda_event_tracking: cuda_event_tracking(&device),
         rows,
+        profile,
     };
     print_generate_bench(&result);
     if size.is_some() && compared.is_none() {
@@ -210,6 +242,9 @@ pub fn run(args: GenerateBenchArgs) -> Result<()> {
             "(the reference figures were measured in bf16 with block 4, 4 steps, \
              low_confidence_static, 512-token prompts and 512 new tokens: not compared here)"
         );
+    }
+    for profile in result.profile.iter().flatten() {
+        print_profile(profile);
     }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&result)?)

@@ -123,7 +123,7 @@ impl DeviceKind {
     pub fn device(self) -> Result<Device> {
         match self {
             DeviceKind::Cpu => Ok(Device::Cpu),
-            DeviceKind::Cuda => Device::new_cuda(0).context(
+            DeviceKind::Cuda => dice_model::device::cuda_device(0).context(
                 "cannot use CUDA device 0 (is this binary built with `--features cuda` and is a GPU visible?)",
             ),
         }

@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod bench_generate;
+mod bench_profile;
 pub mod eval;
 pub mod generate;
 pub mod golden;

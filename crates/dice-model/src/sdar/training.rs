@@ -7,6 +7,7 @@
 //! Σ ⟨output, upstream⟩ (detached upstream): its gradient with respect to the output is exactly
 //! the upstream gradient, so `backward()` on it yields the vector-Jacobian product of the piece.
 
+use super::stage::Unprobed;
 use super::{
     attention_rows, chunked_attention, linear, rms_norm, row_chunks, DecoderLayer, Kernels, Rope,
     Sdar, QUERY_CHUNK,
@@ -133,9 +134,9 @@ impl<'a> TwoStreamLayout<'a> {
         h: &Tensor,
         rows: usize,
     ) -> Result<(Tensor, Tensor)> {
-        let (q, k, v) = layer.qkv(&model.config, h, &self.rope, KERNELS)?;
+        let (q, k, v) = layer.qkv(&model.config, h, &self.rope, KERNELS, &mut Unprobed)?;
         let attn = self.attention(&q, &k, &v, rows)?;
-        let out = layer.finish(&model.config, h, &attn, KERNELS)?;
+        let out = layer.finish(&model.config, h, &attn, KERNELS, &mut Unprobed)?;
         Ok((attn, out))
     }
 }
@@ -417,12 +418,19 @@ impl Sdar {
         let cfg = &self.config;
         let weights = layer.map(|t| Ok(Var::from_tensor(t)?.into_inner()))?;
         let input = Var::from_tensor(input)?;
-        let (q, k, v) = weights.qkv(cfg, input.as_tensor(), &layout.rope, KERNELS)?;
+        let (q, k, v) =
+            weights.qkv(cfg, input.as_tensor(), &layout.rope, KERNELS, &mut Unprobed)?;
         // The MLP half starts from the saved attention output, so the attention graph is never
         // built for the whole sequence at once.
         let attn = Var::from_tensor(attn)?;
         let mut late = {
-            let out = weights.finish(cfg, input.as_tensor(), attn.as_tensor(), KERNELS)?;
+            let out = weights.finish(
+                cfg,
+                input.as_tensor(),
+                attn.as_tensor(),
+                KERNELS,
+                &mut Unprobed,
+            )?;
             pull_back(&[(&out, upstream)])?
         };
         let d_attn = grad_of(&late, attn.as_tensor(), "the attention output")?.clone();

@@ -1,0 +1,116 @@
+//! Candidates ready to run (built, or needing no build), in the order they became ready, with a
+//! preference for the problem whose reference process a run slot already has.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+
+pub type ProblemKey = (u32, u32);
+
+pub struct RunQueue<T> {
+    state: Mutex<State<T>>,
+    changed: Condvar,
+}
+
+struct State<T> {
+    items: VecDeque<(ProblemKey, T)>,
+    producers: usize,
+}
+
+/// A handle that may add items; the queue ends when every producer is dropped and it is empty.
+pub struct Producer<T> {
+    queue: Arc<RunQueue<T>>,
+}
+
+impl<T> RunQueue<T> {
+    /// A queue with one producer, returned beside it.
+    pub fn new() -> (Arc<RunQueue<T>>, Producer<T>) {
+        let queue = Arc::new(RunQueue {
+            state: Mutex::new(State {
+                items: VecDeque::new(),
+                producers: 1,
+            }),
+            changed: Condvar::new(),
+        });
+        let producer = Producer {
+            queue: queue.clone(),
+        };
+        (queue, producer)
+    }
+
+    /// The oldest item of `prefer`'s problem, else the oldest item; waits while producers remain.
+    /// None once the queue is empty and closed.
+    pub fn take(&self, prefer: Option<ProblemKey>) -> Option<T> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let at = prefer
+                .and_then(|key| state.items.iter().position(|(k, _)| *k == key))
+                .or((!state.items.is_empty()).then_some(0));
+            if let Some(at) = at {
+                return state.items.remove(at).map(|(_, item)| item);
+            }
+            if state.producers == 0 {
+                return None;
+            }
+            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl<T> Producer<T> {
+    pub fn push(&self, key: ProblemKey, item: T) {
+        let mut state = self.queue.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.items.push_back((key, item));
+        self.queue.changed.notify_all();
+    }
+}
+
+impl<T> Clone for Producer<T> {
+    fn clone(&self) -> Self {
+        let mut state = self.queue.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.producers += 1;
+        Producer {
+            queue: self.queue.clone(),
+        }
+    }
+}
+
+impl<T> Drop for Producer<T> {
+    fn drop(&mut self) {
+        let mut state = self.queue.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.producers -= 1;
+        self.queue.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefers_the_slot_problem_then_takes_the_oldest() {
+        let (queue, producer) = RunQueue::new();
+        producer.push((1, 1), "a");
+        producer.push((1, 2), "b");
+        producer.push((1, 1), "c");
+        assert_eq!(queue.take(Some((1, 2))), Some("b"));
+        assert_eq!(queue.take(Some((1, 9))), Some("a"));
+        assert_eq!(queue.take(None), Some("c"));
+        drop(producer);
+        assert_eq!(queue.take(None), None);
+    }
+
+    #[test]
+    fn a_waiting_taker_gets_a_later_item_or_the_end() {
+        let (queue, producer) = RunQueue::new();
+        let second = producer.clone();
+        let taker = {
+            let queue = queue.clone();
+            std::thread::spawn(move || (queue.take(None), queue.take(None)))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        second.push((0, 7), 7);
+        drop(second);
+        drop(producer);
+        assert_eq!(taker.join().unwrap(), (Some(7), None));
+    }
+}
