@@ -73,9 +73,9 @@ python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_devic
 nproc | sed 's/^/cores /' | tee -a "$OUT/steps.txt"
 for s in "$@"; do
   case $s in
-    c-cold) rm -rf "$cache"; step c-cold 330 --pairs "$DATA/pairs32.json" ;;
-    c-warm) step c-warm 120 --pairs "$DATA/pairs32.json" ;;
-    a-pairs) step a-pairs 600 --pairs "$DATA/pairs.json" ;;
+    c-cold) rm -rf "$cache"; step c-cold 330 --pairs "$DATA/pairs32.json" --runs-per-device 8 ;;
+    c-warm) step c-warm 120 --pairs "$DATA/pairs32.json" --runs-per-device 8 ;;
+    a-pairs) step a-pairs 600 --pairs "$DATA/pairs.json" --runs-per-device 8 ;;
     b-identity) step b-identity 300 "$DATA/identity.jsonl" --kernelbench "$DATA/kb" ;;
     adversarial) adversarial ;;
     *) echo "unknown step $s" >&2 ;;

@@ -99,12 +99,6 @@ def candidate(channel, req):
     if not isinstance(model_class, type):
         channel.send(event="failed", verdict="load_error", message="the program defines no class ModelNew", phase="load")
         return
-    profiler = None
-    if setup.device.type == "cuda":
-        try:
-            profiler = profiling.Session(req["dir"])
-        except Exception as e:
-            channel.send(event="profile_unavailable", message=one_line(e))
     channel.send(event="loaded")
     ops = channel.ops()
     if not await_op(ops, "construct"):
@@ -122,11 +116,7 @@ def candidate(channel, req):
         try:
             inputs = setup.inputs(problem, seed)
             before = protocol.snapshot(inputs)
-            call = lambda: setup.forward(model, inputs, seed)  # noqa: E731
-            if trial == 0 and profiler is not None:
-                out = profiled(channel, profiler, call)
-            else:
-                out = call()
+            out = setup.forward(model, inputs, seed)
             outputs = protocol.as_tensor_list(out)
             changed = protocol.mutated(before, inputs)
             aliased = protocol.aliased(inputs, out)
@@ -145,25 +135,52 @@ def candidate(channel, req):
         torch.save(outputs, path)
         channel.send(event="output", trial=trial, path=path)
     channel.send(event="trials_done")
-    serve_timing(channel, ops, req["dir"], protocol.Timer(setup, problem, model))
+    timer = protocol.Timer(setup, problem, model, req.get("cores"))
+    serve_timing(channel, ops, req["dir"], timer, Profiled(channel, setup, problem, model, req))
 
 
-def profiled(channel, profiler, call):
-    """Runs one correctness trial under the CUDA profiler and reports the kernels it launched.
-    A failure of the profiler itself is reported as such; one of the call is the candidate's."""
-    result = []
-    try:
-        default, kernels = profiler.launched(lambda: result.append(call()))
-    except Exception as e:
-        if not result:
-            raise
-        channel.send(event="profile_unavailable", message=one_line(e))
-        return result[0]
-    channel.send(event="kernels", default_stream=default, kernels=kernels)
-    return result[0]
+class Profiled:
+    """The first correctness trial again, under the CUDA profiler, after timing: CUPTI, once
+    started, may slow every later launch of the process, so it never runs before the timed
+    calls. Its output is published for judging like any trial's."""
+
+    def __init__(self, channel, setup, problem, model, req):
+        self.channel = channel
+        self.profiler = None
+        self.setup = setup
+        self.problem = problem
+        self.model = model
+        self.path = os.path.join(req["dir"], "output_profiled.pt")
+        self.seed = protocol.trial_seeds(req["trials"])[0]
+
+    def start(self):
+        """Starts the profiler (seconds of host work, kept out of the evaluator's device pass)."""
+        if self.setup.device.type == "cuda":
+            try:
+                self.profiler = profiling.Session(os.path.dirname(self.path))
+            except Exception as e:
+                self.channel.send(event="profile_unavailable", message=one_line(e))
+        self.channel.send(event="profiler_ready")
+
+    def run(self):
+        inputs = self.setup.inputs(self.problem, self.seed)
+        call = lambda: self.setup.forward(self.model, inputs, self.seed)  # noqa: E731
+        result = []
+        if self.profiler is None:
+            result.append(call())
+        else:
+            try:
+                default, kernels = self.profiler.launched(lambda: result.append(call()))
+                self.channel.send(event="kernels", default_stream=default, kernels=kernels)
+            except Exception as e:
+                if not result:
+                    raise
+                self.channel.send(event="profile_unavailable", message=one_line(e))
+        torch.save(protocol.as_tensor_list(result[0]), self.path)
+        self.channel.send(event="profiled", path=self.path)
 
 
-def serve_timing(channel, ops, job_dir, timer):
+def serve_timing(channel, ops, job_dir, timer, profiled):
     for op in ops:
         if op["op"] == "time":
             try:
@@ -176,6 +193,14 @@ def serve_timing(channel, ops, job_dir, timer):
             for k in range(len(timer.sets)):
                 torch.save(timer.outputs(k), os.path.join(job_dir, f"timing_{k}.pt"))
             channel.send(event="timing_outputs", sets=len(timer.sets))
+        elif op["op"] == "start_profiler":
+            profiled.start()
+        elif op["op"] == "profile":
+            try:
+                profiled.run()
+            except BaseException as e:  # noqa: B036
+                fail(channel, *classify(e), "profiled trial")
+                return
         elif op["op"] == "quit":
             return
 
@@ -189,7 +214,7 @@ def reference(channel, req):
                 raise AttributeError(f"the problem defines no {name}")
         model = setup.build_model(problem, problem.Model)
         timed = torch.compile(model) if req.get("baseline") == "torch_compile" else model
-        timer = protocol.Timer(setup, problem, timed)
+        timer = protocol.Timer(setup, problem, timed, req.get("cores"))
     except BaseException as e:  # noqa: B036
         traceback.print_exc()
         channel.send(event="failed", verdict="reference_error", message=one_line(e), phase="reference")
@@ -230,10 +255,16 @@ class Expected:
     def __getitem__(self, index):
         while len(self.outputs) <= index:
             seed = self.seeds[len(self.outputs)]
-            out = self.setup.run_trial(self.problem, self.model, seed)
+            out = protocol.as_tensor_list(self.setup.run_trial(self.problem, self.model, seed), self.setup.device)
             # Kept on the device (host memory is the scarcer one with several evaluations in
-            # flight), as copies: a forward may return storage that its next call overwrites.
-            self.outputs.append([t.clone() for t in protocol.as_tensor_list(out, self.setup.device)])
+            # flight) unless it is full, as copies: a forward may return storage that its next
+            # call overwrites.
+            try:
+                kept = [t.clone() for t in out]
+            except torch.OutOfMemoryError:
+                kept = [t.cpu() for t in out]
+            del out
+            self.outputs.append(kept)
         return self.outputs[index]
 
 
@@ -275,8 +306,14 @@ class Judge:
         return dict(failure, max_abs=worst_abs, max_rel=worst_rel)
 
     def compare(self, ref, new):
-        ref = ref.to(self.device)
-        new = new.to(self.device)
+        try:
+            return self._compare(ref.to(self.device), new.to(self.device))
+        except torch.OutOfMemoryError:
+            # Outputs of tens of GB: no room for the float copies beside the other processes.
+            torch.cuda.empty_cache()
+            return self._compare(ref.cpu(), new.cpu())
+
+    def _compare(self, ref, new):
         wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
         r = ref.to(wide)
         n = new.to(wide)

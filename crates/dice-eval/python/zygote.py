@@ -117,6 +117,11 @@ def child_main(req):
     os.environ.update(req.get("env", {}))
     tempfile.tempdir = None  # the zygote may have cached its own TMPDIR
     apply_limits(req.get("limits", {}))
+    cores = req.get("cores")
+    if cores:
+        # Off the cores kept for timing (protocol.Timer moves there while it times); builds
+        # and everything a child starts inherit this.
+        os.sched_setaffinity(0, cores["untimed"])
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(req["socket"])
     channel = roles.Channel(conn)

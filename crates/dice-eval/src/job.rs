@@ -16,18 +16,51 @@ pub struct JobContext {
     pub limits: Value,
     /// The unprivileged users sandboxed children become.
     pub users: SandboxUsers,
+    /// `{"timed": [...], "untimed": [...]}`: CPU cores kept for timing on CUDA, where small
+    /// kernels are timed by how fast Python launches them (python/protocol.py `Timer`); every
+    /// child runs on the others. Null when the machine has too few cores to spare two.
+    pub cores: Value,
 }
 
 impl JobContext {
     pub fn new(cfg: EvalConfig, jobs_dir: PathBuf) -> JobContext {
         let limits = child_limits(&cfg);
+        let cores = match cfg.device {
+            crate::config::Device::Cuda => timing_cores(&usable_cores()),
+            crate::config::Device::Cpu => Value::Null,
+        };
         JobContext {
             cfg,
             jobs_dir,
             limits,
             users: SandboxUsers::new(),
+            cores,
         }
     }
+}
+
+/// The cores this process may run on.
+fn usable_cores() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set, filled in by sched_getaffinity.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// The last two cores for timing, the rest for everything else; nothing below eight cores,
+/// where two spared would starve the builds.
+fn timing_cores(cores: &[usize]) -> Value {
+    if cores.len() < 8 {
+        return Value::Null;
+    }
+    let (untimed, timed) = cores.split_at(cores.len() - 2);
+    json!({"timed": timed, "untimed": untimed})
 }
 
 /// CPU seconds (all threads) as a backstop to the wall-clock limits, bounded file size, and on the
@@ -126,5 +159,20 @@ pub fn build_record(msg: &Value) -> BuildRecord {
         cached: msg["cached"].as_bool().unwrap_or(false),
         wall_s: msg["wall_s"].as_f64().unwrap_or(0.0),
         log: msg["log"].as_str().unwrap_or_default().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_cores_are_kept_for_timing_on_machines_that_can_spare_them() {
+        let cores: Vec<usize> = (0..16).collect();
+        let split = timing_cores(&cores);
+        assert_eq!(split["timed"], json!([14, 15]));
+        assert_eq!(split["untimed"], json!((0..14).collect::<Vec<_>>()));
+        assert!(timing_cores(&cores[..4]).is_null());
+        assert!(!usable_cores().is_empty());
     }
 }

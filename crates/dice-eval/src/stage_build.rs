@@ -31,6 +31,7 @@ pub fn build(ctx: &JobContext, zygote: &Zygote, sample: &EvalSample, code: &[u8]
         "cache_dir": ctx.cfg.build_cache,
         "candidate_path": "candidate.py",
         "limits": ctx.limits,
+        "cores": ctx.cores,
         "sandbox": ctx.users.build(),
     });
     let mut child = match Child::start(

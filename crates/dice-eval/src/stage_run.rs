@@ -3,7 +3,7 @@
 //! is then timed in rounds that alternate with the reference, never both at once.
 
 use crate::child::{Child, Deadline, Event};
-use crate::config::EvalProblem;
+use crate::config::{Device, EvalProblem};
 use crate::gate::Access;
 use crate::job::{build_record, Compiled, JobContext, Outcome};
 use crate::runtime::{self, Finding, KernelProfile};
@@ -151,6 +151,7 @@ fn common_request(ctx: &JobContext) -> Value {
         "precision": ctx.cfg.precision.as_str(),
         "trials": ctx.cfg.correctness_trials,
         "limits": ctx.limits,
+        "cores": ctx.cores,
     })
 }
 
@@ -329,16 +330,6 @@ pub fn run_candidate(
                         .findings
                         .push(Finding::error(Rule::InputMutation, message.to_string()));
                 }
-                "kernels" => {
-                    let (profile, findings) =
-                        runtime::check_kernels(&msg, &custom_names, ctx.cfg.strict);
-                    evidence.kernels = Some(profile);
-                    evidence.findings.extend(findings);
-                }
-                "profile_unavailable" => tracing::warn!(
-                    "no kernel profile: {}",
-                    msg["message"].as_str().unwrap_or("unknown error")
-                ),
                 "output" => {
                     // The candidate's word is not trusted: trials come in order, and the judge
                     // reads the one file the candidate may publish for that trial.
@@ -375,7 +366,7 @@ pub fn run_candidate(
                     }
                     None => {
                         clock.lap("trials");
-                        let result = time_side_by_side(
+                        let mut result = time_side_by_side(
                             ctx,
                             access,
                             &mut child,
@@ -383,6 +374,18 @@ pub fn run_candidate(
                             &mut evidence,
                             &mut clock,
                         )?;
+                        if result.is_ok() {
+                            let mut check = KernelCheck {
+                                custom_names: &custom_names,
+                                evidence: &mut evidence,
+                                clock: &mut clock,
+                            };
+                            if let Err(failure) =
+                                profile_candidate(ctx, access, &mut child, reference, &mut check)?
+                            {
+                                result = Err(failure);
+                            }
+                        }
                         verdict = Some(match result {
                             Ok(t) => {
                                 timing = Some(t);
@@ -597,6 +600,17 @@ fn request_candidate(
     op: Value,
     reply: &str,
 ) -> Result<Value, (Verdict, String)> {
+    request_candidate_with(ctx, child, op, reply, |_| {})
+}
+
+/// [`request_candidate`], handing every other event to `other`.
+fn request_candidate_with(
+    ctx: &JobContext,
+    child: &mut Child,
+    op: Value,
+    reply: &str,
+    mut other: impl FnMut(&Value),
+) -> Result<Value, (Verdict, String)> {
     if !child.send(&op) {
         return Err((
             Verdict::Crashed,
@@ -615,9 +629,83 @@ fn request_candidate(
             }
             Some(Event::Msg(msg)) if msg["event"] == reply => return Ok(msg),
             Some(Event::Msg(msg)) if msg["event"] == "failed" => return Err(failure_of(&msg)),
-            Some(Event::Msg(_)) => {}
+            Some(Event::Msg(msg)) => other(&msg),
         }
     }
+}
+
+/// Where the profiled run's findings go.
+struct KernelCheck<'a> {
+    custom_names: &'a [String],
+    evidence: &'a mut Evidence,
+    clock: &'a mut StageClock,
+}
+
+/// On CUDA, the first correctness trial once more under the profiler, after timing (roles.py
+/// `Profiled` says why): which kernels ran, on which streams; its output is judged like any
+/// trial's, so behaving differently under the profiler is wrong output.
+fn profile_candidate(
+    ctx: &JobContext,
+    access: &Access<'_>,
+    child: &mut Child,
+    reference: &mut Reference,
+    check: &mut KernelCheck<'_>,
+) -> Result<Result<(), (Verdict, String)>, ReferenceFailed> {
+    if ctx.cfg.device != Device::Cuda {
+        return Ok(Ok(()));
+    }
+    let mut kernels = None;
+    let mut on_event = |msg: &Value| match msg["event"].as_str() {
+        Some("kernels") => kernels = Some(msg.clone()),
+        Some("profile_unavailable") => tracing::warn!(
+            "no kernel profile: {}",
+            msg["message"].as_str().unwrap_or("unknown error")
+        ),
+        _ => {}
+    };
+    let start = json!({"op": "start_profiler"});
+    if let Err(failure) = request_candidate_with(ctx, child, start, "profiler_ready", &mut on_event)
+    {
+        return Ok(Err(failure));
+    }
+    check.clock.lap("profiler start");
+    let step = check.clock.wait(|| access.untimed());
+    let profiled = request_candidate_with(
+        ctx,
+        child,
+        json!({"op": "profile"}),
+        "profiled",
+        &mut on_event,
+    );
+    let judged = match profiled {
+        Ok(_) => {
+            let path = child.dir().join("output_profiled.pt");
+            let judged = reference.judge(ctx, 0, &path.to_string_lossy())?;
+            let _ = std::fs::remove_file(&path);
+            Ok(judged)
+        }
+        Err(failure) => Err(failure),
+    };
+    drop(step);
+    check.clock.lap("profiled trial");
+    if let Some(msg) = kernels {
+        let (profile, findings) = runtime::check_kernels(&msg, check.custom_names, ctx.cfg.strict);
+        check.evidence.kernels = Some(profile);
+        check.evidence.findings.extend(findings);
+    }
+    let judged = match judged {
+        Ok(judged) => judged,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    let mut trial = Trials::default();
+    trial.take(&judged);
+    Ok(match trial.failure {
+        Some((verdict, message)) => Err((
+            verdict,
+            format!("correctness trial 1, run again under the profiler, was wrong: {message}"),
+        )),
+        None => Ok(()),
+    })
 }
 
 /// Wall time of a candidate's stages, as the evaluator saw them, in seconds; time spent waiting
