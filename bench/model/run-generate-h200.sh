@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The generation issue's GPU evidence, run on the H200 machine from the repository root:
+#   DATA=DIR bash bench/model/run-generate-h200.sh
+# with, under $DATA (an ignored folder carried to the machine; nothing of it is committed):
+#   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
+#   golden/     shared/sdar/golden/tiny (the reference's greedy generations, f32)
+#   configs/    shared/sdar/configs/sdar-{4b,8b}.json
+# Writes to $OUT: golden-f32.txt, gen-*.txt (tables, profiles) and gen-*.json.
+set -uo pipefail
+DATA=$(realpath "${DATA:?}") OUT=${OUT:?}
+export LD_LIBRARY_PATH=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')
+bin=/tmp/dice-cuda
+python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+  "$DATA/dice.xz" "$bin" && chmod +x "$bin"
+run() { # name, dice args...
+  local name=$1; shift
+  local t0=$(date +%s)
+  "$bin" "$@" >"$OUT/$name.txt" 2>&1
+  echo "$name rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
+  tail -25 "$OUT/$name.txt"
+}
+# The four greedy generations token for token in f32 (issue: generation), through the
+# device-side greedy selection.
+run golden-f32 bench golden --golden "$DATA/golden" --device cuda --dtype f32
+# The benchmark's settings are dice bench generate's defaults: 512-token prompts, 512 new tokens,
+# block 4, 4 steps, static greedy, no stop.
+run gen-4b bench generate --config "$DATA/configs/sdar-4b.json" --device cuda --dtype bf16 \
+  --batch 1,128 --profile --json "$OUT/gen-4b.json"
+run gen-8b bench generate --config "$DATA/configs/sdar-8b.json" --device cuda --dtype bf16 \
+  --batch 1 --profile --json "$OUT/gen-8b.json"
+# What cudarc's event tracking costs per forward (dice turns it off).
+run gen-4b-tracking bench generate --config "$DATA/configs/sdar-4b.json" --device cuda --dtype bf16 \
+  --batch 1 --new-tokens 128 --cuda-event-tracking --json "$OUT/gen-4b-tracking.json"
