@@ -44,8 +44,9 @@ pub struct EvalArgs {
     pub jobs: Option<usize>,
     /// Candidates in flight per device [default: 4 with --device cuda, 1 on the CPU]. Their
     /// process start, extension load and correctness trials overlap; timing always has the
-    /// device to itself (the others wait), so more in flight speeds a run up without touching
-    /// the timings. Each costs a candidate and a reference process on the device.
+    /// device to itself (the others wait between steps) and, on CUDA machines with 8 or more
+    /// cores, two cores that no other process of the run uses. Each costs a candidate and a
+    /// reference process on the device; 1 gives the quietest machine for timing.
     #[arg(long, value_name = "N")]
     pub runs_per_device: Option<usize>,
     /// Re-evaluate samples already in the store (and accept changed settings).
