@@ -26,22 +26,6 @@ unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.
 unxz "$DATA/dice.xz" "$bin/dice"
 left() { echo $(( budget - ($(date +%s) - start) )); }
 pack() { tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs; }
-stages() { # where the run stage's time went: seconds per stage over the run's samples
-  python3 - "$1/dice.db" <<'PY'
-import json, sqlite3, statistics, sys
-rows = sqlite3.connect(sys.argv[1]).execute("SELECT verdict, wall_s, stages FROM samples").fetchall()
-per = {}
-for _, _, s in rows:
-    for k, v in json.loads(s or "{}").items():
-        per.setdefault(k, []).append(v)
-verdicts = {}
-for v, _, _ in rows:
-    verdicts[v] = verdicts.get(v, 0) + 1
-print(f"  samples {len(rows)} {verdicts}")
-for k, v in per.items():
-    print(f"  stage {k:22s} n={len(v):3d} median {statistics.median(v):7.3f} s  sum {sum(v):8.1f} s")
-PY
-}
 step() { # name, cap seconds, dice eval args...
   local name=$1 cap=$2; shift 2
   local limit=$(( $(left) < cap ? $(left) : cap ))
@@ -54,7 +38,7 @@ step() { # name, cap seconds, dice eval args...
   tail -3 "$runs/$name.log" | tee -a "$OUT/steps.txt"
   "$bin/dice" report "$runs/$name" --format json >"$runs/$name.json" 2>>"$OUT/steps.txt"
   "$bin/dice" report "$runs/$name" --format md >"$runs/$name.md" 2>>"$OUT/steps.txt"
-  stages "$runs/$name" | tee -a "$OUT/steps.txt"
+  awk '/^## Where the evaluator/{p=1} /^## Flagged/{p=0} p' "$runs/$name.md" | tee -a "$OUT/steps.txt"
   pack
 }
 adversarial() {

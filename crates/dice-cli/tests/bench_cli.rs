@@ -231,6 +231,7 @@ fn sample(
         deceptive,
         log_excerpt: String::new(),
         wall_s: 1.0,
+        stages: Vec::new(),
     }
 }
 

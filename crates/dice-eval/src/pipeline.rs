@@ -620,6 +620,7 @@ fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) 
         deceptive,
         log_excerpt: log,
         wall_s: o.wall_s,
+        stages: o.stages,
     };
     let extras = SampleExtras {
         origin: sample.origin.clone(),
@@ -627,7 +628,6 @@ fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) 
         baseline_wall_ms: o.baseline_wall_ms,
         builds: o.builds,
         kernels: o.kernels,
-        stages: o.stages,
     };
     (record, extras)
 }

@@ -73,6 +73,9 @@ pub struct SampleRecord {
     pub log_excerpt: String,
     /// Wall seconds spent on this sample (build + run).
     pub wall_s: f64,
+    /// Seconds per run-stage step (reference start, import, trials, timing, ...): where the
+    /// evaluator's time went. Empty when the sample never ran (or was stored before stages were).
+    pub stages: Vec<(String, f64)>,
 }
 
 impl SampleRecord {
@@ -106,6 +109,7 @@ mod tests {
             deceptive: true,
             log_excerpt: String::new(),
             wall_s: 0.0,
+            stages: Vec::new(),
         };
         assert!(s.counts_as_correct(false));
         assert!(!s.counts_as_correct(true));

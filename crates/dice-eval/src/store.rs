@@ -91,8 +91,6 @@ pub struct SampleExtras {
     /// CUDA: the kernels of the profiled correctness trial, with the share of kernel time in the
     /// candidate's own kernels (also a column of its own, `custom_kernel_share`).
     pub kernels: Option<KernelProfile>,
-    /// Seconds per run-stage step, in order (column `stages`, a JSON object).
-    pub stages: Vec<(String, f64)>,
 }
 
 /// Columns added after the first release, with their types, for stores made before them.
@@ -102,15 +100,29 @@ const ADDED_SAMPLE_COLUMNS: [(&str, &str); 3] = [
     ("stages", "TEXT"),
 ];
 
+/// The `stages` column: `[[stage, seconds], ...]` in the order the stages ran (stores of the
+/// first release with stages hold an object instead, read in name order).
+fn parse_stages(text: Option<String>) -> Result<Vec<(String, f64)>> {
+    let Some(text) = text else {
+        return Ok(Vec::new());
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).context("corrupt stage times in the store")?;
+    let pairs: Vec<(String, f64)> = match value {
+        serde_json::Value::Object(object) => object
+            .into_iter()
+            .filter_map(|(name, s)| Some((name, s.as_f64()?)))
+            .collect(),
+        value => serde_json::from_value(value).context("corrupt stage times in the store")?,
+    };
+    Ok(pairs)
+}
+
 fn stages_json(stages: &[(String, f64)]) -> Result<Option<String>> {
     if stages.is_empty() {
         return Ok(None);
     }
-    let object: serde_json::Map<String, serde_json::Value> = stages
-        .iter()
-        .map(|(name, s)| (name.clone(), serde_json::json!(s)))
-        .collect();
-    Ok(Some(serde_json::to_string(&object)?))
+    Ok(Some(serde_json::to_string(stages)?))
 }
 
 pub struct Store {
@@ -273,7 +285,7 @@ impl Store {
                 s.wall_s,
                 extras.kernels.as_ref().and_then(|k| k.custom_share),
                 extras.kernels.as_ref().map(serde_json::to_string).transpose()?,
-                stages_json(&extras.stages)?,
+                stages_json(&s.stages)?,
             ],
         )?;
         for b in &extras.builds {
@@ -291,7 +303,7 @@ impl Store {
         let mut stmt = self.conn.prepare(
             "SELECT level, problem_id, sample_id, code_hash, verdict, message, max_abs_error,
                     max_rel_error, trials_passed, candidate_timing, baseline_timing, speedup, flags,
-                    deceptive, log_excerpt, wall_s
+                    deceptive, log_excerpt, wall_s, stages
              FROM samples ORDER BY level, problem_id, sample_id",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -313,16 +325,19 @@ impl Store {
                     deceptive: r.get(13)?,
                     log_excerpt: r.get(14)?,
                     wall_s: r.get(15)?,
+                    stages: Vec::new(),
                 },
                 r.get::<_, String>(4)?,
                 r.get::<_, Option<String>>(9)?,
                 r.get::<_, Option<String>>(10)?,
                 r.get::<_, String>(12)?,
+                r.get::<_, Option<String>>(16)?,
             ))
         })?;
         let mut out = Vec::new();
         for row in rows {
-            let (mut s, verdict, cand, base, flags) = row?;
+            let (mut s, verdict, cand, base, flags, stages) = row?;
+            s.stages = parse_stages(stages)?;
             s.verdict = verdict.parse().map_err(anyhow::Error::msg)?;
             s.candidate_timing = parse_timing(cand)?;
             s.baseline_timing = parse_timing(base)?;

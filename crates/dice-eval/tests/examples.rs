@@ -37,6 +37,18 @@ fn examples_get_their_documented_verdicts_and_are_not_redone() {
         compile_error.log_excerpt.contains("FAILED"),
         "the build log is kept"
     );
+    // Where the time went, stored in the order the stages ran.
+    let correct = samples
+        .iter()
+        .find(|s| s.verdict == Verdict::Correct)
+        .unwrap();
+    let names: Vec<&str> = correct.stages.iter().map(|(n, _)| n.as_str()).collect();
+    let at = |stage: &str| names.iter().position(|n| *n == stage);
+    assert!(
+        at("import") < at("trials") && at("trials") < at("timing") && at("import").is_some(),
+        "{names:?}"
+    );
+    assert!(correct.stages.iter().all(|(_, s)| *s >= 0.0));
 
     let again = dice_eval::evaluate(
         test_config(run.path()),

@@ -27,7 +27,18 @@ pub struct Report {
     pub levels: BTreeMap<u32, LevelReport>,
     /// Problems whose reference failed; they stay in the denominators.
     pub problem_errors: Vec<ProblemError>,
+    /// Where the evaluator's run stage spent its time, most total time first.
+    pub evaluator_time: Vec<StageTime>,
     pub samples: Vec<SampleRow>,
+}
+
+/// One run-stage step over the samples that went through it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageTime {
+    pub stage: String,
+    pub samples: usize,
+    pub median_s: f64,
+    pub total_s: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -185,8 +196,38 @@ pub fn build_report(
         fast_p_thresholds: thresholds.iter().map(|t| t.label.clone()).collect(),
         levels,
         problem_errors,
+        evaluator_time: evaluator_time(samples),
         samples: rows,
     }
+}
+
+fn evaluator_time(samples: &[SampleRecord]) -> Vec<StageTime> {
+    let mut seconds: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for s in samples {
+        for (stage, secs) in &s.stages {
+            seconds.entry(stage).or_default().push(*secs);
+        }
+    }
+    let mut stages: Vec<StageTime> = seconds
+        .into_iter()
+        .map(|(stage, mut secs)| {
+            secs.sort_by(f64::total_cmp);
+            let mid = secs.len() / 2;
+            let median_s = if secs.len() % 2 == 1 {
+                secs[mid]
+            } else {
+                (secs[mid - 1] + secs[mid]) / 2.0
+            };
+            StageTime {
+                stage: stage.to_string(),
+                samples: secs.len(),
+                median_s,
+                total_s: secs.iter().sum(),
+            }
+        })
+        .collect();
+    stages.sort_by(|a, b| b.total_s.total_cmp(&a.total_s));
+    stages
 }
 
 fn level_report(

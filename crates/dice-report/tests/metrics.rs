@@ -59,6 +59,7 @@ fn sample(pid: u32, sid: u32, verdict: Verdict, speedup: Option<f64>) -> SampleR
         deceptive: false,
         log_excerpt: String::new(),
         wall_s: 1.0,
+        stages: Vec::new(),
     }
 }
 
@@ -320,4 +321,24 @@ fn text_formats_cover_every_sample() {
     for external in ["src=", "href=", "<script", "<link", "@import", "url("] {
         assert!(!html.contains(external), "{external}");
     }
+}
+
+#[test]
+fn evaluator_time_sums_each_stage_most_total_first() {
+    let mut a = sample(1, 0, Verdict::Correct, Some(2.0));
+    a.stages = vec![("import".into(), 1.0), ("timing".into(), 0.5)];
+    let mut b = sample(2, 0, Verdict::Correct, Some(2.0));
+    b.stages = vec![("import".into(), 3.0), ("timing".into(), 0.25)];
+    let mut c = sample(3, 0, Verdict::LoadError, None);
+    c.stages = vec![("import".into(), 2.0)];
+    let r = report(&problems(1, 1..=3), &[a, b, c], "1", false);
+    let t = &r.evaluator_time;
+    assert_eq!(t.len(), 2);
+    assert_eq!((t[0].stage.as_str(), t[0].samples), ("import", 3));
+    assert_eq!((t[0].median_s, t[0].total_s), (2.0, 6.0));
+    assert_eq!((t[1].stage.as_str(), t[1].samples), ("timing", 2));
+    assert_eq!((t[1].median_s, t[1].total_s), (0.375, 0.75));
+    let md = render(&r, Format::Md).unwrap();
+    assert!(md.contains("| import | 3 | 2.000 | 6.0 |"), "{md}");
+    assert_eq!(json(&r)["evaluator_time"][1]["stage"], "timing");
 }

@@ -99,6 +99,26 @@ pub(super) fn render(r: &Report) -> String {
         out.push_str("</table>");
     }
 
+    if !r.evaluator_time.is_empty() {
+        out.push_str(
+            "<h2>Where the evaluator's time went</h2><p>Wall seconds per run-stage step; steps of \
+             samples in flight at once overlap.</p><table><tr><th>stage</th><th>samples</th>\
+             <th>median s</th><th>total s</th></tr>",
+        );
+        for t in &r.evaluator_time {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{:.3}</td>\
+                 <td class=\"n\">{:.1}</td></tr>",
+                esc(&t.stage),
+                t.samples,
+                t.median_s,
+                t.total_s
+            );
+        }
+        out.push_str("</table>");
+    }
+
     out.push_str(
         "<h2>Samples</h2><table><tr><th>level</th><th>problem</th><th>name</th><th>sample</th>\
          <th>verdict</th><th>speedup</th><th>candidate ms</th><th>baseline ms</th>\

@@ -61,6 +61,24 @@ pub(super) fn render(r: &Report) -> String {
         }
     }
 
+    if !r.evaluator_time.is_empty() {
+        out.push_str(
+            "\n## Where the evaluator's time went\n\nWall seconds per run-stage step; steps of \
+             samples in flight at once overlap, so totals exceed the run's wall time.\n\n\
+             | stage | samples | median s | total s |\n|---|---:|---:|---:|\n",
+        );
+        for t in &r.evaluator_time {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.3} | {:.1} |",
+                cell(&t.stage),
+                t.samples,
+                t.median_s,
+                t.total_s
+            );
+        }
+    }
+
     let flagged: Vec<_> = r
         .samples
         .iter()
