@@ -16,6 +16,9 @@ import profiling
 import protocol
 
 MESSAGE_CHARS = 500
+# Expected outputs up to this size per trial stay on the device: seven trials of a reference,
+# times the references in flight, must leave room for the candidates.
+DEVICE_KEPT_BYTES = 1 << 30
 
 
 class Channel:
@@ -257,12 +260,13 @@ class Expected:
             seed = self.seeds[len(self.outputs)]
             out = protocol.as_tensor_list(self.setup.run_trial(self.problem, self.model, seed), self.setup.device)
             # Kept on the device (host memory is the scarcer one with several evaluations in
-            # flight) unless it is full, as copies: a forward may return storage that its next
-            # call overwrites.
+            # flight) unless large or the device is full, as copies: a forward may return storage
+            # that its next call overwrites.
+            size = sum(t.numel() * t.element_size() for t in out)
             try:
-                kept = [t.clone() for t in out]
+                kept = [t.clone() if size <= DEVICE_KEPT_BYTES else t.to("cpu", copy=True) for t in out]
             except torch.OutOfMemoryError:
-                kept = [t.cpu() for t in out]
+                kept = [t.to("cpu", copy=True) for t in out]
             del out
             self.outputs.append(kept)
         return self.outputs[index]

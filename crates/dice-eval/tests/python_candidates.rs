@@ -151,6 +151,16 @@ fn python_candidates_get_every_runtime_verdict() {
             Verdict::NanOrInf,
         ),
         (1, 10, FORGER.as_bytes().to_vec(), Verdict::RuntimeError),
+        // Retried with the device to itself (the others wait), then judged like any error.
+        (
+            1,
+            11,
+            relu_candidate(
+                "",
+                "raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB')",
+            ),
+            Verdict::RuntimeError,
+        ),
         (2, 0, stochastic_copy.into_bytes(), Verdict::Correct),
     ];
     let run = tempfile::tempdir().unwrap();
