@@ -25,16 +25,20 @@ mkdir -p "$runs" "$bin"
 unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2" && chmod +x "$2"; }
 unxz "$DATA/dice.xz" "$bin/dice"
 left() { echo $(( budget - ($(date +%s) - start) )); }
+cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
 pack() { tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs; }
 step() { # name, cap seconds, dice eval args...
   local name=$1 cap=$2; shift 2
   local limit=$(( $(left) < cap ? $(left) : cap ))
   (( limit > 10 )) || { echo "$name skipped: no time left" | tee -a "$OUT/steps.txt"; return; }
-  local t0=$(date +%s%N)
+  local t0=$(date +%s%N) c0
+  c0=$(cpu_ticks)
   timeout "$limit" "$bin/dice" eval "$@" --run "$runs/$name" --device cuda --build-cache "$cache" \
     --jobs 16 >"$runs/$name.log" 2>&1
   local rc=$?
-  echo "$name rc=$rc limit=${limit}s wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
+  # Whether the machine's cores were the limit: busy share of all cores over the step.
+  local busy=$(echo "$c0 $(cpu_ticks)" | awk '{printf "%.0f", 100 * ($3 - $1) / ($4 - $2)}')
+  echo "$name rc=$rc limit=${limit}s wall_ms=$(( ($(date +%s%N) - t0) / 1000000 )) cpu_busy=${busy}%" | tee -a "$OUT/steps.txt"
   tail -3 "$runs/$name.log" | tee -a "$OUT/steps.txt"
   "$bin/dice" report "$runs/$name" --format json >"$runs/$name.json" 2>>"$OUT/steps.txt"
   "$bin/dice" report "$runs/$name" --format md >"$runs/$name.md" 2>>"$OUT/steps.txt"

@@ -264,8 +264,8 @@ pub fn spawn_candidate(
 }
 
 /// Runs a started candidate against `reference`: construction and each correctness trial (with
-/// its judgement) under an untimed pass of `access`, then, when correct, timing with the device
-/// to itself.
+/// its judgement) under an untimed pass of `access`; when correct, timing with the device to
+/// itself, then on CUDA the profiled rerun of trial 1.
 pub fn run_candidate(
     ctx: &JobContext,
     access: &Access<'_>,
