@@ -11,7 +11,7 @@ fn shared_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
 }
 
-fn generate(run: &Path, samples: &str) {
+fn generate(run: &Path, samples: &str, extra: &[&str]) {
     let shared = shared_dir();
     let output = Command::new(env!("CARGO_BIN_EXE_dice"))
         .arg("generate")
@@ -23,6 +23,7 @@ fn generate(run: &Path, samples: &str) {
         .args(["--max-new-tokens", "6", "--no-stop"])
         .arg("--run")
         .arg(run)
+        .args(extra)
         .output()
         .unwrap();
     assert!(
@@ -44,7 +45,7 @@ fn lines(run: &Path) -> Vec<Value> {
 fn kernelbench_candidates_are_written_and_resumed() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    generate(&run, "1");
+    generate(&run, "1", &[]);
     let first = lines(&run);
     let keys: Vec<(u64, u64, u64)> = first
         .iter()
@@ -66,7 +67,7 @@ fn kernelbench_candidates_are_written_and_resumed() {
     let candidates = dice_bench::load_candidates(&[run.join("candidates.jsonl")]).unwrap();
     assert_eq!(candidates.len(), 2);
 
-    generate(&run, "2");
+    generate(&run, "2", &[]);
     let second = lines(&run);
     assert_eq!(second.len(), 4);
     assert_eq!(second[..2], first[..]);
@@ -75,4 +76,42 @@ fn kernelbench_candidates_are_written_and_resumed() {
         .map(|l| l["sample_id"].as_u64().unwrap())
         .collect();
     assert_eq!(added, vec![1, 1]);
+}
+
+/// Requests dealt to several engines (threads, each with its model) decode exactly as in one.
+#[test]
+fn several_engines_give_the_answers_of_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let by_key = |run: &Path| {
+        let mut all: Vec<(u64, u64, Value)> = lines(run)
+            .into_iter()
+            .map(|l| {
+                let key = (
+                    l["problem_id"].as_u64().unwrap(),
+                    l["sample_id"].as_u64().unwrap(),
+                );
+                (key.0, key.1, l)
+            })
+            .collect();
+        all.sort_by_key(|(p, s, _)| (*p, *s));
+        all
+    };
+    let (one, three) = (dir.path().join("one"), dir.path().join("three"));
+    generate(
+        &one,
+        "2",
+        &["--engines", "1", "--temperature", "1.0", "--top-k", "0"],
+    );
+    generate(
+        &three,
+        "2",
+        &["--engines", "3", "--temperature", "1.0", "--top-k", "0"],
+    );
+    let (one, three) = (by_key(&one), by_key(&three));
+    assert_eq!(one.len(), 4);
+    assert_ne!(
+        one[0].2["token_ids"], one[1].2["token_ids"],
+        "two samples of one problem decode with different seeds"
+    );
+    assert_eq!(one, three);
 }

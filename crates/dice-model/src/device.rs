@@ -11,6 +11,21 @@ pub fn cuda_device(ordinal: usize) -> Result<Device> {
     Ok(device)
 }
 
+/// Every visible CUDA device, in ordinal order, each as [`cuda_device`] makes it.
+#[cfg(feature = "cuda")]
+pub fn cuda_devices() -> Result<Vec<Device>> {
+    let count = candle_core::cuda_backend::cudarc::driver::CudaContext::device_count()
+        .map_err(|e| anyhow::anyhow!("cannot count the CUDA devices: {e:?}"))?;
+    anyhow::ensure!(count > 0, "no CUDA device is visible");
+    (0..count as usize).map(cuda_device).collect()
+}
+
+/// Without the `cuda` feature: the same error as [`cuda_device`].
+#[cfg(not(feature = "cuda"))]
+pub fn cuda_devices() -> Result<Vec<Device>> {
+    Ok(vec![cuda_device(0)?])
+}
+
 /// Turns cudarc's event tracking on or off for the buffers `device` allocates from now on
 /// (nothing to do on other devices). Tracked buffers carry two CUDA events, created and
 /// destroyed with every allocation, that only synchronize once the context runs several

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{channel, Sender};
 use std::sync::Mutex;
 
 /// Decoding settings; the defaults are DICE's KernelBench evaluation (spec §4.7).
@@ -119,13 +119,22 @@ pub enum DTypeArg {
     Fp16,
 }
 
+const NO_CUDA: &str =
+    "cannot use CUDA (is this binary built with `--features cuda` and is a GPU visible?)";
+
 impl DeviceKind {
     pub fn device(self) -> Result<Device> {
         match self {
             DeviceKind::Cpu => Ok(Device::Cpu),
-            DeviceKind::Cuda => dice_model::device::cuda_device(0).context(
-                "cannot use CUDA device 0 (is this binary built with `--features cuda` and is a GPU visible?)",
-            ),
+            DeviceKind::Cuda => dice_model::device::cuda_device(0).context(NO_CUDA),
+        }
+    }
+
+    /// The CPU, or every visible GPU.
+    fn all(self) -> Result<Vec<Device>> {
+        match self {
+            DeviceKind::Cpu => Ok(vec![Device::Cpu]),
+            DeviceKind::Cuda => dice_model::device::cuda_devices().context(NO_CUDA),
         }
     }
 }
@@ -149,12 +158,29 @@ pub struct RuntimeArgs {
     /// Compute dtype (DICE's evaluation used fp16, RL rollouts bf16).
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DTypeArg,
-    /// Sequences decoded at once.
+    /// Sequences decoded at once (per engine).
     #[arg(long, default_value_t = 32)]
     pub max_batch: usize,
 }
 
+/// How many engines decode a batch job, and where.
+#[derive(Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Decoding engines, each with its own copy of the model, dealt requests in turn [default:
+    /// one per visible GPU with --device cuda, one on the CPU]. More engines than GPUs share the
+    /// GPUs in turn. Outputs do not depend on it: every request decodes with its own seed.
+    #[arg(long, value_name = "N")]
+    pub engines: Option<usize>,
+}
+
 impl RuntimeArgs {
+    /// The device of each engine of a batch job.
+    fn engine_devices(&self, engines: &EngineArgs) -> Result<Vec<Device>> {
+        let devices = self.device.all()?;
+        let count = engines.engines.unwrap_or(devices.len()).max(1);
+        Ok(devices.iter().cycle().take(count).cloned().collect())
+    }
+
     /// The model of `dir` set up for `block_length`, with its tokenizer and chat template.
     pub fn load(&self, dir: &Path, block_length: usize) -> Result<(SdarDecoder, TextCodec)> {
         let device = self.device.device()?;
@@ -220,6 +246,8 @@ pub struct GenerateArgs {
     pub decode: DecodeArgs,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
+    #[command(flatten)]
+    pub engines: EngineArgs,
 }
 
 /// One prompt to generate for, and where its answers go.
@@ -365,8 +393,7 @@ fn run_local(
     jobs: Vec<Job>,
     sink: &mut Sink,
 ) -> Result<()> {
-    let (model, codec) = a.runtime.load(dir, params.block_length)?;
-    let mut keys = BTreeMap::new();
+    let codec = TextCodec::from_dir(dir)?;
     let mut requests = Vec::new();
     for job in jobs {
         let prompt = if a.raw {
@@ -391,12 +418,52 @@ fn run_local(
         .map(|(_, r)| (r.prompt.len() + params.max_new_tokens).div_ceil(b) * b)
         .max()
         .unwrap_or(b);
-    let config = EngineConfig {
-        max_batch: a.runtime.max_batch.clamp(1, requests.len().max(1)),
-        max_seq_len,
-        ..EngineConfig::default()
-    };
-    let mut engine = Engine::new(model, config)?;
+    let devices = a.runtime.engine_devices(&a.engines)?;
+    let mut shares: Vec<Vec<(JobKey, Request)>> = devices.iter().map(|_| Vec::new()).collect();
+    let engines = shares.len();
+    for (i, request) in requests.into_iter().enumerate() {
+        shares[i % engines].push(request);
+    }
+    let (finished, completions) = channel();
+    std::thread::scope(|scope| -> Result<()> {
+        let workers: Vec<_> = devices
+            .into_iter()
+            .zip(shares)
+            .filter(|(_, share)| !share.is_empty())
+            .map(|(device, share)| {
+                let finished = finished.clone();
+                let runtime = &a.runtime;
+                scope.spawn(move || -> Result<()> {
+                    let model = SdarDecoder::load(dir, runtime.dtype.dtype(), &device, b)
+                        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+                    let config = EngineConfig {
+                        max_batch: runtime.max_batch.clamp(1, share.len()),
+                        max_seq_len,
+                        ..EngineConfig::default()
+                    };
+                    decode(Engine::new(model, config)?, share, &finished)
+                })
+            })
+            .collect();
+        drop(finished);
+        // Answers are stored as they come, whichever engine finishes them.
+        for (key, completion) in completions {
+            sink.record(key, local_answer(&codec, completion)?)?;
+        }
+        for worker in workers {
+            worker.join().expect("a decoding engine panicked")?;
+        }
+        Ok(())
+    })
+}
+
+/// Runs `requests` through `engine`, sending each completion with its job as it finishes.
+fn decode(
+    mut engine: Engine<SdarDecoder>,
+    requests: Vec<(JobKey, Request)>,
+    finished: &Sender<(JobKey, Completion)>,
+) -> Result<()> {
+    let mut keys = BTreeMap::new();
     for (key, request) in requests {
         keys.insert(engine.submit(request)?, key);
     }
@@ -406,7 +473,10 @@ fn run_local(
                 let key = keys
                     .remove(&completion.id)
                     .context("a completion of an unknown request")?;
-                sink.record(key, local_answer(&codec, completion)?)?;
+                // The receiver is gone only when storing failed; that error is reported there.
+                if finished.send((key, completion)).is_err() {
+                    return Ok(());
+                }
             }
         }
     }
