@@ -210,11 +210,20 @@ def serve_timing(channel, ops, job_dir, timer, profiled):
 
 def reference(channel, req):
     setup = protocol.Setup(req)
+    ops = channel.ops()
     try:
         problem = protocol.load_module("dice_problem", req["problem_path"])
         for name in ("Model", "get_inputs", "get_init_inputs"):
             if not hasattr(problem, name):
                 raise AttributeError(f"the problem defines no {name}")
+    except BaseException as e:  # noqa: B036
+        traceback.print_exc()
+        channel.send(event="failed", verdict="reference_error", message=one_line(e), phase="reference")
+        return
+    channel.send(event="loaded")
+    if not await_op(ops, "construct"):
+        return
+    try:
         model = setup.build_model(problem, problem.Model)
         timed = torch.compile(model) if req.get("baseline") == "torch_compile" else model
         timer = protocol.Timer(setup, problem, timed, req.get("cores"))
@@ -224,7 +233,7 @@ def reference(channel, req):
         return
     channel.send(event="ready")
     judge = Judge(Expected(setup, problem, model, req["trials"]), req["atol"], req["rtol"], setup.device)
-    for op in channel.ops():
+    for op in ops:
         if op["op"] == "judge":
             try:
                 judged = judge.check(op["trial"], op["path"])

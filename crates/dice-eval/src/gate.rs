@@ -1,7 +1,7 @@
 //! Timing exclusivity on one device while several candidates are in flight on it.
 //!
-//! Each untimed step that touches the device (constructing a model, one correctness trial and its
-//! judgement, the reference's start) holds a shared pass; timing holds the exclusive one, so no
+//! Each untimed step that touches the device (constructing a candidate's or a reference's model,
+//! one correctness trial and its judgement, the profiled rerun) holds a shared pass; timing holds the exclusive one, so no
 //! other process of the evaluation works on the device while a candidate or its baseline is
 //! timed. Steps are short, so timing waits at most for the steps already running; std's RwLock on
 //! Linux blocks new readers while a writer waits, so timing never starves. Process start-up,

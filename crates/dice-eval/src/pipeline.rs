@@ -481,10 +481,7 @@ impl RunSlot<'_> {
         if self.reference.as_ref().is_none_or(|(k, _)| *k != key) {
             self.close_reference();
             let started = Instant::now();
-            let step = access.untimed();
-            let started_reference = Reference::start(ctx, &zygote, problem);
-            drop(step);
-            let result = match started_reference {
+            let result = match Reference::start(ctx, &zygote, problem, &access) {
                 Ok(r) => {
                     let _ = self.reports.send(Report::ReferenceOk(key));
                     Ok(r)

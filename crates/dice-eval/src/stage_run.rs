@@ -39,10 +39,13 @@ pub struct Reference {
 }
 
 impl Reference {
+    /// Starts the reference of `problem`: the process and its imports outside any device pass,
+    /// then the model and the timing inputs on the device under an untimed pass of `access`.
     pub fn start(
         ctx: &JobContext,
         zygote: &Zygote,
         problem: &EvalProblem,
+        access: &Access<'_>,
     ) -> Result<Reference, RunError> {
         let mut request = common_request(ctx);
         request["problem_path"] = json!("problem.py");
@@ -53,7 +56,18 @@ impl Reference {
         let child = Child::start(zygote, &ctx.jobs_dir, "reference", &files, request)
             .map_err(RunError::Evaluator)?;
         let mut reference = Reference { child };
-        match reference.wait_for(ctx, "ready", "running the reference") {
+        let ready = reference
+            .wait_for(ctx, "loaded", "importing the problem")
+            .and_then(|_| {
+                let _step = access.untimed();
+                reference.request(
+                    ctx,
+                    json!({"op": "construct"}),
+                    "ready",
+                    "running the reference",
+                )
+            });
+        match ready {
             Ok(_) => Ok(reference),
             Err(failed) => {
                 let (_, log) = reference.child.finish();
