@@ -7,7 +7,7 @@ use tree_sitter::Node;
 
 use crate::extension::{Binding, Extension};
 use crate::module::{assigned_names, PyModule};
-use crate::syntax::{descendants, named_children};
+use crate::syntax::{assignments, descendants, named_children};
 use crate::torch_ops;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -112,16 +112,7 @@ impl<'m, 't> CallGraph<'m, 't> {
                 }
             }
             for method in class.methods.values() {
-                for node in descendants(*method) {
-                    if node.kind() != "assignment" {
-                        continue;
-                    }
-                    let (Some(left), Some(right)) = (
-                        node.child_by_field_name("left"),
-                        node.child_by_field_name("right"),
-                    ) else {
-                        continue;
-                    };
+                for (left, right) in assignments(*method) {
                     if let Some(attr) = self_attribute(self.module, left) {
                         found.push((class_name.clone(), attr.to_string(), right));
                     }
@@ -243,16 +234,7 @@ impl<'m, 't> CallGraph<'m, 't> {
     /// `fn = self.ext.fn`-style local names inside one function.
     fn local_values(&self, function: Node, class: Option<&str>) -> HashMap<String, Value> {
         let mut locals = HashMap::new();
-        for node in descendants(function) {
-            if node.kind() != "assignment" {
-                continue;
-            }
-            let (Some(left), Some(right)) = (
-                node.child_by_field_name("left"),
-                node.child_by_field_name("right"),
-            ) else {
-                continue;
-            };
+        for (left, right) in assignments(function) {
             if left.kind() == "identifier" {
                 if let Some(value) = self.value_of(right, class) {
                     locals.insert(self.module.text(left).to_string(), value);

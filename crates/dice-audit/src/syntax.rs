@@ -43,6 +43,19 @@ pub(crate) fn descendants(node: Node) -> Vec<Node> {
     }
 }
 
+/// `(left, right)` of every plain assignment (`a = b`, not `a += b`) in the subtree of `node`.
+pub(crate) fn assignments(node: Node) -> impl Iterator<Item = (Node, Node)> {
+    descendants(node)
+        .into_iter()
+        .filter(|n| n.kind() == "assignment")
+        .filter_map(|n| {
+            Some((
+                n.child_by_field_name("left")?,
+                n.child_by_field_name("right")?,
+            ))
+        })
+}
+
 pub(crate) fn named_children(node: Node) -> Vec<Node> {
     let mut cursor = node.walk();
     node.named_children(&mut cursor).collect()
