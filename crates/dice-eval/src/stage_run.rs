@@ -13,6 +13,7 @@ use crate::zygote::{Exit, Zygote};
 use anyhow::anyhow;
 use dice_audit::Rule;
 use serde_json::{json, Value};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// The reference of a problem failed: a problem error, never blamed on the candidate.
@@ -127,18 +128,22 @@ impl Reference {
         self.wait_for(ctx, reply, doing)
     }
 
+    /// Judges the output the candidate published at `path` against expected output `trial`,
+    /// then deletes it: published outputs can be GBs of RAM (job folders live in /dev/shm).
     fn judge(
         &mut self,
         ctx: &JobContext,
         trial: u32,
-        path: &str,
+        path: &Path,
     ) -> Result<Value, ReferenceFailed> {
-        self.request(
+        let judged = self.request(
             ctx,
-            json!({"op": "judge", "trial": trial, "path": path}),
+            json!({"op": "judge", "trial": trial, "path": path.to_string_lossy()}),
             "judged",
             "judging an output",
-        )
+        );
+        let _ = std::fs::remove_file(path);
+        judged
     }
 
     /// Timings of `n` calls in ms, and the evaluator-side wall time of the batch.
@@ -219,23 +224,26 @@ impl Trials {
         };
         self.max_abs = fold(self.max_abs, judged["max_abs"].as_f64());
         self.max_rel = fold(self.max_rel, judged["max_rel"].as_f64());
-        let verdict = match judged["verdict"].as_str() {
-            Some("ok") => {
-                self.passed += 1;
-                return false;
-            }
-            Some("shape_mismatch") => Verdict::ShapeMismatch,
-            Some("nan_or_inf") => Verdict::NanOrInf,
-            Some("output_mismatch") => Verdict::OutputMismatch,
-            _ => Verdict::RuntimeError,
+        let Some((verdict, message)) = judged_failure(judged) else {
+            self.passed += 1;
+            return false;
         };
-        let message = judged["message"]
-            .as_str()
-            .unwrap_or("wrong output")
-            .to_string();
         self.failure.get_or_insert((verdict, message));
         verdict == Verdict::ShapeMismatch
     }
+}
+
+/// The verdict and message of a judgement that failed; None when the output was right.
+fn judged_failure(judged: &Value) -> Option<(Verdict, String)> {
+    let verdict = match judged["verdict"].as_str() {
+        Some("ok") => return None,
+        Some("shape_mismatch") => Verdict::ShapeMismatch,
+        Some("nan_or_inf") => Verdict::NanOrInf,
+        Some("output_mismatch") => Verdict::OutputMismatch,
+        _ => Verdict::RuntimeError,
+    };
+    let message = judged["message"].as_str().unwrap_or("wrong output");
+    Some((verdict, message.to_string()))
 }
 
 /// What the run stage learnt about a candidate besides its verdict.
@@ -358,9 +366,7 @@ pub fn run_candidate(
                         continue;
                     }
                     let path = child.dir().join(format!("output_{trial}.pt"));
-                    let judged = reference.judge(ctx, trial, &path.to_string_lossy())?;
-                    // Judged outputs can be GBs of RAM (the job folder is in /dev/shm).
-                    let _ = std::fs::remove_file(&path);
+                    let judged = reference.judge(ctx, trial, &path)?;
                     drop(step.take());
                     if trials.take(&judged) {
                         verdict = trials.failure.clone();
@@ -572,11 +578,8 @@ fn judge_timing_outputs(
     for k in 0..sets as u32 {
         let path = child.dir().join(format!("timing_{k}.pt"));
         let index = ctx.cfg.correctness_trials + k;
-        let judged = reference.judge(ctx, index, &path.to_string_lossy())?;
-        let _ = std::fs::remove_file(&path);
-        let mut trial = Trials::default();
-        trial.take(&judged);
-        if let Some((verdict, message)) = trial.failure {
+        let judged = reference.judge(ctx, index, &path)?;
+        if let Some((verdict, message)) = judged_failure(&judged) {
             let message = format!(
                 "the last timed call on input set {} was wrong: {message}",
                 k + 1
@@ -692,12 +695,7 @@ fn profile_candidate(
         &mut on_event,
     );
     let judged = match profiled {
-        Ok(_) => {
-            let path = child.dir().join("output_profiled.pt");
-            let judged = reference.judge(ctx, 0, &path.to_string_lossy())?;
-            let _ = std::fs::remove_file(&path);
-            Ok(judged)
-        }
+        Ok(_) => Ok(reference.judge(ctx, 0, &child.dir().join("output_profiled.pt"))?),
         Err(failure) => Err(failure),
     };
     drop(step);
@@ -711,9 +709,7 @@ fn profile_candidate(
         Ok(judged) => judged,
         Err(failure) => return Ok(Err(failure)),
     };
-    let mut trial = Trials::default();
-    trial.take(&judged);
-    Ok(match trial.failure {
+    Ok(match judged_failure(&judged) {
         Some((verdict, message)) => Err((
             verdict,
             format!("correctness trial 1, run again under the profiler, was wrong: {message}"),

@@ -183,11 +183,14 @@ impl RuntimeArgs {
 
     /// The model of `dir` set up for `block_length`, with its tokenizer and chat template.
     pub fn load(&self, dir: &Path, block_length: usize) -> Result<(SdarDecoder, TextCodec)> {
-        let device = self.device.device()?;
-        let model = SdarDecoder::load(dir, self.dtype.dtype(), &device, block_length)
-            .with_context(|| format!("cannot load the model in {}", dir.display()))?;
-        let codec = TextCodec::from_dir(dir)?;
-        Ok((model, codec))
+        let model = self.model_on(dir, &self.device.device()?, block_length)?;
+        Ok((model, TextCodec::from_dir(dir)?))
+    }
+
+    /// The model of `dir` on `device`, set up for `block_length`.
+    fn model_on(&self, dir: &Path, device: &Device, block_length: usize) -> Result<SdarDecoder> {
+        SdarDecoder::load(dir, self.dtype.dtype(), device, block_length)
+            .with_context(|| format!("cannot load the model in {}", dir.display()))
     }
 }
 
@@ -434,8 +437,7 @@ fn run_local(
                 let finished = finished.clone();
                 let runtime = &a.runtime;
                 scope.spawn(move || -> Result<()> {
-                    let model = SdarDecoder::load(dir, runtime.dtype.dtype(), &device, b)
-                        .with_context(|| format!("cannot load the model in {}", dir.display()))?;
+                    let model = runtime.model_on(dir, &device, b)?;
                     let config = EngineConfig {
                         max_batch: runtime.max_batch.clamp(1, share.len()),
                         max_seq_len,
