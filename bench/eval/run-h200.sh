@@ -63,6 +63,7 @@ for s in "$@"; do
   case $s in
     c-cold) rm -rf "$cache"; step c-cold 330 --pairs "$DATA/pairs32.json" --runs-per-device 8 ;;
     c-warm) step c-warm 120 --pairs "$DATA/pairs32.json" --runs-per-device 8 ;;
+    c-warm16) step c-warm16 120 --pairs "$DATA/pairs32.json" --runs-per-device 16 ;;
     a-pairs) step a-pairs 600 --pairs "$DATA/pairs.json" --runs-per-device 8 ;;
     b-identity) step b-identity 300 "$DATA/identity.jsonl" --kernelbench "$DATA/kb" ;;
     adversarial) adversarial ;;

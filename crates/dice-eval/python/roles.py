@@ -134,12 +134,13 @@ def candidate(channel, req):
             else:
                 message = f"forward returned the storage of its input {aliased[0]}: it computes in place on the caller's tensor"
             channel.send(event="finding", rule="input_mutation", message=message)
-        path = os.path.join(req["dir"], f"output_{trial}.pt")
-        torch.save(outputs, path)
+        path = os.path.join(req["dir"], f"output_{trial}.bin")
+        protocol.publish(outputs, path)
         channel.send(event="output", trial=trial, path=path)
     channel.send(event="trials_done")
-    timer = protocol.Timer(setup, problem, model, req.get("cores"))
-    serve_timing(channel, ops, req["dir"], timer, Profiled(channel, setup, problem, model, req))
+    profiled = Profiled(channel, setup, problem, model, req)
+    # Held by serve_timing alone, which frees it before the profiled trial.
+    serve_timing(channel, ops, req["dir"], protocol.Timer(setup, problem, model, req.get("cores")), profiled)
 
 
 class Profiled:
@@ -153,14 +154,14 @@ class Profiled:
         self.setup = setup
         self.problem = problem
         self.model = model
-        self.path = os.path.join(req["dir"], "output_profiled.pt")
+        self.path = os.path.join(req["dir"], "output_profiled.bin")
         self.seed = protocol.trial_seeds(req["trials"])[0]
 
     def start(self):
-        """Starts the profiler (seconds of host work, kept out of the evaluator's device pass)."""
+        """Loads the kernel recorder, outside the evaluator's device pass."""
         if self.setup.device.type == "cuda":
             try:
-                self.profiler = profiling.Session(os.path.dirname(self.path))
+                self.profiler = profiling.Session()
             except Exception as e:
                 self.channel.send(event="profile_unavailable", message=one_line(e))
         self.channel.send(event="profiler_ready")
@@ -179,7 +180,7 @@ class Profiled:
                 if not result:
                     raise
                 self.channel.send(event="profile_unavailable", message=one_line(e))
-        torch.save(protocol.as_tensor_list(result[0]), self.path)
+        protocol.publish(protocol.as_tensor_list(result[0]), self.path)
         self.channel.send(event="profiled", path=self.path)
 
 
@@ -194,9 +195,13 @@ def serve_timing(channel, ops, job_dir, timer, profiled):
             channel.send(event="times", ms=ms, reused=timer.reused)
         elif op["op"] == "publish_timing":
             for k in range(len(timer.sets)):
-                torch.save(timer.outputs(k), os.path.join(job_dir, f"timing_{k}.pt"))
+                protocol.publish(timer.outputs(k), os.path.join(job_dir, f"timing_{k}.bin"))
             channel.send(event="timing_outputs", sets=len(timer.sets))
         elif op["op"] == "start_profiler":
+            # Timing is over: its input sets and kept outputs make room for the profiled trial.
+            timer = None
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
             profiled.start()
         elif op["op"] == "profile":
             try:
@@ -227,12 +232,14 @@ def reference(channel, req):
         model = setup.build_model(problem, problem.Model)
         timed = torch.compile(model) if req.get("baseline") == "torch_compile" else model
         timer = protocol.Timer(setup, problem, timed, req.get("cores"))
+        expected = Expected(setup, problem, model, req["trials"])
+        expected[0]  # noqa: B018 (its forward's peak belongs to the footprint below)
     except BaseException as e:  # noqa: B036
         traceback.print_exc()
         channel.send(event="failed", verdict="reference_error", message=one_line(e), phase="reference")
         return
-    channel.send(event="ready")
-    judge = Judge(Expected(setup, problem, model, req["trials"]), req["atol"], req["rtol"], setup.device)
+    channel.send(event="ready", **expected.footprint())
+    judge = Judge(expected, req["atol"], req["rtol"], setup.device)
     for op in ops:
         if op["op"] == "judge":
             try:
@@ -254,8 +261,10 @@ def reference(channel, req):
 
 class Expected:
     """The reference's outputs: correctness trials, then the timing input sets (judged after a
-    candidate's timed calls), on the evaluation device. Computed when first needed, while the evaluator holds the device for
-    the trial that needs them, and always in this order (a stateful model sees the same calls)."""
+    candidate's timed calls), on the evaluation device. The first is computed with the model's
+    construction (for the process's footprint), the others when first needed, while the
+    evaluator holds the device for the trial that needs them; always in this order (a stateful
+    model sees the same calls)."""
 
     def __init__(self, setup, problem, model, trials):
         self.setup = setup
@@ -264,10 +273,19 @@ class Expected:
         self.seeds = protocol.trial_seeds(trials) + list(protocol.TIMING_SEEDS)
         self.outputs = []
 
+    def footprint(self):
+        """What this process will hold on the device once every expected output is computed
+        (a candidate of the problem needs about as much), and the device's size; {} on the CPU."""
+        if self.setup.device.type != "cuda":
+            return {}
+        kept = sum(t.numel() * t.element_size() for t in self.outputs[0] if t.is_cuda)
+        peak = torch.cuda.max_memory_reserved() + (len(self.seeds) - 1) * kept
+        return {"device_bytes": peak, "device_total": torch.cuda.mem_get_info()[1]}
+
     def __getitem__(self, index):
         while len(self.outputs) <= index:
             seed = self.seeds[len(self.outputs)]
-            out = protocol.as_tensor_list(self.setup.run_trial(self.problem, self.model, seed), self.setup.device)
+            out = protocol.as_tensor_list(self.setup.run_trial(self.problem, self.model, seed))
             # Kept on the device (host memory is the scarcer one with several evaluations in
             # flight) unless large or the device is full, as copies: a forward may return storage
             # that its next call overwrites.
@@ -282,7 +300,8 @@ class Expected:
 
 
 class Judge:
-    """Compares on the evaluation device: multi-GB outputs take seconds per trial on the CPU."""
+    """Compares on the evaluation device, a chunk at a time: multi-GB outputs take seconds per
+    trial on the CPU, and whole-tensor float copies of them may not fit beside other processes."""
 
     def __init__(self, expected, atol, rtol, device):
         self.expected = expected
@@ -297,11 +316,10 @@ class Judge:
             size = os.path.getsize(path)
             if size > limit:
                 return verdict("shape_mismatch", f"published output of {size} bytes, far larger than the reference's")
-            got = torch.load(path, map_location="cpu", weights_only=True)
+            # Memory-mapped: a multi-GB output is read once, a chunk at a time, into the device.
+            got = protocol.read_published(path)
         except Exception as e:
             return verdict("runtime_error", "unreadable published output: " + one_line(e))
-        if not isinstance(got, list) or not all(isinstance(t, torch.Tensor) for t in got):
-            return verdict("runtime_error", "published output is not a list of tensors")
         if len(got) != len(expected):
             return verdict("shape_mismatch", f"expected {len(expected)} output tensors, got {len(got)}")
         worst_abs = worst_rel = 0.0
@@ -319,14 +337,28 @@ class Judge:
         return dict(failure, max_abs=worst_abs, max_rel=worst_rel)
 
     def compare(self, ref, new):
-        try:
-            return self._compare(ref.to(self.device), new.to(self.device))
-        except torch.OutOfMemoryError:
-            # Outputs of tens of GB: no room for the float copies beside the other processes.
-            torch.cuda.empty_cache()
-            return self._compare(ref.cpu(), new.cpu())
+        same_dtype = new.dtype == ref.dtype
+        ref, new = ref.reshape(-1), new.reshape(-1)
+        total = Comparison()
+        for start in range(0, ref.numel(), COMPARE_CHUNK):
+            r, n = ref[start : start + COMPARE_CHUNK], new[start : start + COMPARE_CHUNK]
+            try:
+                part = self._compare(r.to(self.device), n.to(self.device), same_dtype)
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                part = self._compare(r.cpu(), n.cpu(), same_dtype)
+            total.add(part)
+        errors = dict(max_abs=total.max_abs, max_rel=total.max_rel)
+        if total.spoiled:
+            return dict(verdict("nan_or_inf", f"{total.spoiled} non-finite values where the reference is finite"), **errors)
+        if not same_dtype:
+            return dict(verdict("output_mismatch", f"output dtype {new.dtype}, expected {ref.dtype}"), **errors)
+        if not total.close:
+            message = f"max abs error {total.max_abs:.6g}, max rel error {total.max_rel:.6g}"
+            return dict(verdict("output_mismatch", message), **errors)
+        return dict(verdict("ok", None), **errors)
 
-    def _compare(self, ref, new):
+    def _compare(self, ref, new, same_dtype):
         wide = torch.float64 if ref.dtype == torch.float64 else torch.float32
         r = ref.to(wide)
         n = new.to(wide)
@@ -334,19 +366,32 @@ class Judge:
         diff = torch.where(r == n, torch.zeros_like(diff), diff)  # equal infinities are no error
         finite = torch.isfinite(diff)
         rel = diff / r.abs().clamp_min(self.atol)
-        errors = dict(
+        return Comparison(
             max_abs=float(diff[finite].max()) if finite.any() else 0.0,
             max_rel=float(rel[finite].max()) if finite.any() else 0.0,
+            spoiled=int((torch.isfinite(r) & ~torch.isfinite(n)).sum()),
+            close=same_dtype and torch.allclose(ref, new, atol=self.atol, rtol=self.rtol, equal_nan=True),
         )
-        spoiled = int((torch.isfinite(r) & ~torch.isfinite(n)).sum())
-        if spoiled:
-            return dict(verdict("nan_or_inf", f"{spoiled} non-finite values where the reference is finite"), **errors)
-        if new.dtype != ref.dtype:
-            return dict(verdict("output_mismatch", f"output dtype {new.dtype}, expected {ref.dtype}"), **errors)
-        if not torch.allclose(ref, new, atol=self.atol, rtol=self.rtol, equal_nan=True):
-            message = f"max abs error {errors['max_abs']:.6g}, max rel error {errors['max_rel']:.6g}"
-            return dict(verdict("output_mismatch", message), **errors)
-        return dict(verdict("ok", None), **errors)
+
+
+# Elements compared at once: a few float temporaries of 256 MB each.
+COMPARE_CHUNK = 1 << 26
+
+
+class Comparison:
+    """Errors of one output tensor, folded over its chunks."""
+
+    def __init__(self, max_abs=0.0, max_rel=0.0, spoiled=0, close=True):
+        self.max_abs = max_abs
+        self.max_rel = max_rel
+        self.spoiled = spoiled
+        self.close = close
+
+    def add(self, part):
+        self.max_abs = max(self.max_abs, part.max_abs)
+        self.max_rel = max(self.max_rel, part.max_rel)
+        self.spoiled += part.spoiled
+        self.close = self.close and part.close
 
 
 def verdict(name, message):

@@ -129,8 +129,8 @@ impl Child {
             ] {
                 env.insert(name.into(), path.to_string_lossy().into());
             }
-            // Sandbox users have no passwd entry: getpass.getuser() (torch.profiler uses it)
-            // would fail on getpwuid without these.
+            // Sandbox users have no passwd entry: getpass.getuser(), which library code such as
+            // torch.profiler calls, would fail on getpwuid without these.
             for name in ["USER", "LOGNAME"] {
                 env.insert(name.into(), "dice-sandbox".into());
             }

@@ -34,6 +34,7 @@
 
 mod child;
 pub mod config;
+mod device_memory;
 mod excerpt;
 mod gate;
 mod job;

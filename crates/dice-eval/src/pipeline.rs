@@ -7,6 +7,7 @@
 //! thread commits each finished sample in its own transaction and drives the progress bar.
 
 use crate::config::{Audit, Device, EvalConfig, EvalProblem, EvalSample};
+use crate::device_memory::{DeviceMemory, Reservation};
 use crate::gate::{Access, DeviceGate};
 use crate::job::{Compiled, JobContext, Outcome};
 use crate::python::Runtime;
@@ -327,10 +328,12 @@ impl ZygoteSlot {
     }
 }
 
-/// One device: the fork server its run slots share, and the gate that keeps timing exclusive.
+/// One device: the fork server its run slots share, the gate that keeps timing exclusive, and
+/// the memory its problems in flight were promised.
 struct Lane {
     zygote: ZygoteSlot,
     gate: DeviceGate,
+    memory: DeviceMemory,
 }
 
 impl Lane {
@@ -346,6 +349,7 @@ impl Lane {
         Lane {
             zygote: ZygoteSlot::new(env, log_name),
             gate: DeviceGate::default(),
+            memory: DeviceMemory::default(),
         }
     }
 }
@@ -362,8 +366,15 @@ fn run_slot(
         reports,
         zygote: None,
         reference: None,
+        reservation: None,
     };
-    while let Some(item) = queue.take(slot.reference.as_ref().map(|(key, _)| *key)) {
+    loop {
+        if slot.reservation.is_some() && lane.memory.has_waiters() {
+            slot.close_reference();
+        }
+        let Some(item) = queue.take(slot.reference.as_ref().map(|(key, _)| *key)) else {
+            break;
+        };
         let sample = &shared.samples[item.sample];
         // One retry with a fresh fork server when the evaluator itself failed.
         let mut result = slot.run(sample, item.compiled.clone(), false);
@@ -415,20 +426,27 @@ fn out_of_device_memory(result: &Result<Outcome, RunError>) -> bool {
     .any(|m| message.contains(m))
 }
 
-/// One candidate in flight on a device, and the reference process of the problem it is on.
+/// One candidate in flight on a device, the reference process of the problem it is on, and the
+/// device memory promised to both.
 struct RunSlot<'a> {
     shared: &'a Shared,
     lane: &'a Lane,
     reports: &'a Sender<Report>,
     zygote: Option<Arc<Zygote>>,
     reference: Option<(ProblemKey, Result<Reference, ReferenceFailed>)>,
+    reservation: Option<Reservation<'a>>,
 }
 
-impl RunSlot<'_> {
+/// Device memory of one process beyond what torch's allocator reports: CUDA context, cuBLAS
+/// workspaces.
+const PROCESS_OVERHEAD_BYTES: u64 = 1 << 30;
+
+impl<'a> RunSlot<'a> {
     fn close_reference(&mut self) {
         if let Some((_, Ok(r))) = self.reference.take() {
             r.close();
         }
+        self.reservation = None;
     }
 
     /// A reference that failed is started again by the next run of its problem.
@@ -474,22 +492,25 @@ impl RunSlot<'_> {
             .code
             .as_deref()
             .expect("only samples with code are run");
+        if exclusive {
+            // Alone in memory too: every other slot of the device gives its problem's back first.
+            self.close_reference();
+            self.reservation = Some(self.lane.memory.reserve(u64::MAX));
+        }
         let access = Access::new(&self.lane.gate, exclusive);
         // The candidate starts (fork, CUDA, import, extension load) while the reference does.
         let candidate = stage_run::spawn_candidate(ctx, &zygote, problem, code)?;
         let mut reference_s = None;
         if self.reference.as_ref().is_none_or(|(k, _)| *k != key) {
-            self.close_reference();
+            if !exclusive {
+                self.close_reference();
+            }
             let started = Instant::now();
-            let result = match Reference::start(ctx, &zygote, problem, &access) {
-                Ok(r) => {
-                    let _ = self.reports.send(Report::ReferenceOk(key));
-                    Ok(r)
-                }
-                Err(RunError::Reference(failed)) => Err(failed),
-                Err(e) => return Err(e),
-            };
+            let result = self.start_reference(&zygote, problem, &access)?;
             reference_s = Some(started.elapsed().as_secs_f64());
+            if result.is_ok() {
+                let _ = self.reports.send(Report::ReferenceOk(key));
+            }
             self.reference = Some((key, result));
         }
         let reference = match &mut self.reference {
@@ -508,6 +529,43 @@ impl RunSlot<'_> {
             }
             outcome
         })
+    }
+
+    /// Starts the reference of `problem` and, on a GPU, reserves device memory for it and one
+    /// candidate (unless the slot already holds the whole device). When that does not fit beside
+    /// the problems in flight, the reference is closed while the slot waits, then started again.
+    fn start_reference(
+        &mut self,
+        zygote: &Zygote,
+        problem: &EvalProblem,
+        access: &Access<'_>,
+    ) -> Result<Result<Reference, ReferenceFailed>, RunError> {
+        let ctx = &self.shared.ctx;
+        loop {
+            let reference = match Reference::start(ctx, zygote, problem, access) {
+                Ok(r) => r,
+                Err(RunError::Reference(failed)) => return Ok(Err(failed)),
+                Err(e) => return Err(e),
+            };
+            let Some(footprint) = reference.footprint().filter(|_| self.reservation.is_none())
+            else {
+                return Ok(Ok(reference));
+            };
+            let memory = &self.lane.memory;
+            memory.set_device_total(footprint.device_total);
+            let need = 2 * (footprint.bytes + PROCESS_OVERHEAD_BYTES);
+            if let Some(reservation) = memory.try_reserve(need) {
+                self.reservation = Some(reservation);
+                return Ok(Ok(reference));
+            }
+            tracing::info!(
+                "{}: waits for {:.1} GiB of device memory",
+                problem.name,
+                need as f64 / f64::from(1 << 30)
+            );
+            reference.close();
+            self.reservation = Some(memory.reserve(need));
+        }
     }
 }
 

@@ -37,6 +37,15 @@ impl From<ReferenceFailed> for RunError {
 /// A problem's reference process, kept alive across the problem's candidates.
 pub struct Reference {
     child: Child,
+    footprint: Option<Footprint>,
+}
+
+/// What a reference process holds on its GPU once all its expected outputs are computed, and
+/// the GPU's size, as it reported them.
+#[derive(Clone, Copy, Debug)]
+pub struct Footprint {
+    pub bytes: u64,
+    pub device_total: u64,
 }
 
 impl Reference {
@@ -56,7 +65,10 @@ impl Reference {
         let files: [(&str, &[u8]); 1] = [("problem.py", &problem.source)];
         let child = Child::start(zygote, &ctx.jobs_dir, "reference", &files, request)
             .map_err(RunError::Evaluator)?;
-        let mut reference = Reference { child };
+        let mut reference = Reference {
+            child,
+            footprint: None,
+        };
         let ready = reference
             .wait_for(ctx, "loaded", "importing the problem")
             .and_then(|_| {
@@ -69,7 +81,16 @@ impl Reference {
                 )
             });
         match ready {
-            Ok(_) => Ok(reference),
+            Ok(ready) => {
+                reference.footprint = ready["device_bytes"]
+                    .as_u64()
+                    .zip(ready["device_total"].as_u64())
+                    .map(|(bytes, device_total)| Footprint {
+                        bytes,
+                        device_total,
+                    });
+                Ok(reference)
+            }
             Err(failed) => {
                 let (_, log) = reference.child.finish();
                 tracing::warn!(
@@ -80,6 +101,11 @@ impl Reference {
                 Err(failed.into())
             }
         }
+    }
+
+    /// None on the CPU.
+    pub fn footprint(&self) -> Option<Footprint> {
+        self.footprint
     }
 
     fn wait_for(
@@ -365,7 +391,7 @@ pub fn run_candidate(
                         ));
                         continue;
                     }
-                    let path = child.dir().join(format!("output_{trial}.pt"));
+                    let path = child.dir().join(format!("output_{trial}.bin"));
                     let judged = reference.judge(ctx, trial, &path)?;
                     drop(step.take());
                     if trials.take(&judged) {
@@ -576,7 +602,7 @@ fn judge_timing_outputs(
         )));
     }
     for k in 0..sets as u32 {
-        let path = child.dir().join(format!("timing_{k}.pt"));
+        let path = child.dir().join(format!("timing_{k}.bin"));
         let index = ctx.cfg.correctness_trials + k;
         let judged = reference.judge(ctx, index, &path)?;
         if let Some((verdict, message)) = judged_failure(&judged) {
@@ -695,7 +721,7 @@ fn profile_candidate(
         &mut on_event,
     );
     let judged = match profiled {
-        Ok(_) => Ok(reference.judge(ctx, 0, &child.dir().join("output_profiled.pt"))?),
+        Ok(_) => Ok(reference.judge(ctx, 0, &child.dir().join("output_profiled.bin"))?),
         Err(failure) => Err(failure),
     };
     drop(step);
