@@ -102,6 +102,10 @@ pub struct EvalConfig {
     pub jobs: usize,
     /// Candidates in flight per device: their untimed stages overlap, timing is exclusive.
     pub runs_per_device: usize,
+    /// Each run slot starts its next candidate's process (and that problem's reference process)
+    /// while the current candidate runs. Their start-up competes for the CPU with a timed
+    /// process, so it suits machines that keep cores for timing.
+    pub look_ahead: bool,
     pub correctness_trials: u32,
     pub perf_trials: u32,
     /// Timed trials are split into this many rounds, alternating candidate and baseline.
@@ -129,6 +133,7 @@ impl EvalConfig {
             compile_timeout: Duration::from_secs(900),
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
             runs_per_device: 1,
+            look_ahead: false,
             correctness_trials: 5,
             perf_trials: 100,
             timing_rounds: 10,

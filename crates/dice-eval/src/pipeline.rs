@@ -15,7 +15,9 @@ use crate::record::{ProblemRecord, RunInfo, SampleRecord};
 use crate::run_queue::{ProblemKey, Producer, RunQueue};
 use crate::sandbox;
 use crate::stage_build::{self, Built};
-use crate::stage_run::{self, Reference, ReferenceFailed, RunError};
+use crate::stage_run::{
+    self, CandidateRun, Reference, ReferenceFailed, RunError, StartedReference,
+};
 use crate::store::{SampleExtras, Store};
 use crate::verdict::Verdict;
 use crate::zygote::Zygote;
@@ -363,17 +365,27 @@ fn run_slot(
     let mut slot = RunSlot {
         shared,
         lane,
+        queue,
         reports,
         zygote: None,
         reference: None,
         reservation: None,
+        ahead: None,
+        early: None,
     };
     loop {
         if slot.reservation.is_some() && lane.memory.has_waiters() {
             slot.close_reference();
         }
-        let Some(item) = queue.take(slot.reference.as_ref().map(|(key, _)| *key)) else {
-            break;
+        let item = match slot.ahead.take() {
+            Some(ahead) => {
+                slot.early = ahead.started;
+                ahead.item
+            }
+            None => match queue.take(slot.reference.as_ref().map(|(key, _)| *key)) {
+                Some(item) => item,
+                None => break,
+            },
         };
         let sample = &shared.samples[item.sample];
         // One retry with a fresh fork server when the evaluator itself failed.
@@ -426,15 +438,35 @@ fn out_of_device_memory(result: &Result<Outcome, RunError>) -> bool {
     .any(|m| message.contains(m))
 }
 
-/// One candidate in flight on a device, the reference process of the problem it is on, and the
-/// device memory promised to both.
+/// One candidate in flight on a device, the reference process of the problem it is on, the
+/// device memory promised to both, and (with `look_ahead`) the slot's next sample, its processes
+/// already starting.
 struct RunSlot<'a> {
     shared: &'a Shared,
     lane: &'a Lane,
+    queue: &'a RunQueue<RunItem>,
     reports: &'a Sender<Report>,
     zygote: Option<Arc<Zygote>>,
     reference: Option<(ProblemKey, Result<Reference, ReferenceFailed>)>,
     reservation: Option<Reservation<'a>>,
+    ahead: Option<Ahead>,
+    /// The processes started ahead for the sample being run.
+    early: Option<Started>,
+}
+
+/// The next sample of a run slot, taken from the queue while the current one runs.
+struct Ahead {
+    item: RunItem,
+    /// None when they could not be started (they are started again in its turn).
+    started: Option<Started>,
+}
+
+/// Processes started ahead for a sample, on the fork server `zygote`: its candidate, and its
+/// problem's reference when that differs from the problem the slot was on.
+struct Started {
+    zygote: Arc<Zygote>,
+    candidate: CandidateRun,
+    reference: Option<StartedReference>,
 }
 
 /// Device memory of one process beyond what torch's allocator reports: CUDA context, cuBLAS
@@ -456,9 +488,14 @@ impl<'a> RunSlot<'a> {
         }
     }
 
-    /// Gives up the reference and the fork server (for every slot of the device).
+    /// Gives up the reference, the processes started ahead and the fork server (for every slot
+    /// of the device).
     fn reset(&mut self) {
         self.close_reference();
+        self.early = None;
+        if let Some(ahead) = &mut self.ahead {
+            ahead.started = None;
+        }
         if let Some(z) = self.zygote.take() {
             self.lane.zygote.discard(&z);
         }
@@ -486,6 +523,10 @@ impl<'a> RunSlot<'a> {
             self.close_reference();
             self.zygote = Some(zygote.clone());
         }
+        let early = self
+            .early
+            .take()
+            .filter(|e| Arc::ptr_eq(&e.zygote, &zygote));
         let key = (sample.level, sample.problem_id);
         let problem = &self.shared.problems[&key];
         let code = sample
@@ -499,24 +540,39 @@ impl<'a> RunSlot<'a> {
         }
         let access = Access::new(&self.lane.gate, exclusive);
         // The candidate starts (fork, CUDA, import, extension load) while the reference does.
-        let candidate = stage_run::spawn_candidate(ctx, &zygote, problem, code)?;
+        let (candidate, started_reference) = match early {
+            Some(Started {
+                mut candidate,
+                reference,
+                ..
+            }) => {
+                candidate.restart_clock();
+                (candidate, reference)
+            }
+            None => (
+                stage_run::spawn_candidate(ctx, &zygote, problem, code)?,
+                None,
+            ),
+        };
         let mut reference_s = None;
         if self.reference.as_ref().is_none_or(|(k, _)| *k != key) {
             if !exclusive {
                 self.close_reference();
             }
             let started = Instant::now();
-            let result = self.start_reference(&zygote, problem, &access)?;
+            let result = self.start_reference(&zygote, problem, &access, started_reference)?;
             reference_s = Some(started.elapsed().as_secs_f64());
             if result.is_ok() {
                 let _ = self.reports.send(Report::ReferenceOk(key));
             }
             self.reference = Some((key, result));
         }
-        let reference = match &mut self.reference {
-            Some((_, Ok(r))) => r,
-            Some((_, Err(failed))) => return Err(RunError::Reference(failed.clone())),
-            None => unreachable!("set above"),
+        if let Some((_, Err(failed))) = &self.reference {
+            return Err(RunError::Reference(failed.clone()));
+        }
+        self.look_ahead(&zygote, key);
+        let Some((_, Ok(reference))) = &mut self.reference else {
+            unreachable!("set above, and not a failure")
         };
         let result = stage_run::run_candidate(ctx, &access, reference, candidate, compiled);
         if let Err(RunError::Reference(failed)) = &result {
@@ -539,10 +595,15 @@ impl<'a> RunSlot<'a> {
         zygote: &Zygote,
         problem: &EvalProblem,
         access: &Access<'_>,
+        mut started: Option<StartedReference>,
     ) -> Result<Result<Reference, ReferenceFailed>, RunError> {
         let ctx = &self.shared.ctx;
         loop {
-            let reference = match Reference::start(ctx, zygote, problem, access) {
+            let started = match started.take() {
+                Some(s) => s,
+                None => Reference::spawn(ctx, zygote, problem)?,
+            };
+            let reference = match started.construct(ctx, problem, access) {
                 Ok(r) => r,
                 Err(RunError::Reference(failed)) => return Ok(Err(failed)),
                 Err(e) => return Err(e),
@@ -566,6 +627,44 @@ impl<'a> RunSlot<'a> {
             reference.close();
             self.reservation = Some(memory.reserve(need));
         }
+    }
+
+    /// With `look_ahead`, takes the slot's next sample now (of the `current` problem if one is
+    /// ready, else the oldest ready) and starts its processes, so that their start-up, imports
+    /// and extension loads overlap the current sample instead of following it.
+    fn look_ahead(&mut self, zygote: &Arc<Zygote>, current: ProblemKey) {
+        if !self.shared.ctx.cfg.look_ahead || self.ahead.is_some() {
+            return;
+        }
+        let Some(item) = self.queue.try_take(Some(current)) else {
+            return;
+        };
+        let ctx = &self.shared.ctx;
+        let sample = &self.shared.samples[item.sample];
+        let key = (sample.level, sample.problem_id);
+        let problem = &self.shared.problems[&key];
+        let code = sample
+            .code
+            .as_deref()
+            .expect("only samples with code are run");
+        let started =
+            stage_run::spawn_candidate(ctx, zygote, problem, code).and_then(|candidate| {
+                let reference = (key != current)
+                    .then(|| Reference::spawn(ctx, zygote, problem))
+                    .transpose()?;
+                Ok(Started {
+                    zygote: zygote.clone(),
+                    candidate,
+                    reference,
+                })
+            });
+        if let Err(RunError::Evaluator(e)) = &started {
+            tracing::warn!("{}: could not start ahead: {e:#}", sample.origin);
+        }
+        self.ahead = Some(Ahead {
+            item,
+            started: started.ok(),
+        });
     }
 }
 

@@ -42,17 +42,31 @@ impl<T> RunQueue<T> {
     pub fn take(&self, prefer: Option<ProblemKey>) -> Option<T> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            let at = prefer
-                .and_then(|key| state.items.iter().position(|(k, _)| *k == key))
-                .or((!state.items.is_empty()).then_some(0));
-            if let Some(at) = at {
-                return state.items.remove(at).map(|(_, item)| item);
+            if let Some(item) = state.pop(prefer) {
+                return Some(item);
             }
             if state.producers == 0 {
                 return None;
             }
             state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// Like [`RunQueue::take`], without waiting: None when nothing is ready now.
+    pub fn try_take(&self, prefer: Option<ProblemKey>) -> Option<T> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop(prefer)
+    }
+}
+
+impl<T> State<T> {
+    fn pop(&mut self, prefer: Option<ProblemKey>) -> Option<T> {
+        let at = prefer
+            .and_then(|key| self.items.iter().position(|(k, _)| *k == key))
+            .or((!self.items.is_empty()).then_some(0))?;
+        self.items.remove(at).map(|(_, item)| item)
     }
 }
 
@@ -93,8 +107,9 @@ mod tests {
         producer.push((1, 2), "b");
         producer.push((1, 1), "c");
         assert_eq!(queue.take(Some((1, 2))), Some("b"));
-        assert_eq!(queue.take(Some((1, 9))), Some("a"));
+        assert_eq!(queue.try_take(Some((1, 9))), Some("a"));
         assert_eq!(queue.take(None), Some("c"));
+        assert_eq!(queue.try_take(None), None, "empty, though not closed");
         drop(producer);
         assert_eq!(queue.take(None), None);
     }

@@ -48,27 +48,21 @@ pub struct Footprint {
     pub device_total: u64,
 }
 
-impl Reference {
-    /// Starts the reference of `problem`: the process and its imports outside any device pass,
-    /// then the model and the timing inputs on the device under an untimed pass of `access`.
-    pub fn start(
+/// A reference process started for a problem, importing it; nothing on the device yet.
+pub struct StartedReference {
+    reference: Reference,
+}
+
+impl StartedReference {
+    /// The model and the timing inputs on the device, under an untimed pass of `access`, once the
+    /// process has imported the problem.
+    pub fn construct(
+        self,
         ctx: &JobContext,
-        zygote: &Zygote,
         problem: &EvalProblem,
         access: &Access<'_>,
     ) -> Result<Reference, RunError> {
-        let mut request = common_request(ctx);
-        request["problem_path"] = json!("problem.py");
-        request["baseline"] = json!(ctx.cfg.baseline.as_str());
-        request["atol"] = json!(ctx.cfg.atol);
-        request["rtol"] = json!(ctx.cfg.rtol);
-        let files: [(&str, &[u8]); 1] = [("problem.py", &problem.source)];
-        let child = Child::start(zygote, &ctx.jobs_dir, "reference", &files, request)
-            .map_err(RunError::Evaluator)?;
-        let mut reference = Reference {
-            child,
-            footprint: None,
-        };
+        let mut reference = self.reference;
         let ready = reference
             .wait_for(ctx, "loaded", "importing the problem")
             .and_then(|_| {
@@ -101,6 +95,31 @@ impl Reference {
                 Err(failed.into())
             }
         }
+    }
+}
+
+impl Reference {
+    /// Starts the reference process of `problem` (the process and its imports run outside any
+    /// device pass); [`StartedReference::construct`] makes it ready.
+    pub fn spawn(
+        ctx: &JobContext,
+        zygote: &Zygote,
+        problem: &EvalProblem,
+    ) -> Result<StartedReference, RunError> {
+        let mut request = common_request(ctx);
+        request["problem_path"] = json!("problem.py");
+        request["baseline"] = json!(ctx.cfg.baseline.as_str());
+        request["atol"] = json!(ctx.cfg.atol);
+        request["rtol"] = json!(ctx.cfg.rtol);
+        let files: [(&str, &[u8]); 1] = [("problem.py", &problem.source)];
+        let child = Child::start(zygote, &ctx.jobs_dir, "reference", &files, request)
+            .map_err(RunError::Evaluator)?;
+        Ok(StartedReference {
+            reference: Reference {
+                child,
+                footprint: None,
+            },
+        })
     }
 
     /// None on the CPU.
@@ -284,6 +303,14 @@ pub struct CandidateRun {
     child: Child,
     custom_names: Vec<String>,
     clock: StageClock,
+}
+
+impl CandidateRun {
+    /// The candidate's stages are counted from now: it was started ahead, while the run slot
+    /// was busy with the previous candidate, and only the wait left is its own.
+    pub fn restart_clock(&mut self) {
+        self.clock = StageClock::start();
+    }
 }
 
 /// Starts the candidate process, as the next sandbox user, after its compile stage.

@@ -166,8 +166,10 @@ fn python_candidates_get_every_runtime_verdict() {
     let run = tempfile::tempdir().unwrap();
     let mut cfg = test_config(run.path());
     cfg.timeout = Duration::from_secs(8);
-    // Several in flight: every verdict must come out the same as one at a time.
+    // Several in flight, each slot starting its next candidate (and reference) ahead: every
+    // verdict must come out the same as one at a time.
     cfg.runs_per_device = 3;
+    cfg.look_ahead = true;
     let samples = cases
         .iter()
         .map(|(p, s, code, _)| sample(*p, *s, code.clone()))

@@ -49,6 +49,13 @@ pub struct EvalArgs {
     /// reference process on the device; 1 gives the quietest machine for timing.
     #[arg(long, value_name = "N")]
     pub runs_per_device: Option<usize>,
+    /// Start no candidate process before its run slot is free. By default with --device cuda,
+    /// each slot starts its next candidate's process (and that problem's reference process)
+    /// while the current candidate runs, so that process start, CUDA context, imports and
+    /// extension loads are off the critical path; on the CPU that start-up would compete with
+    /// the wall-clock timing, so it is never done there.
+    #[arg(long)]
+    pub no_look_ahead: bool,
     /// Re-evaluate samples already in the store (and accept changed settings).
     #[arg(long)]
     pub force: bool,
@@ -243,6 +250,7 @@ fn config(a: &EvalArgs, source: String) -> Result<EvalConfig> {
         (None, Device::Cuda) => 4,
         (None, Device::Cpu) => 1,
     };
+    cfg.look_ahead = cfg.device == Device::Cuda && !a.no_look_ahead;
     cfg.correctness_trials = a.correctness_trials.max(1);
     cfg.perf_trials = a.perf_trials;
     cfg.precision = match a.precision {
