@@ -8,8 +8,8 @@
 #   kb/level{1,2,3}              KernelBench problems (shared/kernelbench)
 #   pairs.json                   shared/dice/kernel_infilling_evaluation.json (99 pairs)
 #   pairs32.json                 its first 32 pairs: the fixed throughput subset
-#   identity.jsonl               identity candidates (Model renamed ModelNew, word-bounded) for the
-#                                first 20 problems of levels 1-3 whose inputs fit in 8 GB
+#   identity.jsonl               `dice bench identity --kernelbench shared/kernelbench`: Model
+#                                renamed ModelNew, the first 20 of levels 1-3 whose inputs fit 8 GiB
 # Steps: c-cold (32 pairs, empty build cache), c-warm (the same 32 in a new run, cache filled),
 # a-pairs (all 99), b-identity, adversarial (the GPU programs of tests/adversarial through the
 # real test binary). Runs resume, so a step cut by BUDGET_S is finished by running it again.

@@ -3,11 +3,13 @@
 //! * [`KernelBench`] opens a `levelL/ID_Name.py` tree and validates every problem file.
 //! * [`load_candidates`] reads candidate kernels from KernelBench run folders or JSONL files.
 //! * [`load_pairs`] reads PyTorch→CUDA pairs (DICE format) as level-0 problems and candidates.
+//! * [`identity_candidate`] turns a reference into its own candidate (`Model` → `ModelNew`).
 //! * [`extract_first_code`] pulls the program out of a raw model answer, as KernelBench does.
 //! * [`prompt`] builds the KernelBench one-shot prompt and the DICE kernel-infilling prompt.
 
 mod candidate;
 mod extract;
+mod identity;
 mod pairs;
 mod problem;
 pub mod prompt;
@@ -16,6 +18,7 @@ mod validate;
 
 pub use candidate::{load_candidates, Candidate};
 pub use extract::extract_first_code;
+pub use identity::identity_candidate;
 pub use pairs::{load_pairs, PairSet, PAIRS_LEVEL};
 pub use problem::{InvalidProblem, KernelBench, Problem, ProblemScan};
 pub use validate::validate_problem_source;

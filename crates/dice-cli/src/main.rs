@@ -39,7 +39,8 @@ enum Command {
     Generate(cmd::generate::GenerateArgs),
     /// Serve a model over an OpenAI-compatible HTTP API.
     Serve(cmd::serve::ServeArgs),
-    /// Benchmarks and GPU checks: golden parity, model speed and memory, a training step.
+    /// Benchmarks and GPU checks: golden parity, model speed and memory, a training step,
+    /// identity candidates for timing precision.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
 }

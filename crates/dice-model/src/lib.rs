@@ -8,6 +8,7 @@ pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod device;
+mod kernels;
 pub mod masks;
 pub mod memory;
 pub mod sdar;

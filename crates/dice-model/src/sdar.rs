@@ -37,7 +37,10 @@
 //!
 //! Attention never expands K/V for GQA (query heads are grouped onto their KV head by a
 //! reshape) and masks are broadcast over heads. Scores are computed in the activation dtype,
-//! softmax in f32.
+//! softmax in f32. On CUDA with `DICE_FUSED_ATTENTION=1`, forwards of at most 64 new tokens per
+//! row (decoding, short prefills) instead run one fused kernel per layer over the cache
+//! (`kernels/block_attention.cu`: the same visibility and scale, scores and accumulation in f32,
+//! online softmax, no mask tensor); off by default until checked on a GPU.
 //!
 //! # Training API
 //!
@@ -63,6 +66,7 @@
 
 use crate::checkpoint;
 use crate::config::SdarConfig;
+use crate::kernels::BlockAttention;
 use crate::masks;
 use anyhow::{bail, ensure, Context};
 use candle_core::{DType, Device, Result, Shape, Tensor, D};
@@ -754,7 +758,7 @@ impl Sdar {
             );
         }
         let device = self.device();
-        let (write, rope, mask) = probe.stage(Stage::Setup, || -> anyhow::Result<_> {
+        let (write, rope, fused, mask) = probe.stage(Stage::Setup, || -> anyhow::Result<_> {
             let write = cache.slot_write(t, cfg.num_key_value_heads, cfg.head_dim)?;
             let positions = match &write {
                 SlotWrite::Uniform(len) => Tensor::arange(*len as u32, (len + t) as u32, device)?,
@@ -768,8 +772,12 @@ impl Sdar {
                 }
             };
             let rope = Rope::new(&self.inv_freq, &positions, self.dtype())?;
-            let mask = masks::cached_block_mask(&cache.lens, t, bs, device)?;
-            Ok((write, rope, mask))
+            let fused = BlockAttention::plan(device, self.dtype(), cfg, &cache.lens, t)?;
+            let mask = match fused {
+                Some(_) => None,
+                None => masks::cached_block_mask(&cache.lens, t, bs, device)?,
+            };
+            Ok((write, rope, fused, mask))
         })?;
         let slots = cache.lens.iter().copied().max().unwrap_or(0) + t;
         let mut h = probe.stage(Stage::Embedding, || self.embed(input_ids))?;
@@ -786,6 +794,9 @@ impl Sdar {
                 Result::Ok(())
             })?;
             let a = probe.stage(Stage::Attention, || {
+                if let Some(fused) = &fused {
+                    return fused.attend(&q, &cache.keys[l], &cache.values[l]);
+                }
                 let keys = cache.keys[l].narrow(2, 0, slots)?;
                 let values = cache.values[l].narrow(2, 0, slots)?;
                 chunked_attention(

@@ -154,3 +154,44 @@ fn cuda_sft_gradients_match_cpu() {
         ) < 1e-4
     );
 }
+
+/// Decoding over caches long enough for the fused attention to split each row's keys over
+/// several CTAs and merge them (batch 2, rows of 196 and 100 cached positions, block forwards
+/// storing and read-only), against the CPU's matmul attention.
+#[test]
+fn cuda_decoding_over_a_long_cache_matches_cpu() {
+    let (dir, _) = random_checkpoint();
+    let decode = |model: &Sdar, device: &Device| -> Vec<Tensor> {
+        let cfg = model.config();
+        let prompt: Vec<u32> = (0..196).map(|i| (i * 53 + 11) % 500).collect();
+        let mut short = prompt[..100].to_vec();
+        short.resize(prompt.len(), 0);
+        let ids = Tensor::from_vec([prompt.clone(), short].concat(), (2, 196), device).unwrap();
+        let mut cache = KvCache::new(cfg, 2, 256, model.dtype(), device).unwrap();
+        model.forward(&ids, &mut cache, &[196, 100]).unwrap();
+        let block = Tensor::new(&[[3u32, 511, 511, 511], [8, 511, 511, 511]], device).unwrap();
+        let stored = model
+            .block_forward(&block, &mut cache, &[true, true])
+            .unwrap();
+        let read_only = model
+            .block_forward(&block, &mut cache, &[false, false])
+            .unwrap();
+        assert_eq!(cache.lens(), &[200, 104]);
+        vec![stored, read_only]
+    };
+    let cpu_model = Sdar::load(dir.path(), DType::F32, &Device::Cpu).unwrap();
+    let reference = decode(&cpu_model, &Device::Cpu);
+    let gpu = cuda_device(0).unwrap();
+    for (dtype, tol) in [
+        (DType::F32, 1e-4f32),
+        (DType::BF16, 0.1),
+        (DType::F16, 0.05),
+    ] {
+        let model = Sdar::load(dir.path(), dtype, &gpu).unwrap();
+        for (i, (g, r)) in decode(&model, &gpu).iter().zip(&reference).enumerate() {
+            let d = max_diff(g, r);
+            println!("{dtype:?} long-cache step {i}: max abs diff {d:e}");
+            assert!(d < tol, "{dtype:?} long-cache step {i} differs by {d}");
+        }
+    }
+}

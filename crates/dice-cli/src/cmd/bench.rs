@@ -50,6 +50,18 @@ figures and whether the targets are met: batch 1 at most twice the weight-read t
 Example (H200):
   dice bench generate --config sdar-4b.json --device cuda --batch 1,128")]
     Generate(super::bench_generate::GenerateBenchArgs),
+    /// Identity candidates (each reference with `Model` renamed `ModelNew`) for timing precision.
+    #[command(after_help = "\
+For each level, in problem-id order, takes the first N problems whose inputs fit the budget: the
+tensors returned by get_inputs(), measured once for all problems by the project's Python on
+torch's meta device (nothing is allocated). A problem over the budget, or whose inputs cannot be
+measured, is skipped and the next one is taken instead. Writes JSONL lines
+{level, problem_id, sample_id: 0, code}, the candidates `dice eval` reads; prints to stderr the
+problems taken per level and every problem skipped, with its input size or the error.
+
+Example (the evaluator's timing-precision benchmark):
+  dice bench identity --kernelbench shared/kernelbench --out identity.jsonl")]
+    Identity(super::bench_identity::IdentityArgs),
 }
 
 /// The model every benchmark builds: a real config's shapes with random weights.
@@ -122,6 +134,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Golden(args) => super::golden::run(args),
         BenchCommand::Train(args) => train(args),
         BenchCommand::Generate(args) => super::bench_generate::run(args),
+        BenchCommand::Identity(args) => super::bench_identity::run(args),
     }
 }
 

@@ -1,9 +1,11 @@
 pub mod bench;
 pub mod bench_generate;
+mod bench_identity;
 mod bench_profile;
 pub mod eval;
 pub mod generate;
 pub mod golden;
+mod input_sizes;
 pub mod problems;
 pub mod prompt;
 pub mod report;

@@ -1,0 +1,175 @@
+//! `dice bench identity`: identity candidates (each reference with `Model` renamed `ModelNew`)
+//! for the timing-precision benchmark, taken among the problems whose inputs fit a budget.
+
+use super::bench::gib;
+use super::input_sizes::{self, InputSize};
+use anyhow::{ensure, Context, Result};
+use clap::Args;
+use dice_bench::{identity_candidate, KernelBench, Problem};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub struct IdentityArgs {
+    /// The KernelBench problem folder: the one holding level1/ … level4/ (a KernelBench
+    /// clone's root works too).
+    #[arg(long, value_name = "DIR")]
+    pub kernelbench: PathBuf,
+    /// The levels to take problems from, comma-separated.
+    #[arg(
+        long,
+        value_name = "L,...",
+        value_delimiter = ',',
+        default_value = "1,2,3"
+    )]
+    pub levels: Vec<u32>,
+    /// Problems taken per level: the first N in problem-id order whose inputs fit; a problem
+    /// that does not fit is skipped and the next one is taken instead.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub first: usize,
+    /// The input budget in GiB: a problem whose `get_inputs()` tensors take more bytes than
+    /// this (summed numel × element size, measured on torch's meta device without allocating
+    /// them) is skipped, and so is one whose inputs cannot be measured.
+    #[arg(long, value_name = "GIB", default_value_t = 8.0)]
+    pub max_input_gib: f64,
+    /// Python with torch, run once to measure the inputs [default: $DICE_PYTHON, else the
+    /// project's .dice/venv].
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+    /// Write the candidates to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// Why a problem was passed over.
+enum Skip {
+    TooLarge(u64),
+    Unmeasured(String),
+}
+
+/// One level's outcome: the problems taken, and those skipped before the last one taken.
+struct LevelPick<'a> {
+    level: u32,
+    taken: Vec<&'a Problem>,
+    skipped: Vec<(&'a Problem, Skip)>,
+}
+
+pub fn run(args: IdentityArgs) -> Result<()> {
+    ensure!(args.first > 0, "--first must be at least 1");
+    ensure!(
+        args.max_input_gib.is_finite() && args.max_input_gib > 0.0,
+        "--max-input-gib must be a positive number of GiB"
+    );
+    let max_bytes = (args.max_input_gib * (1u64 << 30) as f64) as u64;
+    let kb = KernelBench::open(&args.kernelbench)?;
+    let mut levels = args.levels.clone();
+    levels.sort_unstable();
+    levels.dedup();
+    let mut problems = Vec::new();
+    for &level in &levels {
+        let scan = kb.scan_level(level)?;
+        for bad in &scan.invalid {
+            eprintln!("invalid problem {}: {}", bad.path.display(), bad.reason);
+        }
+        problems.push((level, scan.problems));
+    }
+    let paths: Vec<&Path> = problems
+        .iter()
+        .flat_map(|(_, ps)| ps.iter().map(|p| p.path.as_path()))
+        .collect();
+    let python = dice_eval::python::locate(args.python.as_deref())?;
+    let mut sizes = input_sizes::measure(&python, &paths)?.into_iter();
+    let picks: Vec<LevelPick> = problems
+        .iter()
+        .map(|(level, ps)| {
+            let level_sizes = sizes.by_ref().take(ps.len()).collect::<Vec<_>>();
+            pick(*level, ps, level_sizes, args.first, max_bytes)
+        })
+        .collect();
+
+    let taken: Vec<&Problem> = picks.iter().flat_map(|p| p.taken.iter().copied()).collect();
+    let mut jsonl = String::new();
+    for problem in &taken {
+        let line = serde_json::json!({
+            "level": problem.level,
+            "problem_id": problem.problem_id,
+            "sample_id": 0,
+            "code": identity_candidate(problem.source_text()?),
+        });
+        jsonl.push_str(&format!("{line}\n"));
+    }
+    match &args.out {
+        Some(path) => std::fs::write(path, &jsonl)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => std::io::stdout()
+            .lock()
+            .write_all(jsonl.as_bytes())
+            .context("cannot write to stdout")?,
+    }
+    print_summary(&picks, args.first, args.max_input_gib);
+    if let Some(path) = &args.out {
+        eprintln!(
+            "wrote {} identity candidates to {}",
+            taken.len(),
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The first `first` problems (in id order) whose size is at most `max_bytes`.
+fn pick<'a>(
+    level: u32,
+    problems: &'a [Problem],
+    sizes: Vec<InputSize>,
+    first: usize,
+    max_bytes: u64,
+) -> LevelPick<'a> {
+    let mut result = LevelPick {
+        level,
+        taken: Vec::new(),
+        skipped: Vec::new(),
+    };
+    for (problem, size) in problems.iter().zip(sizes) {
+        if result.taken.len() == first {
+            break;
+        }
+        match size {
+            InputSize::Bytes(bytes) if bytes <= max_bytes => result.taken.push(problem),
+            InputSize::Bytes(bytes) => result.skipped.push((problem, Skip::TooLarge(bytes))),
+            InputSize::Error(why) => result.skipped.push((problem, Skip::Unmeasured(why))),
+        }
+    }
+    result
+}
+
+fn print_summary(picks: &[LevelPick], first: usize, max_input_gib: f64) {
+    for pick in picks {
+        let ids: Vec<String> = pick
+            .taken
+            .iter()
+            .map(|p| p.problem_id.to_string())
+            .collect();
+        let short = if pick.taken.len() < first {
+            format!(" (only {} of {first} fit)", pick.taken.len())
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "level {}: {} taken{short}: {}",
+            pick.level,
+            pick.taken.len(),
+            ids.join(", ")
+        );
+        for (problem, skip) in &pick.skipped {
+            let why = match skip {
+                Skip::TooLarge(bytes) => format!(
+                    "inputs take {} ({bytes} bytes), over {max_input_gib} GiB",
+                    gib(*bytes)
+                ),
+                Skip::Unmeasured(why) => format!("inputs cannot be measured: {why}"),
+            };
+            eprintln!("  skipped {}: {why}", problem.name);
+        }
+    }
+}

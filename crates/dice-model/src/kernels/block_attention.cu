@@ -1,0 +1,675 @@
+// Fused attention of a few new tokens per row over that row's KV cache: the decoding forward of
+// dice's SDAR model (crates/dice-model/src/kernels/block_attention.rs launches it).
+//
+// Compiled at run time with NVRTC, with -DHEAD_DIM=<head dim>. No CUDA headers are included, so
+// that the source compiles wherever NVRTC runs; bf16 and f16 are handled as raw 16-bit values.
+//
+// Layouts (all contiguous):
+//   q    [B, Hq, T, D]            the new tokens' queries (after RoPE)
+//   k, v [B, Hkv, capacity, D]    the KV cache; row b's keys live in slots 0..lens[b] + T
+//   out  [B, T, Hq * D]           what o_proj takes
+// Query token t of row b sees key slot s iff s < lens[b] + (t / block_size + 1) * block_size:
+// the cached prefix plus the new tokens of its own and earlier blocks (masks.rs,
+// cached_block_mask). Query head h reads KV head h / (Hq / Hkv). Scores are (q . k) / sqrt(D),
+// accumulated in f32, with an online (streaming) softmax in f32.
+//
+// Grid: x = query tile + q_tiles * key split, y = KV head, z = batch row. A CTA takes the
+// QUERY_TILE query rows (group head, token) of one KV head and one chunk of that row's keys, so
+// each K/V element is read from memory once per query tile. With more than one split per row
+// (small batches, to fill the GPU) every CTA writes its unnormalised f32 output with its running
+// max and sum, and block_attention_combine_* merges the splits.
+//
+// Two kernels share that grid: block_attention_* on CUDA cores (any dtype; K/V tiles converted to
+// f32 in shared memory) and, below, block_attention_mma_* on tensor cores (bf16/f16, sm_80+).
+
+#ifndef HEAD_DIM
+#error "compile with -DHEAD_DIM=<head dim>"
+#endif
+
+#define THREADS 128
+#define KEY_TILE 64
+#define QUERY_TILE 16
+// Rows of the shared tiles are padded by 4 floats: float4 reads of 8 consecutive rows then hit
+// 32 distinct banks.
+#define ROW_PAD 4
+#define KV_STRIDE (HEAD_DIM + ROW_PAD)
+#define P_STRIDE (QUERY_TILE + ROW_PAD)
+#define COLS (HEAD_DIM / 4)
+
+// Scores: 16 threads along keys x 8 along queries, each computing 2 queries x 4 keys.
+#define SCORE_KEY_THREADS 16
+#define SCORE_KEYS (KEY_TILE / SCORE_KEY_THREADS)
+#define SCORE_QUERIES (QUERY_TILE / (THREADS / SCORE_KEY_THREADS))
+// Softmax: 8 consecutive lanes per query row.
+#define SOFTMAX_LANES (THREADS / QUERY_TILE)
+#define SOFTMAX_KEYS (KEY_TILE / SOFTMAX_LANES)
+// P.V: each thread owns 4 consecutive dims of PV_QUERIES query rows.
+#define PV_ITEMS (QUERY_TILE * COLS)
+#define PV_QUERIES (PV_ITEMS >= THREADS ? PV_ITEMS / THREADS : 1)
+#define PV_THREADS (PV_ITEMS / PV_QUERIES)
+
+// NVRTC has no math.h, hence no INFINITY.
+#define NEG_INF __uint_as_float(0xff800000u)
+
+static_assert(HEAD_DIM % 4 == 0 && HEAD_DIM <= 128,
+              "HEAD_DIM must be a multiple of 4, at most 128");
+static_assert(PV_ITEMS % THREADS == 0 || THREADS % PV_ITEMS == 0, "unsupported HEAD_DIM");
+static_assert(SOFTMAX_LANES == 8, "softmax reductions assume 8 lanes per query row");
+
+struct bf16_t {
+    unsigned short bits;
+};
+struct f16_t {
+    unsigned short bits;
+};
+
+__device__ __forceinline__ float f16_bits_to_float(unsigned int h) {
+#ifdef __CUDA_ARCH__
+    float f;
+    unsigned short s = (unsigned short)h;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
+    return f;
+#else
+    unsigned int sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) return (sign ? -1.0f : 1.0f) * (float)man * 5.9604644775390625e-8f;
+    return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+#endif
+}
+
+__device__ __forceinline__ unsigned short float_to_f16_bits(float x) {
+#ifdef __CUDA_ARCH__
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
+    // Round to nearest even in software (F. Giesen's float_to_half_fast3_rtne).
+    unsigned int u = __float_as_uint(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a >= 0x47800000u) return (unsigned short)(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (a < 0x38800000u)
+        return (unsigned short)(sign | (__float_as_uint(__uint_as_float(a) + 0.5f) - 0x3f000000u));
+    a += 0xc8000fffu + ((a >> 13) & 1u);
+    return (unsigned short)(sign | (a >> 13));
+#endif
+}
+
+__device__ __forceinline__ float4 load4(const float* p) {
+    return *reinterpret_cast<const float4*>(p);
+}
+
+__device__ __forceinline__ float4 load4(const bf16_t* p) {
+    uint2 u = *reinterpret_cast<const uint2*>(p);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+__device__ __forceinline__ float4 load4(const f16_t* p) {
+    uint2 u = *reinterpret_cast<const uint2*>(p);
+    return make_float4(f16_bits_to_float(u.x & 0xffffu), f16_bits_to_float(u.x >> 16),
+                       f16_bits_to_float(u.y & 0xffffu), f16_bits_to_float(u.y >> 16));
+}
+
+// Round to nearest even, as candle's f32 -> bf16 conversion.
+__device__ __forceinline__ unsigned int float_to_bf16_bits(float x) {
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+__device__ __forceinline__ void store4(float* p, float4 x) {
+    *reinterpret_cast<float4*>(p) = x;
+}
+
+__device__ __forceinline__ void store4(bf16_t* p, float4 x) {
+    uint2 u;
+    u.x = float_to_bf16_bits(x.x) | (float_to_bf16_bits(x.y) << 16);
+    u.y = float_to_bf16_bits(x.z) | (float_to_bf16_bits(x.w) << 16);
+    *reinterpret_cast<uint2*>(p) = u;
+}
+
+__device__ __forceinline__ void store4(f16_t* p, float4 x) {
+    uint2 u;
+    u.x = (unsigned int)float_to_f16_bits(x.x) | ((unsigned int)float_to_f16_bits(x.y) << 16);
+    u.y = (unsigned int)float_to_f16_bits(x.z) | ((unsigned int)float_to_f16_bits(x.w) << 16);
+    *reinterpret_cast<uint2*>(p) = u;
+}
+
+__device__ __forceinline__ void store1(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store1(bf16_t* p, float x) {
+    p->bits = (unsigned short)float_to_bf16_bits(x);
+}
+__device__ __forceinline__ void store1(f16_t* p, float x) { p->bits = float_to_f16_bits(x); }
+
+__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+    acc = fmaf(a.z, b.z, acc);
+    return fmaf(a.w, b.w, acc);
+}
+
+// Max / sum over the 8 lanes of a softmax row group (lanes 8i..8i+7 of a warp).
+__device__ __forceinline__ float row_max(float x) {
+    for (int offset = SOFTMAX_LANES / 2; offset > 0; offset /= 2)
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+    return x;
+}
+
+__device__ __forceinline__ float row_sum(float x) {
+    for (int offset = SOFTMAX_LANES / 2; offset > 0; offset /= 2)
+        x += __shfl_xor_sync(0xffffffffu, x, offset);
+    return x;
+}
+
+// Keys (or values) of slots first..first + count of one (row, KV head) into tile as f32; the
+// rest of the tile is zero, so that masked slots never carry stale non-finite values into P.V.
+template <typename T>
+__device__ __forceinline__ void load_kv_tile(const T* __restrict__ src, int first, int count,
+                                             float (*tile)[KV_STRIDE]) {
+    for (int u = threadIdx.x; u < KEY_TILE * COLS; u += THREADS) {
+        int key = u / COLS, c = u % COLS;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (key < count) x = load4(src + (size_t)(first + key) * HEAD_DIM + 4 * c);
+        *reinterpret_cast<float4*>(&tile[key][4 * c]) = x;
+    }
+}
+
+template <typename T>
+__device__ void attend(const T* __restrict__ q, const T* __restrict__ k,
+                       const T* __restrict__ v, const unsigned int* __restrict__ lens,
+                       T* __restrict__ out, float* __restrict__ part_acc,
+                       float* __restrict__ part_ml, int batch, int q_heads, int kv_heads,
+                       int tokens, int block_size, int capacity, int q_tiles, int chunk_keys,
+                       int splits, float scale) {
+    __shared__ __align__(16) float q_s[QUERY_TILE][KV_STRIDE];
+    __shared__ __align__(16) float kv_s[KEY_TILE][KV_STRIDE];
+    __shared__ __align__(16) float p_s[KEY_TILE][P_STRIDE];
+    __shared__ float m_s[QUERY_TILE], l_s[QUERY_TILE], alpha_s[QUERY_TILE];
+    __shared__ int limit_s[QUERY_TILE];
+
+    const int tid = threadIdx.x;
+    const int q_tile = blockIdx.x % q_tiles;
+    const int split = blockIdx.x / q_tiles;
+    const int kv_head = blockIdx.y;
+    const int row = blockIdx.z;
+    const int groups = q_heads / kv_heads;
+    const int queries = groups * tokens;
+    const int q_first = q_tile * QUERY_TILE;
+    const int len = (int)lens[row];
+    const int keys = len + tokens;
+    const int key_begin = split * chunk_keys;
+    const int key_end = min(keys, key_begin + chunk_keys);
+    const size_t total_q = (size_t)batch * q_heads * tokens;
+    // Index of query row 0 of this KV head in the [B, Hq, T] order of q.
+    const size_t q_row0 = ((size_t)row * q_heads + (size_t)kv_head * groups) * tokens;
+
+    if (key_begin >= keys) {
+        // A chunk past this row's keys: an empty partial result for the combine to skip.
+        if (tid < QUERY_TILE && q_first + tid < queries) {
+            float* ml = part_ml + ((size_t)split * total_q + q_row0 + q_first + tid) * 2;
+            ml[0] = NEG_INF;
+            ml[1] = 0.f;
+        }
+        return;
+    }
+
+    if (tid < QUERY_TILE) {
+        int qi = q_first + tid;
+        // Rows past the last query see nothing and are never written.
+        limit_s[tid] = qi < queries ? len + ((qi % tokens) / block_size + 1) * block_size : 0;
+        m_s[tid] = NEG_INF;
+        l_s[tid] = 0.f;
+    }
+    for (int u = tid; u < QUERY_TILE * COLS; u += THREADS) {
+        int r = u / COLS, c = u % COLS;
+        float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (q_first + r < queries) x = load4(q + (q_row0 + q_first + r) * HEAD_DIM + 4 * c);
+        *reinterpret_cast<float4*>(&q_s[r][4 * c]) = x;
+    }
+
+    const int score_key = tid % SCORE_KEY_THREADS;
+    const int score_query = tid / SCORE_KEY_THREADS;
+    const int soft_row = tid / SOFTMAX_LANES;
+    const int soft_lane = tid % SOFTMAX_LANES;
+    const int pv_col = tid % COLS;
+    const int pv_query = (tid / COLS) * PV_QUERIES;
+    const bool pv_thread = tid < PV_THREADS;
+
+    float acc[PV_QUERIES][4];
+    for (int i = 0; i < PV_QUERIES; ++i)
+        for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+
+    const size_t kv_base = ((size_t)row * kv_heads + kv_head) * (size_t)capacity * HEAD_DIM;
+    for (int tile = key_begin; tile < key_end; tile += KEY_TILE) {
+        const int tile_keys = min(KEY_TILE, key_end - tile);
+        load_kv_tile(k + kv_base, tile, tile_keys, kv_s);
+        __syncthreads();
+
+        float s[SCORE_QUERIES][SCORE_KEYS];
+        for (int i = 0; i < SCORE_QUERIES; ++i)
+            for (int j = 0; j < SCORE_KEYS; ++j) s[i][j] = 0.f;
+#pragma unroll 4
+        for (int c = 0; c < COLS; ++c) {
+            float4 kk[SCORE_KEYS];
+            for (int j = 0; j < SCORE_KEYS; ++j)
+                kk[j] = *reinterpret_cast<const float4*>(
+                    &kv_s[score_key + SCORE_KEY_THREADS * j][4 * c]);
+            for (int i = 0; i < SCORE_QUERIES; ++i) {
+                float4 qq = *reinterpret_cast<const float4*>(
+                    &q_s[score_query + (THREADS / SCORE_KEY_THREADS) * i][4 * c]);
+                for (int j = 0; j < SCORE_KEYS; ++j) s[i][j] = dot4(qq, kk[j], s[i][j]);
+            }
+        }
+        for (int i = 0; i < SCORE_QUERIES; ++i) {
+            int qt = score_query + (THREADS / SCORE_KEY_THREADS) * i;
+            for (int j = 0; j < SCORE_KEYS; ++j) {
+                int key = score_key + SCORE_KEY_THREADS * j;
+                bool visible = key < tile_keys && tile + key < limit_s[qt];
+                p_s[key][qt] = visible ? s[i][j] * scale : NEG_INF;
+            }
+        }
+        __syncthreads();
+
+        // K is consumed: values go into the same tile while the softmax runs on the scores.
+        load_kv_tile(v + kv_base, tile, tile_keys, kv_s);
+        {
+            const float m_old = m_s[soft_row];
+            float x[SOFTMAX_KEYS];
+            float tile_max = NEG_INF;
+            for (int j = 0; j < SOFTMAX_KEYS; ++j) {
+                x[j] = p_s[soft_lane + SOFTMAX_LANES * j][soft_row];
+                tile_max = fmaxf(tile_max, x[j]);
+            }
+            const float m_new = fmaxf(m_old, row_max(tile_max));
+            // A row that has seen no visible key yet keeps m = -inf, l = 0 and a zero output.
+            const bool empty = m_new == NEG_INF;
+            const float alpha = empty ? 1.f : expf(m_old - m_new);
+            float sum = 0.f;
+            for (int j = 0; j < SOFTMAX_KEYS; ++j) {
+                float p = empty ? 0.f : expf(x[j] - m_new);
+                p_s[soft_lane + SOFTMAX_LANES * j][soft_row] = p;
+                sum += p;
+            }
+            sum = row_sum(sum);
+            if (soft_lane == 0) {
+                m_s[soft_row] = m_new;
+                l_s[soft_row] = l_s[soft_row] * alpha + sum;
+                alpha_s[soft_row] = alpha;
+            }
+        }
+        __syncthreads();
+
+        if (pv_thread) {
+            for (int i = 0; i < PV_QUERIES; ++i) {
+                float a = alpha_s[pv_query + i];
+                for (int e = 0; e < 4; ++e) acc[i][e] *= a;
+            }
+#pragma unroll 8
+            for (int key = 0; key < KEY_TILE; ++key) {
+                float4 vv = *reinterpret_cast<const float4*>(&kv_s[key][4 * pv_col]);
+                for (int i = 0; i < PV_QUERIES; ++i) {
+                    float p = p_s[key][pv_query + i];
+                    acc[i][0] = fmaf(p, vv.x, acc[i][0]);
+                    acc[i][1] = fmaf(p, vv.y, acc[i][1]);
+                    acc[i][2] = fmaf(p, vv.z, acc[i][2]);
+                    acc[i][3] = fmaf(p, vv.w, acc[i][3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    if (pv_thread) {
+        for (int i = 0; i < PV_QUERIES; ++i) {
+            int qt = pv_query + i, qi = q_first + qt;
+            if (qi >= queries) continue;
+            size_t q_row = q_row0 + qi;
+            if (splits == 1) {
+                int head = kv_head * groups + qi / tokens, t = qi % tokens;
+                float inv = 1.f / l_s[qt];
+                T* dst = out + (((size_t)row * tokens + t) * q_heads + head) * HEAD_DIM;
+                store4(dst + 4 * pv_col, make_float4(acc[i][0] * inv, acc[i][1] * inv,
+                                                     acc[i][2] * inv, acc[i][3] * inv));
+            } else {
+                float* dst = part_acc + ((size_t)split * total_q + q_row) * HEAD_DIM;
+                store4(dst + 4 * pv_col, make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+            }
+        }
+    }
+    if (splits > 1 && tid < QUERY_TILE && q_first + tid < queries) {
+        float* ml = part_ml + ((size_t)split * total_q + q_row0 + q_first + tid) * 2;
+        ml[0] = m_s[tid];
+        ml[1] = l_s[tid];
+    }
+}
+
+// One CTA of HEAD_DIM threads per query row (in q's [B, Hq, T] order): merges the splits.
+template <typename T>
+__device__ void combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                        T* __restrict__ out, int batch, int q_heads, int tokens, int splits) {
+    const size_t total_q = (size_t)batch * q_heads * tokens;
+    const size_t q_row = blockIdx.x;
+    const int d = threadIdx.x;
+    float m_max = NEG_INF;
+    for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, part_ml[(s * total_q + q_row) * 2]);
+    float num = 0.f, den = 0.f;
+    for (int s = 0; s < splits; ++s) {
+        const float* ml = part_ml + (s * total_q + q_row) * 2;
+        if (ml[0] == NEG_INF) continue;
+        float w = expf(ml[0] - m_max);
+        den = fmaf(w, ml[1], den);
+        num = fmaf(w, part_acc[(s * total_q + q_row) * HEAD_DIM + d], num);
+    }
+    const int t = (int)(q_row % tokens);
+    const int head = (int)((q_row / tokens) % q_heads);
+    const size_t row = q_row / ((size_t)tokens * q_heads);
+    store1(out + ((row * tokens + t) * q_heads + head) * HEAD_DIM + d, num / den);
+}
+
+#define DEFINE_KERNELS(TYPE, NAME)                                                              \
+    extern "C" __global__ void __launch_bounds__(THREADS) block_attention_##NAME(              \
+        const TYPE* q, const TYPE* k, const TYPE* v, const unsigned int* lens, TYPE* out,       \
+        float* part_acc, float* part_ml, int batch, int q_heads, int kv_heads, int tokens,     \
+        int block_size, int capacity, int q_tiles, int chunk_keys, int splits, float scale) {  \
+        attend<TYPE>(q, k, v, lens, out, part_acc, part_ml, batch, q_heads, kv_heads, tokens,  \
+                     block_size, capacity, q_tiles, chunk_keys, splits, scale);                \
+    }                                                                                          \
+    extern "C" __global__ void block_attention_combine_##NAME(                                 \
+        const float* part_acc, const float* part_ml, TYPE* out, int batch, int q_heads,        \
+        int tokens, int splits) {                                                              \
+        combine<TYPE>(part_acc, part_ml, out, batch, q_heads, tokens, splits);                 \
+    }
+
+DEFINE_KERNELS(float, f32)
+DEFINE_KERNELS(bf16_t, bf16)
+DEFINE_KERNELS(f16_t, f16)
+// ---------------------------------------------------------------------------------------------
+// Tensor-core variant for bf16 / f16 (sm_80 and newer): the same grid, the same results up to
+// rounding (the probabilities enter P.V rounded to the input dtype, as in the matmul path).
+// Each of the 4 warps of a CTA takes 16 of every 64 keys and keeps its own online softmax:
+// S = Q K^T and O += P V are mma.m16n8k16 (f32 accumulation) with Q in registers; the warp's 16
+// K and V rows go through shared memory (coalesced 16-byte loads) into fragments by ldmatrix
+// (transposing V). The warps' results are merged through shared memory at the end.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+
+#define MMA_WARPS (THREADS / 32)
+#define MMA_KEYS 16
+// Halves per staged K or V row: padded by 16 bytes so that the 8 rows of an ldmatrix hit 8
+// distinct bank groups.
+#define MMA_STRIDE (HEAD_DIM + 8)
+// 16-byte pieces of 16 rows, per lane.
+#define MMA_CHUNKS (MMA_KEYS * HEAD_DIM / 8 / 32)
+#define MMA_STAGE_BYTES (MMA_WARPS * 2 * MMA_KEYS * MMA_STRIDE * 2)
+#define MMA_MERGE_BYTES (MMA_WARPS * QUERY_TILE * HEAD_DIM * 4)
+
+static_assert(HEAD_DIM % 16 == 0, "the tensor-core kernel needs HEAD_DIM % 16 == 0");
+
+#ifdef __CUDACC__
+// d += a * b for one m16n8k16 tile (fragment layouts of the PTX ISA). Plain C++ builds of this
+// file (the CPU emulation in tests/kernel_emulation) provide these warp-collective operations.
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const unsigned int (&a)[4],
+                                             unsigned int b0, unsigned int b1);
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<bf16_t>(float (&d)[4], const unsigned int (&a)[4],
+                                                     unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<f16_t>(float (&d)[4], const unsigned int (&a)[4],
+                                                    unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned int shared_address(const unsigned short* p) {
+    unsigned int address;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
+    return address;
+}
+
+// Four 8x8 b16 matrices from shared memory; lane i gives the address of row i % 8 of matrix
+// i / 8. The memory clobber keeps the staging stores (ordered by __syncwarp) before the reads.
+__device__ __forceinline__ void ldmatrix_x4(unsigned int (&r)[4], const unsigned short* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row))
+                 : "memory");
+}
+
+// The same, each matrix transposed.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int (&r)[4], const unsigned short* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row))
+                 : "memory");
+}
+#endif
+
+__device__ __forceinline__ unsigned int pack_pair(bf16_t*, float lo, float hi) {
+    return float_to_bf16_bits(lo) | (float_to_bf16_bits(hi) << 16);
+}
+
+__device__ __forceinline__ unsigned int pack_pair(f16_t*, float lo, float hi) {
+    return (unsigned int)float_to_f16_bits(lo) | ((unsigned int)float_to_f16_bits(hi) << 16);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+template <typename T>
+__device__ void attend_mma(const T* __restrict__ q, const T* __restrict__ k,
+                           const T* __restrict__ v, const unsigned int* __restrict__ lens,
+                           T* __restrict__ out, float* __restrict__ part_acc,
+                           float* __restrict__ part_ml, int batch, int q_heads, int kv_heads,
+                           int tokens, int block_size, int capacity, int q_tiles, int chunk_keys,
+                           int splits, float scale) {
+    // Staged K and V while the warps run, their unnormalised outputs for the merge afterwards.
+    __shared__ __align__(16) unsigned char smem[MMA_MERGE_BYTES > MMA_STAGE_BYTES
+                                                    ? MMA_MERGE_BYTES
+                                                    : MMA_STAGE_BYTES];
+    __shared__ float warp_m[MMA_WARPS][QUERY_TILE], warp_l[MMA_WARPS][QUERY_TILE];
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int group = lane / 4, quad_lane = lane % 4;
+    const int q_tile = blockIdx.x % q_tiles;
+    const int split = blockIdx.x / q_tiles;
+    const int kv_head = blockIdx.y;
+    const int row = blockIdx.z;
+    const int groups = q_heads / kv_heads;
+    const int queries = groups * tokens;
+    const int q_first = q_tile * QUERY_TILE;
+    const int len = (int)lens[row];
+    const int keys = len + tokens;
+    const int key_begin = split * chunk_keys;
+    const int key_end = min(keys, key_begin + chunk_keys);
+    const size_t total_q = (size_t)batch * q_heads * tokens;
+    const size_t q_row0 = ((size_t)row * q_heads + (size_t)kv_head * groups) * tokens;
+
+    if (key_begin >= keys) {
+        if (tid < QUERY_TILE && q_first + tid < queries) {
+            float* ml = part_ml + ((size_t)split * total_q + q_row0 + q_first + tid) * 2;
+            ml[0] = NEG_INF;
+            ml[1] = 0.f;
+        }
+        return;
+    }
+
+    // This lane's query rows in the fragments: group and group + 8.
+    int limit[2];
+    unsigned int qa[HEAD_DIM / 16][4];
+    for (int r = 0; r < 2; ++r) {
+        const int qi = q_first + group + 8 * r;
+        const bool valid = qi < queries;
+        limit[r] = valid ? len + ((qi % tokens) / block_size + 1) * block_size : 0;
+        const unsigned int* src =
+            reinterpret_cast<const unsigned int*>(q) + (q_row0 + (valid ? qi : 0)) * (HEAD_DIM / 2);
+        for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+            qa[ks][r] = valid ? src[8 * ks + quad_lane] : 0u;
+            qa[ks][2 + r] = valid ? src[8 * ks + 4 + quad_lane] : 0u;
+        }
+    }
+
+    float o[HEAD_DIM / 8][4];
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+        for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+
+    const size_t kv_base = ((size_t)row * kv_heads + kv_head) * (size_t)capacity * HEAD_DIM;
+    const T* k_rows = k + kv_base;
+    const T* v_rows = v + kv_base;
+    unsigned short* k_stage =
+        reinterpret_cast<unsigned short*>(smem) + warp * 2 * MMA_KEYS * MMA_STRIDE;
+    unsigned short* v_stage = k_stage + MMA_KEYS * MMA_STRIDE;
+    // The row of the 8x8 matrix whose address this lane gives to ldmatrix.
+    const int matrix = lane / 8, matrix_row = lane % 8;
+
+    for (int base = key_begin + MMA_KEYS * warp; base < key_end; base += MMA_KEYS * MMA_WARPS) {
+        // Rows past the chunk are zero: their scores are masked, and P (0) times V must not
+        // meet stale non-finite values.
+        uint4 kr[MMA_CHUNKS], vr[MMA_CHUNKS];
+        for (int i = 0; i < MMA_CHUNKS; ++i) {
+            const int u = lane + 32 * i, key = u / (HEAD_DIM / 8), c = u % (HEAD_DIM / 8);
+            const size_t offset = (size_t)(base + key) * HEAD_DIM + 8 * c;
+            const bool valid = base + key < key_end;
+            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+            kr[i] = valid ? *reinterpret_cast<const uint4*>(k_rows + offset) : zero;
+            vr[i] = valid ? *reinterpret_cast<const uint4*>(v_rows + offset) : zero;
+        }
+        for (int i = 0; i < MMA_CHUNKS; ++i) {
+            const int u = lane + 32 * i, key = u / (HEAD_DIM / 8), c = u % (HEAD_DIM / 8);
+            *reinterpret_cast<uint4*>(k_stage + key * MMA_STRIDE + 8 * c) = kr[i];
+            *reinterpret_cast<uint4*>(v_stage + key * MMA_STRIDE + 8 * c) = vr[i];
+        }
+        __syncwarp();
+
+        // Matrices (keys 0-7 | 8-15) x (dims 16ks..+7 | +8..+15) give the B fragments of the
+        // two n8 key tiles.
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+            unsigned int b[4];
+            ldmatrix_x4(b, k_stage + (matrix_row + 8 * (matrix >> 1)) * MMA_STRIDE + 16 * ks +
+                               8 * (matrix & 1));
+            mma_m16n8k16<T>(s[0], qa[ks], b[0], b[1]);
+            mma_m16n8k16<T>(s[1], qa[ks], b[2], b[3]);
+        }
+        for (int nt = 0; nt < 2; ++nt)
+            for (int e = 0; e < 4; ++e) {
+                const int key = base + 8 * nt + 2 * quad_lane + (e & 1);
+                s[nt][e] = key < key_end && key < limit[e / 2] ? s[nt][e] * scale : NEG_INF;
+            }
+
+        float alpha[2];
+        for (int r = 0; r < 2; ++r) {
+            const float tile_max = quad_max(
+                fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+            const float m_new = fmaxf(m[r], tile_max);
+            const bool empty = m_new == NEG_INF;
+            alpha[r] = empty ? 1.f : expf(m[r] - m_new);
+            float sum = 0.f;
+            for (int nt = 0; nt < 2; ++nt)
+                for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                    s[nt][e] = empty ? 0.f : expf(s[nt][e] - m_new);
+                    sum += s[nt][e];
+                }
+            // Each lane sums its own columns; the quad's sums are added at the end.
+            l[r] = l[r] * alpha[r] + sum;
+            m[r] = m_new;
+        }
+        for (int n = 0; n < HEAD_DIM / 8; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+        // The S accumulator layout of two n8 tiles is the A layout of one k16 tile.
+        T* tag = nullptr;
+        const unsigned int pa[4] = {
+            pack_pair(tag, s[0][0], s[0][1]), pack_pair(tag, s[0][2], s[0][3]),
+            pack_pair(tag, s[1][0], s[1][1]), pack_pair(tag, s[1][2], s[1][3])};
+
+        // Transposed matrices (keys 0-7 | 8-15) x (dims 16np..+7 | +8..+15) give the B
+        // fragments of two n8 dim tiles.
+        for (int np = 0; np < HEAD_DIM / 16; ++np) {
+            unsigned int b[4];
+            ldmatrix_x4_trans(b, v_stage + (matrix_row + 8 * (matrix & 1)) * MMA_STRIDE +
+                                     16 * np + 8 * (matrix >> 1));
+            mma_m16n8k16<T>(o[2 * np], pa, b[0], b[1]);
+            mma_m16n8k16<T>(o[2 * np + 1], pa, b[2], b[3]);
+        }
+        __syncwarp();
+    }
+
+    l[0] = quad_sum(l[0]);
+    l[1] = quad_sum(l[1]);
+    __syncthreads();
+    float* merge = reinterpret_cast<float*>(smem);
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+        for (int e = 0; e < 4; ++e) {
+            const int r = group + 8 * (e / 2), dim = 8 * n + 2 * quad_lane + (e & 1);
+            merge[(warp * QUERY_TILE + r) * HEAD_DIM + dim] = o[n][e];
+        }
+    if (quad_lane == 0) {
+        warp_m[warp][group] = m[0];
+        warp_m[warp][group + 8] = m[1];
+        warp_l[warp][group] = l[0];
+        warp_l[warp][group + 8] = l[1];
+    }
+    __syncthreads();
+
+    for (int u = tid; u < QUERY_TILE * HEAD_DIM; u += THREADS) {
+        const int r = u / HEAD_DIM, dim = u % HEAD_DIM, qi = q_first + r;
+        if (qi >= queries) continue;
+        const size_t q_row = q_row0 + qi;
+        float m_max = NEG_INF;
+        for (int w = 0; w < MMA_WARPS; ++w) m_max = fmaxf(m_max, warp_m[w][r]);
+        float num = 0.f, den = 0.f;
+        if (m_max != NEG_INF)
+            for (int w = 0; w < MMA_WARPS; ++w) {
+                if (warp_m[w][r] == NEG_INF) continue;
+                const float weight = expf(warp_m[w][r] - m_max);
+                den = fmaf(weight, warp_l[w][r], den);
+                num = fmaf(weight, merge[(w * QUERY_TILE + r) * HEAD_DIM + dim], num);
+            }
+        if (splits == 1) {
+            const int head = kv_head * groups + qi / tokens, t = qi % tokens;
+            store1(out + (((size_t)row * tokens + t) * q_heads + head) * HEAD_DIM + dim, num / den);
+        } else {
+            part_acc[((size_t)split * total_q + q_row) * HEAD_DIM + dim] = num;
+            if (dim == 0) {
+                float* ml = part_ml + ((size_t)split * total_q + q_row) * 2;
+                ml[0] = m_max;
+                ml[1] = den;
+            }
+        }
+    }
+}
+
+#define DEFINE_MMA_KERNEL(TYPE, NAME)                                                           \
+    extern "C" __global__ void __launch_bounds__(THREADS, 3) block_attention_mma_##NAME(       \
+        const TYPE* q, const TYPE* k, const TYPE* v, const unsigned int* lens, TYPE* out,       \
+        float* part_acc, float* part_ml, int batch, int q_heads, int kv_heads, int tokens,     \
+        int block_size, int capacity, int q_tiles, int chunk_keys, int splits, float scale) {  \
+        attend_mma<TYPE>(q, k, v, lens, out, part_acc, part_ml, batch, q_heads, kv_heads,      \
+                         tokens, block_size, capacity, q_tiles, chunk_keys, splits, scale);    \
+    }
+
+DEFINE_MMA_KERNEL(bf16_t, bf16)
+DEFINE_MMA_KERNEL(f16_t, f16)
+
+#endif

@@ -1,0 +1,504 @@
+//! The fused attention of a decoding forward (`block_attention.cu`): a few new tokens per row
+//! over that row's KV cache, in one kernel (plus a small merge when a row's keys are split over
+//! several CTAs), instead of matmul, f32 scores, mask, softmax and matmul.
+//!
+//! The kernel is compiled with NVRTC for the device's own architecture, to a cubin (a cubin loads
+//! on any driver that runs that GPU, whereas PTX newer than the driver does not), once per
+//! device and head dim. Its semantics are those of the matmul path with
+//! [`crate::masks::cached_block_mask`]: every new token sees the cached prefix of its row and
+//! the new tokens of its own and earlier blocks, scale `1/sqrt(head_dim)`, f32 softmax.
+//!
+//! bf16 and f16 run a tensor-core variant (mma.sync, sm_80 and newer); f32, and every dtype on
+//! older GPUs, the CUDA-core one. `DICE_FUSED_ATTENTION` turns the kernels on: `1` as just said,
+//! `cuda-cores` with the CUDA-core kernel for every dtype. Unset (or `0`) every forward stays on
+//! the matmul path: the kernels have been checked against an emulation of their CUDA semantics
+//! on the CPU (tests/block_attention_emulated.rs) but not yet on a GPU, and become the default
+//! once the golden checks pass with them on an H200.
+
+use crate::config::SdarConfig;
+use anyhow::Context;
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    sys::CUdevice_attribute, CudaFunction, CudaModule, CudaSlice, CudaView, DeviceRepr,
+    LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::cudarc::nvrtc::{self, Ptx};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, DeviceId, WrapErr};
+use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+const SOURCE: &str = include_str!("block_attention.cu");
+
+/// Threads per CTA, keys per tile and query rows per CTA, as `block_attention.cu` defines them.
+const THREADS: u32 = 128;
+const KEY_TILE: usize = 64;
+const QUERY_TILE: usize = 16;
+
+/// Head dims the kernel is built for (it keeps a whole key tile of f32 rows in shared memory).
+const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+
+/// Most new tokens per row the fused kernel takes. Longer forwards (prefill of whole prompts)
+/// have enough queries per key for the tensor-core matmuls to win.
+const MAX_TOKENS: usize = 64;
+
+/// CTAs per SM the key split aims at: about one full wave (at head dim 128 the CUDA-core kernel's
+/// shared memory, 46.5 KiB, lets 4 run at once; the tensor-core kernel's registers, 2 to 3).
+const CTAS_PER_SM: usize = 4;
+
+/// The environment variable that selects the kernels (see the module docs).
+const SWITCH: &str = "DICE_FUSED_ATTENTION";
+
+/// Which attention kernels the process uses, from [`SWITCH`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The matmul path.
+    Off,
+    /// The CUDA-core kernel for every dtype.
+    CudaCores,
+    /// Tensor cores for bf16/f16 where the GPU has them, else the CUDA-core kernel.
+    TensorCores,
+}
+
+fn mode() -> Mode {
+    static MODE: OnceLock<Mode> = OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var(SWITCH).as_deref().map(str::trim) {
+        Ok("1") => Mode::TensorCores,
+        Ok("cuda-cores") => Mode::CudaCores,
+        _ => Mode::Off,
+    })
+}
+
+/// Compute capability from which `block_attention_mma_*` exist (mma.sync with bf16).
+const TENSOR_CORE_ARCH: (i32, i32) = (8, 0);
+
+/// The kernels of one head dim, loaded on one device.
+struct Loaded {
+    _module: Arc<CudaModule>,
+    /// `block_attention_{f32,bf16,f16}`, in the order of [`dtype_index`].
+    attend: [CudaFunction; 3],
+    /// `block_attention_mma_{bf16,f16}`, on GPUs from [`TENSOR_CORE_ARCH`].
+    attend_mma: Option<[CudaFunction; 2]>,
+    /// `block_attention_combine_{f32,bf16,f16}`.
+    combine: [CudaFunction; 3],
+    multiprocessors: usize,
+}
+
+fn dtype_index(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::F32 => Some(0),
+        DType::BF16 => Some(1),
+        DType::F16 => Some(2),
+        _ => None,
+    }
+}
+
+/// Compiles the kernel source for `head_dim` to a cubin for compute capability `arch`.
+fn compile_cubin(head_dim: usize, (major, minor): (i32, i32)) -> anyhow::Result<Vec<u8>> {
+    use nvrtc::result;
+    let source = CString::new(SOURCE).context("the kernel source holds a NUL byte")?;
+    let program = result::create_program(&source, Some(c"block_attention.cu"))
+        .map_err(|e| anyhow::anyhow!("NVRTC cannot create the block attention program: {e:?}"))?;
+    let options = [
+        format!("--gpu-architecture=sm_{major}{minor}"),
+        format!("-DHEAD_DIM={head_dim}"),
+    ];
+    // SAFETY: `program` was created above and is destroyed only at the end of this function.
+    let cubin = unsafe {
+        match result::compile_program(program, &options) {
+            Ok(()) => {
+                let mut size = 0usize;
+                nvrtc::sys::nvrtcGetCUBINSize(program, &mut size)
+                    .result()
+                    .and_then(|()| {
+                        let mut cubin = vec![0u8; size];
+                        nvrtc::sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| cubin)
+                    })
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "NVRTC compiled the block attention kernel but gave no cubin: {e:?}"
+                        )
+                    })
+            }
+            Err(e) => {
+                let log = result::get_program_log(program)
+                    .map(|log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                Err(anyhow::anyhow!(
+                    "NVRTC cannot compile the block attention kernel for sm_{major}{minor} ({e:?}): {log}"
+                ))
+            }
+        }
+    };
+    // SAFETY: created above, not destroyed before.
+    let _ = unsafe { result::destroy_program(program) };
+    cubin
+}
+
+/// Kernels by device and head dim; `None` where they failed to build (warned once).
+type LoadedKernels = Mutex<HashMap<(DeviceId, usize), Option<Arc<Loaded>>>>;
+
+/// The kernels for `head_dim` on `dev`, compiled and loaded on first use. When NVRTC or the
+/// driver cannot provide them, attention keeps running as matmuls, with one warning.
+fn loaded(dev: &CudaDevice, head_dim: usize) -> Option<Arc<Loaded>> {
+    static LOADED: OnceLock<LoadedKernels> = OnceLock::new();
+    let mut cache = LOADED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    cache
+        .entry((dev.id(), head_dim))
+        .or_insert_with(|| match load(dev, head_dim) {
+            Ok(loaded) => Some(Arc::new(loaded)),
+            Err(e) => {
+                tracing::warn!("fused attention unavailable, attention runs as matmuls: {e:#}");
+                None
+            }
+        })
+        .clone()
+}
+
+fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
+    let context = dev.cuda_stream().context().clone();
+    let driver = |e| anyhow::anyhow!("CUDA driver error while loading block attention: {e:?}");
+    let arch = context.compute_capability().map_err(driver)?;
+    let cubin = compile_cubin(head_dim, arch)?;
+    let module = context
+        .load_module(Ptx::from_binary(cubin))
+        .map_err(driver)?;
+    let function = |name: &str| module.load_function(name).map_err(driver);
+    Ok(Loaded {
+        attend: [
+            function("block_attention_f32")?,
+            function("block_attention_bf16")?,
+            function("block_attention_f16")?,
+        ],
+        attend_mma: if arch >= TENSOR_CORE_ARCH {
+            Some([
+                function("block_attention_mma_bf16")?,
+                function("block_attention_mma_f16")?,
+            ])
+        } else {
+            None
+        },
+        combine: [
+            function("block_attention_combine_f32")?,
+            function("block_attention_combine_bf16")?,
+            function("block_attention_combine_f16")?,
+        ],
+        multiprocessors: context
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver)? as usize,
+        _module: module,
+    })
+}
+
+/// `(keys per chunk, chunks)` splitting the keys of a row so that `units` (row, KV head, query
+/// tile) CTAs times the chunks fill `multiprocessors`; a chunk is a whole number of key tiles and
+/// the longest row's last chunk is never empty.
+fn split_keys(units: usize, max_keys: usize, multiprocessors: usize) -> (usize, usize) {
+    let tiles = max_keys.div_ceil(KEY_TILE).max(1);
+    let wanted = (CTAS_PER_SM * multiprocessors)
+        .div_ceil(units.max(1))
+        .clamp(1, tiles);
+    let chunk_tiles = tiles.div_ceil(wanted);
+    (chunk_tiles * KEY_TILE, tiles.div_ceil(chunk_tiles))
+}
+
+/// The fused attention of one cached forward: per-row lengths on the device and the launch
+/// geometry, shared by every layer.
+pub(crate) struct BlockAttention {
+    kernels: Arc<Loaded>,
+    lens: CudaSlice<u32>,
+    /// Key slots of the longest row: its cached length plus the new tokens.
+    max_keys: usize,
+    batch: usize,
+    tokens: usize,
+    block_size: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    q_tiles: usize,
+    chunk_keys: usize,
+    splits: usize,
+    /// Whether bf16/f16 run `block_attention_mma_*`.
+    tensor_cores: bool,
+}
+
+impl BlockAttention {
+    /// The fused kernel for a forward of `tokens` new tokens per row over cached rows of lengths
+    /// `lens`, or `None` when that forward takes the matmul path (not CUDA, long blocks, an
+    /// unsupported dtype or head dim, kernels that failed to build, `DICE_FUSED_ATTENTION` unset).
+    pub(crate) fn plan(
+        device: &Device,
+        dtype: DType,
+        cfg: &SdarConfig,
+        lens: &[usize],
+        tokens: usize,
+    ) -> anyhow::Result<Option<Self>> {
+        let Device::Cuda(dev) = device else {
+            return Ok(None);
+        };
+        let supported = dtype_index(dtype).is_some()
+            && HEAD_DIMS.contains(&cfg.head_dim)
+            && tokens <= MAX_TOKENS
+            && !lens.is_empty()
+            && cfg
+                .num_attention_heads
+                .is_multiple_of(cfg.num_key_value_heads);
+        let mode = mode();
+        if !supported || mode == Mode::Off {
+            return Ok(None);
+        }
+        let Some(kernels) = loaded(dev, cfg.head_dim) else {
+            return Ok(None);
+        };
+        let tensor_cores = mode == Mode::TensorCores
+            && kernels.attend_mma.is_some()
+            && matches!(dtype, DType::BF16 | DType::F16);
+        let max_keys = lens.iter().copied().max().unwrap_or(0) + tokens;
+        let groups = cfg.num_attention_heads / cfg.num_key_value_heads;
+        let q_tiles = (groups * tokens).div_ceil(QUERY_TILE);
+        let units = lens.len() * cfg.num_key_value_heads * q_tiles;
+        let (chunk_keys, splits) = split_keys(units, max_keys, kernels.multiprocessors);
+        let lens_u32 = lens.iter().map(|&l| l as u32).collect::<Vec<_>>();
+        Ok(Some(Self {
+            lens: dev.clone_htod(&lens_u32)?,
+            kernels,
+            max_keys,
+            batch: lens.len(),
+            tokens,
+            block_size: cfg.block_size,
+            q_heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            q_tiles,
+            chunk_keys,
+            splits,
+            tensor_cores,
+        }))
+    }
+
+    /// Attention of `q` `[B, Hq, T, Dh]` over one layer's cache `k`, `v` `[B, Hkv, capacity, Dh]`
+    /// (the new tokens' K/V already written): `[B, T, Hq * Dh]`, as the matmul path returns.
+    pub(crate) fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        q.contiguous()?.apply_op3_no_bwd(k, v, self)
+    }
+
+    /// Runs the kernels of dtype index `dtype` on q, k and v.
+    fn launch<T: DeviceRepr>(
+        &self,
+        dev: &CudaDevice,
+        dtype: usize,
+        (q, lq): (&CudaSlice<T>, &Layout),
+        (k, lk): (&CudaSlice<T>, &Layout),
+        (v, lv): (&CudaSlice<T>, &Layout),
+        capacity: usize,
+    ) -> Result<CudaSlice<T>> {
+        let (q, k, v) = (view(q, lq, "q")?, view(k, lk, "k")?, view(v, lv, "v")?);
+        let total_q = self.batch * self.q_heads * self.tokens;
+        let partials = if self.splits > 1 {
+            self.splits * total_q
+        } else {
+            1
+        };
+        // SAFETY: the kernels write every output element (and every partial the combine reads)
+        // before anything reads it.
+        let (out, part_acc, part_ml) = unsafe {
+            (
+                dev.alloc::<T>(total_q * self.head_dim)?,
+                dev.alloc::<f32>(partials * self.head_dim)?,
+                dev.alloc::<f32>(partials * 2)?,
+            )
+        };
+        let int = |x: usize| x as i32;
+        let (batch, q_heads, kv_heads, tokens) = (
+            int(self.batch),
+            int(self.q_heads),
+            int(self.kv_heads),
+            int(self.tokens),
+        );
+        let (block_size, capacity, q_tiles, chunk_keys, splits) = (
+            int(self.block_size),
+            int(capacity),
+            int(self.q_tiles),
+            int(self.chunk_keys),
+            int(self.splits),
+        );
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let stream = dev.cuda_stream();
+        let function = match (&self.kernels.attend_mma, dtype) {
+            (Some(mma), 1 | 2) if self.tensor_cores => &mma[dtype - 1],
+            _ => &self.kernels.attend[dtype],
+        };
+        let mut attend = stream.launch_builder(function);
+        attend
+            .arg(&q)
+            .arg(&k)
+            .arg(&v)
+            .arg(&self.lens)
+            .arg(&out)
+            .arg(&part_acc)
+            .arg(&part_ml)
+            .arg(&batch)
+            .arg(&q_heads)
+            .arg(&kv_heads)
+            .arg(&tokens)
+            .arg(&block_size)
+            .arg(&capacity)
+            .arg(&q_tiles)
+            .arg(&chunk_keys)
+            .arg(&splits)
+            .arg(&scale);
+        let grid = (
+            (self.q_tiles * self.splits) as u32,
+            self.kv_heads as u32,
+            self.batch as u32,
+        );
+        // SAFETY: the arguments match the kernel's signature; the views cover every element the
+        // kernel reads (checked by the caller against the shapes).
+        unsafe {
+            attend.launch(LaunchConfig {
+                grid_dim: grid,
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .w()?;
+        if self.splits > 1 {
+            let mut combine = stream.launch_builder(&self.kernels.combine[dtype]);
+            combine
+                .arg(&part_acc)
+                .arg(&part_ml)
+                .arg(&out)
+                .arg(&batch)
+                .arg(&q_heads)
+                .arg(&tokens)
+                .arg(&splits);
+            // SAFETY: as above; one CTA of head_dim threads per query row.
+            unsafe {
+                combine.launch(LaunchConfig {
+                    grid_dim: (total_q as u32, 1, 1),
+                    block_dim: (self.head_dim as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .w()?;
+        }
+        Ok(out)
+    }
+
+    /// Checks q `[B, Hq, T, Dh]` and the cache `[B, Hkv, capacity, Dh]` against the plan (the
+    /// longest row's keys must fit the capacity); returns the capacity.
+    fn check_shapes(&self, q: &Layout, k: &Layout, v: &Layout) -> Result<usize> {
+        let want_q = [self.batch, self.q_heads, self.tokens, self.head_dim];
+        let (b, h, capacity, d) = k.shape().dims4()?;
+        if q.dims() != want_q
+            || [b, h, d] != [self.batch, self.kv_heads, self.head_dim]
+            || v.dims() != k.dims()
+            || capacity < self.max_keys
+        {
+            candle_core::bail!(
+                "block attention planned for q {want_q:?} got q {:?}, k {:?}, v {:?}",
+                q.dims(),
+                k.dims(),
+                v.dims()
+            );
+        }
+        Ok(capacity)
+    }
+}
+
+/// A contiguous view of a tensor's elements that starts on an 8-element boundary (the kernels
+/// read up to 8 elements at a time).
+fn view<'a, T>(slice: &'a CudaSlice<T>, layout: &Layout, what: &str) -> Result<CudaView<'a, T>> {
+    match layout.contiguous_offsets() {
+        Some((start, end)) if start % 8 == 0 => Ok(slice.slice(start..end)),
+        _ => candle_core::bail!("block attention needs {what} contiguous and 8-element aligned"),
+    }
+}
+
+impl CustomOp3 for BlockAttention {
+    fn name(&self) -> &'static str {
+        "block-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the fused block attention runs on CUDA devices only")
+    }
+
+    fn cuda_fwd(
+        &self,
+        q: &CudaStorage,
+        lq: &Layout,
+        k: &CudaStorage,
+        lk: &Layout,
+        v: &CudaStorage,
+        lv: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let capacity = self.check_shapes(lq, lk, lv)?;
+        let dev = q.device();
+        let slice = match (&q.slice, &k.slice, &v.slice) {
+            (CudaStorageSlice::F32(q), CudaStorageSlice::F32(k), CudaStorageSlice::F32(v)) => {
+                CudaStorageSlice::F32(self.launch(dev, 0, (q, lq), (k, lk), (v, lv), capacity)?)
+            }
+            (CudaStorageSlice::BF16(q), CudaStorageSlice::BF16(k), CudaStorageSlice::BF16(v)) => {
+                CudaStorageSlice::BF16(self.launch(dev, 1, (q, lq), (k, lk), (v, lv), capacity)?)
+            }
+            (CudaStorageSlice::F16(q), CudaStorageSlice::F16(k), CudaStorageSlice::F16(v)) => {
+                CudaStorageSlice::F16(self.launch(dev, 2, (q, lq), (k, lk), (v, lv), capacity)?)
+            }
+            _ => candle_core::bail!(
+                "block attention takes f32, bf16 or f16 q, k and v of one dtype, got {:?}, {:?}, {:?}",
+                q.dtype(),
+                k.dtype(),
+                v.dtype()
+            ),
+        };
+        let shape = Shape::from((self.batch, self.tokens, self.q_heads * self.head_dim));
+        Ok((
+            CudaStorage {
+                slice,
+                device: dev.clone(),
+            },
+            shape,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_row_splits_its_keys_over_the_gpu_and_a_full_batch_does_not() {
+        // SDAR-4B decoding on an H200 (132 SMs): 8 KV heads, one query tile, 772 keys.
+        assert_eq!(split_keys(8, 772, 132), (64, 13));
+        assert_eq!(split_keys(128 * 8, 772, 132), (832, 1));
+        for (units, keys) in [(8, 772), (64, 772), (200, 4096), (3, 1), (1000, 65)] {
+            let (chunk, splits) = split_keys(units, keys, 132);
+            assert_eq!(chunk % KEY_TILE, 0);
+            assert!(chunk * splits >= keys && chunk * (splits - 1) < keys);
+        }
+    }
+
+    /// Runs wherever NVRTC loads (no GPU needed): the source must compile for every head dim.
+    #[test]
+    fn the_kernel_compiles_with_nvrtc_for_every_head_dim() {
+        for head_dim in HEAD_DIMS {
+            let cubin = compile_cubin(head_dim, (9, 0)).unwrap();
+            assert!(!cubin.is_empty(), "empty cubin for head dim {head_dim}");
+        }
+    }
+}

@@ -1,0 +1,152 @@
+// Just enough of CUDA, on the CPU, to run block_attention.cu: one std::thread per CUDA thread,
+// the blocks of a grid one after another (so `__shared__` variables can be plain statics),
+// __syncthreads as a barrier of the block, warp shuffles through a barrier of the warp.
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+using std::min;
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(bytes) __attribute__((aligned(bytes)))
+#define __restrict__
+
+struct dim3_emulated {
+    unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local dim3_emulated threadIdx, blockIdx;
+
+struct float4 {
+    float x, y, z, w;
+};
+struct uint2 {
+    unsigned int x, y;
+};
+struct uint4 {
+    unsigned int x, y, z, w;
+};
+inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) {
+    return {x, y, z, w};
+}
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline float __uint_as_float(unsigned int u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned int __float_as_uint(float f) {
+    unsigned int u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+constexpr int MAX_THREADS = 1024;
+inline std::barrier<>* block_barrier;
+inline std::barrier<>* warp_barriers[MAX_THREADS / 32];
+inline float shuffle_slots[MAX_THREADS];
+
+inline void __syncthreads() { block_barrier->arrive_and_wait(); }
+
+// Every lane of the warp must call it, as with a full mask on the GPU.
+inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
+    int t = threadIdx.x;
+    shuffle_slots[t] = value;
+    warp_barriers[t / 32]->arrive_and_wait();
+    float other = shuffle_slots[(t & ~31) | ((t & 31) ^ lane_mask)];
+    warp_barriers[t / 32]->arrive_and_wait();
+    return other;
+}
+
+inline void __syncwarp() { warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
+
+// Tensor-core operations, with the fragment layouts of the PTX ISA (mma.m16n8k16 with
+// .row.col bf16/f16 operands and f32 accumulators; ldmatrix .m8n8.x4 [.trans] .b16). The 16-bit
+// values are decoded with `decode(T)`, which the including test defines for bf16_t and f16_t.
+struct MmaOperands {
+    unsigned int a[4], b[2];
+};
+inline MmaOperands mma_slots[MAX_THREADS];
+
+template <typename T>
+void mma_m16n8k16(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, unsigned int b1) {
+    const int t = threadIdx.x, warp = t & ~31, lane = t & 31;
+    mma_slots[t] = {{a[0], a[1], a[2], a[3]}, {b0, b1}};
+    __syncwarp();
+    auto half = [](unsigned int word, int k) {
+        return decode(T{(unsigned short)(k & 1 ? word >> 16 : word & 0xffffu)});
+    };
+    for (int e = 0; e < 4; ++e) {
+        const int row = lane / 4 + 8 * (e / 2), col = 2 * (lane % 4) + (e & 1);
+        float sum = 0.f;
+        for (int k = 0; k < 16; ++k) {
+            const MmaOperands& a_lane = mma_slots[warp + (row % 8) * 4 + (k % 8) / 2];
+            const MmaOperands& b_lane = mma_slots[warp + col * 4 + (k % 8) / 2];
+            const float a_value = half(a_lane.a[(row >= 8) + 2 * (k >= 8)], k);
+            const float b_value = half(b_lane.b[k >= 8], k);
+            sum += a_value * b_value;
+        }
+        d[e] += sum;
+    }
+    __syncwarp();
+}
+
+inline const unsigned short* ldmatrix_rows[MAX_THREADS];
+
+// Lane l receives elements (l / 4, 2 (l % 4)) and (l / 4, 2 (l % 4) + 1) of each matrix, or of
+// its transpose.
+inline void ldmatrix_x4_any(unsigned int (&r)[4], const unsigned short* row, bool transposed) {
+    const int t = threadIdx.x, warp = t & ~31, lane = t & 31;
+    ldmatrix_rows[t] = row;
+    __syncwarp();
+    const int i0 = lane / 4, j0 = 2 * (lane % 4);
+    for (int m = 0; m < 4; ++m) {
+        auto element = [&](int i, int j) -> unsigned int {
+            return transposed ? ldmatrix_rows[warp + 8 * m + j][i]
+                              : ldmatrix_rows[warp + 8 * m + i][j];
+        };
+        r[m] = element(i0, j0) | (element(i0, j0 + 1) << 16);
+    }
+    __syncwarp();
+}
+
+inline void ldmatrix_x4(unsigned int (&r)[4], const unsigned short* row) {
+    ldmatrix_x4_any(r, row, false);
+}
+
+inline void ldmatrix_x4_trans(unsigned int (&r)[4], const unsigned short* row) {
+    ldmatrix_x4_any(r, row, true);
+}
+
+// Runs `kernel` on every block of `grid` with `threads` threads per block.
+inline void launch(dim3_emulated grid, int threads, const std::function<void()>& kernel) {
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                std::barrier<> block(threads);
+                std::vector<std::unique_ptr<std::barrier<>>> warps;
+                for (int w = 0; 32 * w < threads; ++w) {
+                    const int lanes = std::min(32, threads - 32 * w);
+                    warps.push_back(std::make_unique<std::barrier<>>(lanes));
+                    warp_barriers[w] = warps.back().get();
+                }
+                block_barrier = &block;
+                std::vector<std::thread> workers;
+                for (int t = 0; t < threads; ++t)
+                    workers.emplace_back([=] {
+                        threadIdx = {(unsigned)t, 0, 0};
+                        blockIdx = {x, y, z};
+                        kernel();
+                    });
+                for (auto& w : workers) w.join();
+            }
+}
