@@ -62,6 +62,21 @@ struct Shared {
     zygote_env: Vec<(String, String)>,
 }
 
+impl Shared {
+    /// A sample's problem key, its problem, and its code (run samples always have code).
+    fn problem_and_code<'s>(
+        &'s self,
+        sample: &'s EvalSample,
+    ) -> (ProblemKey, &'s EvalProblem, &'s [u8]) {
+        let key = (sample.level, sample.problem_id);
+        let code = sample
+            .code
+            .as_deref()
+            .expect("only samples with code are run");
+        (key, &self.problems[&key], code)
+    }
+}
+
 /// Evaluates `samples` against `problems` into the store at `cfg.db`, skipping samples already
 /// stored unless `cfg.force`.
 pub fn evaluate(
@@ -527,12 +542,7 @@ impl<'a> RunSlot<'a> {
             .early
             .take()
             .filter(|e| Arc::ptr_eq(&e.zygote, &zygote));
-        let key = (sample.level, sample.problem_id);
-        let problem = &self.shared.problems[&key];
-        let code = sample
-            .code
-            .as_deref()
-            .expect("only samples with code are run");
+        let (key, problem, code) = self.shared.problem_and_code(sample);
         if exclusive {
             // Alone in memory too: every other slot of the device gives its problem's back first.
             self.close_reference();
@@ -641,12 +651,7 @@ impl<'a> RunSlot<'a> {
         };
         let ctx = &self.shared.ctx;
         let sample = &self.shared.samples[item.sample];
-        let key = (sample.level, sample.problem_id);
-        let problem = &self.shared.problems[&key];
-        let code = sample
-            .code
-            .as_deref()
-            .expect("only samples with code are run");
+        let (key, problem, code) = self.shared.problem_and_code(sample);
         let started =
             stage_run::spawn_candidate(ctx, zygote, problem, code).and_then(|candidate| {
                 let reference = (key != current)

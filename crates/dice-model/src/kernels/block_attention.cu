@@ -173,6 +173,47 @@ __device__ __forceinline__ void load_kv_tile(const T* __restrict__ src, int firs
     }
 }
 
+// Where one CTA of the grid works: its query tile and key split (x), KV head (y) and batch row
+// (z); the row's keys and this split's range of them.
+struct Tile {
+    int q_tile, split, kv_head, row, groups, queries, q_first, len, keys, key_begin, key_end;
+    size_t total_q;
+    // Index of query row 0 of this KV head in the [B, Hq, T] order of q.
+    size_t q_row0;
+};
+
+__device__ __forceinline__ Tile locate_tile(const unsigned int* __restrict__ lens, int batch,
+                                            int q_heads, int kv_heads, int tokens, int q_tiles,
+                                            int chunk_keys) {
+    Tile t;
+    t.q_tile = blockIdx.x % q_tiles;
+    t.split = blockIdx.x / q_tiles;
+    t.kv_head = blockIdx.y;
+    t.row = blockIdx.z;
+    t.groups = q_heads / kv_heads;
+    t.queries = t.groups * tokens;
+    t.q_first = t.q_tile * QUERY_TILE;
+    t.len = (int)lens[t.row];
+    t.keys = t.len + tokens;
+    t.key_begin = t.split * chunk_keys;
+    t.key_end = min(t.keys, t.key_begin + chunk_keys);
+    t.total_q = (size_t)batch * q_heads * tokens;
+    t.q_row0 = ((size_t)t.row * q_heads + (size_t)t.kv_head * t.groups) * tokens;
+    return t;
+}
+
+// A split past its row's keys leaves an empty partial result for the combine to skip; true then.
+__device__ __forceinline__ bool past_the_keys(const Tile& t, float* __restrict__ part_ml) {
+    if (t.key_begin < t.keys) return false;
+    const int tid = threadIdx.x;
+    if (tid < QUERY_TILE && t.q_first + tid < t.queries) {
+        float* ml = part_ml + ((size_t)t.split * t.total_q + t.q_row0 + t.q_first + tid) * 2;
+        ml[0] = NEG_INF;
+        ml[1] = 0.f;
+    }
+    return true;
+}
+
 template <typename T>
 __device__ void attend(const T* __restrict__ q, const T* __restrict__ k,
                        const T* __restrict__ v, const unsigned int* __restrict__ lens,
@@ -187,30 +228,10 @@ __device__ void attend(const T* __restrict__ q, const T* __restrict__ k,
     __shared__ int limit_s[QUERY_TILE];
 
     const int tid = threadIdx.x;
-    const int q_tile = blockIdx.x % q_tiles;
-    const int split = blockIdx.x / q_tiles;
-    const int kv_head = blockIdx.y;
-    const int row = blockIdx.z;
-    const int groups = q_heads / kv_heads;
-    const int queries = groups * tokens;
-    const int q_first = q_tile * QUERY_TILE;
-    const int len = (int)lens[row];
-    const int keys = len + tokens;
-    const int key_begin = split * chunk_keys;
-    const int key_end = min(keys, key_begin + chunk_keys);
-    const size_t total_q = (size_t)batch * q_heads * tokens;
-    // Index of query row 0 of this KV head in the [B, Hq, T] order of q.
-    const size_t q_row0 = ((size_t)row * q_heads + (size_t)kv_head * groups) * tokens;
-
-    if (key_begin >= keys) {
-        // A chunk past this row's keys: an empty partial result for the combine to skip.
-        if (tid < QUERY_TILE && q_first + tid < queries) {
-            float* ml = part_ml + ((size_t)split * total_q + q_row0 + q_first + tid) * 2;
-            ml[0] = NEG_INF;
-            ml[1] = 0.f;
-        }
-        return;
-    }
+    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, q_tiles, chunk_keys);
+    const auto [q_tile, split, kv_head, row, groups, queries, q_first, len, keys, key_begin,
+                key_end, total_q, q_row0] = tile;
+    if (past_the_keys(tile, part_ml)) return;
 
     if (tid < QUERY_TILE) {
         int qi = q_first + tid;
@@ -487,28 +508,10 @@ __device__ void attend_mma(const T* __restrict__ q, const T* __restrict__ k,
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int group = lane / 4, quad_lane = lane % 4;
-    const int q_tile = blockIdx.x % q_tiles;
-    const int split = blockIdx.x / q_tiles;
-    const int kv_head = blockIdx.y;
-    const int row = blockIdx.z;
-    const int groups = q_heads / kv_heads;
-    const int queries = groups * tokens;
-    const int q_first = q_tile * QUERY_TILE;
-    const int len = (int)lens[row];
-    const int keys = len + tokens;
-    const int key_begin = split * chunk_keys;
-    const int key_end = min(keys, key_begin + chunk_keys);
-    const size_t total_q = (size_t)batch * q_heads * tokens;
-    const size_t q_row0 = ((size_t)row * q_heads + (size_t)kv_head * groups) * tokens;
-
-    if (key_begin >= keys) {
-        if (tid < QUERY_TILE && q_first + tid < queries) {
-            float* ml = part_ml + ((size_t)split * total_q + q_row0 + q_first + tid) * 2;
-            ml[0] = NEG_INF;
-            ml[1] = 0.f;
-        }
-        return;
-    }
+    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, q_tiles, chunk_keys);
+    const auto [q_tile, split, kv_head, row, groups, queries, q_first, len, keys, key_begin,
+                key_end, total_q, q_row0] = tile;
+    if (past_the_keys(tile, part_ml)) return;
 
     // This lane's query rows in the fragments: group and group + 8.
     int limit[2];
