@@ -13,6 +13,8 @@
 # Steps: c-cold (32 pairs, empty build cache), c-warm (the same 32 in a new run, cache filled),
 # a-pairs (all 99), b-identity, adversarial (the GPU programs of tests/adversarial through the
 # real test binary). Runs resume, so a step cut by BUDGET_S is finished by running it again.
+# $OUT gets steps.txt, eval-runs.tgz (stores, logs, reports in md and json) and
+# adversarial-gpu.log: only 8 files come back from the machine, so add none beside them.
 set -uo pipefail
 DATA=$(realpath "${DATA:?}") OUT=${OUT:?}
 start=$(date +%s)
