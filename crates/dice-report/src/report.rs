@@ -82,6 +82,10 @@ pub struct SampleRow {
     pub robust_correct: bool,
     /// baseline mean / candidate mean; `None` unless correct (and timed).
     pub speedup: Option<f64>,
+    /// baseline median / candidate median: the same comparison without the few slow calls that
+    /// decide the mean of a kernel of tens of microseconds (bench/eval/h200/README.md, timing
+    /// reproducibility); `None` unless correct and timed.
+    pub median_speedup: Option<f64>,
     pub candidate_ms: Option<f64>,
     pub baseline_ms: Option<f64>,
     pub flags: Vec<String>,
@@ -94,10 +98,15 @@ impl SampleRow {
         let correct = record.verdict.is_correct();
         let candidate_ms = record.candidate_timing.as_ref().map(|t| t.mean_ms);
         let baseline_ms = record.baseline_timing.as_ref().map(|t| t.mean_ms);
-        let measured = match (baseline_ms, candidate_ms) {
+        let ratio = |b: Option<f64>, c: Option<f64>| match (b, c) {
             (Some(b), Some(c)) if c > 0.0 => Some(b / c),
             _ => None,
         };
+        let measured = ratio(baseline_ms, candidate_ms);
+        let median_speedup = ratio(
+            record.baseline_timing.as_ref().map(|t| t.median_ms),
+            record.candidate_timing.as_ref().map(|t| t.median_ms),
+        );
         SampleRow {
             level: record.level,
             problem_id: record.problem_id,
@@ -112,6 +121,7 @@ impl SampleRow {
             } else {
                 None
             },
+            median_speedup: median_speedup.filter(|_| correct),
             candidate_ms,
             baseline_ms,
             flags: record.flags.clone(),

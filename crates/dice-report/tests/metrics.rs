@@ -157,6 +157,22 @@ fn geomean_is_null_without_correct_samples() {
 }
 
 #[test]
+fn median_speedup_compares_medians() {
+    // The candidate's mean is doubled by a few slow calls; its median is not.
+    let mut timed = sample(1, 0, Verdict::Correct, None);
+    timed.candidate_timing = Some(TimingStats {
+        median_ms: 1.0,
+        ..timing(2.0)
+    });
+    timed.baseline_timing = Some(timing(2.0));
+    let samples = [timed, sample(2, 0, Verdict::OutputMismatch, None)];
+    let v = json(&report(&problems(1, 1..=2), &samples, "1", false));
+    close(&v["samples"][0]["speedup"], 1.0);
+    close(&v["samples"][0]["median_speedup"], 2.0);
+    assert!(v["samples"][1]["median_speedup"].is_null());
+}
+
+#[test]
 fn pass_at_k_uses_the_unbiased_estimator() {
     // Problem 1: 10 samples, 3 correct (speedups 0.5, 1.5, 3); problem 2: 10 samples, none
     // correct; problem 3: no samples.

@@ -4,7 +4,7 @@ use super::optional_ms;
 use crate::report::Report;
 
 const HEADER: &str = "level,problem_id,name,sample_id,verdict,compiled,correct,robust_correct,\
-speedup,candidate_ms,baseline_ms,deceptive,flags,message";
+speedup,median_speedup,candidate_ms,baseline_ms,deceptive,flags,message";
 
 pub(super) fn render(r: &Report) -> String {
     let mut out = String::from(HEADER);
@@ -20,6 +20,7 @@ pub(super) fn render(r: &Report) -> String {
             s.correct.to_string(),
             s.robust_correct.to_string(),
             s.speedup.map_or(String::new(), |v| v.to_string()),
+            s.median_speedup.map_or(String::new(), |v| v.to_string()),
             optional_ms(s.candidate_ms),
             optional_ms(s.baseline_ms),
             s.deceptive.to_string(),
