@@ -14,6 +14,8 @@ pub struct RunQueue<T> {
 struct State<T> {
     items: VecDeque<(ProblemKey, T)>,
     producers: usize,
+    /// Takers blocked in [`RunQueue::take`].
+    waiting: usize,
 }
 
 /// A handle that may add items; the queue ends when every producer is dropped and it is empty.
@@ -28,6 +30,7 @@ impl<T> RunQueue<T> {
             state: Mutex::new(State {
                 items: VecDeque::new(),
                 producers: 1,
+                waiting: 0,
             }),
             changed: Condvar::new(),
         });
@@ -48,16 +51,20 @@ impl<T> RunQueue<T> {
             if state.producers == 0 {
                 return None;
             }
+            state.waiting += 1;
             state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+            state.waiting -= 1;
         }
     }
 
-    /// Like [`RunQueue::take`], without waiting: None when nothing is ready now.
+    /// An item for later, taken now (a run slot's look-ahead): like [`RunQueue::take`] without
+    /// waiting, and None while another taker waits, since an idle slot should run it first.
     pub fn try_take(&self, prefer: Option<ProblemKey>) -> Option<T> {
-        self.state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop(prefer)
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.waiting > 0 {
+            return None;
+        }
+        state.pop(prefer)
     }
 }
 
@@ -115,17 +122,19 @@ mod tests {
     }
 
     #[test]
-    fn a_waiting_taker_gets_a_later_item_or_the_end() {
+    fn a_waiting_taker_gets_later_items_before_a_look_ahead_then_the_end() {
         let (queue, producer) = RunQueue::new();
         let second = producer.clone();
         let taker = {
             let queue = queue.clone();
-            std::thread::spawn(move || (queue.take(None), queue.take(None)))
+            std::thread::spawn(move || (queue.take(None), queue.take(None), queue.take(None)))
         };
         std::thread::sleep(std::time::Duration::from_millis(50));
+        second.push((0, 8), 8);
+        assert_eq!(queue.try_take(None), None, "the waiting taker comes first");
         second.push((0, 7), 7);
         drop(second);
         drop(producer);
-        assert_eq!(taker.join().unwrap(), (Some(7), None));
+        assert_eq!(taker.join().unwrap(), (Some(8), Some(7), None));
     }
 }
