@@ -257,10 +257,14 @@ PUBLISHED_DTYPES = {
 }
 HEADER_BYTES_MAX = 1 << 20
 STAGING_BYTES = 256 << 20
+# Smaller device outputs are copied out directly: pinning the staging buffer costs more than
+# their copy (and would be paid by every candidate).
+STAGED_FROM_BYTES = 32 << 20
 
 
 class Staging:
-    """One pinned host buffer per process for device-to-file copies; None where pinning fails."""
+    """One pinned host buffer per process for device-to-file copies of large outputs; None where
+    pinning fails."""
 
     buffer = None
     tried = False
@@ -284,7 +288,7 @@ def publish(tensors, path):
         f.write(header)
         for t in tensors:
             data = t.detach().contiguous().reshape(-1).view(torch.uint8)
-            staging = Staging.get() if data.is_cuda else None
+            staging = Staging.get() if data.is_cuda and data.numel() >= STAGED_FROM_BYTES else None
             if data.is_cuda and staging is None:
                 data = data.cpu()
             if not data.is_cuda:
