@@ -138,7 +138,7 @@ class Timer:
         # As timeit does: a collection of this process's heap (torch's import alone leaves
         # hundreds of thousands of objects) takes milliseconds, and one such pause inside a
         # timed call of a 20 us kernel moves the mean of 100 calls by several times its size.
-        gc.collect()
+        # No collection before either: its time would count against the candidate's clock check.
         collecting = gc.isenabled()
         gc.disable()
         try:
