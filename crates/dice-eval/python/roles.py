@@ -233,12 +233,12 @@ def reference(channel, req):
         timed = torch.compile(model) if req.get("baseline") == "torch_compile" else model
         timer = protocol.Timer(setup, problem, timed, req.get("cores"))
         expected = Expected(setup, problem, model, req["trials"])
-        expected[0]  # noqa: B018 (its forward's peak belongs to the footprint below)
+        footprint = expected.footprint()
     except BaseException as e:  # noqa: B036
         traceback.print_exc()
         channel.send(event="failed", verdict="reference_error", message=one_line(e), phase="reference")
         return
-    channel.send(event="ready", **expected.footprint())
+    channel.send(event="ready", **footprint)
     judge = Judge(expected, req["atol"], req["rtol"], setup.device)
     for op in ops:
         if op["op"] == "judge":
@@ -274,11 +274,13 @@ class Expected:
         self.outputs = []
 
     def footprint(self):
-        """What this process will hold on the device once every expected output is computed
-        (a candidate of the problem needs about as much), and the device's size; {} on the CPU."""
+        """Computes the first expected output (its forward's peak is part of the footprint), then
+        returns what this process will hold on the device once every expected output is computed
+        (a candidate of the problem needs about as much) and the device's size; {} on the CPU."""
+        first = self[0]
         if self.setup.device.type != "cuda":
             return {}
-        kept = sum(t.numel() * t.element_size() for t in self.outputs[0] if t.is_cuda)
+        kept = sum(t.numel() * t.element_size() for t in first if t.is_cuda)
         peak = torch.cuda.max_memory_reserved() + (len(self.seeds) - 1) * kept
         return {"device_bytes": peak, "device_total": torch.cuda.mem_get_info()[1]}
 

@@ -386,29 +386,25 @@ fn run_slot(
         reference: None,
         reservation: None,
         ahead: None,
-        early: None,
     };
     loop {
         if slot.reservation.is_some() && lane.memory.has_waiters() {
             slot.close_reference();
         }
-        let item = match slot.ahead.take() {
-            Some(ahead) => {
-                slot.early = ahead.started;
-                ahead.item
-            }
+        let (item, early) = match slot.ahead.take() {
+            Some(ahead) => (ahead.item, ahead.started),
             None => match queue.take(slot.reference.as_ref().map(|(key, _)| *key)) {
-                Some(item) => item,
+                Some(item) => (item, None),
                 None => break,
             },
         };
         let sample = &shared.samples[item.sample];
         // One retry with a fresh fork server when the evaluator itself failed.
-        let mut result = slot.run(sample, item.compiled.clone(), false);
+        let mut result = slot.run(sample, item.compiled.clone(), false, early);
         if let Err(RunError::Evaluator(e)) = &result {
             tracing::warn!("{}: restarting the worker after: {e:#}", sample.origin);
             slot.reset();
-            result = slot.run(sample, item.compiled.clone(), false);
+            result = slot.run(sample, item.compiled.clone(), false, None);
         }
         // Device memory may have run out because of the others in flight: not the candidate's
         // fault (nor the reference's) until it happens with the device to itself.
@@ -418,7 +414,7 @@ fn run_slot(
                 sample.origin
             );
             slot.forget_failed_reference();
-            result = slot.run(sample, item.compiled, true);
+            result = slot.run(sample, item.compiled, true, None);
         }
         match result {
             Ok(outcome) => {
@@ -465,8 +461,6 @@ struct RunSlot<'a> {
     reference: Option<(ProblemKey, Result<Reference, ReferenceFailed>)>,
     reservation: Option<Reservation<'a>>,
     ahead: Option<Ahead>,
-    /// The processes started ahead for the sample being run.
-    early: Option<Started>,
 }
 
 /// The next sample of a run slot, taken from the queue while the current one runs.
@@ -507,7 +501,6 @@ impl<'a> RunSlot<'a> {
     /// of the device).
     fn reset(&mut self) {
         self.close_reference();
-        self.early = None;
         if let Some(ahead) = &mut self.ahead {
             ahead.started = None;
         }
@@ -516,12 +509,14 @@ impl<'a> RunSlot<'a> {
         }
     }
 
-    /// Evaluates `sample`; with `exclusive`, nothing else runs on the device meanwhile.
+    /// Evaluates `sample`, with the processes `early` started ahead for it if any; with
+    /// `exclusive`, nothing else runs on the device meanwhile.
     fn run(
         &mut self,
         sample: &EvalSample,
         compiled: Compiled,
         exclusive: bool,
+        early: Option<Started>,
     ) -> Result<Outcome, RunError> {
         let ctx = &self.shared.ctx;
         let zygote = self
@@ -538,10 +533,8 @@ impl<'a> RunSlot<'a> {
             self.close_reference();
             self.zygote = Some(zygote.clone());
         }
-        let early = self
-            .early
-            .take()
-            .filter(|e| Arc::ptr_eq(&e.zygote, &zygote));
+        // Processes of a fork server that is gone are dropped (killed) and started again.
+        let early = early.filter(|e| Arc::ptr_eq(&e.zygote, &zygote));
         let (key, problem, code) = self.shared.problem_and_code(sample);
         if exclusive {
             // Alone in memory too: every other slot of the device gives its problem's back first.

@@ -2,6 +2,7 @@
 //! worker scripts written to a private runtime directory.
 
 use anyhow::{bail, Context, Result};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -63,26 +64,13 @@ impl Runtime {
             std::fs::set_permissions(&searchable, std::fs::Permissions::from_mode(0o711))?;
         }
         let path_env = worker_path(&python);
-        let out = Command::new(&python)
+        let mut probe = Command::new(&python);
+        probe
             .arg(dir.path().join("probe.py"))
             .arg(if cuda { "cuda" } else { "cpu" })
-            .env("PATH", &path_env)
-            .output()
-            .with_context(|| format!("cannot run {}", python.display()))?;
-        if !out.status.success() {
-            let why = String::from_utf8_lossy(&out.stderr);
-            let why = why
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("it failed");
-            bail!(
-                "{}: {why} (pass --python or DICE_PYTHON, or run scripts/setup-python.sh)",
-                python.display()
-            );
-        }
-        let info: PythonInfo = serde_json::from_slice(&out.stdout)
-            .with_context(|| format!("unexpected output from {}'s probe", python.display()))?;
+            .env("PATH", &path_env);
+        let info: PythonInfo =
+            json_output(&mut probe, &python, "probe torch, ninja and the compilers")?;
         Ok(Runtime {
             python,
             info,
@@ -173,4 +161,37 @@ fn remove_orphans(parent: &Path) {
             }
         }
     }
+}
+
+/// What to do when the Python that dice runs lacks something.
+pub const PYTHON_HINT: &str = "pass --python or DICE_PYTHON, or run scripts/setup-python.sh";
+
+/// Runs `command`, a script of `python`, and reads its stdout as JSON. A failure is one line:
+/// what it was to `do_what`, and the last line the script wrote to stderr (its exception).
+pub fn json_output<T: DeserializeOwned>(
+    command: &mut Command,
+    python: &Path,
+    do_what: &str,
+) -> Result<T> {
+    let out = command
+        .output()
+        .with_context(|| format!("cannot run {} ({PYTHON_HINT})", python.display()))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let why = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("it failed");
+        bail!(
+            "{} cannot {do_what}: {why} ({PYTHON_HINT})",
+            python.display()
+        );
+    }
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "unexpected output from {} asked to {do_what}",
+            python.display()
+        )
+    })
 }
