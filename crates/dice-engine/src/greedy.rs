@@ -21,24 +21,11 @@ pub fn greedy_candidates(logits: &Tensor) -> Result<Vec<Candidate>> {
         u32::try_from(vocab).is_ok(),
         "a vocabulary of {vocab} tokens does not fit token ids of 32 bits"
     );
-    let device = logits.device();
-    let shape = logits.shape();
-    // Comparisons in the logits' own dtype: widening to f32 is exact, so it moves no maximum.
-    let max = logits.max_keepdim(D::Minus1)?;
-    let at_max = logits.broadcast_eq(&max)?;
-    let indices = Tensor::arange(0u32, vocab as u32, device)?.broadcast_as(shape)?;
-    let beyond = Tensor::new(vocab as u32, device)?.broadcast_as(shape)?;
-    let lowest = at_max.where_cond(&indices, &beyond)?.min(D::Minus1)?;
-    let ties = at_max.to_dtype(DType::U32)?.sum(D::Minus1)?;
-    let nan = logits.ne(logits)?.max(D::Minus1)?;
-    // ±∞: a +∞ logit, or a position whose logits are all −∞ (nothing to pick).
-    let infinite = max.squeeze(D::Minus1)?.abs()?.eq(f64::INFINITY)?;
-    let non_finite = nan.maximum(&infinite)?.to_dtype(DType::U32)?;
-    let positions = lowest.elem_count();
-    let summary = Tensor::stack(&[&lowest, &ties, &non_finite], 0)?
+    let summary = summary(logits)?
         .flatten_all()?
         .to_vec1::<u32>()
         .context("cannot read the greedy candidates back")?;
+    let positions = summary.len() / 3;
     let (lowest, rest) = summary.split_at(positions);
     let (ties, non_finite) = rest.split_at(positions);
     // No tie at all is the CUDA form of a position of −∞ only: its maximum starts at the
@@ -55,6 +42,40 @@ pub fn greedy_candidates(logits: &Tensor) -> Result<Vec<Candidate>> {
         .zip(ties)
         .map(|(&token, &ties)| greedy_candidate(token, ties as usize, vocab))
         .collect())
+}
+
+/// u32 `[3, positions]`: per position the lowest index of the highest logit, how many logits
+/// equal it, and whether the position is unusable (NaN, +∞ maximum, or −∞ only; or, on CUDA's
+/// candle ops, no tie at all, see [`greedy_candidates`]). Candle ops; on CUDA with
+/// `DICE_GREEDY_KERNEL=1`, one kernel ([`dice_model::greedy_summary`]) instead, opt-in until it
+/// has run on a GPU (it is checked on the CPU against an emulation of CUDA).
+fn summary(logits: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if logits.device().is_cuda() && logits.is_contiguous() && greedy_kernel_wanted() {
+        return Ok(dice_model::greedy_summary(logits)?);
+    }
+    let device = logits.device();
+    let shape = logits.shape();
+    let vocab = logits.dim(D::Minus1)?;
+    // Comparisons in the logits' own dtype: widening to f32 is exact, so it moves no maximum.
+    let max = logits.max_keepdim(D::Minus1)?;
+    let at_max = logits.broadcast_eq(&max)?;
+    let indices = Tensor::arange(0u32, vocab as u32, device)?.broadcast_as(shape)?;
+    let beyond = Tensor::new(vocab as u32, device)?.broadcast_as(shape)?;
+    let lowest = at_max.where_cond(&indices, &beyond)?.min(D::Minus1)?;
+    let ties = at_max.to_dtype(DType::U32)?.sum(D::Minus1)?;
+    let nan = logits.ne(logits)?.max(D::Minus1)?;
+    // ±∞: a +∞ logit, or a position whose logits are all −∞ (nothing to pick).
+    let infinite = max.squeeze(D::Minus1)?.abs()?.eq(f64::INFINITY)?;
+    let non_finite = nan.maximum(&infinite)?.to_dtype(DType::U32)?;
+    Ok(Tensor::stack(&[&lowest, &ties, &non_finite], 0)?.flatten_to(1)?)
+}
+
+/// Whether `DICE_GREEDY_KERNEL=1` asks for the greedy kernel (read once).
+#[cfg(feature = "cuda")]
+fn greedy_kernel_wanted() -> bool {
+    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WANTED.get_or_init(|| std::env::var("DICE_GREEDY_KERNEL").is_ok_and(|v| v.trim() == "1"))
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
 //! [`BlockDiffusionModel`] for `dice_model`'s SDAR: one batch [`KvCache`] whose rows are the
-//! engine's slots, updated in place by every forward.
+//! engine's slots, updated in place by every forward. On CUDA the decoding forward over that
+//! cache is captured once in a CUDA graph ([`dice_model::DecodeGraph`]) and replayed at every
+//! step after; where no graph can be had it runs op by op.
 
 use crate::model::{BlockDiffusionModel, BlockRow, PrefillRow};
 use anyhow::{ensure, Context, Result};
@@ -10,6 +12,17 @@ use std::path::Path;
 /// An SDAR model set up for one decoding block length.
 pub struct SdarDecoder {
     model: Sdar,
+    #[cfg(feature = "cuda")]
+    graph: std::sync::Mutex<GraphState>,
+}
+
+/// Whether decoding forwards replay a CUDA graph.
+#[cfg(feature = "cuda")]
+enum GraphState {
+    /// None captured yet, or the one captured serves another cache: capture at the next forward.
+    Wanted(Option<dice_model::DecodeGraph>),
+    /// Graphs do not apply here, or capturing failed (warned once): op by op from now on.
+    Unavailable,
 }
 
 impl SdarDecoder {
@@ -19,7 +32,7 @@ impl SdarDecoder {
         let vb = checkpoint::mmaped_var_builder(dir, &config, dtype, device)?;
         let model = Sdar::new(&config, vb)
             .with_context(|| format!("cannot build the model from {}", dir.display()))?;
-        Ok(SdarDecoder { model })
+        Ok(SdarDecoder::new(model))
     }
 
     /// A model of `config`'s shapes with random weights ([`Sdar::random`]), for decoding with
@@ -32,9 +45,15 @@ impl SdarDecoder {
         block_length: usize,
     ) -> Result<Self> {
         let config = decoding_config(config, block_length)?;
-        Ok(SdarDecoder {
-            model: Sdar::random(&config, dtype, device)?,
-        })
+        Ok(SdarDecoder::new(Sdar::random(&config, dtype, device)?))
+    }
+
+    fn new(model: Sdar) -> Self {
+        SdarDecoder {
+            model,
+            #[cfg(feature = "cuda")]
+            graph: std::sync::Mutex::new(GraphState::Wanted(None)),
+        }
     }
 
     pub fn model(&self) -> &Sdar {
@@ -53,6 +72,40 @@ impl SdarDecoder {
             (rows.len(), width),
             self.model.device(),
         )?)
+    }
+
+    /// The decoding forward's final hidden states, through the CUDA graph where there is one.
+    #[cfg(feature = "cuda")]
+    fn decode_hidden(&self, ids: &Tensor, cache: &mut KvCache, commit: &[usize]) -> Result<Tensor> {
+        let mut state = self
+            .graph
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tokens = ids.dim(1)?;
+        if let GraphState::Wanted(graph) = &mut *state {
+            if !graph.as_ref().is_some_and(|g| g.serves(cache, tokens)) {
+                *graph = None;
+                match self.model.capture_decode(cache, tokens) {
+                    Ok(Some(captured)) => *graph = Some(captured),
+                    Ok(None) => *state = GraphState::Unavailable,
+                    Err(e) => {
+                        tracing::warn!("decoding runs without CUDA graphs: {e:#}");
+                        *state = GraphState::Unavailable;
+                    }
+                }
+            }
+        }
+        match &*state {
+            GraphState::Wanted(Some(graph)) => {
+                graph.forward_hidden(&self.model, ids, cache, commit)
+            }
+            _ => self.model.forward_hidden(ids, cache, commit),
+        }
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn decode_hidden(&self, ids: &Tensor, cache: &mut KvCache, commit: &[usize]) -> Result<Tensor> {
+        self.model.forward_hidden(ids, cache, commit)
     }
 }
 
@@ -153,9 +206,7 @@ impl BlockDiffusionModel for SdarDecoder {
                 commit[row.slot] = block;
             }
         }
-        let hidden = self
-            .model
-            .forward_hidden(&self.ids(&ids)?, cache, &commit)?;
+        let hidden = self.decode_hidden(&self.ids(&ids)?, cache, &commit)?;
         let wanted: Vec<u32> = rows
             .iter()
             .filter(|r| !r.store)

@@ -8,6 +8,7 @@ pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod device;
+#[cfg(feature = "cuda")]
 mod kernels;
 pub mod masks;
 pub mod memory;
@@ -17,6 +18,10 @@ pub mod tokenizer;
 
 pub use chat::ChatTemplate;
 pub use config::SdarConfig;
+#[cfg(feature = "cuda")]
+pub use kernels::decode_ops::greedy_summary;
+#[cfg(feature = "cuda")]
+pub use sdar::DecodeGraph;
 pub use sdar::{KvCache, Sdar, SftGradients};
 pub use sft::{PackedRow, TwoStreamBatch};
 pub use tokenizer::SdarTokenizer;

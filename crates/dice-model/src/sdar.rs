@@ -37,10 +37,14 @@
 //!
 //! Attention never expands K/V for GQA (query heads are grouped onto their KV head by a
 //! reshape) and masks are broadcast over heads. Scores are computed in the activation dtype,
-//! softmax in f32. On CUDA with `DICE_FUSED_ATTENTION=1`, forwards of at most 64 new tokens per
-//! row (decoding, short prefills) instead run one fused kernel per layer over the cache
-//! (`kernels/block_attention.cu`: the same visibility and scale, scores and accumulation in f32,
-//! online softmax, no mask tensor); off by default until checked on a GPU.
+//! softmax in f32.
+//!
+//! On CUDA, forwards of at most 64 new tokens per row (decoding, short prefills) run the fused
+//! decoding forward instead (`sdar/fused.rs`: dice's own kernels for q/k norms + rotary + cache
+//! write, block attention over the cache, residual add + RMSNorm and SiLU × up, with the same
+//! roundings as candle's ops; `DICE_FUSED_ATTENTION=0` turns it off), and [`DecodeGraph`]
+//! captures it in a CUDA graph for replay at every decoding step (`DICE_CUDA_GRAPHS=0` turns
+//! graphs off).
 //!
 //! # Training API
 //!
@@ -66,17 +70,22 @@
 
 use crate::checkpoint;
 use crate::config::SdarConfig;
-use crate::kernels::BlockAttention;
 use crate::masks;
 use anyhow::{bail, ensure, Context};
 use candle_core::{DType, Device, Result, Shape, Tensor, D};
 use candle_nn::{VarBuilder, VarMap};
 use std::path::Path;
 
+#[cfg(feature = "cuda")]
+mod fused;
+#[cfg(feature = "cuda")]
+mod graph;
 mod profile;
 mod stage;
 pub mod training;
 
+#[cfg(feature = "cuda")]
+pub use graph::DecodeGraph;
 pub use profile::{BlockForwardShape, ComponentProfile, ForwardProfile, ProfileSettings};
 pub use stage::Stage;
 use stage::{Probe, Unprobed};
@@ -433,6 +442,16 @@ pub struct KvCache {
     keys: Vec<Tensor>,
     values: Vec<Tensor>,
     lens: Vec<usize>,
+    /// Which buffers the tensors are: clones share them (and the id), a new cache or a row
+    /// selection gets new ones. A captured forward ([`DecodeGraph`]) writes into exactly one.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    buffers: u64,
+}
+
+/// A new [`KvCache::buffers`] id.
+fn new_buffers_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl KvCache {
@@ -458,6 +477,7 @@ impl KvCache {
             keys: keys.with_context(context)?,
             values: values.with_context(context)?,
             lens: vec![0; batch],
+            buffers: new_buffers_id(),
         })
     }
 
@@ -509,6 +529,7 @@ impl KvCache {
             keys: pick(&self.keys)?,
             values: pick(&self.values)?,
             lens: rows.iter().map(|&r| self.lens[r]).collect(),
+            buffers: new_buffers_id(),
         })
     }
 
@@ -565,12 +586,25 @@ impl KvCache {
         Ok(())
     }
 
-    /// Slot placement of `t` new tokens per row, after checking capacity.
-    fn slot_write(&self, t: usize, kv_heads: usize, head_dim: usize) -> anyhow::Result<SlotWrite> {
+    /// Fails unless every row has room for `t` more slots (even read-only rows write them).
+    fn check_room(&self, t: usize) -> anyhow::Result<()> {
         let cap = self.capacity();
         if let Some((row, len)) = self.lens.iter().enumerate().find(|(_, &l)| l + t > cap) {
             bail!("KV cache row {row} holds {len} positions; {t} more exceed its capacity {cap}: allocate a larger cache");
         }
+        Ok(())
+    }
+
+    /// Makes `commit[i]` of the slots just written part of row i.
+    fn advance(&mut self, commit: &[usize]) {
+        for (len, c) in self.lens.iter_mut().zip(commit) {
+            *len += c;
+        }
+    }
+
+    /// Slot placement of `t` new tokens per row, after checking capacity.
+    fn slot_write(&self, t: usize, kv_heads: usize, head_dim: usize) -> anyhow::Result<SlotWrite> {
+        self.check_room(t)?;
         if self.lens.iter().all(|&l| l == self.lens[0]) {
             return Ok(SlotWrite::Uniform(self.lens[0]));
         }
@@ -722,19 +756,18 @@ impl Sdar {
         self.probed_forward_hidden(input_ids, cache, commit, &mut Unprobed)
     }
 
-    /// [`Sdar::forward_hidden`] running each stage through `probe`.
-    fn probed_forward_hidden(
+    /// `(B, T)` of a cached forward's `input_ids`, after checking them, the cache and `commit`
+    /// against each other and the model.
+    fn check_forward(
         &self,
         input_ids: &Tensor,
-        cache: &mut KvCache,
+        cache: &KvCache,
         commit: &[usize],
-        probe: &mut impl Probe,
-    ) -> anyhow::Result<Tensor> {
-        let cfg = &self.config;
+    ) -> anyhow::Result<(usize, usize)> {
         let (b, t) = input_ids
             .dims2()
             .context("input_ids must be a [batch, tokens] tensor")?;
-        let bs = cfg.block_size;
+        let bs = self.config.block_size;
         ensure!(
             t > 0 && t % bs == 0,
             "{t} tokens per row is not a positive multiple of the block size {bs}"
@@ -757,8 +790,31 @@ impl Sdar {
                 "commit {c} of row {row} is not a multiple of {bs} in 0..={t}"
             );
         }
+        cache.check_room(t)?;
+        Ok((b, t))
+    }
+
+    /// [`Sdar::forward_hidden`] running each stage through `probe`.
+    fn probed_forward_hidden(
+        &self,
+        input_ids: &Tensor,
+        cache: &mut KvCache,
+        commit: &[usize],
+        probe: &mut impl Probe,
+    ) -> anyhow::Result<Tensor> {
+        let cfg = &self.config;
+        let (b, t) = self.check_forward(input_ids, cache, commit)?;
+        let bs = cfg.block_size;
+        #[cfg(feature = "cuda")]
+        if let Some(decode) = probe.stage(Stage::Setup, || {
+            fused::FusedDecode::for_cache(self, cache, t)
+        })? {
+            let hidden = decode.forward_hidden(self, input_ids, cache, probe)?;
+            cache.advance(commit);
+            return Ok(hidden);
+        }
         let device = self.device();
-        let (write, rope, fused, mask) = probe.stage(Stage::Setup, || -> anyhow::Result<_> {
+        let (write, rope, mask) = probe.stage(Stage::Setup, || -> anyhow::Result<_> {
             let write = cache.slot_write(t, cfg.num_key_value_heads, cfg.head_dim)?;
             let positions = match &write {
                 SlotWrite::Uniform(len) => Tensor::arange(*len as u32, (len + t) as u32, device)?,
@@ -772,12 +828,8 @@ impl Sdar {
                 }
             };
             let rope = Rope::new(&self.inv_freq, &positions, self.dtype())?;
-            let fused = BlockAttention::plan(device, self.dtype(), cfg, &cache.lens, t)?;
-            let mask = match fused {
-                Some(_) => None,
-                None => masks::cached_block_mask(&cache.lens, t, bs, device)?,
-            };
-            Ok((write, rope, fused, mask))
+            let mask = masks::cached_block_mask(&cache.lens, t, bs, device)?;
+            Ok((write, rope, mask))
         })?;
         let slots = cache.lens.iter().copied().max().unwrap_or(0) + t;
         let mut h = probe.stage(Stage::Embedding, || self.embed(input_ids))?;
@@ -794,9 +846,6 @@ impl Sdar {
                 Result::Ok(())
             })?;
             let a = probe.stage(Stage::Attention, || {
-                if let Some(fused) = &fused {
-                    return fused.attend(&q, &cache.keys[l], &cache.values[l]);
-                }
                 let keys = cache.keys[l].narrow(2, 0, slots)?;
                 let values = cache.values[l].narrow(2, 0, slots)?;
                 chunked_attention(
@@ -810,9 +859,7 @@ impl Sdar {
             })?;
             h = layer.finish(cfg, &h, &a, Kernels::Fused, probe)?;
         }
-        for (len, c) in cache.lens.iter_mut().zip(commit) {
-            *len += c;
-        }
+        cache.advance(commit);
         Ok(probe.stage(Stage::FinalNorm, || self.final_norm(&h, Kernels::Fused))?)
     }
 

@@ -7,41 +7,15 @@
 //!
 //! Needs a C++20 compiler (`$CXX`, else `g++`); without one the test says so and passes.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
 #[test]
 fn block_attention_kernel_matches_direct_attention_on_the_cpu() {
-    let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".to_string());
-    if Command::new(&compiler).arg("--version").output().is_err() {
-        eprintln!("no C++ compiler `{compiler}`: the emulated kernel check did not run");
-        return;
-    }
-    let harness = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/kernel_emulation/check_block_attention.cpp");
-    let out = tempfile::tempdir().unwrap();
     // The tiny golden model's head dim and the real models'.
     for head_dim in [16, 128] {
-        let binary = out.path().join(format!("check_{head_dim}"));
-        let build = Command::new(&compiler)
-            .args(["-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas"])
-            .arg(format!("-DHEAD_DIM={head_dim}"))
-            .arg(&harness)
-            .arg("-o")
-            .arg(&binary)
-            .output()
-            .unwrap();
-        assert!(
-            build.status.success(),
-            "the emulated kernel does not compile:\n{}",
-            String::from_utf8_lossy(&build.stderr)
-        );
-        let run = Command::new(&binary).output().unwrap();
-        let report = String::from_utf8_lossy(&run.stdout);
-        println!("{report}");
-        assert!(
-            run.status.success(),
-            "head dim {head_dim}: the kernel differs from direct attention:\n{report}"
+        common::run_emulated_kernel_check(
+            "check_block_attention.cpp",
+            &[format!("-DHEAD_DIM={head_dim}")],
         );
     }
 }

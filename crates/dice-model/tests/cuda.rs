@@ -195,3 +195,98 @@ fn cuda_decoding_over_a_long_cache_matches_cpu() {
         }
     }
 }
+
+/// A captured decoding forward replayed step after step (positions moving on, rows of unequal
+/// lengths, storing and read-only steps) gives the CPU's op-by-op logits.
+#[test]
+fn cuda_graph_replays_match_cpu() {
+    let (dir, _) = random_checkpoint();
+    let steps: [[usize; 2]; 4] = [[4, 4], [0, 0], [4, 0], [0, 4]];
+    let prompt: Vec<u32> = (0..196).map(|i| (i * 29 + 3) % 500).collect();
+    let mut short = prompt[..100].to_vec();
+    short.resize(prompt.len(), 0);
+    let prefill = |model: &Sdar, device: &Device| -> KvCache {
+        let ids =
+            Tensor::from_vec([prompt.clone(), short.clone()].concat(), (2, 196), device).unwrap();
+        let mut cache = KvCache::new(model.config(), 2, 256, model.dtype(), device).unwrap();
+        model.forward(&ids, &mut cache, &[196, 100]).unwrap();
+        cache
+    };
+    let block = |step: usize, device: &Device| {
+        let s = step as u32;
+        Tensor::new(&[[3 + s, 511, 511, 511], [8 + s, 7, 511, 511]], device).unwrap()
+    };
+    let cpu_model = Sdar::load(dir.path(), DType::F32, &Device::Cpu).unwrap();
+    let mut cpu_cache = prefill(&cpu_model, &Device::Cpu);
+    let reference: Vec<Tensor> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, commit)| {
+            cpu_model
+                .forward(&block(i, &Device::Cpu), &mut cpu_cache, commit)
+                .unwrap()
+        })
+        .collect();
+    let gpu = cuda_device(0).unwrap();
+    for (dtype, tol) in [(DType::F32, 1e-4f32), (DType::BF16, 0.1)] {
+        let model = Sdar::load(dir.path(), dtype, &gpu).unwrap();
+        let mut cache = prefill(&model, &gpu);
+        let graph = model
+            .capture_decode(&cache, 4)
+            .unwrap()
+            .expect("a CUDA graph for the fused decoding forward");
+        for (i, commit) in steps.iter().enumerate() {
+            let hidden = graph
+                .forward_hidden(&model, &block(i, &gpu), &mut cache, commit)
+                .unwrap();
+            let d = max_diff(&model.logits(&hidden).unwrap(), &reference[i]);
+            println!("{dtype:?} graph replay {i}: max abs diff {d:e}");
+            assert!(d < tol, "{dtype:?} graph replay {i} differs by {d}");
+        }
+        assert_eq!(cache.lens(), cpu_cache.lens());
+    }
+}
+
+/// The greedy kernel gives what a plain scan of the logits gives: the lowest index of each row's
+/// maximum, how many entries tie with it, and whether the row is unusable (a NaN, a +inf
+/// maximum, only -inf), over a real vocabulary with many exact ties.
+#[test]
+fn cuda_greedy_summary_matches_a_scan() {
+    let gpu = cuda_device(0).unwrap();
+    let (rows, vocab) = (6, 151_936);
+    let mut values: Vec<f32> = (0..rows * vocab)
+        .map(|i| ((i * 7919) % 17) as f32 - 8.0)
+        .collect();
+    values[vocab / 2] = f32::NAN;
+    values[2 * vocab - 1] = f32::INFINITY;
+    values[2 * vocab..3 * vocab].fill(f32::NEG_INFINITY);
+    values[4 * vocab - 1] = 100.0;
+    let logits = Tensor::from_vec(values, (rows, vocab), &gpu).unwrap();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let logits = logits.to_dtype(dtype).unwrap();
+        let got = dice_model::greedy_summary(&logits)
+            .unwrap()
+            .to_vec2::<u32>()
+            .unwrap();
+        let host = logits
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        for (r, row) in host.iter().enumerate() {
+            let (mut best, mut index, mut ties, mut nan) = (0f32, 0u32, 0u32, false);
+            for (i, &v) in row.iter().enumerate() {
+                if v.is_nan() {
+                    nan = true;
+                } else if ties == 0 || v > best {
+                    (best, index, ties) = (v, i as u32, 1);
+                } else if v == best {
+                    ties += 1;
+                }
+            }
+            let unusable = u32::from(nan || best.is_infinite());
+            let want = [index, ties, unusable];
+            assert_eq!([got[0][r], got[1][r], got[2][r]], want, "{dtype:?} row {r}");
+        }
+    }
+}

@@ -26,8 +26,14 @@ fn every_stage_of_a_decoding_forward_is_timed_counted_and_floored() {
     let profile = model.profile_block_forward(shape, settings).unwrap();
     assert_eq!(profile.block_tokens, cfg.block_size);
 
+    // The CPU runs candle's forward: every stage but the fused forward's own.
+    let fused = [Stage::QkNormRotaryCacheWrite, Stage::ResidualNorm];
     let stages: Vec<Stage> = profile.components.iter().map(|c| c.stage).collect();
-    assert_eq!(stages, Stage::ALL);
+    let candle_stages: Vec<Stage> = Stage::ALL
+        .into_iter()
+        .filter(|s| !fused.contains(s))
+        .collect();
+    assert_eq!(stages, candle_stages);
     for c in &profile.components {
         assert!(c.ms > 0.0, "{} took no time", c.name);
         assert!(c.runs > 0, "{} never ran", c.name);

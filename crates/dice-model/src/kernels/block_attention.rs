@@ -9,27 +9,28 @@
 //! the new tokens of its own and earlier blocks, scale `1/sqrt(head_dim)`, f32 softmax.
 //!
 //! bf16 and f16 run a tensor-core variant (mma.sync, sm_80 and newer); f32, and every dtype on
-//! older GPUs, the CUDA-core one. `DICE_FUSED_ATTENTION` turns the kernels on: `1` as just said,
-//! `cuda-cores` with the CUDA-core kernel for every dtype. Unset (or `0`) every forward stays on
-//! the matmul path: the kernels have been checked against an emulation of their CUDA semantics
-//! on the CPU (tests/block_attention_emulated.rs) but not yet on a GPU, and become the default
-//! once the golden checks pass with them on an H200.
+//! older GPUs, the CUDA-core one. `DICE_FUSED_ATTENTION=cuda-cores` takes the CUDA-core kernel
+//! for every dtype; `DICE_FUSED_ATTENTION=0` turns the whole fused decoding forward off (candle's
+//! ops only). Checked on the CPU against an emulation of CUDA (tests/block_attention_emulated.rs)
+//! and on an H200 (golden generations token for token in f32, `tests/cuda.rs`).
 
+use super::decode_ops::tensor_ptr;
+use super::nvrtc::{self, dtype_index, PerDevice, Source};
 use crate::config::SdarConfig;
-use anyhow::Context;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     sys::CUdevice_attribute, CudaFunction, CudaModule, CudaSlice, CudaView, DeviceRepr,
     LaunchConfig, PushKernelArg,
 };
-use candle_core::cuda_backend::cudarc::nvrtc::{self, Ptx};
-use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, DeviceId, WrapErr};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
-use std::collections::HashMap;
-use std::ffi::{CStr, CString};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
-const SOURCE: &str = include_str!("block_attention.cu");
+const SOURCE: Source = Source {
+    text: include_str!("block_attention.cu"),
+    file_name: c"block_attention.cu",
+    what: "the block attention kernel",
+};
 
 /// Threads per CTA, keys per tile and query rows per CTA, as `block_attention.cu` defines them.
 const THREADS: u32 = 128;
@@ -64,9 +65,9 @@ enum Mode {
 fn mode() -> Mode {
     static MODE: OnceLock<Mode> = OnceLock::new();
     *MODE.get_or_init(|| match std::env::var(SWITCH).as_deref().map(str::trim) {
-        Ok("1") => Mode::TensorCores,
+        Ok("0") => Mode::Off,
         Ok("cuda-cores") => Mode::CudaCores,
-        _ => Mode::Off,
+        _ => Mode::TensorCores,
     })
 }
 
@@ -85,91 +86,29 @@ struct Loaded {
     multiprocessors: usize,
 }
 
-fn dtype_index(dtype: DType) -> Option<usize> {
-    match dtype {
-        DType::F32 => Some(0),
-        DType::BF16 => Some(1),
-        DType::F16 => Some(2),
-        _ => None,
-    }
-}
-
-/// Compiles the kernel source for `head_dim` to a cubin for compute capability `arch`.
-fn compile_cubin(head_dim: usize, (major, minor): (i32, i32)) -> anyhow::Result<Vec<u8>> {
-    use nvrtc::result;
-    let source = CString::new(SOURCE).context("the kernel source holds a NUL byte")?;
-    let program = result::create_program(&source, Some(c"block_attention.cu"))
-        .map_err(|e| anyhow::anyhow!("NVRTC cannot create the block attention program: {e:?}"))?;
-    let options = [
-        format!("--gpu-architecture=sm_{major}{minor}"),
-        format!("-DHEAD_DIM={head_dim}"),
-    ];
-    // SAFETY: `program` was created above and is destroyed only at the end of this function.
-    let cubin = unsafe {
-        match result::compile_program(program, &options) {
-            Ok(()) => {
-                let mut size = 0usize;
-                nvrtc::sys::nvrtcGetCUBINSize(program, &mut size)
-                    .result()
-                    .and_then(|()| {
-                        let mut cubin = vec![0u8; size];
-                        nvrtc::sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast())
-                            .result()
-                            .map(|()| cubin)
-                    })
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "NVRTC compiled the block attention kernel but gave no cubin: {e:?}"
-                        )
-                    })
-            }
-            Err(e) => {
-                let log = result::get_program_log(program)
-                    .map(|log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                Err(anyhow::anyhow!(
-                    "NVRTC cannot compile the block attention kernel for sm_{major}{minor} ({e:?}): {log}"
-                ))
-            }
-        }
-    };
-    // SAFETY: created above, not destroyed before.
-    let _ = unsafe { result::destroy_program(program) };
-    cubin
-}
-
-/// Kernels by device and head dim; `None` where they failed to build (warned once).
-type LoadedKernels = Mutex<HashMap<(DeviceId, usize), Option<Arc<Loaded>>>>;
+/// Kernels by device and head dim.
+static LOADED: PerDevice<usize, Loaded> = PerDevice::new();
 
 /// The kernels for `head_dim` on `dev`, compiled and loaded on first use. When NVRTC or the
 /// driver cannot provide them, attention keeps running as matmuls, with one warning.
 fn loaded(dev: &CudaDevice, head_dim: usize) -> Option<Arc<Loaded>> {
-    static LOADED: OnceLock<LoadedKernels> = OnceLock::new();
-    let mut cache = LOADED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    cache
-        .entry((dev.id(), head_dim))
-        .or_insert_with(|| match load(dev, head_dim) {
-            Ok(loaded) => Some(Arc::new(loaded)),
-            Err(e) => {
-                tracing::warn!("fused attention unavailable, attention runs as matmuls: {e:#}");
-                None
-            }
-        })
-        .clone()
+    LOADED.get(
+        dev,
+        head_dim,
+        "fused attention unavailable, attention runs as matmuls",
+        || load(dev, head_dim),
+    )
+}
+
+fn head_dim_option(head_dim: usize) -> [String; 1] {
+    [format!("-DHEAD_DIM={head_dim}")]
 }
 
 fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
-    let context = dev.cuda_stream().context().clone();
-    let driver = |e| anyhow::anyhow!("CUDA driver error while loading block attention: {e:?}");
-    let arch = context.compute_capability().map_err(driver)?;
-    let cubin = compile_cubin(head_dim, arch)?;
-    let module = context
-        .load_module(Ptx::from_binary(cubin))
-        .map_err(driver)?;
-    let function = |name: &str| module.load_function(name).map_err(driver);
+    let driver = nvrtc::driver_error(SOURCE.what);
+    let arch = nvrtc::arch(dev, SOURCE.what)?;
+    let module = nvrtc::load_module(dev, &SOURCE, &head_dim_option(head_dim))?;
+    let function = |name: &str| module.load_function(name).map_err(&driver);
     Ok(Loaded {
         attend: [
             function("block_attention_f32")?,
@@ -189,9 +128,11 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
             function("block_attention_combine_bf16")?,
             function("block_attention_combine_f16")?,
         ],
-        multiprocessors: context
+        multiprocessors: dev
+            .cuda_stream()
+            .context()
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(driver)? as usize,
+            .map_err(&driver)? as usize,
         _module: module,
     })
 }
@@ -212,8 +153,10 @@ fn split_keys(units: usize, max_keys: usize, multiprocessors: usize) -> (usize, 
 /// geometry, shared by every layer.
 pub(crate) struct BlockAttention {
     kernels: Arc<Loaded>,
-    lens: CudaSlice<u32>,
-    /// Key slots of the longest row: its cached length plus the new tokens.
+    /// Committed length of each row, u32 `[B]` on the device: read by the kernel at launch,
+    /// so a captured launch follows the lengths of each replay.
+    lens: Tensor,
+    /// Key slots of the longest row (at most): its cached length plus the new tokens.
     max_keys: usize,
     batch: usize,
     tokens: usize,
@@ -229,23 +172,32 @@ pub(crate) struct BlockAttention {
 }
 
 impl BlockAttention {
-    /// The fused kernel for a forward of `tokens` new tokens per row over cached rows of lengths
-    /// `lens`, or `None` when that forward takes the matmul path (not CUDA, long blocks, an
-    /// unsupported dtype or head dim, kernels that failed to build, `DICE_FUSED_ATTENTION` unset).
+    /// The fused kernel for a forward of `tokens` new tokens per row over rows of lengths `lens`
+    /// (u32 `[B]` on the device, read at every launch) holding at most `max_keys` keys with the
+    /// new tokens, or `None` when that forward takes the matmul path (not CUDA, long blocks, an
+    /// unsupported dtype or head dim, kernels that failed to build, `DICE_FUSED_ATTENTION=0`).
     pub(crate) fn plan(
         device: &Device,
         dtype: DType,
         cfg: &SdarConfig,
-        lens: &[usize],
+        lens: &Tensor,
+        max_keys: usize,
         tokens: usize,
     ) -> anyhow::Result<Option<Self>> {
         let Device::Cuda(dev) = device else {
             return Ok(None);
         };
+        anyhow::ensure!(
+            lens.dtype() == DType::U32 && lens.rank() == 1,
+            "block attention takes the rows' lengths as a u32 vector, got {:?} {:?}",
+            lens.dtype(),
+            lens.dims()
+        );
+        let batch = lens.dim(0)?;
         let supported = dtype_index(dtype).is_some()
             && HEAD_DIMS.contains(&cfg.head_dim)
             && tokens <= MAX_TOKENS
-            && !lens.is_empty()
+            && batch > 0
             && cfg
                 .num_attention_heads
                 .is_multiple_of(cfg.num_key_value_heads);
@@ -259,17 +211,15 @@ impl BlockAttention {
         let tensor_cores = mode == Mode::TensorCores
             && kernels.attend_mma.is_some()
             && matches!(dtype, DType::BF16 | DType::F16);
-        let max_keys = lens.iter().copied().max().unwrap_or(0) + tokens;
         let groups = cfg.num_attention_heads / cfg.num_key_value_heads;
         let q_tiles = (groups * tokens).div_ceil(QUERY_TILE);
-        let units = lens.len() * cfg.num_key_value_heads * q_tiles;
+        let units = batch * cfg.num_key_value_heads * q_tiles;
         let (chunk_keys, splits) = split_keys(units, max_keys, kernels.multiprocessors);
-        let lens_u32 = lens.iter().map(|&l| l as u32).collect::<Vec<_>>();
         Ok(Some(Self {
-            lens: dev.clone_htod(&lens_u32)?,
+            lens: lens.clone(),
             kernels,
             max_keys,
-            batch: lens.len(),
+            batch,
             tokens,
             block_size: cfg.block_size,
             q_heads: cfg.num_attention_heads,
@@ -280,6 +230,11 @@ impl BlockAttention {
             splits,
             tensor_cores,
         }))
+    }
+
+    /// The rows' lengths the kernels read (u32 `[B]` on the device).
+    pub(crate) fn lens(&self) -> &Tensor {
+        &self.lens
     }
 
     /// Attention of `q` `[B, Hq, T, Dh]` over one layer's cache `k`, `v` `[B, Hkv, capacity, Dh]`
@@ -330,6 +285,8 @@ impl BlockAttention {
         );
         let scale = 1.0 / (self.head_dim as f32).sqrt();
         let stream = dev.cuda_stream();
+        let (lens_storage, lens_layout) = self.lens.storage_and_layout();
+        let lens = tensor_ptr((&lens_storage, lens_layout), "lens", &stream)?;
         let function = match (&self.kernels.attend_mma, dtype) {
             (Some(mma), 1 | 2) if self.tensor_cores => &mma[dtype - 1],
             _ => &self.kernels.attend[dtype],
@@ -339,7 +296,7 @@ impl BlockAttention {
             .arg(&q)
             .arg(&k)
             .arg(&v)
-            .arg(&self.lens)
+            .arg(&lens.0)
             .arg(&out)
             .arg(&part_acc)
             .arg(&part_ml)
@@ -497,7 +454,7 @@ mod tests {
     #[test]
     fn the_kernel_compiles_with_nvrtc_for_every_head_dim() {
         for head_dim in HEAD_DIMS {
-            let cubin = compile_cubin(head_dim, (9, 0)).unwrap();
+            let cubin = nvrtc::compile_cubin(&SOURCE, &head_dim_option(head_dim), (9, 0)).unwrap();
             assert!(!cubin.is_empty(), "empty cubin for head dim {head_dim}");
         }
     }

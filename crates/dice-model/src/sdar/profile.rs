@@ -259,6 +259,8 @@ impl Sdar {
                     floor_ms: floor_bytes as f64 / settings.bytes_per_s * 1e3,
                 }
             })
+            // The candle forward and the fused one run different stages.
+            .filter(|c| c.runs > 0)
             .collect();
         Ok(ForwardProfile {
             shape,
@@ -296,11 +298,18 @@ impl Sdar {
             Stage::QkvProjection => layer_weights(|l| vec![&l.q_proj, &l.k_proj, &l.v_proj]),
             Stage::QkNorm => layer_weights(|l| vec![&l.q_norm, &l.k_norm]),
             Stage::KvCacheWrite => kv_position * block,
+            Stage::QkNormRotaryCacheWrite => {
+                layer_weights(|l| vec![&l.q_norm, &l.k_norm]) + kv_position * block
+            }
             Stage::Attention => kv_position * (shape.cached_tokens as u64 + block),
             Stage::OProjection => layer_weights(|l| vec![&l.o_proj]),
             Stage::PostAttentionNorm => layer_weights(|l| vec![&l.post_attention_layernorm]),
             Stage::GateUpProjection => layer_weights(|l| vec![&l.gate_proj, &l.up_proj]),
             Stage::DownProjection => layer_weights(|l| vec![&l.down_proj]),
+            Stage::ResidualNorm => {
+                layer_weights(|l| vec![&l.input_layernorm, &l.post_attention_layernorm])
+                    + tensor_bytes(&self.norm)
+            }
             Stage::FinalNorm => tensor_bytes(&self.norm),
             Stage::LmHead => tensor_bytes(&self.lm_head),
         }
@@ -354,10 +363,24 @@ mod tests {
             cached_tokens: 8,
             capacity: 16,
         };
-        let total: u64 = Stage::ALL
-            .iter()
-            .map(|&s| model.floor_bytes(s, &shape))
-            .sum();
+        let floor = |stages: &[Stage]| -> u64 {
+            stages.iter().map(|&s| model.floor_bytes(s, &shape)).sum()
+        };
+        // The fused forward's stages move what the candle stages they replace move.
+        let fused = [Stage::QkNormRotaryCacheWrite, Stage::ResidualNorm];
+        assert_eq!(
+            floor(&fused[..1]),
+            floor(&[Stage::QkNorm, Stage::Rotary, Stage::KvCacheWrite])
+        );
+        assert_eq!(
+            floor(&fused[1..]),
+            floor(&[Stage::InputNorm, Stage::PostAttentionNorm, Stage::FinalNorm])
+        );
+        let candle_path: Vec<Stage> = Stage::ALL
+            .into_iter()
+            .filter(|s| !fused.contains(s))
+            .collect();
+        let total = floor(&candle_path);
         let cfg = model.config();
         let embedding = model.embed_tokens.elem_count() as u64 * 4;
         let rows_read = 3 * 4 * cfg.hidden_size as u64 * 4;

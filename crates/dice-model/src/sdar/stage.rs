@@ -20,6 +20,9 @@ pub enum Stage {
     HeadTranspose,
     Rotary,
     KvCacheWrite,
+    /// The fused CUDA kernel doing q/k norms, rotary, the head transposes and the KV-cache write
+    /// in one pass (the fused decoding forward's replacement of the four stages before it).
+    QkNormRotaryCacheWrite,
     /// Attention over the cache: scores, softmax and the weighted sum of values.
     Attention,
     OProjection,
@@ -31,13 +34,16 @@ pub enum Stage {
     /// SiLU of the gate (in f32) times up.
     SiluMul,
     DownProjection,
+    /// The fused CUDA kernel adding a residual and normalising the sum for what follows (the
+    /// post-attention norm, the next layer's input norm or the final norm).
+    ResidualNorm,
     FinalNorm,
     LmHead,
 }
 
 impl Stage {
     /// Every stage, in the order the forward first reaches them.
-    pub const ALL: [Stage; 17] = [
+    pub const ALL: [Stage; 19] = [
         Stage::Setup,
         Stage::Embedding,
         Stage::InputNorm,
@@ -46,6 +52,7 @@ impl Stage {
         Stage::HeadTranspose,
         Stage::Rotary,
         Stage::KvCacheWrite,
+        Stage::QkNormRotaryCacheWrite,
         Stage::Attention,
         Stage::OProjection,
         Stage::Residual,
@@ -53,6 +60,7 @@ impl Stage {
         Stage::GateUpProjection,
         Stage::SiluMul,
         Stage::DownProjection,
+        Stage::ResidualNorm,
         Stage::FinalNorm,
         Stage::LmHead,
     ];
@@ -75,6 +83,7 @@ impl Stage {
             Stage::HeadTranspose => "q/k/v head transposes",
             Stage::Rotary => "rotary",
             Stage::KvCacheWrite => "KV-cache write",
+            Stage::QkNormRotaryCacheWrite => "q/k norms + rotary + KV-cache write (fused)",
             Stage::Attention => "attention over the cache",
             Stage::OProjection => "o_proj",
             Stage::Residual => "residual adds",
@@ -82,6 +91,7 @@ impl Stage {
             Stage::GateUpProjection => "gate/up projections",
             Stage::SiluMul => "SiLU * up",
             Stage::DownProjection => "down projection",
+            Stage::ResidualNorm => "residual add + RMSNorm (fused)",
             Stage::FinalNorm => "final norm",
             Stage::LmHead => "lm_head",
         }

@@ -55,3 +55,41 @@ pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
 }
+
+/// Builds a `tests/kernel_emulation/` harness (our CUDA source compiled as C++ against the CPU
+/// emulation of CUDA) with the extra compiler `defines`, runs it and asserts that it exits 0;
+/// prints its report. Needs a C++20 compiler (`$CXX`, else `g++`): without one it says so and
+/// returns.
+pub fn run_emulated_kernel_check(harness: &str, defines: &[String]) {
+    use std::process::Command;
+    let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".to_string());
+    if Command::new(&compiler).arg("--version").output().is_err() {
+        eprintln!("no C++ compiler `{compiler}`: the emulated kernel check did not run");
+        return;
+    }
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/kernel_emulation")
+        .join(harness);
+    let out = tempfile::tempdir().unwrap();
+    let binary = out.path().join("check");
+    let build = Command::new(&compiler)
+        .args(["-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas"])
+        .args(defines)
+        .arg(&source)
+        .arg("-o")
+        .arg(&binary)
+        .output()
+        .unwrap();
+    assert!(
+        build.status.success(),
+        "{harness} {defines:?} does not compile:\n{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+    let run = Command::new(&binary).output().unwrap();
+    let report = String::from_utf8_lossy(&run.stdout);
+    println!("{report}");
+    assert!(
+        run.status.success(),
+        "{harness} {defines:?}: the emulated kernels differ from their references:\n{report}"
+    );
+}

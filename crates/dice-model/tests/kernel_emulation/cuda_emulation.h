@@ -1,6 +1,7 @@
-// Just enough of CUDA, on the CPU, to run block_attention.cu: one std::thread per CUDA thread,
-// the blocks of a grid one after another (so `__shared__` variables can be plain statics),
-// __syncthreads as a barrier of the block, warp shuffles through a barrier of the warp.
+// Just enough of CUDA, on the CPU, to run our kernels (block_attention.cu, decode_ops.cu): one
+// std::thread per CUDA thread, the blocks of a grid one after another (so `__shared__` variables
+// can be plain statics), __syncthreads as a barrier of the block, warp shuffles through a
+// barrier of the warp.
 #pragma once
 #include <algorithm>
 #include <barrier>
@@ -24,7 +25,7 @@ using std::min;
 struct dim3_emulated {
     unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local dim3_emulated threadIdx, blockIdx;
+inline thread_local dim3_emulated threadIdx, blockIdx, blockDim, gridDim;
 
 struct float4 {
     float x, y, z, w;
@@ -49,6 +50,12 @@ inline unsigned int __float_as_uint(float f) {
     std::memcpy(&u, &f, 4);
     return u;
 }
+// The host compiles in ISO C++ mode, which contracts no multiply-add: each operation rounds once.
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+// The GPU's rsqrtf is approximate; the emulated kernels are checked against references that
+// call this same function.
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
 constexpr int MAX_THREADS = 1024;
 inline std::barrier<>* block_barrier;
@@ -145,6 +152,8 @@ inline void launch(dim3_emulated grid, int threads, const std::function<void()>&
                     workers.emplace_back([=] {
                         threadIdx = {(unsigned)t, 0, 0};
                         blockIdx = {x, y, z};
+                        blockDim = {(unsigned)threads, 1, 1};
+                        gridDim = grid;
                         kernel();
                     });
                 for (auto& w : workers) w.join();

@@ -1,0 +1,326 @@
+// Fused element-wise steps of the decoding forward of dice's SDAR model
+// (crates/dice-model/src/kernels/decode_ops.rs launches them): residual add + RMSNorm, SiLU-gate,
+// qk-norm + RoPE + KV-cache write, and the greedy selection over the logits.
+//
+// Compiled at run time with NVRTC; no CUDA headers are included, so that the source compiles
+// wherever NVRTC runs; bf16 and f16 are handled as raw 16-bit values.
+//
+// The numerics are those of the candle 0.11 CUDA kernels the unfused forward runs, rounding for
+// rounding, so that the fused path is a drop-in:
+// - rmsnorm (reduce.cu): f32 sum of squares accumulated with fma, per thread over columns
+//   tid, tid + blockDim, ..., then a butterfly over the warp and, for blocks of more than 32
+//   threads, once more over the warps' sums; blockDim is 32 below 1024 columns, else 1024 (as
+//   candle-nn launches it), so the f32 sum is added in the same order. Then
+//   rsqrtf(sum / n + eps) and T(scale * x * w).
+// - a T add or multiply (binary.cu) is one correctly rounded operation; here it is done in f32
+//   and rounded to T, which gives the same value (f32 carries more than 2p + 2 bits of a bf16 or
+//   f16 significand, so the double rounding is innocuous).
+// - silu (unary.cu, in f32): x / (1 + expf(-x)), written as candle writes it so that NVVM
+//   produces the same instruction sequence (it folds the last step of expf and the + 1 into an
+//   fma).
+// - rope (reduce.cu): candle writes x1 * c - x2 * s and x1 * s + x2 * c in T; ptxas contracts
+//   each into one fma with the product of x2 rounded to T first (seen in the SASS of candle's
+//   rope_{f32,bf16,f16} for sm_90). The same operations are spelled out here with explicit
+//   rounding, so that no compiler can choose otherwise.
+
+struct bf16_t {
+    unsigned short bits;
+};
+struct f16_t {
+    unsigned short bits;
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16_t x) {
+    return __uint_as_float((unsigned int)x.bits << 16);
+}
+__device__ __forceinline__ float to_float(f16_t x) {
+#ifdef __CUDA_ARCH__
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+#else
+    unsigned int h = x.bits, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) return (sign ? -1.0f : 1.0f) * (float)man * 5.9604644775390625e-8f;
+    return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+#endif
+}
+
+// Round to nearest even, as candle's casts (__float2bfloat16, __float2half).
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
+    unsigned int u = __float_as_uint(x);
+    bf16_t r;
+    r.bits = (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)0x7fc0u
+                                              : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return r;
+}
+template <> __device__ __forceinline__ f16_t from_float<f16_t>(float x) {
+    f16_t r;
+#ifdef __CUDA_ARCH__
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
+#else
+    // F. Giesen's float_to_half_fast3_rtne.
+    unsigned int u = __float_as_uint(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a >= 0x47800000u) {
+        r.bits = (unsigned short)(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    } else if (a < 0x38800000u) {
+        r.bits = (unsigned short)(sign | (__float_as_uint(__uint_as_float(a) + 0.5f) - 0x3f000000u));
+    } else {
+        a += 0xc8000fffu + ((a >> 13) & 1u);
+        r.bits = (unsigned short)(sign | (a >> 13));
+    }
+#endif
+    return r;
+}
+
+// T(a * b + c), rounded once, as the fma ptxas makes of candle's T expressions.
+__device__ __forceinline__ float fma_round(float a, float b, float c, float*) {
+    return fmaf(a, b, c);
+}
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ bf16_t fma_round(float a, float b, float c, bf16_t*) {
+    // a, b and c are values of T, so these conversions are exact.
+    unsigned short ab = from_float<bf16_t>(a).bits, bb = from_float<bf16_t>(b).bits,
+                   cb = from_float<bf16_t>(c).bits;
+    bf16_t r;
+#if __CUDA_ARCH__ >= 800
+    asm("fma.rn.bf16 %0, %1, %2, %3;" : "=h"(r.bits) : "h"(ab), "h"(bb), "h"(cb));
+#else
+    // No bf16 fma before sm_80 (candle's bf16 kernels take other paths there too): rounded twice.
+    r = from_float<bf16_t>(fmaf(a, b, c));
+#endif
+    return r;
+}
+__device__ __forceinline__ f16_t fma_round(float a, float b, float c, f16_t*) {
+    unsigned short ah = from_float<f16_t>(a).bits, bh = from_float<f16_t>(b).bits,
+                   ch = from_float<f16_t>(c).bits;
+    f16_t r;
+    asm("fma.rn.f16 %0, %1, %2, %3;" : "=h"(r.bits) : "h"(ah), "h"(bh), "h"(ch));
+    return r;
+}
+#else
+// On the CPU: a * b is exact in double, so a * b + c is (unless c is below 2^-53 of the product,
+// which test data never is); rounding it to odd at f32 precision and then to nearest even at T's
+// rounds it once to T.
+template <typename T> T fma_round(float a, float b, float c, T*) {
+    double exact = (double)a * (double)b + (double)c;
+    float f = (float)exact;
+    if ((double)f != exact) {
+        if (fabs((double)f) > fabs(exact)) f = nextafterf(f, 0.f);
+        f = __uint_as_float(__float_as_uint(f) | 1u);
+    }
+    return from_float<T>(f);
+}
+#endif
+
+// The sum of `x` over the block, as candle's rmsnorm reduces it (see the top of the file);
+// blockDim.x is 32 or 1024. Every thread gets the sum.
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int mask = 16; mask > 0; mask >>= 1) x += __shfl_xor_sync(0xffffffffu, x, mask);
+    return x;
+}
+
+__device__ __forceinline__ float block_sum(float x) {
+    __shared__ float warp_sums[32];
+    x = warp_sum(x);
+    if (blockDim.x > 32) {
+        if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = x;
+        __syncthreads();
+        x = warp_sum(warp_sums[threadIdx.x % 32]);
+    }
+    return x;
+}
+
+// One row of `hidden` columns per CTA: sum = T(residual + delta); normed = rmsnorm(sum) * weight.
+template <typename T>
+__device__ void add_rms_norm(const T* __restrict__ residual, const T* __restrict__ delta,
+                             const T* __restrict__ weight, T* __restrict__ sum_out,
+                             T* __restrict__ normed_out, int hidden, float eps) {
+    const size_t row = (size_t)blockIdx.x * hidden;
+    float squares = 0.f;
+    for (int col = threadIdx.x; col < hidden; col += blockDim.x) {
+        const T sum = from_float<T>(__fadd_rn(to_float(residual[row + col]),
+                                              to_float(delta[row + col])));
+        sum_out[row + col] = sum;
+        const float x = to_float(sum);
+        squares = fmaf(x, x, squares);
+    }
+    const float mean = block_sum(squares) / hidden;
+    const float scale = rsqrtf(mean + eps);
+    for (int col = threadIdx.x; col < hidden; col += blockDim.x) {
+        const float x = to_float(from_float<T>(__fadd_rn(to_float(residual[row + col]),
+                                                         to_float(delta[row + col]))));
+        normed_out[row + col] =
+            from_float<T>(__fmul_rn(__fmul_rn(scale, x), to_float(weight[col])));
+    }
+}
+
+// out = T(silu(f32(gate))) * up, element-wise over n.
+template <typename T>
+__device__ void silu_mul(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
+                         size_t n) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float x = to_float(gate[i]);
+        const float silu = to_float(from_float<T>(x / (1.0f + expf(-x))));
+        out[i] = from_float<T>(__fmul_rn(silu, to_float(up[i])));
+    }
+}
+
+#define HEADS_PER_CTA 4
+#define MAX_HEAD_DIM 128
+
+// The step between the q/k/v projections and attention of one layer, for new token t of batch
+// row b at position lens[b] + t (lens is read here, on the device, so that a captured CUDA graph
+// replays with the positions of its replay):
+//   q [B, T, Hq, D] -> rmsnorm(q_norm) -> rope -> q_out [B, Hq, T, D]
+//   k [B, T, Hkv, D] -> rmsnorm(k_norm) -> rope -> k_cache [B, Hkv, capacity, D] at lens[b] + t
+//   v [B, T, Hkv, D] -> v_cache at the same slot
+// One warp per head vector (a q head, or a k head with its v head): grid x = groups of
+// HEADS_PER_CTA of the Hq + Hkv heads, y = token, z = batch row; blockDim.x = 32 * HEADS_PER_CTA.
+// The norm reduces one warp's 32 lanes, as candle's rmsnorm with 32 threads does for D < 1024.
+template <typename T>
+__device__ void qk_norm_rope_cache(const T* __restrict__ q, const T* __restrict__ k,
+                                   const T* __restrict__ v, const T* __restrict__ q_norm,
+                                   const T* __restrict__ k_norm, const float* __restrict__ inv_freq,
+                                   const unsigned int* __restrict__ lens, T* __restrict__ q_out,
+                                   T* __restrict__ k_cache, T* __restrict__ v_cache, int tokens,
+                                   int q_heads, int kv_heads, int head_dim, int capacity,
+                                   float eps) {
+    __shared__ float normed_s[HEADS_PER_CTA][MAX_HEAD_DIM];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int head = blockIdx.x * HEADS_PER_CTA + warp, t = blockIdx.y, b = blockIdx.z;
+    if (head >= q_heads + kv_heads) return;
+    const bool is_q = head < q_heads;
+    const int kv_head = head - q_heads;
+    const int pos = (int)lens[b] + t;
+    // The caller checks the lengths against the capacity; past it nothing is written.
+    if (!is_q && pos >= capacity) return;
+    const size_t token = (size_t)b * tokens + t;
+    const T* src = is_q ? q + (token * q_heads + head) * head_dim
+                        : k + (token * kv_heads + kv_head) * head_dim;
+    const T* weight = is_q ? q_norm : k_norm;
+    const size_t cache_slot = (((size_t)b * kv_heads + kv_head) * capacity + pos) * head_dim;
+    T* dst = is_q ? q_out + (((size_t)b * q_heads + head) * tokens + t) * head_dim
+                  : k_cache + cache_slot;
+    if (!is_q) {
+        const T* v_src = v + (token * kv_heads + kv_head) * head_dim;
+        for (int i = lane; i < head_dim; i += 32) v_cache[cache_slot + i] = v_src[i];
+    }
+
+    float squares = 0.f;
+    for (int i = lane; i < head_dim; i += 32) {
+        const float x = to_float(src[i]);
+        squares = fmaf(x, x, squares);
+    }
+    const float mean = warp_sum(squares) / head_dim;
+    const float scale = rsqrtf(mean + eps);
+    float* normed = normed_s[warp];
+    for (int i = lane; i < head_dim; i += 32)
+        normed[i] = to_float(
+            from_float<T>(__fmul_rn(__fmul_rn(scale, to_float(src[i])), to_float(weight[i]))));
+    __syncwarp();
+
+    const int half = head_dim / 2;
+    for (int i = lane; i < half; i += 32) {
+        const float angle = __fmul_rn((float)pos, inv_freq[i]);
+        const float c = to_float(from_float<T>(cosf(angle)));
+        const float s = to_float(from_float<T>(sinf(angle)));
+        const float x1 = normed[i], x2 = normed[i + half];
+        const float x2s = to_float(from_float<T>(__fmul_rn(x2, s)));
+        const float x2c = to_float(from_float<T>(__fmul_rn(x2, c)));
+        dst[i] = fma_round(x1, c, -x2s, (T*)0);
+        dst[i + half] = fma_round(x1, s, x2c, (T*)0);
+    }
+}
+
+// Greedy selection over one row of logits per CTA (GREEDY_THREADS threads): the lowest index
+// holding the row's highest value, how many entries hold it, and whether the row is unusable
+// (a NaN, a +inf maximum, or only -inf). Values compare as f32, which every T widens to
+// exactly, so the maximum is the one the logits' own dtype has. One pass over the row instead of
+// candle's max, compare, select, min and sum over the whole [rows, vocab] tensor.
+// Output [3, rows] (u32): token, ties, unusable.
+#define GREEDY_THREADS 256
+
+template <typename T>
+__device__ void greedy_summary(const T* __restrict__ logits, unsigned int* __restrict__ out,
+                               int rows, int vocab) {
+    __shared__ float best[GREEDY_THREADS];
+    __shared__ unsigned int index[GREEDY_THREADS], ties[GREEDY_THREADS], nan[GREEDY_THREADS];
+    const int t = threadIdx.x, row = blockIdx.x;
+    const T* x = logits + (size_t)row * vocab;
+    float m = 0.0f;
+    unsigned int i_m = 0, n_m = 0, bad = 0;
+    // Each thread sees its columns in increasing order, so its first hit of a maximum is its
+    // lowest index.
+    for (int i = t; i < vocab; i += GREEDY_THREADS) {
+        const float v = to_float(x[i]);
+        if (v != v) {
+            bad = 1;
+        } else if (n_m == 0 || v > m) {
+            m = v;
+            i_m = i;
+            n_m = 1;
+        } else if (v == m) {
+            n_m += 1;
+        }
+    }
+    best[t] = m;
+    index[t] = i_m;
+    ties[t] = n_m;
+    nan[t] = bad;
+    __syncthreads();
+    for (int stride = GREEDY_THREADS / 2; stride > 0; stride /= 2) {
+        if (t < stride) {
+            const int o = t + stride;
+            nan[t] |= nan[o];
+            if (ties[o] != 0) {
+                if (ties[t] == 0 || best[o] > best[t]) {
+                    best[t] = best[o];
+                    index[t] = index[o];
+                    ties[t] = ties[o];
+                } else if (best[o] == best[t]) {
+                    index[t] = min(index[t], index[o]);
+                    ties[t] += ties[o];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        const bool infinite = (__float_as_uint(best[0]) & 0x7fffffffu) == 0x7f800000u;
+        out[row] = index[0];
+        out[rows + row] = ties[0];
+        out[2 * rows + row] = (nan[0] || ties[0] == 0 || infinite) ? 1u : 0u;
+    }
+}
+
+#define DECODE_OPS(TYPE, SUFFIX)                                                                  \
+    extern "C" __global__ void add_rms_norm_##SUFFIX(                                             \
+        const TYPE* residual, const TYPE* delta, const TYPE* weight, TYPE* sum_out,               \
+        TYPE* normed_out, int hidden, float eps) {                                                \
+        add_rms_norm<TYPE>(residual, delta, weight, sum_out, normed_out, hidden, eps);            \
+    }                                                                                             \
+    extern "C" __global__ void silu_mul_##SUFFIX(const TYPE* gate, const TYPE* up, TYPE* out,     \
+                                                 unsigned long long n) {                          \
+        silu_mul<TYPE>(gate, up, out, (size_t)n);                                                 \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * HEADS_PER_CTA) qk_norm_rope_cache_##SUFFIX( \
+        const TYPE* q, const TYPE* k, const TYPE* v, const TYPE* q_norm, const TYPE* k_norm,      \
+        const float* inv_freq, const unsigned int* lens, TYPE* q_out, TYPE* k_cache,              \
+        TYPE* v_cache, int tokens, int q_heads, int kv_heads, int head_dim, int capacity,         \
+        float eps) {                                                                              \
+        qk_norm_rope_cache<TYPE>(q, k, v, q_norm, k_norm, inv_freq, lens, q_out, k_cache,         \
+                                 v_cache, tokens, q_heads, kv_heads, head_dim, capacity, eps);    \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(GREEDY_THREADS) greedy_summary_##SUFFIX(         \
+        const TYPE* logits, unsigned int* out, int rows, int vocab) {                             \
+        greedy_summary<TYPE>(logits, out, rows, vocab);                                           \
+    }
+
+DECODE_OPS(float, f32)
+DECODE_OPS(bf16_t, bf16)
+DECODE_OPS(f16_t, f16)

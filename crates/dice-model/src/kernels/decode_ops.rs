@@ -1,0 +1,602 @@
+//! Fused steps of the decoding forward (`decode_ops.cu`), each one launch instead of several
+//! candle ops: residual add + RMSNorm, the SiLU gate, and qk-norm + RoPE + KV-cache write; and
+//! the engine's greedy selection over the logits ([`greedy_summary`], checked on the CPU's
+//! emulation of CUDA and by `tests/cuda.rs`, which has not yet run on a GPU).
+//!
+//! Their numerics are those of the candle CUDA kernels they replace, rounding for rounding (the
+//! top of `decode_ops.cu` lists them), so a forward gives the same bits with or without them;
+//! tests/decode_ops_emulated.rs checks the kernels' indexing and rounding steps on the CPU.
+//!
+//! Every function only allocates and launches on the device's stream (no copies between host
+//! and device, no synchronisation), so that it can run inside CUDA graph capture; the positions
+//! of the new tokens are read from a device buffer of per-row lengths, which a graph replay
+//! sees with its current contents.
+
+use super::nvrtc::{self, dtype_index, PerDevice, Source};
+use candle_core::cuda_backend::cudarc::driver::{
+    sys::CUdeviceptr, CudaFunction, CudaModule, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    SyncOnDrop,
+};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
+use candle_core::op::BackpropOp;
+use candle_core::{bail, DType, Device, Layout, Result, Shape, Storage, Tensor};
+use half::{bf16, f16};
+use std::sync::Arc;
+
+const SOURCE: Source = Source {
+    text: include_str!("decode_ops.cu"),
+    file_name: c"decode_ops.cu",
+    what: "the decode kernels",
+};
+
+/// Head dims `qk_norm_rope_cache` takes (`MAX_HEAD_DIM` of `decode_ops.cu` is the largest).
+const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+
+/// Head vectors per CTA of `qk_norm_rope_cache` (`HEADS_PER_CTA`), one warp each.
+const HEADS_PER_CTA: usize = 4;
+
+/// Threads per CTA of `greedy_summary` (`GREEDY_THREADS`).
+const GREEDY_THREADS: u32 = 256;
+
+/// Threads per CTA of `silu_mul`, and most CTAs it is launched with (it strides over the rest).
+const ELEMENTWISE_THREADS: u32 = 256;
+const MAX_ELEMENTWISE_CTAS: usize = 1 << 16;
+
+/// The kernels, loaded on one device.
+struct Loaded {
+    _module: Arc<CudaModule>,
+    /// By dtype, in the order of [`dtype_index`].
+    add_rms_norm: [CudaFunction; 3],
+    silu_mul: [CudaFunction; 3],
+    qk_norm_rope_cache: [CudaFunction; 3],
+    greedy_summary: [CudaFunction; 3],
+}
+
+/// Kernels by device.
+static LOADED: PerDevice<(), Loaded> = PerDevice::new();
+
+fn loaded(dev: &CudaDevice) -> Option<Arc<Loaded>> {
+    LOADED.get(
+        dev,
+        (),
+        "fused decode kernels unavailable, the forward runs candle ops",
+        || load(dev),
+    )
+}
+
+fn load(dev: &CudaDevice) -> anyhow::Result<Loaded> {
+    let module = nvrtc::load_module(dev, &SOURCE, &[])?;
+    let driver = nvrtc::driver_error(SOURCE.what);
+    let by_dtype = |op: &str| -> anyhow::Result<[CudaFunction; 3]> {
+        let function = |dtype: &str| module.load_function(&format!("{op}_{dtype}"));
+        Ok([
+            function("f32").map_err(&driver)?,
+            function("bf16").map_err(&driver)?,
+            function("f16").map_err(&driver)?,
+        ])
+    };
+    Ok(Loaded {
+        add_rms_norm: by_dtype("add_rms_norm")?,
+        silu_mul: by_dtype("silu_mul")?,
+        qk_norm_rope_cache: by_dtype("qk_norm_rope_cache")?,
+        greedy_summary: by_dtype("greedy_summary")?,
+        _module: module,
+    })
+}
+
+/// Whether the fused decode kernels run on `dev` for activations of `dtype` and heads of
+/// `head_dim`: they compiled there (the first call compiles them; a failure is
+/// warned about once), f32, bf16 or f16, and a head dim of 16, 32, 64 or 128.
+pub(crate) fn available(dev: &CudaDevice, dtype: DType, head_dim: usize) -> bool {
+    dtype_index(dtype).is_some() && HEAD_DIMS.contains(&head_dim) && loaded(dev).is_some()
+}
+
+/// The CUDA device of `tensors`, the loaded kernels and the index of their common dtype.
+fn kernels_for(op: &str, tensors: &[&Tensor]) -> Result<(CudaDevice, Arc<Loaded>, usize)> {
+    let first = tensors[0];
+    let Device::Cuda(dev) = first.device() else {
+        bail!(
+            "{op} runs on CUDA devices only, got a tensor on {:?}",
+            first.device()
+        );
+    };
+    for t in tensors {
+        if !t.device().same_device(first.device()) || t.dtype() != first.dtype() {
+            bail!(
+                "{op} takes tensors of one dtype on one device, got {:?} on {:?} and {:?} on {:?}",
+                first.dtype(),
+                first.device(),
+                t.dtype(),
+                t.device()
+            );
+        }
+    }
+    let Some(index) = dtype_index(first.dtype()) else {
+        bail!(
+            "{op} takes f32, bf16 or f16 tensors, got {:?}",
+            first.dtype()
+        );
+    };
+    let Some(kernels) = loaded(dev) else {
+        bail!("{op}: the fused decode kernels failed to build on this device (see the warning)");
+    };
+    Ok((dev.clone(), kernels, index))
+}
+
+/// `len` uninitialised elements of `dtype` on `dev`.
+fn alloc(dev: &CudaDevice, dtype: DType, len: usize) -> Result<CudaStorageSlice> {
+    // SAFETY: every caller's kernel writes each element before the tensor is read.
+    unsafe {
+        Ok(match dtype {
+            DType::F32 => CudaStorageSlice::F32(dev.alloc::<f32>(len)?),
+            DType::BF16 => CudaStorageSlice::BF16(dev.alloc::<bf16>(len)?),
+            DType::F16 => CudaStorageSlice::F16(dev.alloc::<f16>(len)?),
+            _ => bail!("the decode kernels take f32, bf16 or f16, got {dtype:?}"),
+        })
+    }
+}
+
+/// The device address of element `offset` of `slice`, with the guard that records the access
+/// on `stream` when dropped (after the launch).
+fn slice_ptr<'a>(
+    slice: &'a CudaStorageSlice,
+    offset: usize,
+    stream: &'a CudaStream,
+) -> Result<(CUdeviceptr, SyncOnDrop<'a>)> {
+    let ((ptr, record), element_bytes) = match slice {
+        CudaStorageSlice::F32(s) => (s.device_ptr(stream), 4),
+        CudaStorageSlice::BF16(s) => (s.device_ptr(stream), 2),
+        CudaStorageSlice::F16(s) => (s.device_ptr(stream), 2),
+        CudaStorageSlice::U32(s) => (s.device_ptr(stream), 4),
+        _ => bail!("the decode kernels take f32, bf16, f16 or u32 tensors"),
+    };
+    Ok((ptr + (offset * element_bytes) as CUdeviceptr, record))
+}
+
+/// The device address of the first element of contiguous `tensor` (`what` names it in errors).
+pub(super) fn tensor_ptr<'a>(
+    (storage, layout): (&'a Storage, &Layout),
+    what: &str,
+    stream: &'a CudaStream,
+) -> Result<(CUdeviceptr, SyncOnDrop<'a>)> {
+    let Storage::Cuda(storage) = storage else {
+        bail!("{what} is not on a CUDA device");
+    };
+    let Some((start, _)) = layout.contiguous_offsets() else {
+        bail!("the decode kernels need {what} contiguous");
+    };
+    slice_ptr(&storage.slice, start, stream)
+}
+
+/// A tensor of `shape` over freshly allocated `slice`.
+fn wrap(dev: &CudaDevice, slice: CudaStorageSlice, shape: impl Into<Shape>) -> Tensor {
+    let storage = Storage::Cuda(CudaStorage {
+        slice,
+        device: dev.clone(),
+    });
+    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
+}
+
+/// `(residual + delta, rmsnorm(residual + delta) * weight)` over the last dim, each of the shape
+/// of `residual`: the residual add and the next RMSNorm of a layer in one launch, with the
+/// rounding of candle's T add and its fused `rmsnorm` (f32 statistics, eps in f32).
+pub(crate) fn add_rms_norm(
+    residual: &Tensor,
+    delta: &Tensor,
+    weight: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "add_rms_norm";
+    let (dev, kernels, dtype) = kernels_for(OP, &[residual, delta, weight])?;
+    let hidden = residual.dim(candle_core::D::Minus1)?;
+    if delta.dims() != residual.dims() || weight.dims() != [hidden] || residual.elem_count() == 0 {
+        bail!(
+            "{OP} takes residual and delta of one non-empty shape and a weight of their last \
+             dim, got {:?}, {:?} and {:?}",
+            residual.dims(),
+            delta.dims(),
+            weight.dims()
+        );
+    }
+    let rows = residual.elem_count() / hidden;
+    let stream = dev.cuda_stream();
+    let sum = alloc(&dev, residual.dtype(), residual.elem_count())?;
+    let normed = alloc(&dev, residual.dtype(), residual.elem_count())?;
+    {
+        let (residual_s, residual_l) = residual.storage_and_layout();
+        let (delta_s, delta_l) = delta.storage_and_layout();
+        let (weight_s, weight_l) = weight.storage_and_layout();
+        let residual_p = tensor_ptr((&residual_s, residual_l), "the residual", &stream)?;
+        let delta_p = tensor_ptr((&delta_s, delta_l), "the delta", &stream)?;
+        let weight_p = tensor_ptr((&weight_s, weight_l), "the norm weight", &stream)?;
+        let sum_p = slice_ptr(&sum, 0, &stream)?;
+        let normed_p = slice_ptr(&normed, 0, &stream)?;
+        let (hidden_i, eps) = (hidden as i32, eps as f32);
+        let mut launch = stream.launch_builder(&kernels.add_rms_norm[dtype]);
+        launch
+            .arg(&residual_p.0)
+            .arg(&delta_p.0)
+            .arg(&weight_p.0)
+            .arg(&sum_p.0)
+            .arg(&normed_p.0)
+            .arg(&hidden_i)
+            .arg(&eps);
+        // candle-nn's rmsnorm launch: its f32 sum is added in the order these threads give.
+        let threads = if hidden < 1024 { 32 } else { 1024 };
+        // SAFETY: the arguments match `add_rms_norm_*`; every pointer covers `rows * hidden`
+        // elements (`hidden` for the weight), as checked above.
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .w()?;
+    }
+    let shape = residual.shape().clone();
+    Ok((wrap(&dev, sum, shape.clone()), wrap(&dev, normed, shape)))
+}
+
+/// The greedy pick of every row of `logits` (`[.., vocab]`, f32, bf16 or f16, contiguous on a
+/// CUDA device), in one pass over each row: u32 `[3, rows]` holding per row the lowest index of
+/// its highest value, how many entries equal that value, and 1 where the row has a NaN, a +inf
+/// maximum or only -inf (else 0). What `max`, `eq`, `where_cond`, `min` and `sum` over the whole
+/// tensor give, without materialising `[rows, vocab]` intermediates.
+pub fn greedy_summary(logits: &Tensor) -> Result<Tensor> {
+    const OP: &str = "greedy_summary";
+    let (dev, kernels, dtype) = kernels_for(OP, &[logits])?;
+    let vocab = logits.dim(candle_core::D::Minus1)?;
+    if vocab == 0 || vocab > i32::MAX as usize {
+        bail!("{OP} takes rows of 1 to 2^31 - 1 logits, got {vocab}");
+    }
+    let rows = logits.elem_count() / vocab;
+    let stream = dev.cuda_stream();
+    // SAFETY: the kernel writes all 3 * rows entries before anything reads them.
+    let out = CudaStorageSlice::U32(unsafe { dev.alloc::<u32>(3 * rows)? });
+    if rows > 0 {
+        let (logits_s, logits_l) = logits.storage_and_layout();
+        let logits_p = tensor_ptr((&logits_s, logits_l), "the logits", &stream)?;
+        let out_p = slice_ptr(&out, 0, &stream)?;
+        let (rows_i, vocab_i) = (rows as i32, vocab as i32);
+        let mut launch = stream.launch_builder(&kernels.greedy_summary[dtype]);
+        launch
+            .arg(&logits_p.0)
+            .arg(&out_p.0)
+            .arg(&rows_i)
+            .arg(&vocab_i);
+        // SAFETY: the arguments match `greedy_summary_*`; the logits cover `rows * vocab`
+        // elements and the output `3 * rows`.
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (GREEDY_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .w()?;
+    }
+    Ok(wrap(&dev, out, (3, rows)))
+}
+
+/// `T(silu(f32(gate))) * up`, element-wise (candle: `gate.to_dtype(F32).silu().to_dtype(T)`,
+/// then `* up` in T).
+pub(crate) fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    const OP: &str = "silu_mul";
+    let (dev, kernels, dtype) = kernels_for(OP, &[gate, up])?;
+    if gate.dims() != up.dims() || gate.elem_count() == 0 {
+        bail!(
+            "{OP} takes gate and up of one non-empty shape, got {:?} and {:?}",
+            gate.dims(),
+            up.dims()
+        );
+    }
+    let n = gate.elem_count();
+    let stream = dev.cuda_stream();
+    let out = alloc(&dev, gate.dtype(), n)?;
+    {
+        let (gate_s, gate_l) = gate.storage_and_layout();
+        let (up_s, up_l) = up.storage_and_layout();
+        let gate_p = tensor_ptr((&gate_s, gate_l), "the gate", &stream)?;
+        let up_p = tensor_ptr((&up_s, up_l), "up", &stream)?;
+        let out_p = slice_ptr(&out, 0, &stream)?;
+        let n_u64 = n as u64;
+        let mut launch = stream.launch_builder(&kernels.silu_mul[dtype]);
+        launch.arg(&gate_p.0).arg(&up_p.0).arg(&out_p.0).arg(&n_u64);
+        let ctas = n
+            .div_ceil(ELEMENTWISE_THREADS as usize)
+            .min(MAX_ELEMENTWISE_CTAS);
+        // SAFETY: the arguments match `silu_mul_*`; the three pointers cover `n` elements.
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: (ctas as u32, 1, 1),
+                block_dim: (ELEMENTWISE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .w()?;
+    }
+    Ok(wrap(&dev, out, gate.shape().clone()))
+}
+
+/// One layer's step between the q/k/v projections and attention: q `[B, T, Hq, D]` and k
+/// `[B, T, Hkv, D]` each RMS-normed over D with `q_norm` / `k_norm` `[D]` and rotated
+/// (rotate-half RoPE, `inv_freq` `[D/2]` f32, position `lens[b] + t`); returns q `[B, Hq, T, D]`
+/// and writes k and `v` `[B, T, Hkv, D]` into `k_cache` / `v_cache` `[B, Hkv, capacity, D]` at
+/// slots `lens[b] + t`, in place, touching no other slot.
+///
+/// `lens` (u32 `[B]`, on the device) is read by the kernel, never here, so a captured graph
+/// replays with the lengths the buffer holds then; the caller makes sure that
+/// `lens[b] + T <= capacity` (slots past the capacity are not written).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn qk_norm_rope_cache(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    q_norm: &Tensor,
+    k_norm: &Tensor,
+    inv_freq: &Tensor,
+    lens: &Tensor,
+    eps: f64,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+) -> Result<Tensor> {
+    const OP: &str = "qk_norm_rope_cache";
+    let (dev, kernels, dtype) = kernels_for(OP, &[q, k, v, q_norm, k_norm, k_cache, v_cache])?;
+    let (batch, tokens, q_heads, head_dim) = q.dims4()?;
+    let (_, _, kv_heads, _) = k.dims4()?;
+    let (_, _, capacity, _) = k_cache.dims4()?;
+    let shapes_agree = k.dims() == [batch, tokens, kv_heads, head_dim]
+        && v.dims() == k.dims()
+        && q_norm.dims() == [head_dim]
+        && k_norm.dims() == [head_dim]
+        && inv_freq.dims() == [head_dim / 2]
+        && k_cache.dims() == [batch, kv_heads, capacity, head_dim]
+        && v_cache.dims() == k_cache.dims()
+        && lens.dims() == [batch]
+        && batch * tokens > 0;
+    if !shapes_agree || !HEAD_DIMS.contains(&head_dim) {
+        bail!(
+            "{OP} takes q [B, T, Hq, D], k and v [B, T, Hkv, D], norms [D], inv_freq [D/2], \
+             caches [B, Hkv, capacity, D] and B lens with D in {HEAD_DIMS:?}, got q {:?}, k {:?}, \
+             v {:?}, norms {:?} {:?}, inv_freq {:?}, caches {:?} {:?}, lens {:?}",
+            q.dims(),
+            k.dims(),
+            v.dims(),
+            q_norm.dims(),
+            k_norm.dims(),
+            inv_freq.dims(),
+            k_cache.dims(),
+            v_cache.dims(),
+            lens.dims()
+        );
+    }
+    for (what, t, dtype) in [
+        ("inv_freq", inv_freq, DType::F32),
+        ("lens", lens, DType::U32),
+    ] {
+        if t.dtype() != dtype || !t.device().same_device(q.device()) {
+            bail!("{OP} takes {what} as {dtype:?} on the device of q");
+        }
+    }
+    let stream = dev.cuda_stream();
+    let q_out = alloc(&dev, q.dtype(), q.elem_count())?;
+    {
+        let (q_s, q_l) = q.storage_and_layout();
+        let (k_s, k_l) = k.storage_and_layout();
+        let (v_s, v_l) = v.storage_and_layout();
+        let (q_norm_s, q_norm_l) = q_norm.storage_and_layout();
+        let (k_norm_s, k_norm_l) = k_norm.storage_and_layout();
+        let (inv_freq_s, inv_freq_l) = inv_freq.storage_and_layout();
+        let (k_cache_s, k_cache_l) = k_cache.storage_and_layout();
+        let (v_cache_s, v_cache_l) = v_cache.storage_and_layout();
+        let q_p = tensor_ptr((&q_s, q_l), "q", &stream)?;
+        let k_p = tensor_ptr((&k_s, k_l), "k", &stream)?;
+        let v_p = tensor_ptr((&v_s, v_l), "v", &stream)?;
+        let q_norm_p = tensor_ptr((&q_norm_s, q_norm_l), "q_norm", &stream)?;
+        let k_norm_p = tensor_ptr((&k_norm_s, k_norm_l), "k_norm", &stream)?;
+        let (lens_s, lens_l) = lens.storage_and_layout();
+        let inv_freq_p = tensor_ptr((&inv_freq_s, inv_freq_l), "inv_freq", &stream)?;
+        let lens_p = tensor_ptr((&lens_s, lens_l), "lens", &stream)?;
+        // The caches are written through these addresses, in place.
+        let k_cache_p = tensor_ptr((&k_cache_s, k_cache_l), "the k cache", &stream)?;
+        let v_cache_p = tensor_ptr((&v_cache_s, v_cache_l), "the v cache", &stream)?;
+        let q_out_p = slice_ptr(&q_out, 0, &stream)?;
+        let int = |x: usize| x as i32;
+        let (tokens_i, q_heads_i, kv_heads_i, head_dim_i, capacity_i) = (
+            int(tokens),
+            int(q_heads),
+            int(kv_heads),
+            int(head_dim),
+            int(capacity),
+        );
+        let eps = eps as f32;
+        let mut launch = stream.launch_builder(&kernels.qk_norm_rope_cache[dtype]);
+        launch
+            .arg(&q_p.0)
+            .arg(&k_p.0)
+            .arg(&v_p.0)
+            .arg(&q_norm_p.0)
+            .arg(&k_norm_p.0)
+            .arg(&inv_freq_p.0)
+            .arg(&lens_p.0)
+            .arg(&q_out_p.0)
+            .arg(&k_cache_p.0)
+            .arg(&v_cache_p.0)
+            .arg(&tokens_i)
+            .arg(&q_heads_i)
+            .arg(&kv_heads_i)
+            .arg(&head_dim_i)
+            .arg(&capacity_i)
+            .arg(&eps);
+        let grid = (
+            (q_heads + kv_heads).div_ceil(HEADS_PER_CTA) as u32,
+            tokens as u32,
+            batch as u32,
+        );
+        // SAFETY: the arguments match `qk_norm_rope_cache_*`; every pointer covers the shape
+        // checked above, and the kernel writes cache slots below `capacity` only.
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: grid,
+                block_dim: ((32 * HEADS_PER_CTA) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .w()?;
+    }
+    Ok(wrap(&dev, q_out, (batch, q_heads, tokens, head_dim)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{IndexOp, D};
+
+    /// Runs wherever NVRTC loads (no GPU needed). The head dim is a kernel argument, so one
+    /// compile covers every head dim; sm_80 is the oldest architecture of the bf16 fma.
+    #[test]
+    fn the_decode_kernels_compile_with_nvrtc() {
+        for arch in [(8, 0), (9, 0)] {
+            let cubin = nvrtc::compile_cubin(&SOURCE, &[], arch).unwrap();
+            assert!(!cubin.is_empty(), "empty cubin for sm_{}{}", arch.0, arch.1);
+        }
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        let values = t.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
+        let values = values.to_vec1::<f32>().unwrap();
+        values.iter().map(|x| x.to_bits()).collect()
+    }
+
+    fn assert_same_bits(what: &str, got: &Tensor, want: &Tensor) {
+        assert_eq!(got.dims(), want.dims(), "{what}: shapes differ");
+        let (got, want) = (bits(got), bits(want));
+        let differ = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+        assert_eq!(
+            differ,
+            0,
+            "{what}: {differ} of {} elements differ",
+            want.len()
+        );
+    }
+
+    fn randn(device: &Device, dtype: DType, shape: &[usize], mean: f32, sd: f32) -> Tensor {
+        Tensor::randn(mean, sd, shape, device)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap()
+    }
+
+    const EPS: f64 = 1e-6;
+
+    /// sdar.rs: `residual + o`, then `candle_nn::ops::rms_norm`.
+    fn check_add_rms_norm(device: &Device, dtype: DType, hidden: usize) {
+        let residual = randn(device, dtype, &[2, 3, hidden], 0., 2.);
+        let delta = randn(device, dtype, &[2, 3, hidden], 0., 0.5);
+        let weight = randn(device, dtype, &[hidden], 1., 0.2);
+        let (sum, normed) = add_rms_norm(&residual, &delta, &weight, EPS).unwrap();
+        let want_sum = (&residual + &delta).unwrap();
+        let want_normed = candle_nn::ops::rms_norm(&want_sum, &weight, EPS as f32).unwrap();
+        assert_same_bits(&format!("{dtype:?} sum {hidden}"), &sum, &want_sum);
+        assert_same_bits(&format!("{dtype:?} normed {hidden}"), &normed, &want_normed);
+    }
+
+    /// sdar.rs: `silu_in_f32(gate) * up`.
+    fn check_silu_mul(device: &Device, dtype: DType) {
+        let gate = randn(device, dtype, &[2, 4, 1000], 0., 3.);
+        let up = randn(device, dtype, &[2, 4, 1000], 0., 1.);
+        let silu = gate.to_dtype(DType::F32).unwrap().silu().unwrap();
+        let want = silu.to_dtype(dtype).unwrap().mul(&up).unwrap();
+        let got = silu_mul(&gate, &up).unwrap();
+        assert_same_bits(&format!("{dtype:?} silu_mul"), &got, &want);
+    }
+
+    /// sdar.rs: qk-norm, head transpose, `Rope` with per-row positions; the new K/V slots of
+    /// the caches hold what the cache write would put there, and no other slot changes.
+    fn check_qk_norm_rope_cache(device: &Device, dtype: DType, head_dim: usize, tokens: usize) {
+        let what = format!("{dtype:?} D={head_dim} T={tokens}");
+        let (batch, q_heads, kv_heads) = (3, 4, 2);
+        let lens = [0u32, 7, 300];
+        let capacity = 300 + tokens + 3;
+        let q = randn(device, dtype, &[batch, tokens, q_heads, head_dim], 0., 1.);
+        let k = randn(device, dtype, &[batch, tokens, kv_heads, head_dim], 0., 1.);
+        let v = randn(device, dtype, &[batch, tokens, kv_heads, head_dim], 0., 1.);
+        let q_norm = randn(device, dtype, &[head_dim], 1., 0.2);
+        let k_norm = randn(device, dtype, &[head_dim], 1., 0.2);
+        let inv_freq: Vec<f32> = (0..head_dim / 2)
+            .map(|i| 1.0 / 1e6f32.powf(2.0 * i as f32 / head_dim as f32))
+            .collect();
+        let inv_freq = Tensor::new(inv_freq, device).unwrap();
+        let cache_shape = [batch, kv_heads, capacity, head_dim];
+        let k_cache = randn(device, dtype, &cache_shape, 0., 1.);
+        let v_cache = randn(device, dtype, &cache_shape, 0., 1.);
+        let (k_before, v_before) = (k_cache.copy().unwrap(), v_cache.copy().unwrap());
+        let lens_dev = Tensor::new(&lens, device).unwrap();
+        let q_out = qk_norm_rope_cache(
+            &q, &k, &v, &q_norm, &k_norm, &inv_freq, &lens_dev, EPS, &k_cache, &v_cache,
+        )
+        .unwrap();
+
+        let positions: Vec<u32> = lens
+            .iter()
+            .flat_map(|&len| len..len + tokens as u32)
+            .collect();
+        let angles = Tensor::new(positions, device)
+            .and_then(|p| p.reshape((batch, tokens))?.to_dtype(DType::F32))
+            .and_then(|p| p.unsqueeze(D::Minus1)?.broadcast_mul(&inv_freq))
+            .unwrap();
+        let cos = angles.cos().unwrap().to_dtype(dtype).unwrap();
+        let sin = angles.sin().unwrap().to_dtype(dtype).unwrap();
+        let norm_rope = |x: &Tensor, norm: &Tensor| {
+            let x = candle_nn::ops::rms_norm(x, norm, EPS as f32).unwrap();
+            let x = x.transpose(1, 2).unwrap().contiguous().unwrap();
+            candle_nn::rotary_emb::rope(&x, &cos, &sin).unwrap()
+        };
+        assert_same_bits(&format!("{what} q"), &q_out, &norm_rope(&q, &q_norm));
+        let want_k = norm_rope(&k, &k_norm);
+        let want_v = v.transpose(1, 2).unwrap().contiguous().unwrap();
+        for (cache, before, want) in [
+            (&k_cache, &k_before, &want_k),
+            (&v_cache, &v_before, &want_v),
+        ] {
+            for (b, &len) in lens.iter().enumerate() {
+                let (len, end) = (len as usize, len as usize + tokens);
+                let slots = |t: &Tensor, from: usize, to: usize| {
+                    t.i(b).unwrap().narrow(1, from, to - from).unwrap()
+                };
+                let new = slots(cache, len, end);
+                assert_same_bits(&format!("{what} row {b} new"), &new, &want.i(b).unwrap());
+                // Empty ranges are skipped: candle's CUDA ops fail on empty tensors.
+                for (from, to) in [(0, len), (end, capacity)] {
+                    if from < to {
+                        assert_same_bits(
+                            &format!("{what} row {b} untouched {from}..{to}"),
+                            &slots(cache, from, to),
+                            &slots(before, from, to),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The fused kernels against the candle ops that the forward runs without them, bit for bit.
+    #[test]
+    #[ignore = "needs a CUDA GPU: cargo test --features cuda -- --ignored"]
+    fn the_decode_kernels_give_the_bits_of_candles_ops_on_a_gpu() {
+        let device = Device::new_cuda(0).unwrap();
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            assert!(available(device.as_cuda_device().unwrap(), dtype, 128));
+            for hidden in [64, 1000, 2560] {
+                check_add_rms_norm(&device, dtype, hidden);
+            }
+            check_silu_mul(&device, dtype);
+            for head_dim in [16, 128] {
+                for tokens in [4, 8] {
+                    check_qk_norm_rope_cache(&device, dtype, head_dim, tokens);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Run-time compilation of our CUDA sources with NVRTC and their loading, once per device.
+//!
+//! A source is compiled for the device's own architecture, to a cubin (a cubin loads on any
+//! driver that runs that GPU, whereas PTX newer than the driver does not).
+
+use anyhow::Context;
+use candle_core::cuda_backend::cudarc::driver::{CudaModule, DriverError};
+use candle_core::cuda_backend::cudarc::nvrtc::{self, Ptx};
+use candle_core::cuda_backend::{CudaDevice, DeviceId};
+use candle_core::DType;
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+/// One CUDA source file of ours.
+pub(crate) struct Source {
+    pub(crate) text: &'static str,
+    pub(crate) file_name: &'static CStr,
+    /// What the kernels are, for error messages ("the block attention kernel").
+    pub(crate) what: &'static str,
+}
+
+/// Compiles `source` with the extra NVRTC `options` to a cubin for compute capability `arch`.
+pub(crate) fn compile_cubin(
+    source: &Source,
+    options: &[String],
+    (major, minor): (i32, i32),
+) -> anyhow::Result<Vec<u8>> {
+    use nvrtc::result;
+    let what = source.what;
+    let text = CString::new(source.text).context("the kernel source holds a NUL byte")?;
+    let program = result::create_program(&text, Some(source.file_name))
+        .map_err(|e| anyhow::anyhow!("NVRTC cannot create the program of {what}: {e:?}"))?;
+    let mut options = options.to_vec();
+    options.push(format!("--gpu-architecture=sm_{major}{minor}"));
+    // SAFETY: `program` was created above and is destroyed only at the end of this function.
+    let cubin = unsafe {
+        match result::compile_program(program, &options) {
+            Ok(()) => {
+                let mut size = 0usize;
+                nvrtc::sys::nvrtcGetCUBINSize(program, &mut size)
+                    .result()
+                    .and_then(|()| {
+                        let mut cubin = vec![0u8; size];
+                        nvrtc::sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| cubin)
+                    })
+                    .map_err(|e| anyhow::anyhow!("NVRTC compiled {what} but gave no cubin: {e:?}"))
+            }
+            Err(e) => {
+                let log = result::get_program_log(program)
+                    .map(|log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                Err(anyhow::anyhow!(
+                    "NVRTC cannot compile {what} for sm_{major}{minor} ({e:?}): {log}"
+                ))
+            }
+        }
+    };
+    // SAFETY: created above, not destroyed before.
+    let _ = unsafe { result::destroy_program(program) };
+    cubin
+}
+
+/// A CUDA driver error while loading `what`, as an error for the user.
+pub(crate) fn driver_error(what: &'static str) -> impl Fn(DriverError) -> anyhow::Error {
+    move |e| anyhow::anyhow!("CUDA driver error while loading {what}: {e:?}")
+}
+
+/// The device's compute capability.
+pub(crate) fn arch(dev: &CudaDevice, what: &'static str) -> anyhow::Result<(i32, i32)> {
+    dev.cuda_stream()
+        .context()
+        .compute_capability()
+        .map_err(driver_error(what))
+}
+
+/// Compiles `source` for `dev` and loads it there.
+pub(crate) fn load_module(
+    dev: &CudaDevice,
+    source: &Source,
+    options: &[String],
+) -> anyhow::Result<Arc<CudaModule>> {
+    let cubin = compile_cubin(source, options, arch(dev, source.what)?)?;
+    dev.cuda_stream()
+        .context()
+        .load_module(Ptx::from_binary(cubin))
+        .map_err(driver_error(source.what))
+}
+
+/// Kernels loaded per device and `K` (a head dim, say), built on first use; `None` where they
+/// failed to build, which is warned about once.
+pub(crate) struct PerDevice<K, V>(OnceLock<Mutex<Built<K, V>>>);
+
+type Built<K, V> = HashMap<(DeviceId, K), Option<Arc<V>>>;
+
+impl<K: Eq + Hash, V> PerDevice<K, V> {
+    pub(crate) const fn new() -> Self {
+        Self(OnceLock::new())
+    }
+
+    /// The kernels for `key` on `dev`, built by `load` the first time they are asked for. On
+    /// failure the warning says what runs instead: `fallback`.
+    pub(crate) fn get(
+        &self,
+        dev: &CudaDevice,
+        key: K,
+        fallback: &str,
+        load: impl FnOnce() -> anyhow::Result<V>,
+    ) -> Option<Arc<V>> {
+        let mut cache = self
+            .0
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        cache
+            .entry((dev.id(), key))
+            .or_insert_with(|| match load() {
+                Ok(loaded) => Some(Arc::new(loaded)),
+                Err(e) => {
+                    tracing::warn!("{fallback}: {e:#}");
+                    None
+                }
+            })
+            .clone()
+    }
+}
+
+/// Where a dtype's kernel sits in our per-dtype arrays: every source instantiates its kernels
+/// for f32, bf16 and f16, in that order.
+pub(crate) fn dtype_index(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::F32 => Some(0),
+        DType::BF16 => Some(1),
+        DType::F16 => Some(2),
+        _ => None,
+    }
+}
