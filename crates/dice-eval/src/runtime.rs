@@ -57,9 +57,10 @@ pub fn check_kernels(
     let kernels: Vec<LaunchedKernel> =
         serde_json::from_value(msg["kernels"].clone()).unwrap_or_default();
     let default_stream = msg["default_stream"].as_i64();
-    let total: f64 = kernels.iter().map(|k| k.us).sum();
+    // Folded from +0.0: `sum()` of no f64 is -0.0, which a report would show as a share of -0.
+    let total = kernels.iter().fold(0.0, |sum, k| sum + k.us);
     let own = |k: &&LaunchedKernel| custom_names.iter().any(|n| names_kernel(&k.name, n));
-    let own_us: f64 = kernels.iter().filter(own).map(|k| k.us).sum();
+    let own_us = kernels.iter().filter(own).fold(0.0, |sum, k| sum + k.us);
     let launched_own = kernels.iter().any(|k| own(&k));
     let custom_share =
         (!custom_names.is_empty()).then(|| if total > 0.0 { own_us / total } else { 0.0 });
@@ -185,7 +186,10 @@ mod tests {
         let aten = kernels(&[("void at::native::vectorized_elementwise_kernel", 7, 90.0)]);
         let (profile, findings) = check_kernels(&aten, &names, false);
         assert_eq!(rules(&findings), [Rule::CustomKernelNotLaunched]);
-        assert_eq!(profile.custom_share, Some(0.0));
+        assert_eq!(
+            profile.custom_share.map(f64::to_bits),
+            Some(0.0f64.to_bits())
+        );
 
         let prefix_only = kernels(&[("my_relu_kernel_v2(float*)", 7, 1.0)]);
         let (_, findings) = check_kernels(&prefix_only, &names, false);
