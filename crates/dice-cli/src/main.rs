@@ -36,8 +36,10 @@ enum Command {
     /// Turn token ids back into text.
     Detokenize(cmd::tokenize::DetokenizeArgs),
     /// Generate kernels (or any text) with a block-diffusion model or an OpenAI-compatible endpoint.
+    #[command(after_help = cmd::cuda_decoding_env!())]
     Generate(cmd::generate::GenerateArgs),
     /// Serve a model over an OpenAI-compatible HTTP API.
+    #[command(after_help = cmd::cuda_decoding_env!())]
     Serve(cmd::serve::ServeArgs),
     /// Benchmarks and GPU checks: golden parity, model speed and memory, a training step,
     /// identity candidates for timing precision.

@@ -37,7 +37,7 @@ the last step's wall time and the peak device memory, beside the bound (--bound-
 Example (H200): dice bench train --config sdar-1.7b.json --device cuda --tokens 4096")]
     Train(TrainBenchArgs),
     /// Decoding throughput and peak memory of the engine on a random-weight model.
-    #[command(after_help = "\
+    #[command(after_help = concat!("\
 Builds a model of CONFIG's real shapes with random weights, then for each batch size: an engine
 of that many slots generates NEW_TOKENS greedy tokens (no stop ids) after PROMPT_TOKENS
 pseudo-random prompt tokens for every sequence at once, after one untimed one-block warm-up.
@@ -48,7 +48,9 @@ figures and whether the targets are met: batch 1 at most twice the weight-read t
 (4B <= 4.2 ms, 8B <= 7.6 ms), 4B batch 128 >= 7400 tokens/s (twice JetEngine's).
 
 Example (H200):
-  dice bench generate --config sdar-4b.json --device cuda --batch 1,128")]
+  dice bench generate --config sdar-4b.json --device cuda --batch 1,128
+
+", super::cuda_decoding_env!()))]
     Generate(super::bench_generate::GenerateBenchArgs),
     /// Identity candidates (each reference with `Model` renamed `ModelNew`) for timing precision.
     #[command(after_help = "\

@@ -1,3 +1,18 @@
+/// The environment switches of CUDA decoding, for the help of every command that decodes.
+macro_rules! cuda_decoding_env {
+    () => {
+        "Environment (binaries built with --features cuda):
+  DICE_FUSED_ATTENTION=0           decode with candle's ops only (default: dice's fused kernels:
+                                   q/k norm + rotary + KV write, block attention, residual +
+                                   RMSNorm, SiLU x up)
+  DICE_FUSED_ATTENTION=cuda-cores  the CUDA-core attention kernel for every dtype
+  DICE_CUDA_GRAPHS=0               run every decoding forward op by op (default: captured once in a
+                                   CUDA graph per KV cache, replayed at each step)
+  DICE_GREEDY_KERNEL=1             greedy selection in one kernel (opt-in: not yet run on a GPU)"
+    };
+}
+pub(crate) use cuda_decoding_env;
+
 pub mod bench;
 pub mod bench_generate;
 mod bench_identity;
