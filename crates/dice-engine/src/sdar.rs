@@ -32,7 +32,7 @@ impl SdarDecoder {
         let vb = checkpoint::mmaped_var_builder(dir, &config, dtype, device)?;
         let model = Sdar::new(&config, vb)
             .with_context(|| format!("cannot build the model from {}", dir.display()))?;
-        Ok(SdarDecoder::new(model))
+        SdarDecoder::new(model)
     }
 
     /// A model of `config`'s shapes with random weights ([`Sdar::random`]), for decoding with
@@ -45,15 +45,22 @@ impl SdarDecoder {
         block_length: usize,
     ) -> Result<Self> {
         let config = decoding_config(config, block_length)?;
-        Ok(SdarDecoder::new(Sdar::random(&config, dtype, device)?))
+        SdarDecoder::new(Sdar::random(&config, dtype, device)?)
     }
 
-    fn new(model: Sdar) -> Self {
-        SdarDecoder {
+    /// On CUDA with `DICE_CONCAT_PROJECTIONS=1` the model's q/k/v and gate/up weights are
+    /// stacked ([`Sdar::concatenate_projections`]): one matmul per group in the fused forward,
+    /// opt-in until it has run on a GPU.
+    fn new(mut model: Sdar) -> Result<Self> {
+        let wanted = std::env::var("DICE_CONCAT_PROJECTIONS").is_ok_and(|v| v.trim() == "1");
+        if wanted && model.device().is_cuda() {
+            model.concatenate_projections()?;
+        }
+        Ok(SdarDecoder {
             model,
             #[cfg(feature = "cuda")]
             graph: std::sync::Mutex::new(GraphState::Wanted(None)),
-        }
+        })
     }
 
     pub fn model(&self) -> &Sdar {

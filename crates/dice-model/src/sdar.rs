@@ -262,6 +262,15 @@ fn chunked_attention(
     Tensor::cat(&outputs, 1)
 }
 
+/// A layer's q/k/v weights and its gate/up weights, each group stacked into one matrix, so that
+/// the fused decoding forward runs one matmul per group (at batch 1 fewer, larger matrix-vector
+/// products). The layer's own q/k/v/gate/up weights are then views into these.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct ConcatenatedProjections {
+    qkv: Tensor,
+    gate_up: Tensor,
+}
+
 struct DecoderLayer {
     input_layernorm: Tensor,
     q_proj: Tensor,
@@ -274,6 +283,8 @@ struct DecoderLayer {
     gate_proj: Tensor,
     up_proj: Tensor,
     down_proj: Tensor,
+    /// Set by [`Sdar::concatenate_projections`].
+    concatenated: Option<ConcatenatedProjections>,
 }
 
 impl DecoderLayer {
@@ -342,7 +353,24 @@ impl DecoderLayer {
             gate_proj: next(),
             up_proj: next(),
             down_proj: next(),
+            concatenated: None,
         }
+    }
+
+    /// Stacks q/k/v and gate/up into [`ConcatenatedProjections`] and makes the separate weights
+    /// views into them (no memory is kept twice).
+    fn concatenate_projections(&mut self) -> Result<()> {
+        let qkv = Tensor::cat(&[&self.q_proj, &self.k_proj, &self.v_proj], 0)?;
+        let (q, kv) = (self.q_proj.dim(0)?, self.k_proj.dim(0)?);
+        self.q_proj = qkv.narrow(0, 0, q)?;
+        self.k_proj = qkv.narrow(0, q, kv)?;
+        self.v_proj = qkv.narrow(0, q + kv, kv)?;
+        let gate_up = Tensor::cat(&[&self.gate_proj, &self.up_proj], 0)?;
+        let i = self.gate_proj.dim(0)?;
+        self.gate_proj = gate_up.narrow(0, 0, i)?;
+        self.up_proj = gate_up.narrow(0, i, i)?;
+        self.concatenated = Some(ConcatenatedProjections { qkv, gate_up });
+        Ok(())
     }
 
     /// The same layer with every tensor replaced by `f(tensor)`: detached views for a forward
@@ -697,6 +725,20 @@ impl Sdar {
 
     pub fn config(&self) -> &SdarConfig {
         &self.config
+    }
+
+    /// Stacks every layer's q/k/v weights into one matrix and its gate/up weights into another,
+    /// the separate weights becoming views into them: the fused decoding forward on CUDA then
+    /// runs one matmul per group. Every forward gives the same results as before; the weights
+    /// take no more memory once done (each layer briefly holds both forms while it is stacked).
+    /// For inference models only: trainable weights would no longer be the optimizer's `Var`s.
+    pub fn concatenate_projections(&mut self) -> anyhow::Result<()> {
+        for layer in &mut self.layers {
+            layer
+                .concatenate_projections()
+                .context("cannot stack the q/k/v and gate/up weights")?;
+        }
+        Ok(())
     }
 
     pub fn dtype(&self) -> DType {

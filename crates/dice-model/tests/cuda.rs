@@ -197,7 +197,8 @@ fn cuda_decoding_over_a_long_cache_matches_cpu() {
 }
 
 /// A captured decoding forward replayed step after step (positions moving on, rows of unequal
-/// lengths, storing and read-only steps) gives the CPU's op-by-op logits.
+/// lengths, storing and read-only steps) gives the CPU's op-by-op logits, with the separate and
+/// with the stacked q/k/v and gate/up weights.
 #[test]
 fn cuda_graph_replays_match_cpu() {
     let (dir, _) = random_checkpoint();
@@ -228,8 +229,15 @@ fn cuda_graph_replays_match_cpu() {
         })
         .collect();
     let gpu = cuda_device(0).unwrap();
-    for (dtype, tol) in [(DType::F32, 1e-4f32), (DType::BF16, 0.1)] {
-        let model = Sdar::load(dir.path(), dtype, &gpu).unwrap();
+    for (dtype, tol, stacked) in [
+        (DType::F32, 1e-4f32, false),
+        (DType::BF16, 0.1, false),
+        (DType::F32, 1e-4, true),
+    ] {
+        let mut model = Sdar::load(dir.path(), dtype, &gpu).unwrap();
+        if stacked {
+            model.concatenate_projections().unwrap();
+        }
         let mut cache = prefill(&model, &gpu);
         let graph = model
             .capture_decode(&cache, 4)
@@ -240,7 +248,9 @@ fn cuda_graph_replays_match_cpu() {
                 .forward_hidden(&model, &block(i, &gpu), &mut cache, commit)
                 .unwrap();
             let d = max_diff(&model.logits(&hidden).unwrap(), &reference[i]);
-            println!("{dtype:?} graph replay {i}: max abs diff {d:e}");
+            println!(
+                "{dtype:?} (stacked projections: {stacked}) graph replay {i}: max abs diff {d:e}"
+            );
             assert!(d < tol, "{dtype:?} graph replay {i} differs by {d}");
         }
         assert_eq!(cache.lens(), cpu_cache.lens());

@@ -8,7 +8,9 @@ macro_rules! cuda_decoding_env {
   DICE_FUSED_ATTENTION=cuda-cores  the CUDA-core attention kernel for every dtype
   DICE_CUDA_GRAPHS=0               run every decoding forward op by op (default: captured once in a
                                    CUDA graph per KV cache, replayed at each step)
-  DICE_GREEDY_KERNEL=1             greedy selection in one kernel (opt-in: not yet run on a GPU)"
+  DICE_GREEDY_KERNEL=1             greedy selection in one kernel (opt-in: not yet run on a GPU)
+  DICE_CONCAT_PROJECTIONS=1        one matmul for q/k/v and one for gate/up per layer, over stacked
+                                   weights (opt-in: not yet run on a GPU)"
     };
 }
 pub(crate) use cuda_decoding_env;

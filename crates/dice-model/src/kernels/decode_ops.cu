@@ -158,15 +158,18 @@ __device__ void add_rms_norm(const T* __restrict__ residual, const T* __restrict
     }
 }
 
-// out = T(silu(f32(gate))) * up, element-wise over n.
+// out = T(silu(f32(gate))) * up, element-wise over n = rows * cols outputs (out contiguous);
+// row r of gate and up starts at r * in_stride (cols when they are contiguous, 2 * cols when both
+// are halves of one gate/up projection's rows).
 template <typename T>
 __device__ void silu_mul(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
-                         size_t n) {
+                         size_t n, size_t cols, size_t in_stride) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const float x = to_float(gate[i]);
+        const size_t in = i / cols * in_stride + i % cols;
+        const float x = to_float(gate[in]);
         const float silu = to_float(from_float<T>(x / (1.0f + expf(-x))));
-        out[i] = from_float<T>(__fmul_rn(silu, to_float(up[i])));
+        out[i] = from_float<T>(__fmul_rn(silu, to_float(up[in])));
     }
 }
 
@@ -179,6 +182,8 @@ __device__ void silu_mul(const T* __restrict__ gate, const T* __restrict__ up, T
 //   q [B, T, Hq, D] -> rmsnorm(q_norm) -> rope -> q_out [B, Hq, T, D]
 //   k [B, T, Hkv, D] -> rmsnorm(k_norm) -> rope -> k_cache [B, Hkv, capacity, D] at lens[b] + t
 //   v [B, T, Hkv, D] -> v_cache at the same slot
+// Consecutive tokens of q are q_stride elements apart, of k and v kv_stride (Hq * D and Hkv * D
+// when they are contiguous, (Hq + 2 Hkv) * D when all three are parts of one q/k/v projection).
 // One warp per head vector (a q head, or a k head with its v head): grid x = groups of
 // HEADS_PER_CTA of the Hq + Hkv heads, y = token, z = batch row; blockDim.x = 32 * HEADS_PER_CTA.
 // The norm reduces one warp's 32 lanes, as candle's rmsnorm with 32 threads does for D < 1024.
@@ -189,7 +194,7 @@ __device__ void qk_norm_rope_cache(const T* __restrict__ q, const T* __restrict_
                                    const unsigned int* __restrict__ lens, T* __restrict__ q_out,
                                    T* __restrict__ k_cache, T* __restrict__ v_cache, int tokens,
                                    int q_heads, int kv_heads, int head_dim, int capacity,
-                                   float eps) {
+                                   int q_stride, int kv_stride, float eps) {
     __shared__ float normed_s[HEADS_PER_CTA][MAX_HEAD_DIM];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int head = blockIdx.x * HEADS_PER_CTA + warp, t = blockIdx.y, b = blockIdx.z;
@@ -200,14 +205,14 @@ __device__ void qk_norm_rope_cache(const T* __restrict__ q, const T* __restrict_
     // The caller checks the lengths against the capacity; past it nothing is written.
     if (!is_q && pos >= capacity) return;
     const size_t token = (size_t)b * tokens + t;
-    const T* src = is_q ? q + (token * q_heads + head) * head_dim
-                        : k + (token * kv_heads + kv_head) * head_dim;
+    const T* src = is_q ? q + token * q_stride + (size_t)head * head_dim
+                        : k + token * kv_stride + (size_t)kv_head * head_dim;
     const T* weight = is_q ? q_norm : k_norm;
     const size_t cache_slot = (((size_t)b * kv_heads + kv_head) * capacity + pos) * head_dim;
     T* dst = is_q ? q_out + (((size_t)b * q_heads + head) * tokens + t) * head_dim
                   : k_cache + cache_slot;
     if (!is_q) {
-        const T* v_src = v + (token * kv_heads + kv_head) * head_dim;
+        const T* v_src = v + token * kv_stride + (size_t)kv_head * head_dim;
         for (int i = lane; i < head_dim; i += 32) v_cache[cache_slot + i] = v_src[i];
     }
 
@@ -305,16 +310,18 @@ __device__ void greedy_summary(const T* __restrict__ logits, unsigned int* __res
         add_rms_norm<TYPE>(residual, delta, weight, sum_out, normed_out, hidden, eps);            \
     }                                                                                             \
     extern "C" __global__ void silu_mul_##SUFFIX(const TYPE* gate, const TYPE* up, TYPE* out,     \
-                                                 unsigned long long n) {                          \
-        silu_mul<TYPE>(gate, up, out, (size_t)n);                                                 \
+                                                 unsigned long long n, unsigned long long cols,   \
+                                                 unsigned long long in_stride) {                  \
+        silu_mul<TYPE>(gate, up, out, (size_t)n, (size_t)cols, (size_t)in_stride);                \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(32 * HEADS_PER_CTA) qk_norm_rope_cache_##SUFFIX( \
         const TYPE* q, const TYPE* k, const TYPE* v, const TYPE* q_norm, const TYPE* k_norm,      \
         const float* inv_freq, const unsigned int* lens, TYPE* q_out, TYPE* k_cache,              \
         TYPE* v_cache, int tokens, int q_heads, int kv_heads, int head_dim, int capacity,         \
-        float eps) {                                                                              \
+        int q_stride, int kv_stride, float eps) {                                                 \
         qk_norm_rope_cache<TYPE>(q, k, v, q_norm, k_norm, inv_freq, lens, q_out, k_cache,         \
-                                 v_cache, tokens, q_heads, kv_heads, head_dim, capacity, eps);    \
+                                 v_cache, tokens, q_heads, kv_heads, head_dim, capacity,          \
+                                 q_stride, kv_stride, eps);                                       \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(GREEDY_THREADS) greedy_summary_##SUFFIX(         \
         const TYPE* logits, unsigned int* out, int rows, int vocab) {                             \

@@ -168,6 +168,46 @@ pub(super) fn tensor_ptr<'a>(
     slice_ptr(&storage.slice, start, stream)
 }
 
+/// The device address of the first element of `tensor` and how many elements apart its rows
+/// are, for a tensor whose rows (its last dim) are contiguous and evenly spaced: a contiguous
+/// tensor, or a narrow of its last dim (q, k and v as parts of one projection's rows).
+fn rows_ptr<'a>(
+    (storage, layout): (&'a Storage, &Layout),
+    what: &str,
+    stream: &'a CudaStream,
+) -> Result<(CUdeviceptr, SyncOnDrop<'a>, usize)> {
+    let Storage::Cuda(storage) = storage else {
+        bail!("{what} is not on a CUDA device");
+    };
+    let (dims, strides) = (layout.dims(), layout.stride());
+    let Some((&width, outer)) = dims.split_last() else {
+        bail!("{what} has no rows");
+    };
+    let uneven = || {
+        candle_core::Error::Msg(format!("the decode kernels need {what} in evenly spaced contiguous rows, got dims {dims:?} strides {strides:?}"))
+    };
+    if width > 1 && strides[outer.len()] != 1 {
+        return Err(uneven());
+    }
+    let (mut row_stride, mut rows_inside) = (None, 1);
+    for (&d, &stride) in outer.iter().zip(strides).rev() {
+        if d == 1 {
+            continue;
+        }
+        let step = *row_stride.get_or_insert(stride);
+        if stride != step * rows_inside {
+            return Err(uneven());
+        }
+        rows_inside *= d;
+    }
+    let row_stride = row_stride.unwrap_or(width);
+    if row_stride < width {
+        return Err(uneven());
+    }
+    let (ptr, record) = slice_ptr(&storage.slice, layout.start_offset(), stream)?;
+    Ok((ptr, record, row_stride))
+}
+
 /// A tensor of `shape` over freshly allocated `slice`.
 fn wrap(dev: &CudaDevice, slice: CudaStorageSlice, shape: impl Into<Shape>) -> Tensor {
     let storage = Storage::Cuda(CudaStorage {
@@ -280,7 +320,9 @@ pub fn greedy_summary(logits: &Tensor) -> Result<Tensor> {
 }
 
 /// `T(silu(f32(gate))) * up`, element-wise (candle: `gate.to_dtype(F32).silu().to_dtype(T)`,
-/// then `* up` in T).
+/// then `* up` in T), as a contiguous tensor. `gate` and `up` may be narrows of one tensor's last
+/// dim (the two halves of a fused gate/up projection): their rows must be contiguous and equally
+/// spaced.
 pub(crate) fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     const OP: &str = "silu_mul";
     let (dev, kernels, dtype) = kernels_for(OP, &[gate, up])?;
@@ -297,16 +339,31 @@ pub(crate) fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     {
         let (gate_s, gate_l) = gate.storage_and_layout();
         let (up_s, up_l) = up.storage_and_layout();
-        let gate_p = tensor_ptr((&gate_s, gate_l), "the gate", &stream)?;
-        let up_p = tensor_ptr((&up_s, up_l), "up", &stream)?;
+        let gate_p = rows_ptr((&gate_s, gate_l), "the gate", &stream)?;
+        let up_p = rows_ptr((&up_s, up_l), "up", &stream)?;
+        if gate_p.2 != up_p.2 {
+            bail!(
+                "{OP} takes gate and up rows equally spaced, got strides {} and {}",
+                gate_p.2,
+                up_p.2
+            );
+        }
         let out_p = slice_ptr(&out, 0, &stream)?;
-        let n_u64 = n as u64;
+        let cols = gate.dim(candle_core::D::Minus1)?;
+        let (n_u64, cols_u64, in_stride_u64) = (n as u64, cols as u64, gate_p.2 as u64);
         let mut launch = stream.launch_builder(&kernels.silu_mul[dtype]);
-        launch.arg(&gate_p.0).arg(&up_p.0).arg(&out_p.0).arg(&n_u64);
+        launch
+            .arg(&gate_p.0)
+            .arg(&up_p.0)
+            .arg(&out_p.0)
+            .arg(&n_u64)
+            .arg(&cols_u64)
+            .arg(&in_stride_u64);
         let ctas = n
             .div_ceil(ELEMENTWISE_THREADS as usize)
             .min(MAX_ELEMENTWISE_CTAS);
-        // SAFETY: the arguments match `silu_mul_*`; the three pointers cover `n` elements.
+        // SAFETY: the arguments match `silu_mul_*`; gate and up hold n / cols rows of cols
+        // elements `in_stride` apart (checked by `rows_ptr`), the output `n` elements.
         unsafe {
             launch.launch(LaunchConfig {
                 grid_dim: (ctas as u32, 1, 1),
@@ -319,11 +376,12 @@ pub(crate) fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     Ok(wrap(&dev, out, gate.shape().clone()))
 }
 
-/// One layer's step between the q/k/v projections and attention: q `[B, T, Hq, D]` and k
-/// `[B, T, Hkv, D]` each RMS-normed over D with `q_norm` / `k_norm` `[D]` and rotated
+/// One layer's step between the q/k/v projections and attention: q `[B, T, Hq * D]` and k
+/// `[B, T, Hkv * D]` each RMS-normed per head over D with `q_norm` / `k_norm` `[D]` and rotated
 /// (rotate-half RoPE, `inv_freq` `[D/2]` f32, position `lens[b] + t`); returns q `[B, Hq, T, D]`
-/// and writes k and `v` `[B, T, Hkv, D]` into `k_cache` / `v_cache` `[B, Hkv, capacity, D]` at
-/// slots `lens[b] + t`, in place, touching no other slot.
+/// and writes k and `v` `[B, T, Hkv * D]` into `k_cache` / `v_cache` `[B, Hkv, capacity, D]` at
+/// slots `lens[b] + t`, in place, touching no other slot. q, k and v may be narrows of one
+/// projection's `[B, T, (Hq + 2 Hkv) * D]` output (k and v rows spaced alike).
 ///
 /// `lens` (u32 `[B]`, on the device) is read by the kernel, never here, so a captured graph
 /// replays with the lengths the buffer holds then; the caller makes sure that
@@ -343,10 +401,14 @@ pub(crate) fn qk_norm_rope_cache(
 ) -> Result<Tensor> {
     const OP: &str = "qk_norm_rope_cache";
     let (dev, kernels, dtype) = kernels_for(OP, &[q, k, v, q_norm, k_norm, k_cache, v_cache])?;
-    let (batch, tokens, q_heads, head_dim) = q.dims4()?;
-    let (_, _, kv_heads, _) = k.dims4()?;
+    let (batch, tokens, q_width) = q.dims3()?;
+    let head_dim = q_norm.dim(0)?;
+    let kv_width = k.dim(2)?;
+    let (q_heads, kv_heads) = (q_width / head_dim.max(1), kv_width / head_dim.max(1));
     let (_, _, capacity, _) = k_cache.dims4()?;
-    let shapes_agree = k.dims() == [batch, tokens, kv_heads, head_dim]
+    let shapes_agree = q_width == q_heads * head_dim
+        && kv_width == kv_heads * head_dim
+        && k.dims() == [batch, tokens, kv_width]
         && v.dims() == k.dims()
         && q_norm.dims() == [head_dim]
         && k_norm.dims() == [head_dim]
@@ -357,7 +419,7 @@ pub(crate) fn qk_norm_rope_cache(
         && batch * tokens > 0;
     if !shapes_agree || !HEAD_DIMS.contains(&head_dim) {
         bail!(
-            "{OP} takes q [B, T, Hq, D], k and v [B, T, Hkv, D], norms [D], inv_freq [D/2], \
+            "{OP} takes q [B, T, Hq * D], k and v [B, T, Hkv * D], norms [D], inv_freq [D/2], \
              caches [B, Hkv, capacity, D] and B lens with D in {HEAD_DIMS:?}, got q {:?}, k {:?}, \
              v {:?}, norms {:?} {:?}, inv_freq {:?}, caches {:?} {:?}, lens {:?}",
             q.dims(),
@@ -390,9 +452,16 @@ pub(crate) fn qk_norm_rope_cache(
         let (inv_freq_s, inv_freq_l) = inv_freq.storage_and_layout();
         let (k_cache_s, k_cache_l) = k_cache.storage_and_layout();
         let (v_cache_s, v_cache_l) = v_cache.storage_and_layout();
-        let q_p = tensor_ptr((&q_s, q_l), "q", &stream)?;
-        let k_p = tensor_ptr((&k_s, k_l), "k", &stream)?;
-        let v_p = tensor_ptr((&v_s, v_l), "v", &stream)?;
+        let q_p = rows_ptr((&q_s, q_l), "q", &stream)?;
+        let k_p = rows_ptr((&k_s, k_l), "k", &stream)?;
+        let v_p = rows_ptr((&v_s, v_l), "v", &stream)?;
+        if k_p.2 != v_p.2 {
+            bail!(
+                "{OP} takes k and v rows equally spaced, got strides {} and {}",
+                k_p.2,
+                v_p.2
+            );
+        }
         let q_norm_p = tensor_ptr((&q_norm_s, q_norm_l), "q_norm", &stream)?;
         let k_norm_p = tensor_ptr((&k_norm_s, k_norm_l), "k_norm", &stream)?;
         let (lens_s, lens_l) = lens.storage_and_layout();
@@ -410,6 +479,7 @@ pub(crate) fn qk_norm_rope_cache(
             int(head_dim),
             int(capacity),
         );
+        let (q_stride, kv_stride) = (int(q_p.2), int(k_p.2));
         let eps = eps as f32;
         let mut launch = stream.launch_builder(&kernels.qk_norm_rope_cache[dtype]);
         launch
@@ -428,6 +498,8 @@ pub(crate) fn qk_norm_rope_cache(
             .arg(&kv_heads_i)
             .arg(&head_dim_i)
             .arg(&capacity_i)
+            .arg(&q_stride)
+            .arg(&kv_stride)
             .arg(&eps);
         let grid = (
             (q_heads + kv_heads).div_ceil(HEADS_PER_CTA) as u32,
@@ -502,14 +574,21 @@ mod tests {
         assert_same_bits(&format!("{dtype:?} normed {hidden}"), &normed, &want_normed);
     }
 
-    /// sdar.rs: `silu_in_f32(gate) * up`.
+    /// sdar.rs: `silu_in_f32(gate) * up`, with gate and up separate and as the halves of one
+    /// gate/up projection's rows.
     fn check_silu_mul(device: &Device, dtype: DType) {
-        let gate = randn(device, dtype, &[2, 4, 1000], 0., 3.);
-        let up = randn(device, dtype, &[2, 4, 1000], 0., 1.);
-        let silu = gate.to_dtype(DType::F32).unwrap().silu().unwrap();
-        let want = silu.to_dtype(dtype).unwrap().mul(&up).unwrap();
-        let got = silu_mul(&gate, &up).unwrap();
-        assert_same_bits(&format!("{dtype:?} silu_mul"), &got, &want);
+        let gate_up = randn(device, dtype, &[2, 4, 2000], 0., 2.);
+        let halves = (
+            gate_up.narrow(2, 0, 1000).unwrap(),
+            gate_up.narrow(2, 1000, 1000).unwrap(),
+        );
+        let separate = (halves.0.copy().unwrap(), halves.1.copy().unwrap());
+        for (what, (gate, up)) in [("halves", &halves), ("separate", &separate)] {
+            let silu = gate.to_dtype(DType::F32).unwrap().silu().unwrap();
+            let want = silu.to_dtype(dtype).unwrap().mul(up).unwrap();
+            let got = silu_mul(gate, up).unwrap();
+            assert_same_bits(&format!("{dtype:?} silu_mul {what}"), &got, &want);
+        }
     }
 
     /// sdar.rs: qk-norm, head transpose, `Rope` with per-row positions; the new K/V slots of
@@ -519,9 +598,18 @@ mod tests {
         let (batch, q_heads, kv_heads) = (3, 4, 2);
         let lens = [0u32, 7, 300];
         let capacity = 300 + tokens + 3;
-        let q = randn(device, dtype, &[batch, tokens, q_heads, head_dim], 0., 1.);
-        let k = randn(device, dtype, &[batch, tokens, kv_heads, head_dim], 0., 1.);
-        let v = randn(device, dtype, &[batch, tokens, kv_heads, head_dim], 0., 1.);
+        // q, k and v as the parts of one q/k/v projection's rows.
+        let (q_width, kv_width) = (q_heads * head_dim, kv_heads * head_dim);
+        let qkv = randn(
+            device,
+            dtype,
+            &[batch, tokens, q_width + 2 * kv_width],
+            0.,
+            1.,
+        );
+        let q = qkv.narrow(2, 0, q_width).unwrap();
+        let k = qkv.narrow(2, q_width, kv_width).unwrap();
+        let v = qkv.narrow(2, q_width + kv_width, kv_width).unwrap();
         let q_norm = randn(device, dtype, &[head_dim], 1., 0.2);
         let k_norm = randn(device, dtype, &[head_dim], 1., 0.2);
         let inv_freq: Vec<f32> = (0..head_dim / 2)
@@ -548,14 +636,21 @@ mod tests {
             .unwrap();
         let cos = angles.cos().unwrap().to_dtype(dtype).unwrap();
         let sin = angles.sin().unwrap().to_dtype(dtype).unwrap();
+        let heads = |x: &Tensor| {
+            let n = x.dim(2).unwrap() / head_dim;
+            x.contiguous()
+                .unwrap()
+                .reshape((batch, tokens, n, head_dim))
+                .unwrap()
+        };
         let norm_rope = |x: &Tensor, norm: &Tensor| {
-            let x = candle_nn::ops::rms_norm(x, norm, EPS as f32).unwrap();
+            let x = candle_nn::ops::rms_norm(&heads(x), norm, EPS as f32).unwrap();
             let x = x.transpose(1, 2).unwrap().contiguous().unwrap();
             candle_nn::rotary_emb::rope(&x, &cos, &sin).unwrap()
         };
         assert_same_bits(&format!("{what} q"), &q_out, &norm_rope(&q, &q_norm));
         let want_k = norm_rope(&k, &k_norm);
-        let want_v = v.transpose(1, 2).unwrap().contiguous().unwrap();
+        let want_v = heads(&v).transpose(1, 2).unwrap().contiguous().unwrap();
         for (cache, before, want) in [
             (&k_cache, &k_before, &want_k),
             (&v_cache, &v_before, &want_v),

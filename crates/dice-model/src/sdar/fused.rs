@@ -1,5 +1,6 @@
 //! The cached forward of a decoding block on CUDA with dice's own kernels
-//! ([`crate::kernels`]): per layer three q/k/v matmuls, one kernel for q/k norms + rotary +
+//! ([`crate::kernels`]): per layer three q/k/v matmuls (one over stacked weights after
+//! [`Sdar::concatenate_projections`], and likewise for gate/up), one kernel for q/k norms + rotary +
 //! head transposes + KV-cache write, the fused block attention, the o_proj matmul, one kernel
 //! for residual add + RMSNorm, the gate and up matmuls, one SiLU × up kernel, the down matmul,
 //! and one more residual add + RMSNorm (the next layer's input norm, or the final norm): 12
@@ -72,7 +73,6 @@ impl FusedDecode {
         probe: &mut impl Probe,
     ) -> Result<Tensor> {
         let cfg = model.config();
-        let (b, t) = input_ids.dims2()?;
         let eps = cfg.rms_norm_eps;
         let mut h = probe.stage(Stage::Embedding, || model.embed(input_ids))?;
         // The input norm of every layer but the first comes with the residual add before it.
@@ -86,13 +86,23 @@ impl FusedDecode {
                     rms_norm(&h, &layer.input_layernorm, eps, Kernels::Fused)
                 })?,
             };
-            let (q, k, v) = probe.stage(Stage::QkvProjection, || {
-                let heads = |w: &Tensor, n: usize| linear(&x, w)?.reshape((b, t, n, cfg.head_dim));
-                Result::Ok((
-                    heads(&layer.q_proj, cfg.num_attention_heads)?,
-                    heads(&layer.k_proj, cfg.num_key_value_heads)?,
-                    heads(&layer.v_proj, cfg.num_key_value_heads)?,
-                ))
+            // [B, T, heads * D] each: three matmuls, or one over the layer's concatenated
+            // weights whose output q, k and v are narrows of (the kernel takes their spacing).
+            let (q, k, v) = probe.stage(Stage::QkvProjection, || match &layer.concatenated {
+                Some(c) => {
+                    let qkv = linear(&x, &c.qkv)?;
+                    let (q_width, kv_width) = (cfg.q_dim(), cfg.kv_dim());
+                    Result::Ok((
+                        qkv.narrow(2, 0, q_width)?,
+                        qkv.narrow(2, q_width, kv_width)?,
+                        qkv.narrow(2, q_width + kv_width, kv_width)?,
+                    ))
+                }
+                None => Ok((
+                    linear(&x, &layer.q_proj)?,
+                    linear(&x, &layer.k_proj)?,
+                    linear(&x, &layer.v_proj)?,
+                )),
             })?;
             let (keys, values) = (&cache.keys[l], &cache.values[l]);
             let q = probe.stage(Stage::QkNormRotaryCacheWrite, || {
@@ -114,12 +124,21 @@ impl FusedDecode {
             let (sum, normed) = probe.stage(Stage::ResidualNorm, || {
                 decode_ops::add_rms_norm(&h, &o, &layer.post_attention_layernorm, eps)
             })?;
-            let (gate, up) = probe.stage(Stage::GateUpProjection, || {
-                Result::Ok((
-                    linear(&normed, &layer.gate_proj)?,
-                    linear(&normed, &layer.up_proj)?,
-                ))
-            })?;
+            let (gate, up) =
+                probe.stage(Stage::GateUpProjection, || match &layer.concatenated {
+                    Some(c) => {
+                        let gate_up = linear(&normed, &c.gate_up)?;
+                        let width = cfg.intermediate_size;
+                        Result::Ok((
+                            gate_up.narrow(2, 0, width)?,
+                            gate_up.narrow(2, width, width)?,
+                        ))
+                    }
+                    None => Ok((
+                        linear(&normed, &layer.gate_proj)?,
+                        linear(&normed, &layer.up_proj)?,
+                    )),
+                })?;
             let gated = probe.stage(Stage::SiluMul, || decode_ops::silu_mul(&gate, &up))?;
             let m = probe.stage(Stage::DownProjection, || linear(&gated, &layer.down_proj))?;
             let next_norm = match model.layers.get(l + 1) {

@@ -129,21 +129,31 @@ template <typename T> void check_add_rms_norm(int rows, int hidden) {
     expect_equal("add_rms_norm normed " + shape, normed, want_normed);
 }
 
-template <typename T> void check_silu_mul(size_t n, unsigned ctas) {
-    const auto gate = random_values<T>(n, 0.f, 3.f);
-    const auto up = random_values<T>(n, 0.f, 1.f);
+// `halves`: gate and up are the two halves of each row of one [rows, 2 * cols] buffer (a fused
+// gate/up projection), else two contiguous [rows, cols] buffers.
+template <typename T> void check_silu_mul(size_t rows, size_t cols, unsigned ctas, bool halves) {
+    const size_t n = rows * cols, in_stride = halves ? 2 * cols : cols;
+    const auto gate_up = random_values<T>(2 * n, 0.f, 3.f);
+    const T* gate = gate_up.data();
+    const T* up = gate_up.data() + (halves ? cols : n);
     std::vector<T> out(n), want(n);
-    launch({ctas, 1, 1}, 256, [&] { silu_mul<T>(gate.data(), up.data(), out.data(), n); });
-    for (size_t i = 0; i < n; ++i) {
-        const float x = (float)value(gate[i]);
-        want[i] = round_to<T>(rounded<T>(x / (1.0f + std::exp(-x))) * value(up[i]));
-    }
-    expect_equal("silu_mul n=" + std::to_string(n), out, want);
+    launch({ctas, 1, 1}, 256, [&] { silu_mul<T>(gate, up, out.data(), n, cols, in_stride); });
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t c = 0; c < cols; ++c) {
+            const float x = (float)value(gate[r * in_stride + c]);
+            want[r * cols + c] =
+                round_to<T>(rounded<T>(x / (1.0f + std::exp(-x))) * value(up[r * in_stride + c]));
+        }
+    expect_equal("silu_mul " + std::to_string(rows) + "x" + std::to_string(cols) +
+                     (halves ? " (halves of one buffer)" : ""),
+                 out, want);
 }
 
 struct Attention {
     int batch, tokens, q_heads, kv_heads, head_dim;
     std::vector<unsigned> lens;
+    // q, k and v as the parts of each token's row of one q/k/v projection, else three buffers.
+    bool one_projection = false;
 };
 
 // rmsnorm(x) * w (one warp, as candle's rmsnorm of D < 1024 columns) and then rotate-half RoPE
@@ -182,9 +192,13 @@ template <typename T> void check_qk_norm_rope_cache(const Attention& a) {
     const int B = a.batch, T_ = a.tokens, Hq = a.q_heads, Hkv = a.kv_heads, D = a.head_dim;
     int capacity = 0;
     for (unsigned len : a.lens) capacity = std::max(capacity, (int)len + T_ + 3);
-    const auto q = random_values<T>((size_t)B * T_ * Hq * D, 0.f, 1.f);
-    const auto k = random_values<T>((size_t)B * T_ * Hkv * D, 0.f, 1.f);
-    const auto v = random_values<T>(k.size(), 0.f, 1.f);
+    const int q_stride = a.one_projection ? (Hq + 2 * Hkv) * D : Hq * D;
+    const int kv_stride = a.one_projection ? q_stride : Hkv * D;
+    const size_t tokens_total = (size_t)B * T_;
+    const auto qkv = random_values<T>(tokens_total * (Hq + 2 * Hkv) * D, 0.f, 1.f);
+    const T* q = qkv.data();
+    const T* k = a.one_projection ? q + Hq * D : q + tokens_total * Hq * D;
+    const T* v = a.one_projection ? k + Hkv * D : k + tokens_total * Hkv * D;
     const auto q_norm = random_values<T>(D, 1.f, 0.2f);
     const auto k_norm = random_values<T>(D, 1.f, 0.2f);
     std::vector<float> inv_freq(D / 2);
@@ -197,9 +211,9 @@ template <typename T> void check_qk_norm_rope_cache(const Attention& a) {
     std::vector<T> q_out((size_t)B * Hq * T_ * D);
     const unsigned ctas = (unsigned)((Hq + Hkv + HEADS_PER_CTA - 1) / HEADS_PER_CTA);
     launch({ctas, (unsigned)T_, (unsigned)B}, 32 * HEADS_PER_CTA, [&] {
-        qk_norm_rope_cache<T>(q.data(), k.data(), v.data(), q_norm.data(), k_norm.data(),
-                              inv_freq.data(), a.lens.data(), q_out.data(), k_cache.data(),
-                              v_cache.data(), T_, Hq, Hkv, D, capacity, eps);
+        qk_norm_rope_cache<T>(q, k, v, q_norm.data(), k_norm.data(), inv_freq.data(),
+                              a.lens.data(), q_out.data(), k_cache.data(), v_cache.data(), T_, Hq,
+                              Hkv, D, capacity, q_stride, kv_stride, eps);
     });
     std::vector<T> want_q(q_out.size());
     auto want_k = k_cache_before, want_v = v_cache_before;
@@ -207,21 +221,21 @@ template <typename T> void check_qk_norm_rope_cache(const Attention& a) {
         for (int t = 0; t < T_; ++t) {
             const int pos = (int)a.lens[b] + t;
             for (int h = 0; h < Hq; ++h) {
-                const auto out = norm_rope(&q[(((size_t)b * T_ + t) * Hq + h) * D], q_norm,
+                const auto out = norm_rope(q + ((size_t)b * T_ + t) * q_stride + h * D, q_norm,
                                            inv_freq, pos, eps);
                 std::copy(out.begin(), out.end(), &want_q[(((size_t)b * Hq + h) * T_ + t) * D]);
             }
             for (int h = 0; h < Hkv; ++h) {
-                const size_t src = (((size_t)b * T_ + t) * Hkv + h) * D;
+                const size_t src = ((size_t)b * T_ + t) * kv_stride + h * D;
                 const size_t slot = (((size_t)b * Hkv + h) * capacity + pos) * D;
-                const auto out = norm_rope(&k[src], k_norm, inv_freq, pos, eps);
+                const auto out = norm_rope(k + src, k_norm, inv_freq, pos, eps);
                 std::copy(out.begin(), out.end(), &want_k[slot]);
-                std::copy(&v[src], &v[src] + D, &want_v[slot]);
+                std::copy(v + src, v + src + D, &want_v[slot]);
             }
         }
     std::string shape = "B=" + std::to_string(B) + " T=" + std::to_string(T_) +
                         " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
-                        " D=" + std::to_string(D);
+                        " D=" + std::to_string(D) + (a.one_projection ? " (one projection)" : "");
     expect_equal("qk_norm_rope_cache q " + shape, q_out, want_q);
     expect_equal("qk_norm_rope_cache k cache " + shape, k_cache, want_k);
     expect_equal("qk_norm_rope_cache v cache " + shape, v_cache, want_v);
@@ -275,13 +289,15 @@ template <typename T> void check_all() {
     check_add_rms_norm<T>(8, 1000);
     check_add_rms_norm<T>(4, 2560);
     // More elements than the CTAs' threads: the grid strides.
-    check_silu_mul<T>(1000, 1);
-    check_silu_mul<T>(2 * 256 + 77, 4);
+    check_silu_mul<T>(8, 125, 1, false);
+    check_silu_mul<T>(3, 2 * 256 + 77, 4, false);
+    check_silu_mul<T>(5, 300, 2, true);
     for (int head_dim : {16, 128})
         for (int tokens : {4, 8}) {
             // Unequal rows (one empty); 6 heads leave a CTA half empty, 10 heads fill 2.5.
             check_qk_norm_rope_cache<T>({3, tokens, 4, 2, head_dim, {0, 7, 300}});
             check_qk_norm_rope_cache<T>({2, tokens, 8, 2, head_dim, {13, 2}});
+            check_qk_norm_rope_cache<T>({2, tokens, 8, 2, head_dim, {13, 2}, true});
         }
     check_greedy_summary<T>(6, 1000);
     check_greedy_summary<T>(3, 5);
