@@ -1,8 +1,8 @@
 // Fused attention of a few new tokens per row over that row's KV cache: the decoding forward of
 // dice's SDAR model (crates/dice-model/src/kernels/block_attention.rs launches it).
 //
-// Compiled at run time with NVRTC, with -DHEAD_DIM=<head dim>. No CUDA headers are included, so
-// that the source compiles wherever NVRTC runs; bf16 and f16 are handled as raw 16-bit values.
+// Compiled at run time with NVRTC, with -DHEAD_DIM=<head dim>; bf16 and f16 are raw 16-bit
+// values (half.cuh).
 //
 // Layouts (all contiguous):
 //   q    [B, Hq, T, D]            the new tokens' queries (after RoPE)
@@ -56,42 +56,7 @@ static_assert(HEAD_DIM % 4 == 0 && HEAD_DIM <= 128,
 static_assert(PV_ITEMS % THREADS == 0 || THREADS % PV_ITEMS == 0, "unsupported HEAD_DIM");
 static_assert(SOFTMAX_LANES == 8, "softmax reductions assume 8 lanes per query row");
 
-struct bf16_t {
-    unsigned short bits;
-};
-struct f16_t {
-    unsigned short bits;
-};
-
-__device__ __forceinline__ float f16_bits_to_float(unsigned int h) {
-#ifdef __CUDA_ARCH__
-    float f;
-    unsigned short s = (unsigned short)h;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
-    return f;
-#else
-    unsigned int sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (man << 13));
-    if (exp == 0) return (sign ? -1.0f : 1.0f) * (float)man * 5.9604644775390625e-8f;
-    return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
-#endif
-}
-
-__device__ __forceinline__ unsigned short float_to_f16_bits(float x) {
-#ifdef __CUDA_ARCH__
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-    return h;
-#else
-    // Round to nearest even in software (F. Giesen's float_to_half_fast3_rtne).
-    unsigned int u = __float_as_uint(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-    if (a >= 0x47800000u) return (unsigned short)(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
-    if (a < 0x38800000u)
-        return (unsigned short)(sign | (__float_as_uint(__uint_as_float(a) + 0.5f) - 0x3f000000u));
-    a += 0xc8000fffu + ((a >> 13) & 1u);
-    return (unsigned short)(sign | (a >> 13));
-#endif
-}
+#include "half.cuh"
 
 __device__ __forceinline__ float4 load4(const float* p) {
     return *reinterpret_cast<const float4*>(p);
@@ -107,13 +72,6 @@ __device__ __forceinline__ float4 load4(const f16_t* p) {
     uint2 u = *reinterpret_cast<const uint2*>(p);
     return make_float4(f16_bits_to_float(u.x & 0xffffu), f16_bits_to_float(u.x >> 16),
                        f16_bits_to_float(u.y & 0xffffu), f16_bits_to_float(u.y >> 16));
-}
-
-// Round to nearest even, as candle's f32 -> bf16 conversion.
-__device__ __forceinline__ unsigned int float_to_bf16_bits(float x) {
-    unsigned int u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
-    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
 
 __device__ __forceinline__ void store4(float* p, float4 x) {
@@ -133,12 +91,6 @@ __device__ __forceinline__ void store4(f16_t* p, float4 x) {
     u.y = (unsigned int)float_to_f16_bits(x.z) | ((unsigned int)float_to_f16_bits(x.w) << 16);
     *reinterpret_cast<uint2*>(p) = u;
 }
-
-__device__ __forceinline__ void store1(float* p, float x) { *p = x; }
-__device__ __forceinline__ void store1(bf16_t* p, float x) {
-    p->bits = (unsigned short)float_to_bf16_bits(x);
-}
-__device__ __forceinline__ void store1(f16_t* p, float x) { p->bits = float_to_f16_bits(x); }
 
 __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
     acc = fmaf(a.x, b.x, acc);
@@ -383,7 +335,7 @@ __device__ void combine(const float* __restrict__ part_acc, const float* __restr
     const int t = (int)(q_row % tokens);
     const int head = (int)((q_row / tokens) % q_heads);
     const size_t row = q_row / ((size_t)tokens * q_heads);
-    store1(out + ((row * tokens + t) * q_heads + head) * HEAD_DIM + d, num / den);
+    out[((row * tokens + t) * q_heads + head) * HEAD_DIM + d] = from_float<T>(num / den);
 }
 
 #define DEFINE_KERNELS(TYPE, NAME)                                                              \
@@ -651,7 +603,8 @@ __device__ void attend_mma(const T* __restrict__ q, const T* __restrict__ k,
             }
         if (splits == 1) {
             const int head = kv_head * groups + qi / tokens, t = qi % tokens;
-            store1(out + (((size_t)row * tokens + t) * q_heads + head) * HEAD_DIM + dim, num / den);
+            out[(((size_t)row * tokens + t) * q_heads + head) * HEAD_DIM + dim] =
+                from_float<T>(num / den);
         } else {
             part_acc[((size_t)split * total_q + q_row) * HEAD_DIM + dim] = num;
             if (dim == 0) {

@@ -2,8 +2,7 @@
 // (crates/dice-model/src/kernels/decode_ops.rs launches them): residual add + RMSNorm, SiLU-gate,
 // qk-norm + RoPE + KV-cache write, and the greedy selection over the logits.
 //
-// Compiled at run time with NVRTC; no CUDA headers are included, so that the source compiles
-// wherever NVRTC runs; bf16 and f16 are handled as raw 16-bit values.
+// Compiled at run time with NVRTC; bf16 and f16 are raw 16-bit values (half.cuh).
 //
 // The numerics are those of the candle 0.11 CUDA kernels the unfused forward runs, rounding for
 // rounding, so that the fused path is a drop-in:
@@ -23,58 +22,7 @@
 //   rope_{f32,bf16,f16} for sm_90). The same operations are spelled out here with explicit
 //   rounding, so that no compiler can choose otherwise.
 
-struct bf16_t {
-    unsigned short bits;
-};
-struct f16_t {
-    unsigned short bits;
-};
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(bf16_t x) {
-    return __uint_as_float((unsigned int)x.bits << 16);
-}
-__device__ __forceinline__ float to_float(f16_t x) {
-#ifdef __CUDA_ARCH__
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
-    return f;
-#else
-    unsigned int h = x.bits, sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (man << 13));
-    if (exp == 0) return (sign ? -1.0f : 1.0f) * (float)man * 5.9604644775390625e-8f;
-    return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
-#endif
-}
-
-// Round to nearest even, as candle's casts (__float2bfloat16, __float2half).
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
-    unsigned int u = __float_as_uint(x);
-    bf16_t r;
-    r.bits = (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)0x7fc0u
-                                              : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    return r;
-}
-template <> __device__ __forceinline__ f16_t from_float<f16_t>(float x) {
-    f16_t r;
-#ifdef __CUDA_ARCH__
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(x));
-#else
-    // F. Giesen's float_to_half_fast3_rtne.
-    unsigned int u = __float_as_uint(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-    if (a >= 0x47800000u) {
-        r.bits = (unsigned short)(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
-    } else if (a < 0x38800000u) {
-        r.bits = (unsigned short)(sign | (__float_as_uint(__uint_as_float(a) + 0.5f) - 0x3f000000u));
-    } else {
-        a += 0xc8000fffu + ((a >> 13) & 1u);
-        r.bits = (unsigned short)(sign | (a >> 13));
-    }
-#endif
-    return r;
-}
+#include "half.cuh"
 
 // T(a * b + c), rounded once, as the fma ptxas makes of candle's T expressions.
 __device__ __forceinline__ float fma_round(float a, float b, float c, float*) {

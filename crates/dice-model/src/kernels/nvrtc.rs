@@ -9,7 +9,7 @@ use candle_core::cuda_backend::cudarc::nvrtc::{self, Ptx};
 use candle_core::cuda_backend::{CudaDevice, DeviceId};
 use candle_core::DType;
 use std::collections::HashMap;
-use std::ffi::{CStr, CString};
+use std::ffi::{c_char, CStr, CString};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -21,6 +21,9 @@ pub(crate) struct Source {
     pub(crate) what: &'static str,
 }
 
+/// The headers our sources include, by the name they include them with.
+const HEADERS: [(&CStr, &str); 1] = [(c"half.cuh", include_str!("half.cuh"))];
+
 /// Compiles `source` with the extra NVRTC `options` to a cubin for compute capability `arch`.
 pub(crate) fn compile_cubin(
     source: &Source,
@@ -30,8 +33,28 @@ pub(crate) fn compile_cubin(
     use nvrtc::result;
     let what = source.what;
     let text = CString::new(source.text).context("the kernel source holds a NUL byte")?;
-    let program = result::create_program(&text, Some(source.file_name))
-        .map_err(|e| anyhow::anyhow!("NVRTC cannot create the program of {what}: {e:?}"))?;
+    let header_texts = HEADERS
+        .iter()
+        .map(|(_, text)| CString::new(*text).context("a kernel header holds a NUL byte"))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let headers: Vec<*const c_char> = header_texts.iter().map(|h| h.as_ptr()).collect();
+    let header_names: Vec<*const c_char> = HEADERS.iter().map(|(name, _)| name.as_ptr()).collect();
+    let mut program = std::mem::MaybeUninit::uninit();
+    // SAFETY: every pointer is a NUL-terminated string alive until the call returns (NVRTC
+    // copies them); the two arrays hold `HEADERS.len()` entries.
+    let program = unsafe {
+        nvrtc::sys::nvrtcCreateProgram(
+            program.as_mut_ptr(),
+            text.as_ptr(),
+            source.file_name.as_ptr(),
+            HEADERS.len() as i32,
+            headers.as_ptr(),
+            header_names.as_ptr(),
+        )
+        .result()
+        .map(|()| program.assume_init())
+    }
+    .map_err(|e| anyhow::anyhow!("NVRTC cannot create the program of {what}: {e:?}"))?;
     let mut options = options.to_vec();
     options.push(format!("--gpu-architecture=sm_{major}{minor}"));
     // SAFETY: `program` was created above and is destroyed only at the end of this function.

@@ -1,0 +1,63 @@
+// bf16 and f16 as raw 16-bit values, and their conversions to and from f32 (round to nearest
+// even, as candle's casts __float2bfloat16 / __float2half), for our NVRTC sources: no CUDA
+// headers are included, so that they compile wherever NVRTC runs (nvrtc.rs hands this file to
+// every program). Plain C++ builds (tests/kernel_emulation) take the software paths.
+#pragma once
+
+struct bf16_t {
+    unsigned short bits;
+};
+struct f16_t {
+    unsigned short bits;
+};
+
+__device__ __forceinline__ float f16_bits_to_float(unsigned int h) {
+#ifdef __CUDA_ARCH__
+    float f;
+    unsigned short s = (unsigned short)h;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
+    return f;
+#else
+    unsigned int sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) return (sign ? -1.0f : 1.0f) * (float)man * 5.9604644775390625e-8f;
+    return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+#endif
+}
+
+__device__ __forceinline__ unsigned short float_to_f16_bits(float x) {
+#ifdef __CUDA_ARCH__
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
+    // F. Giesen's float_to_half_fast3_rtne.
+    unsigned int u = __float_as_uint(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a >= 0x47800000u) return (unsigned short)(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+    if (a < 0x38800000u)
+        return (unsigned short)(sign | (__float_as_uint(__uint_as_float(a) + 0.5f) - 0x3f000000u));
+    a += 0xc8000fffu + ((a >> 13) & 1u);
+    return (unsigned short)(sign | (a >> 13));
+#endif
+}
+
+__device__ __forceinline__ unsigned int float_to_bf16_bits(float x) {
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16_t x) {
+    return __uint_as_float((unsigned int)x.bits << 16);
+}
+__device__ __forceinline__ float to_float(f16_t x) { return f16_bits_to_float(x.bits); }
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
+    return {(unsigned short)float_to_bf16_bits(x)};
+}
+template <> __device__ __forceinline__ f16_t from_float<f16_t>(float x) {
+    return {float_to_f16_bits(x)};
+}
