@@ -544,12 +544,10 @@ impl KvCache {
                 self.batch_size()
             );
         }
-        let device = self
-            .keys
-            .first()
-            .map(|k| k.device().clone())
-            .unwrap_or(Device::Cpu);
-        let index = Tensor::new(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), &device)?;
+        let index = Tensor::new(
+            rows.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+            self.device(),
+        )?;
         let pick = |ts: &[Tensor]| -> Result<Vec<Tensor>> {
             ts.iter().map(|t| t.index_select(&index, 0)).collect()
         };
@@ -612,6 +610,19 @@ impl KvCache {
         );
         self.lens[row] = len;
         Ok(())
+    }
+
+    /// The committed lengths as a u32 `[B]` tensor on the cache's device: what the fused
+    /// decoding kernels read positions from.
+    #[cfg(feature = "cuda")]
+    fn device_lens(&self) -> Result<Tensor> {
+        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
+        Tensor::from_vec(lens, self.batch_size(), self.device())
+    }
+
+    /// Where the tensors live (the CPU for a cache of no layers).
+    fn device(&self) -> &Device {
+        self.keys.first().map_or(&Device::Cpu, |k| k.device())
     }
 
     /// Fails unless every row has room for `t` more slots (even read-only rows write them).

@@ -56,10 +56,8 @@ impl FusedDecode {
         if !model.device().is_cuda() {
             return Ok(None);
         }
-        let lens: Vec<u32> = cache.lens.iter().map(|&l| l as u32).collect();
         let max_keys = cache.lens.iter().copied().max().unwrap_or(0) + tokens;
-        let lens = Tensor::from_vec(lens, cache.batch_size(), model.device())?;
-        Self::plan(model, &lens, max_keys, tokens)
+        Self::plan(model, &cache.device_lens()?, max_keys, tokens)
     }
 
     /// Final-normed hidden states `[B, T, H]` of `input_ids` `[B, T]`; writes the new tokens'

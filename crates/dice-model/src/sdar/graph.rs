@@ -61,7 +61,7 @@ impl Sdar {
         let b = cache.batch_size();
         let ids = Tensor::zeros((b, tokens), DType::U32, self.device())?;
         self.check_forward(&ids, cache, &vec![0; b])?;
-        let lens = Tensor::from_vec(lens_u32(cache), b, self.device())?;
+        let lens = cache.device_lens()?;
         let Some(decode) = FusedDecode::plan(self, &lens, cache.capacity(), tokens)? else {
             return Ok(None);
         };
@@ -103,10 +103,6 @@ impl Sdar {
     }
 }
 
-fn lens_u32(cache: &KvCache) -> Vec<u32> {
-    cache.lens.iter().map(|&l| l as u32).collect()
-}
-
 impl DecodeGraph {
     /// Whether this graph computes forwards of `tokens` tokens per row over `cache`.
     pub fn serves(&self, cache: &KvCache, tokens: usize) -> bool {
@@ -128,8 +124,7 @@ impl DecodeGraph {
         );
         model.check_forward(input_ids, cache, commit)?;
         self.ids.slice_set(input_ids, 0, 0)?;
-        let lens = Tensor::from_vec(lens_u32(cache), cache.batch_size(), model.device())?;
-        self.lens.slice_set(&lens, 0, 0)?;
+        self.lens.slice_set(&cache.device_lens()?, 0, 0)?;
         self.graph
             .launch()
             .map_err(|e| anyhow::anyhow!("CUDA graph launch failed: {e:?}"))?;
