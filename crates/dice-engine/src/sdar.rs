@@ -81,14 +81,20 @@ impl SdarDecoder {
         )?)
     }
 
-    /// The decoding forward's final hidden states, through the CUDA graph where there is one.
+    /// The decoding forward's final hidden states for one block per slot (`rows`), through the
+    /// CUDA graph where there is one.
     #[cfg(feature = "cuda")]
-    fn decode_hidden(&self, ids: &Tensor, cache: &mut KvCache, commit: &[usize]) -> Result<Tensor> {
+    fn decode_hidden(
+        &self,
+        rows: &[Vec<u32>],
+        cache: &mut KvCache,
+        commit: &[usize],
+    ) -> Result<Tensor> {
         let mut state = self
             .graph
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let tokens = ids.dim(1)?;
+        let tokens = self.block_length();
         if let GraphState::Wanted(graph) = &mut *state {
             if !graph.as_ref().is_some_and(|g| g.serves(cache, tokens)) {
                 *graph = None;
@@ -104,15 +110,20 @@ impl SdarDecoder {
         }
         match &*state {
             GraphState::Wanted(Some(graph)) => {
-                graph.forward_hidden(&self.model, ids, cache, commit)
+                graph.forward_hidden(&self.model, &rows.concat(), cache, commit)
             }
-            _ => self.model.forward_hidden(ids, cache, commit),
+            _ => self.model.forward_hidden(&self.ids(rows)?, cache, commit),
         }
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn decode_hidden(&self, ids: &Tensor, cache: &mut KvCache, commit: &[usize]) -> Result<Tensor> {
-        self.model.forward_hidden(ids, cache, commit)
+    fn decode_hidden(
+        &self,
+        rows: &[Vec<u32>],
+        cache: &mut KvCache,
+        commit: &[usize],
+    ) -> Result<Tensor> {
+        self.model.forward_hidden(&self.ids(rows)?, cache, commit)
     }
 }
 
@@ -213,7 +224,7 @@ impl BlockDiffusionModel for SdarDecoder {
                 commit[row.slot] = block;
             }
         }
-        let hidden = self.decode_hidden(&self.ids(&ids)?, cache, &commit)?;
+        let hidden = self.decode_hidden(&ids, cache, &commit)?;
         let wanted: Vec<u32> = rows
             .iter()
             .filter(|r| !r.store)

@@ -616,8 +616,12 @@ impl KvCache {
     /// decoding kernels read positions from.
     #[cfg(feature = "cuda")]
     fn device_lens(&self) -> Result<Tensor> {
-        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
-        Tensor::from_vec(lens, self.batch_size(), self.device())
+        Tensor::from_vec(self.lens_u32(), self.batch_size(), self.device())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn lens_u32(&self) -> Vec<u32> {
+        self.lens.iter().map(|&l| l as u32).collect()
     }
 
     /// Where the tensors live (the CPU for a cache of no layers).

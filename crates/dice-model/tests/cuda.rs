@@ -245,7 +245,16 @@ fn cuda_graph_replays_match_cpu() {
             .expect("a CUDA graph for the fused decoding forward");
         for (i, commit) in steps.iter().enumerate() {
             let hidden = graph
-                .forward_hidden(&model, &block(i, &gpu), &mut cache, commit)
+                .forward_hidden(
+                    &model,
+                    &block(i, &Device::Cpu)
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1::<u32>()
+                        .unwrap(),
+                    &mut cache,
+                    commit,
+                )
                 .unwrap();
             let d = max_diff(&model.logits(&hidden).unwrap(), &reference[i]);
             println!(

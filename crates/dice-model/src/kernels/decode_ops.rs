@@ -217,6 +217,37 @@ fn wrap(dev: &CudaDevice, slice: CudaStorageSlice, shape: impl Into<Shape>) -> T
     Tensor::from_storage(storage, shape, BackpropOp::none(), false)
 }
 
+/// Copies `values` from the host into contiguous u32 CUDA tensor `dst`, in place: how a graph
+/// replay refreshes the buffers its kernels read, without a new buffer and a device copy.
+pub(crate) fn write_u32(dst: &Tensor, values: &[u32]) -> Result<()> {
+    let Device::Cuda(dev) = dst.device() else {
+        bail!("write_u32 writes into CUDA tensors only");
+    };
+    if dst.dtype() != DType::U32 || dst.elem_count() != values.len() {
+        bail!(
+            "write_u32 of {} values into a {:?} tensor of {} elements",
+            values.len(),
+            dst.dtype(),
+            dst.elem_count()
+        );
+    }
+    let stream = dev.cuda_stream();
+    // What cudarc's own copies do first: the raw call below does not.
+    stream.context().bind_to_thread().w()?;
+    let (storage, layout) = dst.storage_and_layout();
+    let (ptr, _record) = tensor_ptr((&storage, layout), "the destination", &stream)?;
+    // SAFETY: `ptr` addresses `values.len()` u32 of `dst` (checked above); from pageable host
+    // memory the call returns once `values` has been staged, so it may be dropped after it.
+    unsafe {
+        candle_core::cuda_backend::cudarc::driver::result::memcpy_htod_async(
+            ptr,
+            values,
+            stream.cu_stream(),
+        )
+    }
+    .w()
+}
+
 /// `(residual + delta, rmsnorm(residual + delta) * weight)` over the last dim, each of the shape
 /// of `residual`: the residual add and the next RMSNorm of a layer in one launch, with the
 /// rounding of candle's T add and its fused `rmsnorm` (f32 statistics, eps in f32).

@@ -12,6 +12,7 @@
 use super::fused::FusedDecode;
 use super::stage::Unprobed;
 use super::{KvCache, Sdar};
+use crate::kernels::decode_ops::write_u32;
 use anyhow::{ensure, Context};
 use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
 use candle_core::{DType, Device, Tensor};
@@ -109,22 +110,29 @@ impl DecodeGraph {
         cache.buffers == self.buffers && tokens == self.tokens
     }
 
-    /// [`Sdar::forward_hidden`] by replaying the graph: `input_ids` `[B, T]` u32, `commit` as
-    /// there. `model` must be the model the graph was captured from.
+    /// [`Sdar::forward_hidden`] by replaying the graph: `input_ids` the `[B, T]` token ids row
+    /// after row, `commit` as there. `model` must be the model the graph was captured from.
     pub fn forward_hidden(
         &self,
         model: &Sdar,
-        input_ids: &Tensor,
+        input_ids: &[u32],
         cache: &mut KvCache,
         commit: &[usize],
     ) -> anyhow::Result<Tensor> {
         ensure!(
-            self.serves(cache, input_ids.dim(1)?),
-            "this CUDA graph was captured for another KV cache or block"
+            self.serves(cache, self.tokens),
+            "this CUDA graph was captured for another KV cache"
         );
-        model.check_forward(input_ids, cache, commit)?;
-        self.ids.slice_set(input_ids, 0, 0)?;
-        self.lens.slice_set(&cache.device_lens()?, 0, 0)?;
+        ensure!(
+            input_ids.len() == self.ids.elem_count(),
+            "{} token ids for a graph of {} rows of {} tokens",
+            input_ids.len(),
+            cache.batch_size(),
+            self.tokens
+        );
+        model.check_forward(&self.ids, cache, commit)?;
+        write_u32(&self.ids, input_ids)?;
+        write_u32(&self.lens, &cache.lens_u32())?;
         self.graph
             .launch()
             .map_err(|e| anyhow::anyhow!("CUDA graph launch failed: {e:?}"))?;
