@@ -83,13 +83,28 @@ impl SdarDecoder {
 
     /// The decoding forward's final hidden states for one block per slot (`rows`), through the
     /// CUDA graph where there is one.
-    #[cfg(feature = "cuda")]
     fn decode_hidden(
         &self,
         rows: &[Vec<u32>],
         cache: &mut KvCache,
         commit: &[usize],
     ) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(hidden) = self.replay(rows, cache, commit)? {
+            return Ok(hidden);
+        }
+        self.model.forward_hidden(&self.ids(rows)?, cache, commit)
+    }
+
+    /// [`Self::decode_hidden`] by the graph of `cache` (captured at its first forward), or
+    /// `None` where graphs do not apply.
+    #[cfg(feature = "cuda")]
+    fn replay(
+        &self,
+        rows: &[Vec<u32>],
+        cache: &mut KvCache,
+        commit: &[usize],
+    ) -> Result<Option<Tensor>> {
         let mut state = self
             .graph
             .lock()
@@ -109,21 +124,11 @@ impl SdarDecoder {
             }
         }
         match &*state {
-            GraphState::Wanted(Some(graph)) => {
-                graph.forward_hidden(&self.model, &rows.concat(), cache, commit)
-            }
-            _ => self.model.forward_hidden(&self.ids(rows)?, cache, commit),
+            GraphState::Wanted(Some(graph)) => graph
+                .forward_hidden(&self.model, &rows.concat(), cache, commit)
+                .map(Some),
+            _ => Ok(None),
         }
-    }
-
-    #[cfg(not(feature = "cuda"))]
-    fn decode_hidden(
-        &self,
-        rows: &[Vec<u32>],
-        cache: &mut KvCache,
-        commit: &[usize],
-    ) -> Result<Tensor> {
-        self.model.forward_hidden(&self.ids(rows)?, cache, commit)
     }
 }
 
