@@ -67,7 +67,7 @@ for s in "$@"; do
     c-warm) step c-warm 120 --pairs "$DATA/pairs32.json" --runs-per-device 8 ;;
     c-warm16) step c-warm16 120 --pairs "$DATA/pairs32.json" --runs-per-device 16 ;;
     a-pairs) step a-pairs 600 --pairs "$DATA/pairs.json" --runs-per-device 8 ;;
-    b-identity) step b-identity 300 "$DATA/identity.jsonl" --kernelbench "$DATA/kb" ;;
+    b-identity) step b-identity 600 "$DATA/identity.jsonl" --kernelbench "$DATA/kb" --runs-per-device 4 ;;
     adversarial) adversarial ;;
     *) echo "unknown step $s" >&2 ;;
   esac
