@@ -137,10 +137,9 @@ def candidate(channel, req):
         path = os.path.join(req["dir"], f"output_{trial}.bin")
         protocol.publish(outputs, path)
         channel.send(event="output", trial=trial, path=path)
-    channel.send(event="trials_done")
     profiled = Profiled(channel, setup, problem, model, req)
-    # Held by serve_timing alone, which frees it before the profiled trial.
-    serve_timing(channel, ops, req["dir"], protocol.Timer(setup, problem, model, req.get("cores")), profiled)
+    make_timer = lambda: protocol.Timer(setup, problem, model, req.get("cores"))  # noqa: E731
+    serve_timing(channel, ops, req["dir"], make_timer, profiled)
 
 
 class Profiled:
@@ -184,9 +183,19 @@ class Profiled:
         self.channel.send(event="profiled", path=self.path)
 
 
-def serve_timing(channel, ops, job_dir, timer, profiled):
+def serve_timing(channel, ops, job_dir, make_timer, profiled):
+    timer = None  # held here alone, and freed before the profiled trial
     for op in ops:
-        if op["op"] == "time":
+        if op["op"] == "prepare_timing":
+            # The timing input sets and the L2 flush buffer go on the device while the evaluator
+            # holds an untimed pass: its exclusive window is for the timed calls alone.
+            try:
+                timer = make_timer()
+            except BaseException as e:  # noqa: B036
+                fail(channel, *classify(e), "timing")
+                return
+            channel.send(event="trials_done")
+        elif op["op"] == "time":
             try:
                 ms = timer.run(op["n"])
             except BaseException as e:  # noqa: B036

@@ -1,16 +1,139 @@
 //! Timing exclusivity on one device while several candidates are in flight on it.
 //!
 //! Each untimed step that touches the device (constructing a candidate's or a reference's model,
-//! one correctness trial and its judgement, the profiled rerun) holds a shared pass; timing holds the exclusive one, so no
-//! other process of the evaluation works on the device while a candidate or its baseline is
-//! timed. Steps are short, so timing waits at most for the steps already running; std's RwLock on
-//! Linux blocks new readers while a writer waits, so timing never starves. Process start-up,
-//! imports and extension loads run outside any pass.
+//! one correctness trial, the judgement of one output, the profiled rerun) holds a shared pass;
+//! timing holds the exclusive one, so no other process of the evaluation works on the device
+//! while a candidate or its baseline is timed. Steps are short (a trial and its judgement are two
+//! steps, so a timer waits for one of them): timing waits at most for the steps already running.
+//! std's RwLock on Linux blocks new readers while a writer waits, so timing never starves.
+//! Process start-up, imports and extension loads run outside any pass. The gate records its
+//! exclusive windows, the waits for them, and how long it was closed to untimed steps
+//! ([`GateUse`]).
 
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 #[derive(Default)]
-pub struct DeviceGate(RwLock<()>);
+pub struct DeviceGate {
+    lock: RwLock<()>,
+    record: Mutex<GateUse>,
+}
+
+/// How the gate was used: what the run's wall time gave to timing, its queue, and the untimed
+/// steps a timer waits for.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GateUse {
+    /// Exclusive windows (one per timed candidate, or per evaluation alone).
+    pub windows: u32,
+    /// Time inside them.
+    pub held: Duration,
+    /// Time evaluations waited for them, summed over the waiting evaluations.
+    pub waited: Duration,
+    /// Wall time during which an exclusive pass was held or asked for: no new untimed step could
+    /// start on the device then.
+    pub closed: Duration,
+    /// Untimed steps (shared passes), the time they held their pass, the longest of them (what a
+    /// timer may have to wait for), and the time they waited for it.
+    pub steps: u32,
+    pub step_held: Duration,
+    pub longest_step: Duration,
+    pub step_waited: Duration,
+    /// Exclusive passes held or asked for now, and since when there have been any.
+    wanted: u32,
+    closed_since: Option<Instant>,
+}
+
+impl GateUse {
+    /// Adds another device's use.
+    pub fn add(&mut self, other: &GateUse) {
+        self.windows += other.windows;
+        self.held += other.held;
+        self.waited += other.waited;
+        self.closed += other.closed;
+        self.steps += other.steps;
+        self.step_held += other.step_held;
+        self.longest_step = self.longest_step.max(other.longest_step);
+        self.step_waited += other.step_waited;
+    }
+}
+
+impl DeviceGate {
+    pub fn usage(&self) -> GateUse {
+        *self.lock_use()
+    }
+
+    fn lock_use(&self) -> std::sync::MutexGuard<'_, GateUse> {
+        self.record.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn shared(&self) -> SharedPass<'_> {
+        let asked = Instant::now();
+        let guard = self.lock.read().unwrap_or_else(|p| p.into_inner());
+        let since = Instant::now();
+        self.lock_use().step_waited += since - asked;
+        SharedPass {
+            gate: self,
+            since,
+            _guard: guard,
+        }
+    }
+
+    fn exclusive(&self) -> Exclusive<'_> {
+        let asked = Instant::now();
+        {
+            let mut u = self.lock_use();
+            u.wanted += 1;
+            u.closed_since.get_or_insert(asked);
+        }
+        let guard = self.lock.write().unwrap_or_else(|p| p.into_inner());
+        let since = Instant::now();
+        self.lock_use().waited += since - asked;
+        Exclusive {
+            gate: self,
+            since,
+            _guard: guard,
+        }
+    }
+}
+
+/// The device alone; its use is recorded when given back.
+pub struct Exclusive<'a> {
+    gate: &'a DeviceGate,
+    since: Instant,
+    _guard: RwLockWriteGuard<'a, ()>,
+}
+
+impl Drop for Exclusive<'_> {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        let mut u = self.gate.lock_use();
+        u.windows += 1;
+        u.held += now - self.since;
+        u.wanted -= 1;
+        if u.wanted == 0 {
+            if let Some(since) = u.closed_since.take() {
+                u.closed += now - since;
+            }
+        }
+    }
+}
+
+/// A pass for one untimed step; its use is recorded when given back.
+pub struct SharedPass<'a> {
+    gate: &'a DeviceGate,
+    since: Instant,
+    _guard: RwLockReadGuard<'a, ()>,
+}
+
+impl Drop for SharedPass<'_> {
+    fn drop(&mut self) {
+        let held = self.since.elapsed();
+        let mut u = self.gate.lock_use();
+        u.steps += 1;
+        u.step_held += held;
+        u.longest_step = u.longest_step.max(held);
+    }
+}
 
 /// How one evaluation reaches its device.
 pub enum Access<'a> {
@@ -18,30 +141,30 @@ pub enum Access<'a> {
     Shared(&'a DeviceGate),
     /// The device to itself for the whole evaluation (a retry after running out of device
     /// memory beside others); the exclusive pass is held here.
-    Alone(#[expect(dead_code, reason = "held, never read")] RwLockWriteGuard<'a, ()>),
+    Alone(#[expect(dead_code, reason = "held, never read")] Exclusive<'a>),
 }
 
 impl<'a> Access<'a> {
     pub fn new(gate: &'a DeviceGate, alone: bool) -> Self {
         if alone {
-            Access::Alone(gate.0.write().unwrap_or_else(|p| p.into_inner()))
+            Access::Alone(gate.exclusive())
         } else {
             Access::Shared(gate)
         }
     }
 
     /// A pass for one untimed step (None: the whole evaluation is already alone).
-    pub fn untimed(&self) -> Option<RwLockReadGuard<'a, ()>> {
+    pub fn untimed(&self) -> Option<SharedPass<'a>> {
         match self {
-            Access::Shared(gate) => Some(gate.0.read().unwrap_or_else(|p| p.into_inner())),
+            Access::Shared(gate) => Some(gate.shared()),
             Access::Alone(_) => None,
         }
     }
 
     /// The device alone, for timing.
-    pub fn timed(&self) -> Option<RwLockWriteGuard<'a, ()>> {
+    pub fn timed(&self) -> Option<Exclusive<'a>> {
         match self {
-            Access::Shared(gate) => Some(gate.0.write().unwrap_or_else(|p| p.into_inner())),
+            Access::Shared(gate) => Some(gate.exclusive()),
             Access::Alone(_) => None,
         }
     }
@@ -97,5 +220,42 @@ mod tests {
             overlapped.load(Ordering::SeqCst) > 0,
             "untimed steps never overlapped"
         );
+    }
+
+    /// A timer waits for the untimed step in flight; the gate is closed from its asking to its
+    /// giving back, and the window is what it held.
+    #[test]
+    fn exclusive_windows_and_their_queue_are_recorded() {
+        let gate = Arc::new(DeviceGate::default());
+        let access = Access::new(&gate, false);
+        let step = access.untimed();
+        let timer = {
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                let access = Access::new(&gate, false);
+                let alone = access.timed();
+                std::thread::sleep(Duration::from_millis(30));
+                drop(alone);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        drop(step);
+        timer.join().unwrap();
+        let used = gate.usage();
+        assert_eq!(used.windows, 1);
+        assert!(used.held >= Duration::from_millis(30), "{used:?}");
+        assert!(used.waited >= Duration::from_millis(20), "{used:?}");
+        assert!(used.closed >= used.held + used.waited, "{used:?}");
+        assert!(used.closed < Duration::from_secs(5), "{used:?}");
+        assert_eq!(used.steps, 1);
+        assert!(used.longest_step >= Duration::from_millis(50), "{used:?}");
+        assert_eq!(used.step_held, used.longest_step);
+
+        let mut total = GateUse::default();
+        total.add(&used);
+        total.add(&used);
+        assert_eq!(total.windows, 2);
+        assert_eq!(total.closed, used.closed * 2);
+        assert_eq!(total.longest_step, used.longest_step);
     }
 }

@@ -20,10 +20,13 @@ pub struct JobContext {
     /// kernels are timed by how fast Python launches them (python/protocol.py `Timer`); every
     /// child runs on the others. Null when the machine has too few cores to spare two.
     pub cores: Value,
+    /// Environment of every child (the CUDA architectures extensions are built for): given per
+    /// job, so the fork servers can start before the interpreter check has named the GPUs.
+    pub env: Value,
 }
 
 impl JobContext {
-    pub fn new(cfg: EvalConfig, jobs_dir: PathBuf) -> JobContext {
+    pub fn new(cfg: EvalConfig, jobs_dir: PathBuf, env: Value) -> JobContext {
         let limits = child_limits(&cfg);
         let cores = match cfg.device {
             crate::config::Device::Cuda => timing_cores(&usable_cores()),
@@ -35,6 +38,7 @@ impl JobContext {
             limits,
             users: SandboxUsers::new(),
             cores,
+            env,
         }
     }
 }

@@ -22,7 +22,15 @@
 //!   extension loads overlap freely, each untimed device step (a model's construction, one trial
 //!   and its judgement) holds a shared pass, and timing holds the device alone (gate.rs); on CUDA machines
 //!   with 8+ cores two cores are kept for the timed process. Seconds per stage are stored with
-//!   each sample (`stages`). A CUDA out-of-memory beside others is retried alone.
+//!   each sample (`stages`). A CUDA out-of-memory beside others is retried alone. Only the timed
+//!   calls run in the exclusive window (timing's input sets are made under a shared pass).
+//! * Start-up overlaps: the fork servers import torch while the interpreter is checked (the CUDA
+//!   architectures for builds reach children per job). Processes that are done (a CUDA context
+//!   takes ~0.5 s to die) end in the background while their slot goes on; a slot out of work
+//!   takes a sample another slot took ahead and has not begun.
+//! * Each invocation stores its [`RunTimeline`] (`invocations` table, also in [`Summary`]): when
+//!   the first sample began, and the exclusive windows, their waits and how long the gate was
+//!   closed to untimed steps: the queue behind timing.
 //! * On CUDA the kernel profile comes from correctness trial 1 run once more after timing, so
 //!   the profiler never runs in a process before its timed calls; that output is judged too.
 //! * Candidates (compile and run stage) are sandboxed: namespaces, an unprivileged user, limits
@@ -54,7 +62,7 @@ mod zygote;
 pub use config::{Audit, Baseline, Device, EvalConfig, EvalProblem, EvalSample, Precision};
 pub use excerpt::Excerpt;
 pub use pipeline::{evaluate, Summary};
-pub use record::{ProblemRecord, RunInfo, SampleRecord, TimingStats};
+pub use record::{ProblemRecord, RunInfo, RunTimeline, SampleRecord, TimingStats};
 pub use runtime::{Finding, KernelProfile, LaunchedKernel};
 pub use store::{BuildRecord, SampleExtras, Store};
 pub use verdict::Verdict;

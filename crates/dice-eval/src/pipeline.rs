@@ -4,19 +4,20 @@
 //! order builds finish; each device (the CPU, or each visible GPU) has one fork server and
 //! `runs_per_device` run slots, each with a candidate in flight and the reference process of its
 //! problem; their untimed stages overlap, while timing holds the device alone (gate.rs). A writer
-//! thread commits each finished sample in its own transaction and drives the progress bar.
+//! thread commits each finished sample in its own transaction and drives the progress bar. Fork
+//! servers start while the interpreter is checked; finished processes end in the background.
 
 use crate::config::{Audit, Device, EvalConfig, EvalProblem, EvalSample};
 use crate::device_memory::{DeviceMemory, Reservation};
-use crate::gate::{Access, DeviceGate};
+use crate::gate::{Access, DeviceGate, GateUse};
 use crate::job::{Compiled, JobContext, Outcome};
-use crate::python::Runtime;
-use crate::record::{ProblemRecord, RunInfo, SampleRecord};
+use crate::python::{PythonInfo, Runtime};
+use crate::record::{ProblemRecord, RunInfo, RunTimeline, SampleRecord};
 use crate::run_queue::{ProblemKey, Producer, RunQueue};
 use crate::sandbox;
 use crate::stage_build::{self, Built};
 use crate::stage_run::{
-    self, CandidateRun, Reference, ReferenceFailed, RunError, StartedReference,
+    self, CandidateRun, Reference, ReferenceFailed, RunError, StartedReference, Unsettled,
 };
 use crate::store::{SampleExtras, Store};
 use crate::verdict::Verdict;
@@ -27,7 +28,8 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::Scope;
 use std::time::Instant;
 
 /// What a run did, for the closing summary.
@@ -41,6 +43,8 @@ pub struct Summary {
     pub skipped: usize,
     /// (level, problem_id, why) of problems whose reference failed.
     pub reference_errors: Vec<(u32, u32, String)>,
+    /// Where this invocation's wall time went (also stored with the run).
+    pub timeline: RunTimeline,
 }
 
 enum Report {
@@ -56,10 +60,12 @@ struct RunItem {
 
 struct Shared {
     ctx: JobContext,
-    rt: Runtime,
+    rt: Arc<Runtime>,
     problems: HashMap<ProblemKey, EvalProblem>,
     samples: Vec<EvalSample>,
-    zygote_env: Vec<(String, String)>,
+    /// When the evaluation started, and how long after that the first sample began.
+    started: Instant,
+    first_sample: OnceLock<f64>,
 }
 
 impl Shared {
@@ -85,6 +91,7 @@ pub fn evaluate(
     samples: Vec<EvalSample>,
     audit: Option<Arc<dyn Audit>>,
 ) -> Result<Summary> {
+    let started = Instant::now();
     let problems: HashMap<ProblemKey, EvalProblem> = problems
         .into_iter()
         .map(|p| ((p.level, p.problem_id), p))
@@ -106,13 +113,63 @@ pub fn evaluate(
             cfg.build_cache.display()
         )
     })?;
-    let rt = Runtime::new(cfg.python.as_deref(), cfg.device == Device::Cuda)?;
-    sandbox::prepare(&cfg.build_cache)?;
-    if cfg.device == Device::Cuda && rt.info.gpus.is_empty() {
-        bail!("--device cuda: no GPU is visible");
-    }
     let mut store = Store::open(&cfg.db)?;
-    store.begin_run(&run_info(&cfg, &rt), &run_settings(&cfg), cfg.force)?;
+    let finished = if cfg.force {
+        Default::default()
+    } else {
+        store.finished()?
+    };
+    let already_done = samples
+        .iter()
+        .filter(|s| finished.contains(&(s.level, s.problem_id, s.sample_id)))
+        .count();
+    let pending: Vec<EvalSample> = samples
+        .into_iter()
+        .filter(|s| !finished.contains(&(s.level, s.problem_id, s.sample_id)))
+        .collect();
+
+    let rt = Arc::new(Runtime::new(cfg.python.as_deref())?);
+    sandbox::prepare(&cfg.build_cache)?;
+    let probe = rt.start_probe(cfg.device == Device::Cuda)?;
+    // The fork servers import torch while the interpreter is checked, not after it: each import
+    // takes seconds, and the first candidate needs both fork servers ready.
+    let zygote_env = vec![("DICE_DEVICE".to_string(), cfg.device.as_str().to_string())];
+    let mut build_env = zygote_env.clone();
+    build_env.push(("CUDA_VISIBLE_DEVICES".to_string(), String::new()));
+    let build_zygote = Arc::new(ZygoteSlot::new(build_env, "zygote-build.log".to_string()));
+    let codes = || {
+        pending
+            .iter()
+            .filter(|s| problems[&(s.level, s.problem_id)].defect.is_none())
+            .filter_map(|s| s.code.as_deref())
+    };
+    if codes().any(stage_build::may_build) {
+        build_zygote.start_early(&rt);
+    }
+    let first_gpu = (cfg.device == Device::Cuda).then_some(0);
+    let mut lanes = vec![Arc::new(Lane::new(
+        &zygote_env,
+        first_gpu,
+        cfg.runs_per_device,
+    ))];
+    let run_anything = codes().next().is_some();
+    if run_anything {
+        lanes[0].zygote.start_early(&rt);
+    }
+    let info = probe.wait()?;
+    if cfg.device == Device::Cuda {
+        if info.gpus.is_empty() {
+            bail!("--device cuda: no GPU is visible");
+        }
+        for gpu in 1..info.gpus.len() {
+            let lane = Arc::new(Lane::new(&zygote_env, Some(gpu), cfg.runs_per_device));
+            if run_anything {
+                lane.zygote.start_early(&rt);
+            }
+            lanes.push(lane);
+        }
+    }
+    store.begin_run(&run_info(&cfg, &info), &run_settings(&cfg), cfg.force)?;
     let mut problem_rows: Vec<_> = problems
         .values()
         .map(|p| {
@@ -128,32 +185,14 @@ pub fn evaluate(
     problem_rows.sort_by_key(|(p, _)| (p.level, p.problem_id));
     store.add_problems(&problem_rows)?;
 
-    let finished = if cfg.force {
-        Default::default()
-    } else {
-        store.finished()?
-    };
-    let already_done = samples
-        .iter()
-        .filter(|s| finished.contains(&(s.level, s.problem_id, s.sample_id)))
-        .count();
-    let pending: Vec<EvalSample> = samples
-        .into_iter()
-        .filter(|s| !finished.contains(&(s.level, s.problem_id, s.sample_id)))
-        .collect();
-
-    let zygote_env = zygote_env(&cfg, &rt);
-    let run_workers = match cfg.device {
-        Device::Cpu => vec![None],
-        Device::Cuda => (0..rt.info.gpus.len()).map(Some).collect(),
-    };
     let jobs_dir = rt.jobs_dir();
     let shared = Arc::new(Shared {
-        ctx: JobContext::new(cfg.clone(), jobs_dir),
+        ctx: JobContext::new(cfg.clone(), jobs_dir, job_env(&cfg, &info)),
         rt,
         problems,
         samples: pending,
-        zygote_env,
+        started,
+        first_sample: OnceLock::new(),
     });
 
     let (report_tx, report_rx) = mpsc::channel();
@@ -185,15 +224,14 @@ pub fn evaluate(
             ),
         }
     }
-    let builders = start_builders(&shared, to_build, run_tx, report_tx.clone());
+    let builders = start_builders(&shared, build_zygote, to_build, run_tx, report_tx.clone());
     let mut runners = Vec::new();
-    for gpu in run_workers {
-        let lane = Arc::new(Lane::new(&shared, gpu));
-        for _ in 0..shared.ctx.cfg.runs_per_device.max(1) {
+    for lane in &lanes {
+        for index in 0..lane.aheads.len() {
             let (shared, lane, queue) = (shared.clone(), lane.clone(), run_queue.clone());
             let report_tx = report_tx.clone();
             runners.push(std::thread::spawn(move || {
-                run_slot(&shared, &lane, &queue, &report_tx)
+                run_slot(&shared, &lane, index, &queue, &report_tx)
             }));
         }
     }
@@ -209,27 +247,46 @@ pub fn evaluate(
             failures.push(e);
         }
     }
-    let mut summary = writer.join().expect("store writer panicked")?;
+    let (mut summary, mut store) = writer.join().expect("store writer panicked")?;
     summary.already_done = already_done;
     if let Some(e) = failures.into_iter().next() {
         return Err(e);
     }
+    let mut gate = GateUse::default();
+    for lane in &lanes {
+        gate.add(&lane.gate.usage());
+    }
+    summary.timeline = RunTimeline {
+        samples: shared.samples.len(),
+        wall_s: started.elapsed().as_secs_f64(),
+        first_sample_s: shared.first_sample.get().copied(),
+        exclusive_windows: gate.windows,
+        exclusive_s: gate.held.as_secs_f64(),
+        exclusive_wait_s: gate.waited.as_secs_f64(),
+        gate_closed_s: gate.closed.as_secs_f64(),
+        untimed_steps: gate.steps,
+        untimed_step_s: gate.step_held.as_secs_f64(),
+        untimed_wait_s: gate.step_waited.as_secs_f64(),
+        longest_untimed_step_s: gate.longest_step.as_secs_f64(),
+        ..summary.timeline
+    };
+    store.add_timeline(&summary.timeline)?;
     Ok(summary)
 }
 
-fn run_info(cfg: &EvalConfig, rt: &Runtime) -> RunInfo {
+fn run_info(cfg: &EvalConfig, info: &PythonInfo) -> RunInfo {
     let hardware = match cfg.device {
-        Device::Cpu => rt.info.cpu.clone(),
+        Device::Cpu => info.cpu.clone(),
         Device::Cuda => {
-            let names: Vec<_> = rt.info.gpus.iter().map(|g| g.name.as_str()).collect();
+            let names: Vec<_> = info.gpus.iter().map(|g| g.name.as_str()).collect();
             names.join(", ")
         }
     };
     RunInfo {
         device: cfg.device.as_str().to_string(),
         hardware,
-        torch_version: rt.info.torch.clone(),
-        python_version: rt.info.python.clone(),
+        torch_version: info.torch.clone(),
+        python_version: info.python.clone(),
         dice_version: env!("CARGO_PKG_VERSION").to_string(),
         correctness_trials: cfg.correctness_trials,
         perf_trials: cfg.perf_trials,
@@ -246,15 +303,16 @@ fn run_settings(cfg: &EvalConfig) -> serde_json::Value {
     json!({"precision": cfg.precision.as_str(), "timing rounds": cfg.timing_rounds})
 }
 
-fn zygote_env(cfg: &EvalConfig, rt: &Runtime) -> Vec<(String, String)> {
-    let mut env = vec![("DICE_DEVICE".to_string(), cfg.device.as_str().to_string())];
+/// The environment of every child: extensions are built for the GPUs of this machine.
+fn job_env(cfg: &EvalConfig, info: &PythonInfo) -> serde_json::Value {
+    let mut env = serde_json::Map::new();
     if cfg.device == Device::Cuda && std::env::var_os("TORCH_CUDA_ARCH_LIST").is_none() {
-        let mut archs: Vec<_> = rt.info.gpus.iter().map(|g| g.arch.clone()).collect();
+        let mut archs: Vec<_> = info.gpus.iter().map(|g| g.arch.clone()).collect();
         archs.sort();
         archs.dedup();
-        env.push(("TORCH_CUDA_ARCH_LIST".to_string(), archs.join(";")));
+        env.insert("TORCH_CUDA_ARCH_LIST".to_string(), archs.join(";").into());
     }
-    env
+    serde_json::Value::Object(env)
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -265,6 +323,7 @@ type Worker = std::thread::JoinHandle<Result<()>>;
 
 fn start_builders(
     shared: &Arc<Shared>,
+    zygote: Arc<ZygoteSlot>,
     to_build: Vec<usize>,
     run_tx: Producer<RunItem>,
     report_tx: Sender<Report>,
@@ -274,9 +333,6 @@ fn start_builders(
     }
     let threads = shared.ctx.cfg.jobs.clamp(1, to_build.len());
     let queue = Arc::new(Mutex::new(to_build.into_iter()));
-    let mut env = shared.zygote_env.clone();
-    env.push(("CUDA_VISIBLE_DEVICES".to_string(), String::new()));
-    let zygote = Arc::new(ZygoteSlot::new(env, "zygote-build.log".to_string()));
     (0..threads)
         .map(|_| {
             let (shared, queue, zygote) = (shared.clone(), queue.clone(), zygote.clone());
@@ -336,6 +392,13 @@ impl ZygoteSlot {
         Ok(z)
     }
 
+    /// Starts the fork server now, in the background, so that it is ready (or being started)
+    /// when first needed; a start that fails is tried again, and reported, by that `get`.
+    fn start_early(self: &Arc<Self>, rt: &Arc<Runtime>) {
+        let (slot, rt) = (self.clone(), rt.clone());
+        std::thread::spawn(move || slot.get(&rt));
+    }
+
     /// The next `get` starts a fresh fork server, unless another caller already replaced `z`.
     fn discard(&self, z: &Arc<Zygote>) {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
@@ -345,17 +408,18 @@ impl ZygoteSlot {
     }
 }
 
-/// One device: the fork server its run slots share, the gate that keeps timing exclusive, and
-/// the memory its problems in flight were promised.
+/// One device: the fork server its run slots share, the gate that keeps timing exclusive, the
+/// memory its problems in flight were promised, and each run slot's next sample taken ahead.
 struct Lane {
-    zygote: ZygoteSlot,
+    zygote: Arc<ZygoteSlot>,
     gate: DeviceGate,
     memory: DeviceMemory,
+    aheads: Vec<Mutex<Option<Ahead>>>,
 }
 
 impl Lane {
-    fn new(shared: &Shared, gpu: Option<usize>) -> Self {
-        let mut env = shared.zygote_env.clone();
+    fn new(zygote_env: &[(String, String)], gpu: Option<usize>, slots: usize) -> Self {
+        let mut env = zygote_env.to_vec();
         let log_name = match gpu {
             Some(i) => {
                 env.push(("CUDA_VISIBLE_DEVICES".to_string(), i.to_string()));
@@ -364,78 +428,54 @@ impl Lane {
             None => "zygote-cpu.log".to_string(),
         };
         Lane {
-            zygote: ZygoteSlot::new(env, log_name),
+            zygote: Arc::new(ZygoteSlot::new(env, log_name)),
             gate: DeviceGate::default(),
             memory: DeviceMemory::default(),
+            aheads: (0..slots.max(1)).map(|_| Mutex::default()).collect(),
         }
+    }
+
+    /// Run slot `index`'s sample taken ahead.
+    fn ahead(&self, index: usize) -> MutexGuard<'_, Option<Ahead>> {
+        self.aheads[index].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A sample another slot took ahead and has not begun.
+    fn steal(&self) -> Option<Ahead> {
+        (0..self.aheads.len()).find_map(|i| self.ahead(i).take())
     }
 }
 
 fn run_slot(
     shared: &Shared,
     lane: &Lane,
+    index: usize,
     queue: &RunQueue<RunItem>,
     reports: &Sender<Report>,
 ) -> Result<()> {
-    let mut slot = RunSlot {
-        shared,
-        lane,
-        queue,
-        reports,
-        zygote: None,
-        reference: None,
-        reservation: None,
-        ahead: None,
-    };
-    loop {
-        if slot.reservation.is_some() && lane.memory.has_waiters() {
-            slot.close_reference();
-        }
-        let (item, early) = match slot.ahead.take() {
-            Some(ahead) => (ahead.item, ahead.started),
-            None => match queue.take(slot.reference.as_ref().map(|(key, _)| *key)) {
-                Some(item) => (item, None),
-                None => break,
-            },
+    // Processes end in the background, beside the slot's next sample.
+    std::thread::scope(|background| {
+        let mut slot = RunSlot {
+            shared,
+            lane,
+            queue,
+            reports,
+            background,
+            zygote: None,
+            reference: None,
+            reservation: None,
+            index,
         };
-        let sample = &shared.samples[item.sample];
-        // One retry with a fresh fork server when the evaluator itself failed.
-        let mut result = slot.run(sample, item.compiled.clone(), false, early);
-        if let Err(RunError::Evaluator(e)) = &result {
-            tracing::warn!("{}: restarting the worker after: {e:#}", sample.origin);
-            slot.reset();
-            result = slot.run(sample, item.compiled.clone(), false, None);
-        }
-        // Device memory may have run out because of the others in flight: not the candidate's
-        // fault (nor the reference's) until it happens with the device to itself.
-        if shared.ctx.cfg.runs_per_device > 1 && out_of_device_memory(&result) {
-            tracing::info!(
-                "{}: out of device memory beside others; again alone",
-                sample.origin
-            );
-            slot.forget_failed_reference();
-            result = slot.run(sample, item.compiled, true, None);
-        }
-        match result {
-            Ok(outcome) => {
-                let _ = reports.send(Report::Sample(item.sample, Box::new(outcome)));
-            }
-            Err(RunError::Reference(failed)) => {
-                let _ = reports.send(Report::ReferenceFailed(item.sample, failed.0));
-            }
-            Err(RunError::Evaluator(e)) => {
-                return Err(e.context(format!("evaluating {}", sample.origin)))
-            }
-        }
-    }
-    slot.close_reference();
-    Ok(())
+        let result = slot.run_all();
+        slot.close_reference();
+        result
+    })
 }
 
-fn out_of_device_memory(result: &Result<Outcome, RunError>) -> bool {
+fn out_of_device_memory(result: &Result<Unsettled, RunError>) -> bool {
     let message = match result {
-        Ok(o) if matches!(o.verdict, Verdict::RuntimeError | Verdict::Crashed) => {
-            o.message.as_deref().unwrap_or_default()
+        Ok(u) if matches!(u.outcome.verdict, Verdict::RuntimeError | Verdict::Crashed) => {
+            u.outcome.message.as_deref().unwrap_or_default()
         }
         Err(RunError::Reference(failed)) => &failed.0,
         _ => return false,
@@ -452,18 +492,22 @@ fn out_of_device_memory(result: &Result<Outcome, RunError>) -> bool {
 /// One candidate in flight on a device, the reference process of the problem it is on, the
 /// device memory promised to both, and (with `look_ahead`) the slot's next sample, its processes
 /// already starting.
-struct RunSlot<'a> {
+struct RunSlot<'a, 'e> {
     shared: &'a Shared,
     lane: &'a Lane,
     queue: &'a RunQueue<RunItem>,
     reports: &'a Sender<Report>,
+    /// Where processes that are done with end (killing one with a CUDA context takes about
+    /// half a second) and where outcomes wait for their process's output.
+    background: &'a Scope<'a, 'e>,
     zygote: Option<Arc<Zygote>>,
     reference: Option<(ProblemKey, Result<Reference, ReferenceFailed>)>,
     reservation: Option<Reservation<'a>>,
-    ahead: Option<Ahead>,
+    /// The slot's place in its lane (where its sample taken ahead waits).
+    index: usize,
 }
 
-/// The next sample of a run slot, taken from the queue while the current one runs.
+/// A run slot's next sample, taken from the queue while its current one runs (or taken now).
 struct Ahead {
     item: RunItem,
     /// None when they could not be started (they are started again in its turn).
@@ -482,12 +526,95 @@ struct Started {
 /// workspaces.
 const PROCESS_OVERHEAD_BYTES: u64 = 1 << 30;
 
-impl<'a> RunSlot<'a> {
-    fn close_reference(&mut self) {
-        if let Some((_, Ok(r))) = self.reference.take() {
-            r.close();
+impl<'a, 'e> RunSlot<'a, 'e> {
+    /// Takes samples until the queue ends.
+    fn run_all(&mut self) -> Result<()> {
+        let cfg = &self.shared.ctx.cfg;
+        loop {
+            if self.reservation.is_some() && self.lane.memory.has_waiters() {
+                self.close_reference();
+            }
+            let Some(Ahead { item, started }) = self.next() else {
+                return Ok(());
+            };
+            let sample = &self.shared.samples[item.sample];
+            // One retry with a fresh fork server when the evaluator itself failed.
+            let mut result = self.run(sample, item.compiled.clone(), false, started);
+            if let Err(RunError::Evaluator(e)) = &result {
+                tracing::warn!("{}: restarting the worker after: {e:#}", sample.origin);
+                self.reset();
+                result = self.run(sample, item.compiled.clone(), false, None);
+            }
+            // Device memory may have run out because of the others in flight: not the
+            // candidate's fault (nor the reference's) until it happens with the device to itself.
+            if cfg.runs_per_device > 1 && out_of_device_memory(&result) {
+                tracing::info!(
+                    "{}: out of device memory beside others; again alone",
+                    sample.origin
+                );
+                if let Ok(failed) = result {
+                    failed.settle();
+                }
+                self.forget_failed_reference();
+                result = self.run(sample, item.compiled, true, None);
+            }
+            match result {
+                // With device memory short, the candidate's is given back before the slot goes on.
+                Ok(unsettled) if self.lane.memory.has_waiters() => {
+                    let outcome = unsettled.settle();
+                    let _ = self
+                        .reports
+                        .send(Report::Sample(item.sample, Box::new(outcome)));
+                }
+                Ok(unsettled) => {
+                    let reports = self.reports.clone();
+                    self.background.spawn(move || {
+                        let outcome = unsettled.settle();
+                        let _ = reports.send(Report::Sample(item.sample, Box::new(outcome)));
+                    });
+                }
+                Err(RunError::Reference(failed)) => {
+                    let _ = self
+                        .reports
+                        .send(Report::ReferenceFailed(item.sample, failed.0));
+                }
+                Err(RunError::Evaluator(e)) => {
+                    return Err(e.context(format!("evaluating {}", sample.origin)))
+                }
+            }
         }
-        self.reservation = None;
+    }
+
+    /// The slot's next sample: the one it took ahead, else the queue's, else one that another
+    /// slot of the device took ahead and has not begun (so that no slot idles at the end of a
+    /// run while another still has two samples to go); waits for the queue while none is ready.
+    fn next(&mut self) -> Option<Ahead> {
+        let prefer = self.reference.as_ref().map(|(key, _)| *key);
+        let from_queue = |item| Ahead {
+            item,
+            started: None,
+        };
+        // Its own given back before looking at the others'.
+        let own = self.lane.ahead(self.index).take();
+        own.or_else(|| self.queue.take_ready(prefer).map(from_queue))
+            .or_else(|| self.lane.steal())
+            .or_else(|| self.queue.take(prefer).map(from_queue))
+    }
+
+    /// Closes the reference in the background; the device memory promised to its problem is
+    /// given back once its process has exited.
+    fn close_reference(&mut self) {
+        let reference = self.reference.take();
+        let reservation = self.reservation.take();
+        if reference.is_none() && reservation.is_none() {
+            return;
+        }
+        self.background.spawn(move || {
+            if let Some((_, Ok(r))) = reference {
+                r.close();
+            }
+            drop(reservation);
+        });
     }
 
     /// A reference that failed is started again by the next run of its problem.
@@ -501,7 +628,7 @@ impl<'a> RunSlot<'a> {
     /// of the device).
     fn reset(&mut self) {
         self.close_reference();
-        if let Some(ahead) = &mut self.ahead {
+        if let Some(ahead) = self.lane.ahead(self.index).as_mut() {
             ahead.started = None;
         }
         if let Some(z) = self.zygote.take() {
@@ -517,8 +644,12 @@ impl<'a> RunSlot<'a> {
         compiled: Compiled,
         exclusive: bool,
         early: Option<Started>,
-    ) -> Result<Outcome, RunError> {
+    ) -> Result<Unsettled, RunError> {
         let ctx = &self.shared.ctx;
+        let shared = self.shared;
+        shared
+            .first_sample
+            .get_or_init(|| shared.started.elapsed().as_secs_f64());
         let zygote = self
             .lane
             .zygote
@@ -582,11 +713,14 @@ impl<'a> RunSlot<'a> {
             self.close_reference();
             self.reference = Some((key, Err(failed.clone())));
         }
-        result.map(|mut outcome| {
+        result.map(|mut unsettled| {
             if let Some(s) = reference_s {
-                outcome.stages.insert(0, ("reference".to_string(), s));
+                unsettled
+                    .outcome
+                    .stages
+                    .insert(0, ("reference".to_string(), s));
             }
-            outcome
+            unsettled
         })
     }
 
@@ -636,7 +770,7 @@ impl<'a> RunSlot<'a> {
     /// ready, else the oldest ready) and starts its processes, so that their start-up, imports
     /// and extension loads overlap the current sample instead of following it.
     fn look_ahead(&mut self, zygote: &Arc<Zygote>, current: ProblemKey) {
-        if !self.shared.ctx.cfg.look_ahead || self.ahead.is_some() {
+        if !self.shared.ctx.cfg.look_ahead || self.lane.ahead(self.index).is_some() {
             return;
         }
         let Some(item) = self.queue.try_take(Some(current)) else {
@@ -659,7 +793,7 @@ impl<'a> RunSlot<'a> {
         if let Err(RunError::Evaluator(e)) = &started {
             tracing::warn!("{}: could not start ahead: {e:#}", sample.origin);
         }
-        self.ahead = Some(Ahead {
+        *self.lane.ahead(self.index) = Some(Ahead {
             item,
             started: started.ok(),
         });
@@ -685,7 +819,7 @@ fn write_reports(
     reports: Receiver<Report>,
     audit: Option<Arc<dyn Audit>>,
     bar: ProgressBar,
-) -> Result<Summary> {
+) -> Result<(Summary, Store)> {
     let mut summary = Summary::default();
     let mut failed_problems: BTreeMap<ProblemKey, String> = BTreeMap::new();
     for report in reports {
@@ -712,6 +846,7 @@ fn write_reports(
                     .put_sample(&record, &extras)
                     .with_context(|| format!("storing the result of {}", sample.origin))?;
                 *summary.verdicts.entry(record.verdict).or_default() += 1;
+                summary.timeline.last_outcome_s = Some(shared.started.elapsed().as_secs_f64());
                 bar.inc(1);
             }
         }
@@ -722,7 +857,7 @@ fn write_reports(
         .into_iter()
         .map(|((l, p), why)| (l, p, why))
         .collect();
-    Ok(summary)
+    Ok((summary, store))
 }
 
 fn progress_message(summary: &Summary) -> String {
@@ -782,4 +917,29 @@ fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) 
         kernels: o.kernels,
     };
     (record, extras)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slot out of work takes the samples other slots took ahead and have not begun, each once.
+    #[test]
+    fn an_idle_slot_takes_what_others_took_ahead() {
+        let lane = Lane::new(&[], None, 3);
+        let ahead = |sample| Ahead {
+            item: RunItem {
+                sample,
+                compiled: Compiled::default(),
+            },
+            started: None,
+        };
+        *lane.ahead(2) = Some(ahead(7));
+        *lane.ahead(1) = Some(ahead(9));
+        let stolen: Vec<usize> = std::iter::from_fn(|| lane.steal())
+            .map(|a| a.item.sample)
+            .collect();
+        assert_eq!(stolen, [9, 7]);
+        assert!((0..3).all(|i| lane.ahead(i).is_none()));
+    }
 }

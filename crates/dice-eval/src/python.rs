@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 
 const SCRIPTS: [(&str, &str); 7] = [
     ("zygote.py", include_str!("../python/zygote.py")),
@@ -39,10 +39,9 @@ pub struct GpuInfo {
     pub arch: String,
 }
 
-/// A checked interpreter plus the directory holding the worker scripts.
+/// An interpreter plus the directory holding the worker scripts.
 pub struct Runtime {
     pub python: PathBuf,
-    pub info: PythonInfo,
     /// PATH for workers: the interpreter's bin directory first, so torch finds its ninja.
     pub path_env: String,
     /// Private scratch space: the scripts, and one directory per job.
@@ -50,8 +49,8 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Finds and checks the interpreter; `cuda` also requires GPUs and nvcc.
-    pub fn new(explicit: Option<&Path>, cuda: bool) -> Result<Runtime> {
+    /// Finds the interpreter and writes the worker scripts; [`Runtime::start_probe`] checks it.
+    pub fn new(explicit: Option<&Path>) -> Result<Runtime> {
         let python = locate(explicit)?;
         let dir = scratch_dir()?;
         for (name, text) in SCRIPTS {
@@ -64,18 +63,24 @@ impl Runtime {
             std::fs::set_permissions(&searchable, std::fs::Permissions::from_mode(0o711))?;
         }
         let path_env = worker_path(&python);
-        let mut probe = Command::new(&python);
-        probe
-            .arg(dir.path().join("probe.py"))
-            .arg(if cuda { "cuda" } else { "cpu" })
-            .env("PATH", &path_env);
-        let info: PythonInfo =
-            json_output(&mut probe, &python, "probe torch, ninja and the compilers")?;
         Ok(Runtime {
             python,
-            info,
             path_env,
             dir,
+        })
+    }
+
+    /// Starts checking the interpreter (torch, ninja; with `cuda` also GPUs and nvcc): it imports
+    /// torch, seconds that the fork servers' own imports may overlap.
+    pub fn start_probe(&self, cuda: bool) -> Result<Probe> {
+        let mut probe = Command::new(&self.python);
+        probe
+            .arg(self.script("probe.py"))
+            .arg(if cuda { "cuda" } else { "cpu" })
+            .env("PATH", &self.path_env);
+        Ok(Probe {
+            child: spawn_piped(&mut probe, &self.python)?,
+            python: self.python.clone(),
         })
     }
 
@@ -166,6 +171,32 @@ fn remove_orphans(parent: &Path) {
 /// What to do when the Python that dice runs lacks something.
 pub const PYTHON_HINT: &str = "pass --python or DICE_PYTHON, or run scripts/setup-python.sh";
 
+/// The interpreter check, running.
+pub struct Probe {
+    child: std::process::Child,
+    python: PathBuf,
+}
+
+impl Probe {
+    /// What the interpreter reported about itself, once the check is done.
+    pub fn wait(self) -> Result<PythonInfo> {
+        let out = self
+            .child
+            .wait_with_output()
+            .with_context(|| format!("cannot run {} ({PYTHON_HINT})", self.python.display()))?;
+        parse_json_output(&out, &self.python, "probe torch, ninja and the compilers")
+    }
+}
+
+fn spawn_piped(command: &mut Command, python: &Path) -> Result<std::process::Child> {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {} ({PYTHON_HINT})", python.display()))
+}
+
 /// Runs `command`, a script of `python`, and reads its stdout as JSON. A failure is one line:
 /// what it was to `do_what`, and the last line the script wrote to stderr (its exception).
 pub fn json_output<T: DeserializeOwned>(
@@ -176,6 +207,10 @@ pub fn json_output<T: DeserializeOwned>(
     let out = command
         .output()
         .with_context(|| format!("cannot run {} ({PYTHON_HINT})", python.display()))?;
+    parse_json_output(&out, python, do_what)
+}
+
+fn parse_json_output<T: DeserializeOwned>(out: &Output, python: &Path, do_what: &str) -> Result<T> {
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let why = stderr

@@ -36,6 +36,36 @@ pub struct RunInfo {
     pub source: String,
 }
 
+/// Where one invocation of the evaluator spent its wall time as a whole (each sample stores its
+/// own steps): its start-up, and on each device the exclusive windows of timing and their queue.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunTimeline {
+    /// Samples given to the run stage in this invocation.
+    pub samples: usize,
+    /// From the start of the evaluation to its end, seconds.
+    pub wall_s: f64,
+    /// When the first run slot began its first sample (start-up: interpreter check, fork
+    /// servers, the first builds), seconds from the start.
+    pub first_sample_s: Option<f64>,
+    /// When the last outcome was stored, seconds from the start.
+    pub last_outcome_s: Option<f64>,
+    /// Exclusive windows (timed candidates, evaluations alone), summed over devices.
+    pub exclusive_windows: u32,
+    /// Seconds inside them.
+    pub exclusive_s: f64,
+    /// Seconds evaluations waited for them, summed over the waiting evaluations.
+    pub exclusive_wait_s: f64,
+    /// Wall seconds during which an exclusive pass was held or asked for, per device summed: no
+    /// new untimed step could start on the device then.
+    pub gate_closed_s: f64,
+    /// Untimed steps (shared passes: constructions, trials with their judgement, ...), the
+    /// seconds they held their pass and waited for it, and the longest (what a timer may wait for).
+    pub untimed_steps: u32,
+    pub untimed_step_s: f64,
+    pub untimed_wait_s: f64,
+    pub longest_untimed_step_s: f64,
+}
+
 /// One problem of the run, with the outcome of running its reference.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProblemRecord {

@@ -57,6 +57,14 @@ impl<T> RunQueue<T> {
         }
     }
 
+    /// What [`RunQueue::take`] would return at once, without waiting for producers.
+    pub fn take_ready(&self, prefer: Option<ProblemKey>) -> Option<T> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop(prefer)
+    }
+
     /// An item for later, taken now (a run slot's look-ahead): like [`RunQueue::take`] without
     /// waiting, and None while another taker waits, since an idle slot should run it first.
     pub fn try_take(&self, prefer: Option<ProblemKey>) -> Option<T> {
@@ -116,6 +124,11 @@ mod tests {
         assert_eq!(queue.take(Some((1, 2))), Some("b"));
         assert_eq!(queue.try_take(Some((1, 9))), Some("a"));
         assert_eq!(queue.take(None), Some("c"));
+        producer.push((1, 3), "d");
+        producer.push((1, 4), "e");
+        assert_eq!(queue.take_ready(Some((1, 4))), Some("e"));
+        assert_eq!(queue.take_ready(None), Some("d"));
+        assert_eq!(queue.take_ready(None), None, "empty, though not closed");
         assert_eq!(queue.try_take(None), None, "empty, though not closed");
         drop(producer);
         assert_eq!(queue.take(None), None);

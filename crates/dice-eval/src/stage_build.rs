@@ -32,6 +32,7 @@ pub fn build(ctx: &JobContext, zygote: &Zygote, sample: &EvalSample, code: &[u8]
         "candidate_path": "candidate.py",
         "limits": ctx.limits,
         "cores": ctx.cores,
+        "env": ctx.env,
         "sandbox": ctx.users.build(),
     });
     let mut child = match Child::start(

@@ -4,7 +4,7 @@
 
 use crate::child::{Child, Deadline, Event};
 use crate::config::{Device, EvalProblem};
-use crate::gate::Access;
+use crate::gate::{Access, SharedPass};
 use crate::job::{build_record, Compiled, JobContext, Outcome};
 use crate::runtime::{self, Finding, KernelProfile};
 use crate::stats::timing_stats;
@@ -175,12 +175,16 @@ impl Reference {
 
     /// Judges the output the candidate published at `path` against expected output `trial`,
     /// then deletes it: published outputs can be GBs of RAM (job folders live in /dev/shm).
+    /// A step of its own under `turn` (the candidate's step that made the output is over), so a
+    /// timer waits for one of the two, never for both.
     fn judge(
         &mut self,
         ctx: &JobContext,
+        turn: &mut Turn<'_, '_>,
         trial: u32,
         path: &Path,
     ) -> Result<Value, ReferenceFailed> {
+        let _step = turn.untimed();
         let judged = self.request(
             ctx,
             json!({"op": "judge", "trial": trial, "path": path.to_string_lossy()}),
@@ -216,6 +220,7 @@ fn common_request(ctx: &JobContext) -> Value {
         "trials": ctx.cfg.correctness_trials,
         "limits": ctx.limits,
         "cores": ctx.cores,
+        "env": ctx.env,
     })
 }
 
@@ -347,7 +352,7 @@ pub fn run_candidate(
     reference: &mut Reference,
     candidate: CandidateRun,
     compiled: Compiled,
-) -> Result<Outcome, RunError> {
+) -> Result<Unsettled, RunError> {
     let Compiled {
         mut builds,
         wall_s: build_wall_s,
@@ -418,16 +423,31 @@ pub fn run_candidate(
                         ));
                         continue;
                     }
-                    let path = child.dir().join(format!("output_{trial}.bin"));
-                    let judged = reference.judge(ctx, trial, &path)?;
                     drop(step.take());
+                    let path = child.dir().join(format!("output_{trial}.bin"));
+                    let judged = reference.judge(
+                        ctx,
+                        &mut Turn {
+                            access,
+                            clock: &mut clock,
+                        },
+                        trial,
+                        &path,
+                    )?;
                     if trials.take(&judged) {
                         verdict = trials.failure.clone();
                     } else if trial + 1 < ctx.cfg.correctness_trials {
                         step = clock.wait(|| access.untimed());
                         child.send(&json!({"op": "trial"}));
+                        phase = format!("running correctness trial {}", trial + 2);
+                    } else if trials.failure.is_some() {
+                        verdict = trials.failure.clone();
+                    } else {
+                        // Timing's inputs go on the device under this pass, not in the window.
+                        step = clock.wait(|| access.untimed());
+                        child.send(&json!({"op": "prepare_timing"}));
+                        phase = "preparing the timing inputs".into();
                     }
-                    phase = format!("running correctness trial {}", trial + 2);
                 }
                 "trials_done" => match trials.failure.clone() {
                     Some(failure) => verdict = Some(failure),
@@ -438,6 +458,8 @@ pub fn run_candidate(
                         ))
                     }
                     None => {
+                        // Given back first: the exclusive pass waits for every shared one.
+                        drop(step.take());
                         clock.lap("trials");
                         let mut result = time_side_by_side(
                             ctx,
@@ -474,10 +496,9 @@ pub fn run_candidate(
     }
     drop(step);
     child.send(&json!({"op": "quit"}));
-    let (_, log) = child.finish();
     let (verdict, message) = verdict.expect("loop ends with a verdict");
     let wall_s = build_wall_s + clock.total_s();
-    let mut outcome = Outcome::failed(verdict, message, log, builds, wall_s);
+    let mut outcome = Outcome::failed(verdict, message, String::new(), builds, wall_s);
     outcome.stages = clock.into_stages();
     if verdict == Verdict::Correct {
         outcome.message = None;
@@ -493,7 +514,26 @@ pub fn run_candidate(
         outcome.candidate_wall_ms = Some(t.candidate_wall_ms);
         outcome.baseline_wall_ms = Some(t.baseline_wall_ms);
     }
-    Ok(outcome)
+    Ok(Unsettled { outcome, child })
+}
+
+/// A candidate's outcome while its process exits: a process with a CUDA context takes about
+/// half a second to die, which its run slot need not wait for.
+pub struct Unsettled {
+    /// Complete but for the process's output excerpt (`log`).
+    pub outcome: Outcome,
+    child: Child,
+}
+
+impl Unsettled {
+    /// The whole outcome, once the process has exited.
+    pub fn settle(self) -> Outcome {
+        let (_, log) = self.child.finish();
+        Outcome {
+            log,
+            ..self.outcome
+        }
+    }
 }
 
 fn timed_out(ctx: &JobContext, deadline: &Deadline, phase: &str) -> (Verdict, String) {
@@ -590,10 +630,7 @@ fn time_side_by_side(
         t.baseline_wall_ms,
         rounds,
     ));
-    let judged = {
-        let _step = clock.wait(|| access.untimed());
-        judge_timing_outputs(ctx, child, reference)?
-    };
+    let judged = judge_timing_outputs(ctx, &mut Turn { access, clock }, child, reference)?;
     clock.lap("judge timing outputs");
     if let Err(failure) = judged {
         evidence.findings.push(Finding::error(
@@ -609,15 +646,20 @@ fn time_side_by_side(
 /// correctness trials (the reference knows the expected outputs after its correctness trials).
 fn judge_timing_outputs(
     ctx: &JobContext,
+    turn: &mut Turn<'_, '_>,
     child: &mut Child,
     reference: &mut Reference,
 ) -> Result<Result<(), (Verdict, String)>, ReferenceFailed> {
-    let reply = match request_candidate(
-        ctx,
-        child,
-        json!({"op": "publish_timing"}),
-        "timing_outputs",
-    ) {
+    let published = {
+        let _step = turn.untimed();
+        request_candidate(
+            ctx,
+            child,
+            json!({"op": "publish_timing"}),
+            "timing_outputs",
+        )
+    };
+    let reply = match published {
         Ok(reply) => reply,
         Err(failure) => return Ok(Err(failure)),
     };
@@ -631,7 +673,7 @@ fn judge_timing_outputs(
     for k in 0..sets as u32 {
         let path = child.dir().join(format!("timing_{k}.bin"));
         let index = ctx.cfg.correctness_trials + k;
-        let judged = reference.judge(ctx, index, &path)?;
+        let judged = reference.judge(ctx, turn, index, &path)?;
         if let Some((verdict, message)) = judged_failure(&judged) {
             let message = format!(
                 "the last timed call on input set {} was wrong: {message}",
@@ -739,7 +781,11 @@ fn profile_candidate(
         return Ok(Err(failure));
     }
     check.clock.lap("profiler start");
-    let step = check.clock.wait(|| access.untimed());
+    let mut turn = Turn {
+        access,
+        clock: check.clock,
+    };
+    let step = turn.untimed();
     let profiled = request_candidate_with(
         ctx,
         child,
@@ -747,11 +793,14 @@ fn profile_candidate(
         "profiled",
         &mut on_event,
     );
+    drop(step);
     let judged = match profiled {
-        Ok(_) => Ok(reference.judge(ctx, 0, &child.dir().join("output_profiled.bin"))?),
+        Ok(_) => {
+            let path = child.dir().join("output_profiled.bin");
+            Ok(reference.judge(ctx, &mut turn, 0, &path)?)
+        }
         Err(failure) => Err(failure),
     };
-    drop(step);
     check.clock.lap("profiled trial");
     if let Some(msg) = kernels {
         let (profile, findings) = runtime::check_kernels(&msg, check.custom_names, ctx.cfg.strict);
@@ -769,6 +818,20 @@ fn profile_candidate(
         )),
         None => Ok(()),
     })
+}
+
+/// How a candidate's evaluation takes its untimed passes: through its access to the device,
+/// with the wait counted on its clock.
+struct Turn<'t, 'a> {
+    access: &'t Access<'a>,
+    clock: &'t mut StageClock,
+}
+
+impl<'a> Turn<'_, 'a> {
+    fn untimed(&mut self) -> Option<SharedPass<'a>> {
+        let access = self.access;
+        self.clock.wait(|| access.untimed())
+    }
 }
 
 /// Wall time of a candidate's stages, as the evaluator saw them, in seconds; time spent waiting

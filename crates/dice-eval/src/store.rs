@@ -2,7 +2,7 @@
 //! sample and every extension build. Each finished sample is one transaction, so a run killed at
 //! any moment resumes from what was committed.
 
-use crate::record::{ProblemRecord, RunInfo, SampleRecord, TimingStats};
+use crate::record::{ProblemRecord, RunInfo, RunTimeline, SampleRecord, TimingStats};
 use crate::runtime::KernelProfile;
 use crate::verdict::Verdict;
 use anyhow::{bail, Context, Result};
@@ -64,6 +64,10 @@ CREATE TABLE IF NOT EXISTS builds (
     wall_s REAL NOT NULL,
     log TEXT NOT NULL,
     at TEXT NOT NULL DEFAULT (datetime('now'))
+);
+CREATE TABLE IF NOT EXISTS invocations (
+    at TEXT NOT NULL DEFAULT (datetime('now')),
+    timeline TEXT NOT NULL
 );
 ";
 
@@ -383,6 +387,29 @@ impl Store {
             })
         })?;
         rows.collect::<rusqlite::Result<_>>().map_err(Into::into)
+    }
+
+    /// Records how one invocation of the evaluator spent its wall time.
+    pub fn add_timeline(&mut self, timeline: &RunTimeline) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO invocations (timeline) VALUES (?1)",
+            params![serde_json::to_string(timeline)?],
+        )?;
+        Ok(())
+    }
+
+    /// Every invocation's timeline, oldest first.
+    pub fn timelines(&self) -> Result<Vec<RunTimeline>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT timeline FROM invocations ORDER BY rowid")?;
+        let texts = stmt
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        texts
+            .iter()
+            .map(|t| serde_json::from_str(t).context("corrupt invocation timeline in the store"))
+            .collect()
     }
 }
 

@@ -49,6 +49,25 @@ fn examples_get_their_documented_verdicts_and_are_not_redone() {
         "{names:?}"
     );
     assert!(correct.stages.iter().all(|(_, s)| *s >= 0.0));
+    // Where the invocation's time went as a whole: start-up, then the exclusive windows.
+    let t = &summary.timeline;
+    assert_eq!(t.samples, got.len());
+    let first = t.first_sample_s.expect("a sample began");
+    let last = t.last_outcome_s.expect("an outcome was stored");
+    assert!(0.0 < first && first < last && last <= t.wall_s, "{t:?}");
+    let timed = samples
+        .iter()
+        .filter(|s| s.candidate_timing.is_some())
+        .count();
+    assert!(t.exclusive_windows as usize >= timed, "{t:?}");
+    assert!(
+        t.exclusive_s > 0.0 && t.gate_closed_s >= t.exclusive_s,
+        "{t:?}"
+    );
+    // Each timed candidate's correctness trials took a pass apiece.
+    let trials = test_config(run.path()).correctness_trials as usize;
+    assert!(t.untimed_steps as usize >= timed * trials, "{t:?}");
+    assert!(0.0 < t.longest_untimed_step_s && t.longest_untimed_step_s <= t.untimed_step_s);
 
     let again = dice_eval::evaluate(
         test_config(run.path()),
@@ -59,5 +78,11 @@ fn examples_get_their_documented_verdicts_and_are_not_redone() {
     .unwrap();
     assert_eq!(again.already_done, got.len());
     assert!(again.verdicts.is_empty());
+    assert_eq!(again.timeline.samples, 0);
+    assert_eq!(again.timeline.first_sample_s, None);
+    let stored: Vec<_> = store.timelines().unwrap();
+    assert_eq!(stored.len(), 2, "one timeline per invocation");
+    assert_eq!(stored[0].exclusive_windows, t.exclusive_windows);
+    assert!((stored[0].wall_s - t.wall_s).abs() < 1e-9);
     assert_eq!(store.samples().unwrap(), samples);
 }

@@ -305,5 +305,25 @@ fn print_summary(s: &Summary, db: &Path) {
             s.skipped
         );
     }
+    let t = &s.timeline;
+    if t.samples > 0 {
+        let secs = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.1} s"));
+        println!(
+            "time: {:.1} s, the first sample began at {}, the last outcome at {}; {} timing \
+             windows held the device alone for {:.1} s (waited for: {:.1} s; untimed steps \
+             refused for {:.1} s); {} untimed steps held {:.1} s, waited {:.1} s, the longest {:.1} s",
+            t.wall_s,
+            secs(t.first_sample_s),
+            secs(t.last_outcome_s),
+            t.exclusive_windows,
+            t.exclusive_s,
+            t.exclusive_wait_s,
+            t.gate_closed_s,
+            t.untimed_steps,
+            t.untimed_step_s,
+            t.untimed_wait_s,
+            t.longest_untimed_step_s
+        );
+    }
     println!("results: {}", db.display());
 }
