@@ -39,7 +39,7 @@
 //! reshape) and masks are broadcast over heads. Scores are computed in the activation dtype,
 //! softmax in f32.
 //!
-//! On CUDA, forwards of at most 64 new tokens per row (decoding, short prefills) run the fused
+//! On CUDA, cached forwards (decoding and prefill alike) run the fused
 //! decoding forward instead (`sdar/fused.rs`: dice's own kernels for q/k norms + rotary + cache
 //! write, block attention over the cache, residual add + RMSNorm and SiLU × up, with the same
 //! roundings as candle's ops; `DICE_FUSED_ATTENTION=0` turns it off), and [`DecodeGraph`]

@@ -126,7 +126,9 @@ __device__ __forceinline__ void load_kv_tile(const T* __restrict__ src, int firs
 }
 
 // Where one CTA of the grid works: its query tile and key split (x), KV head (y) and batch row
-// (z); the row's keys and this split's range of them.
+// (z); the keys its queries may see and this split's range of them. Keys past the last block any
+// query of the tile sees are left out (a prefill's later blocks): every query masks them, so
+// skipping them changes no bit of the result.
 struct Tile {
     int q_tile, split, kv_head, row, groups, queries, q_first, len, keys, key_begin, key_end;
     size_t total_q;
@@ -135,8 +137,8 @@ struct Tile {
 };
 
 __device__ __forceinline__ Tile locate_tile(const unsigned int* __restrict__ lens, int batch,
-                                            int q_heads, int kv_heads, int tokens, int q_tiles,
-                                            int chunk_keys) {
+                                            int q_heads, int kv_heads, int tokens,
+                                            int block_size, int q_tiles, int chunk_keys) {
     Tile t;
     t.q_tile = blockIdx.x % q_tiles;
     t.split = blockIdx.x / q_tiles;
@@ -146,7 +148,11 @@ __device__ __forceinline__ Tile locate_tile(const unsigned int* __restrict__ len
     t.queries = t.groups * tokens;
     t.q_first = t.q_tile * QUERY_TILE;
     t.len = (int)lens[t.row];
-    t.keys = t.len + tokens;
+    // The tile's queries are consecutive (group head, token) pairs: the last token it holds is
+    // its last query's when the tile stays within one head, else the head's last token.
+    const int q_last = min(t.q_first + QUERY_TILE, t.queries) - 1;
+    const int last_token = t.q_first / tokens == q_last / tokens ? q_last % tokens : tokens - 1;
+    t.keys = t.len + min(tokens, (last_token / block_size + 1) * block_size);
     t.key_begin = t.split * chunk_keys;
     t.key_end = min(t.keys, t.key_begin + chunk_keys);
     t.total_q = (size_t)batch * q_heads * tokens;
@@ -180,7 +186,8 @@ __device__ void attend(const T* __restrict__ q, const T* __restrict__ k,
     __shared__ int limit_s[QUERY_TILE];
 
     const int tid = threadIdx.x;
-    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, q_tiles, chunk_keys);
+    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, block_size, q_tiles,
+                                  chunk_keys);
     const auto [q_tile, split, kv_head, row, groups, queries, q_first, len, keys, key_begin,
                 key_end, total_q, q_row0] = tile;
     if (past_the_keys(tile, part_ml)) return;
@@ -360,8 +367,13 @@ DEFINE_KERNELS(f16_t, f16)
 // rounding (the probabilities enter P.V rounded to the input dtype, as in the matmul path).
 // Each of the 4 warps of a CTA takes 16 of every 64 keys and keeps its own online softmax:
 // S = Q K^T and O += P V are mma.m16n8k16 (f32 accumulation) with Q in registers; the warp's 16
-// K and V rows go through shared memory (coalesced 16-byte loads) into fragments by ldmatrix
-// (transposing V). The warps' results are merged through shared memory at the end.
+// K and V rows are copied into shared memory by cp.async (coalesced 16 bytes per lane, no
+// registers) and read into fragments by ldmatrix (transposing V). Each warp has two stages: the
+// copy of its next 16 keys is in flight while the current ones are computed, which hides the
+// memory latency the warp would otherwise wait out once per tile. The warps' results are merged
+// through the same shared memory at the end. It is dynamic shared memory (more than the 48 KiB
+// of static shared memory): block_attention.rs launches with mma_shared_bytes, which mirrors
+// MMA_SHARED_BYTES.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 
 #define MMA_WARPS (THREADS / 32)
@@ -371,10 +383,15 @@ DEFINE_KERNELS(f16_t, f16)
 #define MMA_STRIDE (HEAD_DIM + 8)
 // 16-byte pieces of 16 rows, per lane.
 #define MMA_CHUNKS (MMA_KEYS * HEAD_DIM / 8 / 32)
-#define MMA_STAGE_BYTES (MMA_WARPS * 2 * MMA_KEYS * MMA_STRIDE * 2)
+// Halves of one stage (16 K rows, then 16 V rows); each warp has MMA_STAGES of them.
+#define MMA_STAGE_HALVES (2 * MMA_KEYS * MMA_STRIDE)
+#define MMA_STAGES 2
+#define MMA_STAGE_BYTES (MMA_WARPS * MMA_STAGES * MMA_STAGE_HALVES * 2)
 #define MMA_MERGE_BYTES (MMA_WARPS * QUERY_TILE * HEAD_DIM * 4)
+#define MMA_SHARED_BYTES (MMA_MERGE_BYTES > MMA_STAGE_BYTES ? MMA_MERGE_BYTES : MMA_STAGE_BYTES)
 
 static_assert(HEAD_DIM % 16 == 0, "the tensor-core kernel needs HEAD_DIM % 16 == 0");
+static_assert(MMA_SHARED_BYTES <= 227 * 1024, "more shared memory than a CTA may have on sm_90");
 
 #ifdef __CUDACC__
 // d += a * b for one m16n8k16 tile (fragment layouts of the PTX ISA). Plain C++ builds of this
@@ -425,6 +442,27 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned int (&r)[4], const un
                  : "r"(shared_address(row))
                  : "memory");
 }
+
+// 16 bytes from global to shared memory, asynchronously (L2 only: K and V are read once);
+// zeros instead when !valid (src is then not read).
+__device__ __forceinline__ void cp_async_16(unsigned short* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :
+                 : "r"(shared_address(dst)), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+// Closes the group of this thread's copies issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Waits until at most `pending` of this thread's committed groups are still in flight.
+template <int pending> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
+}
+
+extern __shared__ __align__(16) unsigned char dynamic_shared_memory[];
 #endif
 
 __device__ __forceinline__ unsigned int pack_pair(bf16_t*, float lo, float hi) {
@@ -445,6 +483,23 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Starts the copy of the K and V rows base..base + 15 of one (row, KV head) into a warp's stage
+// (K rows, then V rows); rows from key_end on are zero, so that their scores, masked, and P (0)
+// times V never meet stale non-finite values.
+template <typename T>
+__device__ __forceinline__ void stage_kv_tile(const T* __restrict__ k_rows,
+                                              const T* __restrict__ v_rows, int base, int key_end,
+                                              unsigned short* stage, int lane) {
+    for (int i = 0; i < MMA_CHUNKS; ++i) {
+        const int u = lane + 32 * i, key = u / (HEAD_DIM / 8), c = u % (HEAD_DIM / 8);
+        const bool valid = base + key < key_end;
+        const size_t offset = valid ? (size_t)(base + key) * HEAD_DIM + 8 * c : 0;
+        unsigned short* dst = stage + key * MMA_STRIDE + 8 * c;
+        cp_async_16(dst, k_rows + offset, valid);
+        cp_async_16(dst + MMA_KEYS * MMA_STRIDE, v_rows + offset, valid);
+    }
+}
+
 template <typename T>
 __device__ void attend_mma(const T* __restrict__ q, const T* __restrict__ k,
                            const T* __restrict__ v, const unsigned int* __restrict__ lens,
@@ -453,17 +508,26 @@ __device__ void attend_mma(const T* __restrict__ q, const T* __restrict__ k,
                            int tokens, int block_size, int capacity, int q_tiles, int chunk_keys,
                            int splits, float scale) {
     // Staged K and V while the warps run, their unnormalised outputs for the merge afterwards.
-    __shared__ __align__(16) unsigned char smem[MMA_MERGE_BYTES > MMA_STAGE_BYTES
-                                                    ? MMA_MERGE_BYTES
-                                                    : MMA_STAGE_BYTES];
+    unsigned char* smem = dynamic_shared_memory;
     __shared__ float warp_m[MMA_WARPS][QUERY_TILE], warp_l[MMA_WARPS][QUERY_TILE];
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int group = lane / 4, quad_lane = lane % 4;
-    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, q_tiles, chunk_keys);
+    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, block_size, q_tiles,
+                                  chunk_keys);
     const auto [q_tile, split, kv_head, row, groups, queries, q_first, len, keys, key_begin,
                 key_end, total_q, q_row0] = tile;
     if (past_the_keys(tile, part_ml)) return;
+
+    const size_t kv_base = ((size_t)row * kv_heads + kv_head) * (size_t)capacity * HEAD_DIM;
+    const T* k_rows = k + kv_base;
+    const T* v_rows = v + kv_base;
+    unsigned short* stages =
+        reinterpret_cast<unsigned short*>(smem) + warp * MMA_STAGES * MMA_STAGE_HALVES;
+    const int first_base = key_begin + MMA_KEYS * warp, step = MMA_KEYS * MMA_WARPS;
+    // The first tile streams in while Q is read.
+    if (first_base < key_end) stage_kv_tile(k_rows, v_rows, first_base, key_end, stages, lane);
+    cp_async_commit();
 
     // This lane's query rows in the fragments: group and group + 8.
     int limit[2];
@@ -485,33 +549,21 @@ __device__ void attend_mma(const T* __restrict__ q, const T* __restrict__ k,
         for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
 
-    const size_t kv_base = ((size_t)row * kv_heads + kv_head) * (size_t)capacity * HEAD_DIM;
-    const T* k_rows = k + kv_base;
-    const T* v_rows = v + kv_base;
-    unsigned short* k_stage =
-        reinterpret_cast<unsigned short*>(smem) + warp * 2 * MMA_KEYS * MMA_STRIDE;
-    unsigned short* v_stage = k_stage + MMA_KEYS * MMA_STRIDE;
     // The row of the 8x8 matrix whose address this lane gives to ldmatrix.
     const int matrix = lane / 8, matrix_row = lane % 8;
 
-    for (int base = key_begin + MMA_KEYS * warp; base < key_end; base += MMA_KEYS * MMA_WARPS) {
-        // Rows past the chunk are zero: their scores are masked, and P (0) times V must not
-        // meet stale non-finite values.
-        uint4 kr[MMA_CHUNKS], vr[MMA_CHUNKS];
-        for (int i = 0; i < MMA_CHUNKS; ++i) {
-            const int u = lane + 32 * i, key = u / (HEAD_DIM / 8), c = u % (HEAD_DIM / 8);
-            const size_t offset = (size_t)(base + key) * HEAD_DIM + 8 * c;
-            const bool valid = base + key < key_end;
-            const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-            kr[i] = valid ? *reinterpret_cast<const uint4*>(k_rows + offset) : zero;
-            vr[i] = valid ? *reinterpret_cast<const uint4*>(v_rows + offset) : zero;
-        }
-        for (int i = 0; i < MMA_CHUNKS; ++i) {
-            const int u = lane + 32 * i, key = u / (HEAD_DIM / 8), c = u % (HEAD_DIM / 8);
-            *reinterpret_cast<uint4*>(k_stage + key * MMA_STRIDE + 8 * c) = kr[i];
-            *reinterpret_cast<uint4*>(v_stage + key * MMA_STRIDE + 8 * c) = vr[i];
-        }
+    for (int base = first_base, stage = 0; base < key_end; base += step, stage ^= 1) {
+        // The stage refilled here was last read in the previous iteration, which every lane
+        // has finished (the __syncwarp at its end).
+        if (base + step < key_end)
+            stage_kv_tile(k_rows, v_rows, base + step, key_end,
+                          stages + (stage ^ 1) * MMA_STAGE_HALVES, lane);
+        cp_async_commit();
+        // This tile's copies (all groups but the one just committed) have landed, for every lane.
+        cp_async_wait<1>();
         __syncwarp();
+        const unsigned short* k_stage = stages + stage * MMA_STAGE_HALVES;
+        const unsigned short* v_stage = k_stage + MMA_KEYS * MMA_STRIDE;
 
         // Matrices (keys 0-7 | 8-15) x (dims 16ks..+7 | +8..+15) give the B fragments of the
         // two n8 key tiles.
@@ -572,6 +624,8 @@ __device__ void attend_mma(const T* __restrict__ q, const T* __restrict__ k,
 
     l[0] = quad_sum(l[0]);
     l[1] = quad_sum(l[1]);
+    // The merge reuses the stages: no copy may still be landing there.
+    cp_async_wait<0>();
     __syncthreads();
     float* merge = reinterpret_cast<float*>(smem);
     for (int n = 0; n < HEAD_DIM / 8; ++n)

@@ -19,8 +19,8 @@ use super::nvrtc::{self, dtype_index, PerDevice, Source};
 use crate::config::SdarConfig;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    sys::CUdevice_attribute, CudaFunction, CudaModule, CudaSlice, CudaView, DeviceRepr,
-    LaunchConfig, PushKernelArg,
+    sys::{CUdevice_attribute, CUfunction_attribute},
+    CudaFunction, CudaModule, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
@@ -40,13 +40,22 @@ const QUERY_TILE: usize = 16;
 /// Head dims the kernel is built for (it keeps a whole key tile of f32 rows in shared memory).
 const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
 
-/// Most new tokens per row the fused kernel takes. Longer forwards (prefill of whole prompts)
-/// have enough queries per key for the tensor-core matmuls to win.
-const MAX_TOKENS: usize = 64;
-
 /// CTAs per SM the key split aims at: about one full wave (at head dim 128 the CUDA-core kernel's
-/// shared memory, 46.5 KiB, lets 4 run at once; the tensor-core kernel's registers, 2 to 3).
+/// shared memory, 46.5 KiB, lets 4 run at once; the tensor-core kernel's, 68 KiB, 3 on an H100
+/// or H200).
 const CTAS_PER_SM: usize = 4;
+
+/// Dynamic shared memory of `block_attention_mma_*` (`MMA_SHARED_BYTES` in
+/// `block_attention.cu`): per warp, two stages of 16 K and 16 V rows of bf16/f16 padded by 8
+/// elements, or, when larger, the warps' f32 outputs for their merge.
+fn mma_shared_bytes(head_dim: usize) -> usize {
+    const WARPS: usize = THREADS as usize / 32;
+    const STAGES: usize = 2;
+    const KEYS: usize = 16;
+    let stages = WARPS * STAGES * 2 * KEYS * (head_dim + 8) * 2;
+    let merge = WARPS * QUERY_TILE * head_dim * 4;
+    stages.max(merge)
+}
 
 /// The environment variable that selects the kernels (see the module docs).
 const SWITCH: &str = "DICE_FUSED_ATTENTION";
@@ -116,10 +125,24 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
             function("block_attention_f16")?,
         ],
         attend_mma: if arch >= TENSOR_CORE_ARCH {
-            Some([
+            let mma = [
                 function("block_attention_mma_bf16")?,
                 function("block_attention_mma_f16")?,
-            ])
+            ];
+            // Past 48 KiB a kernel takes dynamic shared memory only once allowed to (a call on
+            // the module's context, which cudarc does not make current for it).
+            dev.cuda_stream()
+                .context()
+                .bind_to_thread()
+                .map_err(&driver)?;
+            for f in &mma {
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    mma_shared_bytes(head_dim) as i32,
+                )
+                .map_err(&driver)?;
+            }
+            Some(mma)
         } else {
             None
         },
@@ -174,7 +197,7 @@ pub(crate) struct BlockAttention {
 impl BlockAttention {
     /// The fused kernel for a forward of `tokens` new tokens per row over rows of lengths `lens`
     /// (u32 `[B]` on the device, read at every launch) holding at most `max_keys` keys with the
-    /// new tokens, or `None` when that forward takes the matmul path (not CUDA, long blocks, an
+    /// new tokens, or `None` when that forward takes the matmul path (not CUDA, an
     /// unsupported dtype or head dim, kernels that failed to build, `DICE_FUSED_ATTENTION=0`).
     pub(crate) fn plan(
         device: &Device,
@@ -196,7 +219,6 @@ impl BlockAttention {
         let batch = lens.dim(0)?;
         let supported = dtype_index(dtype).is_some()
             && HEAD_DIMS.contains(&cfg.head_dim)
-            && tokens <= MAX_TOKENS
             && batch > 0
             && cfg
                 .num_attention_heads
@@ -287,9 +309,11 @@ impl BlockAttention {
         let stream = dev.cuda_stream();
         let (lens_storage, lens_layout) = self.lens.storage_and_layout();
         let lens = tensor_ptr((&lens_storage, lens_layout), "lens", &stream)?;
-        let function = match (&self.kernels.attend_mma, dtype) {
-            (Some(mma), 1 | 2) if self.tensor_cores => &mma[dtype - 1],
-            _ => &self.kernels.attend[dtype],
+        let (function, shared_mem_bytes) = match (&self.kernels.attend_mma, dtype) {
+            (Some(mma), 1 | 2) if self.tensor_cores => {
+                (&mma[dtype - 1], mma_shared_bytes(self.head_dim) as u32)
+            }
+            _ => (&self.kernels.attend[dtype], 0),
         };
         let mut attend = stream.launch_builder(function);
         attend
@@ -321,7 +345,7 @@ impl BlockAttention {
             attend.launch(LaunchConfig {
                 grid_dim: grid,
                 block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes,
             })
         }
         .w()?;
@@ -448,6 +472,14 @@ mod tests {
             assert_eq!(chunk % KEY_TILE, 0);
             assert!(chunk * splits >= keys && chunk * (splits - 1) < keys);
         }
+    }
+
+    #[test]
+    fn three_tensor_core_ctas_fit_the_shared_memory_of_an_h200_sm() {
+        // 228 KiB per SM, of which the driver reserves 1 KiB per CTA; the kernel's static
+        // shared memory (the warps' running max and sum) is 512 bytes.
+        let per_cta = mma_shared_bytes(128) + 512 + 1024;
+        assert!(3 * per_cta <= 228 * 1024, "{per_cta} bytes per CTA");
     }
 
     /// Runs wherever NVRTC loads (no GPU needed): the source must compile for every head dim.

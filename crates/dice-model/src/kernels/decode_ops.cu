@@ -71,15 +71,30 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
+// The second step of candle's block reduction: the butterfly over the 32 warps' sums, which
+// warp_sums holds once the block has synchronised. Every thread gets the sum.
+__device__ __forceinline__ float sum_of_warp_sums(const float* warp_sums) {
+    __syncthreads();
+    return warp_sum(warp_sums[threadIdx.x % 32]);
+}
+
 __device__ __forceinline__ float block_sum(float x) {
     __shared__ float warp_sums[32];
     x = warp_sum(x);
     if (blockDim.x > 32) {
         if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = x;
-        __syncthreads();
-        x = warp_sum(warp_sums[threadIdx.x % 32]);
+        x = sum_of_warp_sums(warp_sums);
     }
     return x;
+}
+
+// T(residual + delta), and the normed value T(scale * x * weight) of x = that sum.
+template <typename T> __device__ __forceinline__ T add_rounded(T residual, T delta) {
+    return from_float<T>(__fadd_rn(to_float(residual), to_float(delta)));
+}
+
+template <typename T> __device__ __forceinline__ T scaled(float scale, T x, T weight) {
+    return from_float<T>(__fmul_rn(__fmul_rn(scale, to_float(x)), to_float(weight)));
 }
 
 // One row of `hidden` columns per CTA: sum = T(residual + delta); normed = rmsnorm(sum) * weight.
@@ -90,34 +105,130 @@ __device__ void add_rms_norm(const T* __restrict__ residual, const T* __restrict
     const size_t row = (size_t)blockIdx.x * hidden;
     float squares = 0.f;
     for (int col = threadIdx.x; col < hidden; col += blockDim.x) {
-        const T sum = from_float<T>(__fadd_rn(to_float(residual[row + col]),
-                                              to_float(delta[row + col])));
+        const T sum = add_rounded(residual[row + col], delta[row + col]);
         sum_out[row + col] = sum;
         const float x = to_float(sum);
         squares = fmaf(x, x, squares);
     }
     const float mean = block_sum(squares) / hidden;
     const float scale = rsqrtf(mean + eps);
-    for (int col = threadIdx.x; col < hidden; col += blockDim.x) {
-        const float x = to_float(from_float<T>(__fadd_rn(to_float(residual[row + col]),
-                                                         to_float(delta[row + col]))));
+    for (int col = threadIdx.x; col < hidden; col += blockDim.x)
         normed_out[row + col] =
-            from_float<T>(__fmul_rn(__fmul_rn(scale, x), to_float(weight[col])));
+            scaled(scale, add_rounded(residual[row + col], delta[row + col]), weight[col]);
+}
+
+// add_rms_norm of rows of 1024 columns or more (where candle reduces with 1024 threads) with an
+// eighth of the threads, adding the f32 sum of squares in candle's order all the same. Thread
+// tid of WIDE_THREADS stands for candle's threads 8 tid + j (j < 8): lanes 8 (tid % 4) + j of
+// candle's warp tid / 4, owning columns 8 tid + j + 1024 k, so that its columns of one k are
+// contiguous (one 16-byte access of bf16/f16). candle's warp butterfly pairs lanes with masks 16
+// and 8 (the same j in the other threads of tid's quad: lane masks 2 and 1), then 4, 2 and 1
+// (j's of one thread); then come the 32 warps' sums, as in block_sum. Needs hidden % 8 == 0
+// and every row 16-byte aligned (decode_ops.rs takes add_rms_norm otherwise).
+#define WIDE_THREADS 128
+#define WIDE_COLS 8
+static_assert(WIDE_THREADS * WIDE_COLS == 1024 && 32 / WIDE_COLS == 4,
+              "add_rms_norm_wide stands for candle's 1024 threads in quads of 8 lanes each");
+
+template <typename T> struct alignas(16) Octet {
+    T v[WIDE_COLS];
+};
+
+// The columns of WIDE_BATCH steps of WIDE_STEP (candle's 1024 threads) are loaded at once: one
+// memory round trip for rows of up to 4096 columns, instead of one per step.
+#define WIDE_STEP (WIDE_COLS * WIDE_THREADS)
+#define WIDE_BATCH 4
+
+template <typename T>
+__device__ __forceinline__ void load_octets(const T* __restrict__ src, int col, int hidden,
+                                            Octet<T> (&dst)[WIDE_BATCH]) {
+    for (int b = 0; b < WIDE_BATCH; ++b)
+        if (col + b * WIDE_STEP < hidden)
+            dst[b] = *reinterpret_cast<const Octet<T>*>(src + col + b * WIDE_STEP);
+}
+
+template <typename T>
+__device__ void add_rms_norm_wide(const T* __restrict__ residual, const T* __restrict__ delta,
+                                  const T* __restrict__ weight, T* __restrict__ sum_out,
+                                  T* __restrict__ normed_out, int hidden, float eps) {
+    __shared__ float warp_sums[32];
+    const size_t row = (size_t)blockIdx.x * hidden;
+    const int first = WIDE_COLS * threadIdx.x;
+    float squares[WIDE_COLS];
+    for (int j = 0; j < WIDE_COLS; ++j) squares[j] = 0.f;
+    for (int base = first; base < hidden; base += WIDE_BATCH * WIDE_STEP) {
+        Octet<T> r[WIDE_BATCH], d[WIDE_BATCH];
+        load_octets(residual + row, base, hidden, r);
+        load_octets(delta + row, base, hidden, d);
+        for (int b = 0; b < WIDE_BATCH && base + b * WIDE_STEP < hidden; ++b) {
+            Octet<T> sum;
+            for (int j = 0; j < WIDE_COLS; ++j) {
+                sum.v[j] = add_rounded(r[b].v[j], d[b].v[j]);
+                const float x = to_float(sum.v[j]);
+                squares[j] = fmaf(x, x, squares[j]);
+            }
+            *reinterpret_cast<Octet<T>*>(sum_out + row + base + b * WIDE_STEP) = sum;
+        }
+    }
+    for (int j = 0; j < WIDE_COLS; ++j) {
+        squares[j] += __shfl_xor_sync(0xffffffffu, squares[j], 2);
+        squares[j] += __shfl_xor_sync(0xffffffffu, squares[j], 1);
+    }
+    for (int mask = WIDE_COLS / 2; mask > 0; mask >>= 1)
+        for (int j = 0; j < mask; ++j) squares[j] += squares[j + mask];
+    if (threadIdx.x % 4 == 0) warp_sums[threadIdx.x / 4] = squares[0];
+    const float mean = sum_of_warp_sums(warp_sums) / hidden;
+    const float scale = rsqrtf(mean + eps);
+    for (int base = first; base < hidden; base += WIDE_BATCH * WIDE_STEP) {
+        Octet<T> r[WIDE_BATCH], d[WIDE_BATCH], w[WIDE_BATCH];
+        load_octets(residual + row, base, hidden, r);
+        load_octets(delta + row, base, hidden, d);
+        load_octets(weight, base, hidden, w);
+        for (int b = 0; b < WIDE_BATCH && base + b * WIDE_STEP < hidden; ++b) {
+            Octet<T> normed;
+            for (int j = 0; j < WIDE_COLS; ++j)
+                normed.v[j] = scaled(scale, add_rounded(r[b].v[j], d[b].v[j]), w[b].v[j]);
+            *reinterpret_cast<Octet<T>*>(normed_out + row + base + b * WIDE_STEP) = normed;
+        }
     }
 }
 
-// out = T(silu(f32(gate))) * up, element-wise over n = rows * cols outputs (out contiguous);
-// row r of gate and up starts at r * in_stride (cols when they are contiguous, 2 * cols when both
-// are halves of one gate/up projection's rows).
+// out = T(silu(f32(gate))) * up, element-wise over rows x cols outputs (out contiguous); row r
+// of gate and up starts at r * in_stride (cols when they are contiguous, 2 * cols when both are
+// halves of one gate/up projection's rows).
+// Grid: x = pairs of columns (two per thread), y = rows (striding when there are more than the
+// grid's 65535). The pair is read and written as one 2 * sizeof(T) access where every row of
+// the three buffers starts so aligned, else element by element (same values either way).
+template <typename T> struct alignas(2 * sizeof(T)) Pair {
+    T lo, hi;
+};
+
+template <typename T> __device__ __forceinline__ T silu_times(T gate, T up) {
+    const float x = to_float(gate);
+    const float silu = to_float(from_float<T>(x / (1.0f + expf(-x))));
+    return from_float<T>(__fmul_rn(silu, to_float(up)));
+}
+
 template <typename T>
 __device__ void silu_mul(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
-                         size_t n, size_t cols, size_t in_stride) {
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const size_t in = i / cols * in_stride + i % cols;
-        const float x = to_float(gate[in]);
-        const float silu = to_float(from_float<T>(x / (1.0f + expf(-x))));
-        out[i] = from_float<T>(__fmul_rn(silu, to_float(up[in])));
+                         int rows, int cols, size_t in_stride) {
+    const unsigned int col = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (col >= (unsigned int)cols) return;
+    const size_t pair_bytes = sizeof(Pair<T>);
+    const bool paired = cols % 2 == 0 && in_stride % 2 == 0 &&
+                        ((size_t)gate | (size_t)up | (size_t)out) % pair_bytes == 0;
+    for (int row = blockIdx.y; row < rows; row += gridDim.y) {
+        const T* g = gate + row * in_stride + col;
+        const T* u = up + row * in_stride + col;
+        T* o = out + (size_t)row * cols + col;
+        if (paired) {
+            const Pair<T> gg = *reinterpret_cast<const Pair<T>*>(g);
+            const Pair<T> uu = *reinterpret_cast<const Pair<T>*>(u);
+            *reinterpret_cast<Pair<T>*>(o) = {silu_times(gg.lo, uu.lo), silu_times(gg.hi, uu.hi)};
+        } else {
+            o[0] = silu_times(g[0], u[0]);
+            if (col + 1 < (unsigned int)cols) o[1] = silu_times(g[1], u[1]);
+        }
     }
 }
 
@@ -257,10 +368,15 @@ __device__ void greedy_summary(const T* __restrict__ logits, unsigned int* __res
         TYPE* normed_out, int hidden, float eps) {                                                \
         add_rms_norm<TYPE>(residual, delta, weight, sum_out, normed_out, hidden, eps);            \
     }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(WIDE_THREADS) add_rms_norm_wide_##SUFFIX(        \
+        const TYPE* residual, const TYPE* delta, const TYPE* weight, TYPE* sum_out,               \
+        TYPE* normed_out, int hidden, float eps) {                                                \
+        add_rms_norm_wide<TYPE>(residual, delta, weight, sum_out, normed_out, hidden, eps);       \
+    }                                                                                             \
     extern "C" __global__ void silu_mul_##SUFFIX(const TYPE* gate, const TYPE* up, TYPE* out,     \
-                                                 unsigned long long n, unsigned long long cols,   \
+                                                 int rows, int cols,                              \
                                                  unsigned long long in_stride) {                  \
-        silu_mul<TYPE>(gate, up, out, (size_t)n, (size_t)cols, (size_t)in_stride);                \
+        silu_mul<TYPE>(gate, up, out, rows, cols, (size_t)in_stride);                             \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(32 * HEADS_PER_CTA) qk_norm_rope_cache_##SUFFIX( \
         const TYPE* q, const TYPE* k, const TYPE* v, const TYPE* q_norm, const TYPE* k_norm,      \

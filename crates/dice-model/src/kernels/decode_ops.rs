@@ -35,18 +35,25 @@ const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
 /// Head vectors per CTA of `qk_norm_rope_cache` (`HEADS_PER_CTA`), one warp each.
 const HEADS_PER_CTA: usize = 4;
 
+/// Threads per CTA of `add_rms_norm_wide` (`WIDE_THREADS`), each taking `WIDE_COLS` contiguous
+/// columns of a 16-byte aligned row (`Octet`) for 8 of candle's 1024 threads.
+const WIDE_THREADS: u32 = 128;
+const WIDE_COLS: usize = 8;
+
 /// Threads per CTA of `greedy_summary` (`GREEDY_THREADS`).
 const GREEDY_THREADS: u32 = 256;
 
-/// Threads per CTA of `silu_mul`, and most CTAs it is launched with (it strides over the rest).
+/// Threads per CTA of `silu_mul` (two columns each), and most rows of its grid (CUDA's limit on
+/// grid y; it strides over the rest).
 const ELEMENTWISE_THREADS: u32 = 256;
-const MAX_ELEMENTWISE_CTAS: usize = 1 << 16;
+const MAX_GRID_Y: usize = 65535;
 
 /// The kernels, loaded on one device.
 struct Loaded {
     _module: Arc<CudaModule>,
     /// By dtype, in the order of [`dtype_index`].
     add_rms_norm: [CudaFunction; 3],
+    add_rms_norm_wide: [CudaFunction; 3],
     silu_mul: [CudaFunction; 3],
     qk_norm_rope_cache: [CudaFunction; 3],
     greedy_summary: [CudaFunction; 3],
@@ -77,6 +84,7 @@ fn load(dev: &CudaDevice) -> anyhow::Result<Loaded> {
     };
     Ok(Loaded {
         add_rms_norm: by_dtype("add_rms_norm")?,
+        add_rms_norm_wide: by_dtype("add_rms_norm_wide")?,
         silu_mul: by_dtype("silu_mul")?,
         qk_norm_rope_cache: by_dtype("qk_norm_rope_cache")?,
         greedy_summary: by_dtype("greedy_summary")?,
@@ -283,7 +291,20 @@ pub(crate) fn add_rms_norm(
         let sum_p = slice_ptr(&sum, 0, &stream)?;
         let normed_p = slice_ptr(&normed, 0, &stream)?;
         let (hidden_i, eps) = (hidden as i32, eps as f32);
-        let mut launch = stream.launch_builder(&kernels.add_rms_norm[dtype]);
+        // candle-nn's rmsnorm launch (its f32 sum is added in the order these threads give), or
+        // for 1024 threads its order at 8 columns per thread where every row allows 16-byte
+        // accesses.
+        let aligned = [residual_p.0, delta_p.0, weight_p.0, sum_p.0, normed_p.0]
+            .iter()
+            .all(|&ptr| ptr % 16 == 0);
+        let (function, threads) = if hidden < 1024 {
+            (&kernels.add_rms_norm[dtype], 32)
+        } else if hidden.is_multiple_of(WIDE_COLS) && aligned {
+            (&kernels.add_rms_norm_wide[dtype], WIDE_THREADS)
+        } else {
+            (&kernels.add_rms_norm[dtype], 1024)
+        };
+        let mut launch = stream.launch_builder(function);
         launch
             .arg(&residual_p.0)
             .arg(&delta_p.0)
@@ -292,10 +313,9 @@ pub(crate) fn add_rms_norm(
             .arg(&normed_p.0)
             .arg(&hidden_i)
             .arg(&eps);
-        // candle-nn's rmsnorm launch: its f32 sum is added in the order these threads give.
-        let threads = if hidden < 1024 { 32 } else { 1024 };
-        // SAFETY: the arguments match `add_rms_norm_*`; every pointer covers `rows * hidden`
-        // elements (`hidden` for the weight), as checked above.
+        // SAFETY: the arguments match `add_rms_norm_*` and `add_rms_norm_wide_*` (whose 16-byte
+        // accesses are aligned, checked above); every pointer covers `rows * hidden` elements
+        // (`hidden` for the weight), as checked above.
         unsafe {
             launch.launch(LaunchConfig {
                 grid_dim: (rows as u32, 1, 1),
@@ -381,23 +401,29 @@ pub(crate) fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         }
         let out_p = slice_ptr(&out, 0, &stream)?;
         let cols = gate.dim(candle_core::D::Minus1)?;
-        let (n_u64, cols_u64, in_stride_u64) = (n as u64, cols as u64, gate_p.2 as u64);
+        let rows = n / cols;
+        let (Ok(rows_i), Ok(cols_i)) = (i32::try_from(rows), i32::try_from(cols)) else {
+            bail!("{OP} takes fewer than 2^31 rows and columns, got {rows} x {cols}");
+        };
+        let in_stride_u64 = gate_p.2 as u64;
         let mut launch = stream.launch_builder(&kernels.silu_mul[dtype]);
         launch
             .arg(&gate_p.0)
             .arg(&up_p.0)
             .arg(&out_p.0)
-            .arg(&n_u64)
-            .arg(&cols_u64)
+            .arg(&rows_i)
+            .arg(&cols_i)
             .arg(&in_stride_u64);
-        let ctas = n
-            .div_ceil(ELEMENTWISE_THREADS as usize)
-            .min(MAX_ELEMENTWISE_CTAS);
-        // SAFETY: the arguments match `silu_mul_*`; gate and up hold n / cols rows of cols
-        // elements `in_stride` apart (checked by `rows_ptr`), the output `n` elements.
+        let grid = (
+            cols.div_ceil(2 * ELEMENTWISE_THREADS as usize) as u32,
+            rows.min(MAX_GRID_Y) as u32,
+            1,
+        );
+        // SAFETY: the arguments match `silu_mul_*`; gate and up hold `rows` rows of `cols`
+        // elements `in_stride` apart (checked by `rows_ptr`), the output `rows * cols` elements.
         unsafe {
             launch.launch(LaunchConfig {
-                grid_dim: (ctas as u32, 1, 1),
+                grid_dim: grid,
                 block_dim: (ELEMENTWISE_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             })
@@ -714,7 +740,7 @@ mod tests {
         let device = Device::new_cuda(0).unwrap();
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             assert!(available(device.as_cuda_device().unwrap(), dtype, 128));
-            for hidden in [64, 1000, 2560] {
+            for hidden in [64, 1000, 2560, 5128] {
                 check_add_rms_norm(&device, dtype, hidden);
             }
             check_silu_mul(&device, dtype);

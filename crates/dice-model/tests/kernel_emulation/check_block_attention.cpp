@@ -108,6 +108,9 @@ int main() {
         {2, 8, 2, 12, 4, {100, 36}, 128, 64},    // several query tiles and splits
         {2, 8, 2, 12, 4, {100, 36}, 128, 128},   // several key tiles in one split
         {1, 6, 2, 4, 2, {70}, 80, 64},           // a partly filled query tile, block size 2
+        {2, 8, 2, 4, 4, {250, 37}, 260, 320},    // several 16-key tiles per warp, one partial
+        {1, 2, 2, 32, 4, {0}, 32, 64},           // a prefill longer than a query tile: its
+        {2, 4, 2, 40, 4, {20, 0}, 64, 64},       // first tiles see only their earlier blocks
     };
     // Rounding of the output: f32 accumulation, then bf16 (2^-8) or f16 (2^-11); the tensor-core
     // kernel also rounds the probabilities to the input dtype.

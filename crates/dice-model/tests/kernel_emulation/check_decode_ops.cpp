@@ -101,18 +101,15 @@ template <typename T> float sum_of_squares(const T* x, int n, int threads) {
     return warps[0];
 }
 
+// add_rms_norm with candle's 32 or 1024 threads and, where it applies (at least 1024 columns, a
+// multiple of 8), add_rms_norm_wide with WIDE_THREADS: both must give candle's bits.
 template <typename T> void check_add_rms_norm(int rows, int hidden) {
     const auto residual = random_values<T>((size_t)rows * hidden, 0.f, 2.f);
     const auto delta = random_values<T>(residual.size(), 0.f, 0.5f);
     const auto weight = random_values<T>(hidden, 1.f, 0.2f);
     const float eps = 1e-6f;
-    std::vector<T> sum(residual.size()), normed(residual.size());
     const int threads = hidden < 1024 ? 32 : 1024;
-    launch({(unsigned)rows, 1, 1}, threads, [&] {
-        add_rms_norm<T>(residual.data(), delta.data(), weight.data(), sum.data(), normed.data(),
-                        hidden, eps);
-    });
-    std::vector<T> want_sum(sum.size()), want_normed(sum.size());
+    std::vector<T> want_sum(residual.size()), want_normed(residual.size());
     for (int r = 0; r < rows; ++r) {
         const size_t row = (size_t)r * hidden;
         for (int i = 0; i < hidden; ++i)
@@ -125,28 +122,45 @@ template <typename T> void check_add_rms_norm(int rows, int hidden) {
         }
     }
     const std::string shape = "[" + std::to_string(rows) + ", " + std::to_string(hidden) + "]";
-    expect_equal("add_rms_norm sum " + shape, sum, want_sum);
-    expect_equal("add_rms_norm normed " + shape, normed, want_normed);
+    auto check = [&](const std::string& kernel, auto run, int block) {
+        std::vector<T> sum(residual.size()), normed(residual.size());
+        launch({(unsigned)rows, 1, 1}, block, [&] {
+            run(residual.data(), delta.data(), weight.data(), sum.data(), normed.data(), hidden,
+                eps);
+        });
+        expect_equal(kernel + " sum " + shape, sum, want_sum);
+        expect_equal(kernel + " normed " + shape, normed, want_normed);
+    };
+    check("add_rms_norm", add_rms_norm<T>, threads);
+    if (hidden >= 1024 && hidden % WIDE_COLS == 0)
+        check("add_rms_norm_wide", add_rms_norm_wide<T>, WIDE_THREADS);
 }
 
 // `halves`: gate and up are the two halves of each row of one [rows, 2 * cols] buffer (a fused
-// gate/up projection), else two contiguous [rows, cols] buffers.
-template <typename T> void check_silu_mul(size_t rows, size_t cols, unsigned ctas, bool halves) {
-    const size_t n = rows * cols, in_stride = halves ? 2 * cols : cols;
-    const auto gate_up = random_values<T>(2 * n, 0.f, 3.f);
-    const T* gate = gate_up.data();
-    const T* up = gate_up.data() + (halves ? cols : n);
-    std::vector<T> out(n), want(n);
-    launch({ctas, 1, 1}, 256, [&] { silu_mul<T>(gate, up, out.data(), n, cols, in_stride); });
-    for (size_t r = 0; r < rows; ++r)
-        for (size_t c = 0; c < cols; ++c) {
+// gate/up projection), else two contiguous [rows, cols] buffers. `offset` elements before the
+// three buffers make them misaligned for paired accesses when odd. `grid_rows` below `rows`
+// makes the grid stride over rows.
+template <typename T>
+void check_silu_mul(int rows, int cols, unsigned grid_rows, bool halves, int offset) {
+    const size_t n = (size_t)rows * cols, in_stride = halves ? 2 * (size_t)cols : cols;
+    const auto gate_up = random_values<T>(2 * n + offset, 0.f, 3.f);
+    const T* gate = gate_up.data() + offset;
+    const T* up = gate + (halves ? cols : n);
+    std::vector<T> out_buffer(n + offset), want(n);
+    T* out = out_buffer.data() + offset;
+    const unsigned threads = 256, column_ctas = (cols + 2 * threads - 1) / (2 * threads);
+    launch({column_ctas, grid_rows, 1}, threads,
+           [&] { silu_mul<T>(gate, up, out, rows, cols, in_stride); });
+    for (size_t r = 0; r < (size_t)rows; ++r)
+        for (size_t c = 0; c < (size_t)cols; ++c) {
             const float x = (float)value(gate[r * in_stride + c]);
             want[r * cols + c] =
                 round_to<T>(rounded<T>(x / (1.0f + std::exp(-x))) * value(up[r * in_stride + c]));
         }
     expect_equal("silu_mul " + std::to_string(rows) + "x" + std::to_string(cols) +
-                     (halves ? " (halves of one buffer)" : ""),
-                 out, want);
+                     (halves ? " (halves of one buffer)" : "") +
+                     (offset % 2 ? " (misaligned)" : ""),
+                 std::vector<T>(out, out + n), want);
 }
 
 struct Attention {
@@ -287,11 +301,17 @@ template <typename T> void check_all() {
     // rows that an f32 sum added in another order changes some rows' scale.
     check_add_rms_norm<T>(16, 64);
     check_add_rms_norm<T>(8, 1000);
-    check_add_rms_norm<T>(4, 2560);
-    // More elements than the CTAs' threads: the grid strides.
-    check_silu_mul<T>(8, 125, 1, false);
-    check_silu_mul<T>(3, 2 * 256 + 77, 4, false);
-    check_silu_mul<T>(5, 300, 2, true);
+    check_add_rms_norm<T>(32, 2560);
+    // Columns past 1024 for the first thread only; past 4096 (a second batch of loads in
+    // add_rms_norm_wide), again for the first thread only past 5120.
+    check_add_rms_norm<T>(4, 1032);
+    check_add_rms_norm<T>(2, 5128);
+    // Odd columns (element by element), more columns than a CTA's pairs, fewer grid rows than
+    // rows (the grid strides), paired accesses and their misaligned fallback.
+    check_silu_mul<T>(8, 125, 8, false, 0);
+    check_silu_mul<T>(3, 2 * 512 + 77, 2, false, 0);
+    check_silu_mul<T>(5, 2 * 512 + 300, 2, true, 0);
+    check_silu_mul<T>(4, 300, 3, true, 1);
     for (int head_dim : {16, 128})
         for (int tokens : {4, 8}) {
             // Unequal rows (one empty); 6 heads leave a CTA half empty, 10 heads fill 2.5.

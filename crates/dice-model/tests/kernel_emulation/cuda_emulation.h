@@ -33,12 +33,6 @@ struct float4 {
 struct uint2 {
     unsigned int x, y;
 };
-struct uint4 {
-    unsigned int x, y, z, w;
-};
-inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) {
-    return {x, y, z, w};
-}
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline float __uint_as_float(unsigned int u) {
     float f;
@@ -133,6 +127,22 @@ inline void ldmatrix_x4(unsigned int (&r)[4], const unsigned short* row) {
 inline void ldmatrix_x4_trans(unsigned int (&r)[4], const unsigned short* row) {
     ldmatrix_x4_any(r, row, true);
 }
+
+// cp.async (global to shared, 16 bytes, zero-filled when !valid): the copy is made when it is
+// issued, a schedule the GPU may also take, so committing and waiting have nothing left to do.
+// The kernels still order the copies before other lanes' reads with __syncwarp, as on the GPU.
+inline void cp_async_16(unsigned short* dst, const void* src, bool valid) {
+    if (valid)
+        std::memcpy(dst, src, 16);
+    else
+        std::memset(dst, 0, 16);
+}
+inline void cp_async_commit() {}
+template <int pending> void cp_async_wait() {}
+
+// `extern __shared__` memory: blocks run one at a time, so one buffer of the most a block may
+// have (227 KiB on sm_90) serves every launch.
+alignas(16) inline unsigned char dynamic_shared_memory[227 * 1024];
 
 // Runs `kernel` on every block of `grid` with `threads` threads per block.
 inline void launch(dim3_emulated grid, int threads, const std::function<void()>& kernel) {
