@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The generation issue's GPU evidence, run on the H200 machine from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/model/run-generate-h200.sh [STEP...]
-# (STEP: golden-f32, cuda-tests, golden-bf16, gen-4b, gen-8b, gen-4b-no-graphs, gen-4b-candle,
-# golden-f32-opt-in, gen-4b-greedy-kernel, gen-4b-opt-in; all by default)
+# (STEP: golden-f32, cuda-tests, kernel-tests, golden-bf16, gen-4b, gen-8b, gen-4b-no-graphs,
+# gen-4b-candle; all by default)
 # with, under $DATA (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
 #   golden/     shared/sdar/golden/tiny (the reference's greedy generations, f32); files in it
 #               may be xz-compressed (NAME.xz)
 #   configs/    shared/sdar/configs/sdar-{4b,8b}.json
 #   cuda_tests.xz (optional)  the dice-model CUDA test binary (random weights, nothing else)
+#   kernel_tests.xz (optional)  the dice-model library test binary built with --features cuda
+#               (its GPU tests are #[ignore]d elsewhere: the kernels against candle's ops, bit for bit)
 # Writes $OUT/steps.txt and $OUT/generate.tgz: golden-*.txt, gen-*.txt (tables, profiles),
 # gen-*.json, cuda-tests.txt.
 set -uo pipefail
@@ -47,6 +49,13 @@ if [[ -f $DATA/cuda_tests.xz ]] && wanted cuda-tests; then
   echo "cuda-tests rc=$?" | tee -a "$OUT/steps.txt"
   tail -5 "$OUT/cuda-tests.txt"
 fi
+if [[ -f $DATA/kernel_tests.xz ]] && wanted kernel-tests; then
+  unxz "$DATA/kernel_tests.xz" /tmp/dice-kernel-tests && chmod +x /tmp/dice-kernel-tests
+  (cd crates/dice-model && timeout "$(left)" /tmp/dice-kernel-tests --ignored --test-threads 1 --nocapture) \
+    >"$OUT/kernel-tests.txt" 2>&1
+  echo "kernel-tests rc=$?" | tee -a "$OUT/steps.txt"
+  tail -5 "$OUT/kernel-tests.txt"
+fi
 run golden-bf16 bench golden --golden "$golden" --device cuda --dtype bf16
 # The benchmark's settings are dice bench generate's defaults: 512-token prompts, 512 new tokens,
 # block 4, 4 steps, static greedy, no stop.
@@ -61,17 +70,6 @@ DICE_CUDA_GRAPHS=0 run gen-4b-no-graphs bench generate --config "$DATA/configs/s
   --device cuda --dtype bf16 --batch 1,128 --json "$OUT/gen-4b-no-graphs.json"
 DICE_FUSED_ATTENTION=0 run gen-4b-candle bench generate --config "$DATA/configs/sdar-4b.json" \
   --device cuda --dtype bf16 --batch 1,128 --json "$OUT/gen-4b-candle.json"
-# The opt-in steps not yet run on a GPU: the one-pass greedy kernel, stacked q/k/v and gate/up
-# weights (the golden generations through both first).
-export DICE_GREEDY_KERNEL=1 DICE_CONCAT_PROJECTIONS=1
-run golden-f32-opt-in bench golden --golden "$golden" --device cuda --dtype f32
-unset DICE_CONCAT_PROJECTIONS
-run gen-4b-greedy-kernel bench generate --config "$DATA/configs/sdar-4b.json" --device cuda \
-  --dtype bf16 --batch 1,128 --json "$OUT/gen-4b-greedy-kernel.json"
-export DICE_CONCAT_PROJECTIONS=1
-run gen-4b-opt-in bench generate --config "$DATA/configs/sdar-4b.json" --device cuda \
-  --dtype bf16 --batch 1,128 --json "$OUT/gen-4b-opt-in.json"
-unset DICE_GREEDY_KERNEL DICE_CONCAT_PROJECTIONS
 # Only a few files come back from the machine: everything but steps.txt goes in one archive.
 tar -C "$OUT" -czf /tmp/generate.tgz --exclude=steps.txt . && find "$OUT" -mindepth 1 ! -name steps.txt -delete \
   && mv /tmp/generate.tgz "$OUT/generate.tgz"

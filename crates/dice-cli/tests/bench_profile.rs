@@ -46,7 +46,7 @@ fn profiles_one_decoding_forward_per_batch_size_only_when_asked() {
         assert_eq!(p["batch"], batch);
         // Halfway through: the 8-token prompt and 4 of the 8 new tokens.
         assert_eq!(p["cached_tokens"], 12);
-        assert_eq!(p["block_tokens"], 4);
+        assert_eq!(p["tokens"], 4);
         assert!(p["forward_ms"].as_f64().unwrap() > 0.0);
         let components = p["components"].as_array().unwrap();
         assert_eq!(components.len(), 17);

@@ -1,7 +1,8 @@
 //! The continuous-batching decoder: many sequences at once, each in its own phase, in the
 //! slots of one preallocated KV cache; a finished sequence's slot is refilled before the next
 //! forward. Unlike JetEngine's scheduler (spec §7.3) one forward serves both the store pass
-//! of clean blocks and the denoising of the others.
+//! of clean blocks and the denoising of the others, and in a batch in lock-step the store
+//! pass rides along with the first denoising step of the next block.
 
 use crate::greedy::{greedy_candidates, non_finite_logits};
 use crate::model::{BlockDiffusionModel, BlockRow, PrefillRow};
@@ -281,6 +282,11 @@ impl<M: BlockDiffusionModel> Engine<M> {
         chunks
     }
 
+    /// One forward for the sequences of `block_length`. Clean blocks are committed first: a
+    /// sequence that finished with its block needs no forward for it, the others store it in
+    /// this forward. When every sequence has a block to store (a batch in lock-step at a block
+    /// boundary) each also denoises its next block in the same forward, behind the stored one,
+    /// so a block costs its denoising steps and no forward of its own to be stored.
     fn forward_group(&mut self, block_length: usize, events: &mut Vec<Event>) -> Result<()> {
         let members: Vec<usize> = (0..self.active.len())
             .filter(|&i| {
@@ -288,49 +294,13 @@ impl<M: BlockDiffusionModel> Engine<M> {
                 s.block_length() == block_length && s.phase != Phase::Prefill
             })
             .collect();
-        if members.is_empty() {
-            return Ok(());
-        }
-        let rows: Vec<BlockRow<'_>> = members
-            .iter()
-            .map(|&i| BlockRow {
-                slot: self.active[i].slot,
-                tokens: self.active[i].sequence.block(),
-                store: self.active[i].sequence.phase == Phase::Store,
-            })
-            .collect();
-        let greedy: Vec<bool> = members
-            .iter()
-            .map(|&i| &self.active[i].sequence)
-            .filter(|s| s.phase == Phase::Denoise)
-            .map(|s| s.sampling().is_greedy())
-            .collect();
-        let cache = self.cache.as_mut().expect("allocated");
-        let logits = self
-            .model
-            .forward_blocks(cache, &rows)
-            .context("decoding forward failed")?;
-        self.forwards.decode += 1;
-        drop(rows);
-        let vocab = self.model.vocab_size();
-        let outputs = match logits {
-            Some(logits) => RowOutputs::read(&logits, &greedy, block_length, vocab)?,
-            None => RowOutputs::default(),
-        };
-        let mut greedy_rows = outputs.greedy.chunks_exact(block_length);
-        let mut sampled_rows = outputs.sampled.chunks_exact(block_length * vocab);
         let mut finished = Vec::new();
+        // Per running member: its committed block whose K/V this forward writes, if any.
+        let mut running: Vec<(usize, Option<Vec<u32>>)> = Vec::new();
         for &i in &members {
             let a = &mut self.active[i];
-            if a.sequence.phase == Phase::Denoise {
-                let too_few = "the model returned too few logit rows";
-                if a.sequence.sampling().is_greedy() {
-                    let row = greedy_rows.next().context(too_few)?;
-                    a.sequence.denoise_step(|p| row[p]);
-                } else {
-                    let row = sampled_rows.next().context(too_few)?;
-                    a.sequence.denoise_sampled(row, vocab);
-                }
+            if a.sequence.phase != Phase::Store {
+                running.push((i, None));
                 continue;
             }
             let committed = a.sequence.commit_block();
@@ -340,10 +310,57 @@ impl<M: BlockDiffusionModel> Engine<M> {
                     tokens: committed.tokens,
                 });
             }
-            if let Some(reason) = committed.finished {
-                finished.push((i, reason));
+            match committed.finished {
+                Some(reason) => finished.push((i, reason)),
+                None => running.push((i, Some(committed.block))),
             }
         }
+        let merged = running.iter().all(|(_, stored)| stored.is_some());
+        let denoising: Vec<usize> = running
+            .iter()
+            .filter(|(_, stored)| merged || stored.is_none())
+            .map(|&(i, _)| i)
+            .collect();
+        if !running.is_empty() {
+            let greedy: Vec<bool> = denoising
+                .iter()
+                .map(|&i| self.active[i].sequence.sampling().is_greedy())
+                .collect();
+            let rows: Vec<BlockRow<'_>> = running
+                .iter()
+                .map(|(i, stored)| BlockRow {
+                    slot: self.active[*i].slot,
+                    store: stored.as_deref(),
+                    denoise: (merged || stored.is_none()).then(|| self.active[*i].sequence.block()),
+                })
+                .collect();
+            let cache = self.cache.as_mut().expect("allocated");
+            let logits = self
+                .model
+                .forward_blocks(cache, &rows)
+                .context("decoding forward failed")?;
+            self.forwards.decode += 1;
+            drop(rows);
+            let vocab = self.model.vocab_size();
+            let outputs = match logits {
+                Some(logits) => RowOutputs::read(&logits, &greedy, block_length, vocab)?,
+                None => RowOutputs::default(),
+            };
+            let mut greedy_rows = outputs.greedy.chunks_exact(block_length);
+            let mut sampled_rows = outputs.sampled.chunks_exact(block_length * vocab);
+            let too_few = "the model returned too few logit rows";
+            for &i in &denoising {
+                let sequence = &mut self.active[i].sequence;
+                if sequence.sampling().is_greedy() {
+                    let row = greedy_rows.next().context(too_few)?;
+                    sequence.denoise_step(|p| row[p]);
+                } else {
+                    let row = sampled_rows.next().context(too_few)?;
+                    sequence.denoise_sampled(row, vocab);
+                }
+            }
+        }
+        // Members are in `active` order, so removing from the back keeps the indices valid.
         let mut completions = Vec::new();
         for (i, finish_reason) in finished.into_iter().rev() {
             let done = self.active.remove(i);

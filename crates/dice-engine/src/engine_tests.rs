@@ -124,13 +124,21 @@ fn a_freed_slot_is_refilled_before_the_next_forward() {
     assert!(e.waiting.is_empty());
     assert_eq!(
         *e.model().calls.borrow(),
-        vec![("prefill", 1), ("forward", 2), ("store", 0)]
+        vec![("prefill", 1), ("forward", 2), ("store", 0), ("merged", 0)]
     );
 }
 
+/// The sum of the calls of `kind` (their rows) and how many there were.
+fn calls_of(model: &HashModel, kind: &str) -> (usize, usize) {
+    let calls = model.calls.borrow();
+    let of_kind: Vec<usize> = calls.iter().filter(|c| c.0 == kind).map(|c| c.1).collect();
+    (of_kind.iter().sum(), of_kind.len())
+}
+
 #[test]
-fn greedy_static_trace_unmasks_left_to_right_with_one_store_per_block() {
-    // Prompt of 6: 4 prefilled, the first block holds 2 prompt-tail tokens.
+fn greedy_static_trace_unmasks_left_to_right_storing_each_block_with_the_next() {
+    // Prompt of 6: 4 prefilled, the first block holds 2 prompt-tail tokens; 10 new tokens in
+    // blocks of 2 + 4 + 4.
     let mut e = engine(1);
     let out = e
         .generate(vec![request(prompt(4, 6), &DecodeParams::dice_eval(10))])
@@ -138,17 +146,54 @@ fn greedy_static_trace_unmasks_left_to_right_with_one_store_per_block() {
         .remove(0);
     assert_eq!(out.token_ids.len(), 10);
     assert_eq!(out.trace, (1..=10).collect::<Vec<u32>>());
+    assert_eq!(e.model().calls.borrow()[0], ("prefill", 1));
+    // One forward per denoising step: the first two blocks are stored by the first forward of
+    // the block after them, the last one by none (the sequence ends with it).
+    assert_eq!(calls_of(e.model(), "forward"), (10, 10));
+    assert_eq!(calls_of(e.model(), "store").0, 2);
+    assert_eq!(calls_of(e.model(), "merged").0, 2);
+}
+
+#[test]
+fn out_of_step_sequences_store_without_denoising_in_a_mixed_forward() {
+    // Blocks of 4 in 4 steps beside blocks of 4 in 2 steps: the second sequence reaches its
+    // block boundaries while the first is mid-block.
+    let mut e = engine(2);
+    let fast = DecodeParams {
+        steps: 2,
+        ..DecodeParams::dice_eval(8)
+    };
+    let prompts = [prompt(1, 8), prompt(2, 8)];
+    let out = e
+        .generate(vec![
+            request(prompts[0].clone(), &DecodeParams::dice_eval(8)),
+            request(prompts[1].clone(), &fast),
+        ])
+        .unwrap();
+    // Each equals its generation alone.
+    for (i, params) in [DecodeParams::dice_eval(8), fast].iter().enumerate() {
+        let alone = engine(1)
+            .generate(vec![request(prompts[i].clone(), params)])
+            .unwrap()
+            .remove(0);
+        assert_eq!(out[i].token_ids, alone.token_ids);
+        assert_eq!(out[i].trace, alone.trace);
+    }
     let calls = e.model().calls.borrow();
-    let stores: usize = calls.iter().filter(|c| c.0 == "store").map(|c| c.1).sum();
-    let forwards = calls.iter().filter(|c| c.0 == "forward").count();
-    assert_eq!((stores, forwards - stores), (3, 10));
-    assert_eq!(calls[0], ("prefill", 1));
+    // A forward's entries: ("forward", rows), ("store", n), ("merged", n).
+    assert!(
+        calls
+            .windows(3)
+            .any(|c| c[0] == ("forward", 2) && c[1] == ("store", 1) && c[2] == ("merged", 0)),
+        "no forward stored a block beside a sequence mid-block: {calls:?}"
+    );
 }
 
 #[test]
 fn forward_counts_are_the_model_calls_of_the_static_schedule() {
     // Two prompts of 8 tokens prefilled in one chunk (16 <= max_prefill_tokens), then per
-    // 4-token block: 4 denoising forwards and 1 store forward, both rows in each forward.
+    // 4-token block 4 denoising forwards, both rows in each; a block is stored by the first
+    // forward of the next one.
     let mut e = engine(2);
     let params = DecodeParams::dice_eval(8);
     let prompts = [prompt(1, 8), prompt(2, 8)];
@@ -162,7 +207,7 @@ fn forward_counts_are_the_model_calls_of_the_static_schedule() {
     let blocks = 8 / params.block_length as u64;
     let expected = ForwardCounts {
         prefill: 1,
-        decode: blocks * (params.steps as u64 + 1),
+        decode: blocks * params.steps as u64,
     };
     assert_eq!(e.forward_counts(), expected);
     let calls = e.model().calls.borrow();
@@ -172,7 +217,7 @@ fn forward_counts_are_the_model_calls_of_the_static_schedule() {
     drop(calls);
     assert_eq!(
         e.into_model().calls.borrow().len() as u64,
-        1 + 2 * expected.decode
+        1 + 3 * expected.decode
     );
 }
 
@@ -397,7 +442,7 @@ fn a_model_that_predicts_masks_still_finishes() {
         .unwrap()
         .remove(0);
     assert_eq!(out.token_ids, vec![MASK; 8]);
-    // Per block: 4 scheduled steps, one forced step, one store.
+    // Per block: 4 scheduled steps and one forced step; stores ride along.
     let forwards = e
         .model()
         .calls
@@ -405,5 +450,5 @@ fn a_model_that_predicts_masks_still_finishes() {
         .iter()
         .filter(|c| c.0 == "forward")
         .count();
-    assert_eq!(forwards, 2 * 6);
+    assert_eq!(forwards, 2 * 5);
 }

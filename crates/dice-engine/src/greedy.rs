@@ -46,12 +46,11 @@ pub fn greedy_candidates(logits: &Tensor) -> Result<Vec<Candidate>> {
 
 /// u32 `[3, positions]`: per position the lowest index of the highest logit, how many logits
 /// equal it, and whether the position is unusable (NaN, +∞ maximum, or −∞ only; or, on CUDA's
-/// candle ops, no tie at all, see [`greedy_candidates`]). Candle ops; on CUDA with
-/// `DICE_GREEDY_KERNEL=1`, one kernel ([`dice_model::greedy_summary`]) instead, opt-in until it
-/// has run on a GPU (it is checked on the CPU against an emulation of CUDA).
+/// candle ops, no tie at all, see [`greedy_candidates`]). Candle ops; on CUDA one kernel
+/// ([`dice_model::greedy_summary`]) instead.
 fn summary(logits: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if logits.device().is_cuda() && logits.is_contiguous() && greedy_kernel_wanted() {
+    if logits.device().is_cuda() && logits.is_contiguous() {
         return Ok(dice_model::greedy_summary(logits)?);
     }
     let device = logits.device();
@@ -69,13 +68,6 @@ fn summary(logits: &Tensor) -> Result<Tensor> {
     let infinite = max.squeeze(D::Minus1)?.abs()?.eq(f64::INFINITY)?;
     let non_finite = nan.maximum(&infinite)?.to_dtype(DType::U32)?;
     Ok(Tensor::stack(&[&lowest, &ties, &non_finite], 0)?.flatten_to(1)?)
-}
-
-/// Whether `DICE_GREEDY_KERNEL=1` asks for the greedy kernel (read once).
-#[cfg(feature = "cuda")]
-fn greedy_kernel_wanted() -> bool {
-    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WANTED.get_or_init(|| std::env::var("DICE_GREEDY_KERNEL").is_ok_and(|v| v.trim() == "1"))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! What block-diffusion decoding needs from a model (spec §3.2, §3.3): a batch KV cache of
 //! fixed slots, one per running sequence, filled by a block-causal prefill and extended one
-//! clean block at a time, and a forward that denoises one block per slot.
+//! clean block at a time, and a forward that denoises one block per slot (storing the clean block
+//! before it in the same forward).
 
 use anyhow::Result;
 use candle_core::Tensor;
@@ -11,14 +12,16 @@ pub struct PrefillRow<'a> {
     pub tokens: &'a [u32],
 }
 
-/// One block of one slot in a decoding forward. The block sits at positions
+/// One slot's part of a decoding forward: a clean block to store, a block to denoise, or both
+/// (the clean block first, the block after it next). The first block sits at positions
 /// `len..len + block` of the slot, where `len` is the slot's committed length.
 pub struct BlockRow<'a> {
     pub slot: usize,
-    pub tokens: &'a [u32],
-    /// `store_kv`: the block is clean and its K/V become part of the slot (its logits are not
-    /// needed); otherwise the slot's committed content stays as it was.
-    pub store: bool,
+    /// `store_kv`: a clean block whose K/V become part of the slot (its logits are not needed).
+    pub store: Option<&'a [u32]>,
+    /// A block to denoise, attending to the committed prefix (with `store`) and
+    /// bidirectionally within itself; the slot's committed content is otherwise unchanged.
+    pub denoise: Option<&'a [u32]>,
 }
 
 /// A block-diffusion language model (SDAR).
@@ -41,10 +44,10 @@ pub trait BlockDiffusionModel {
         rows: &[PrefillRow<'_>],
         block_length: usize,
     ) -> Result<()>;
-    /// One forward of one block per listed slot (all of the same length): each block attends
-    /// to its slot's committed prefix and bidirectionally within itself. Returns the logits of
-    /// the rows with `store == false`, in row order: `[rows, block, vocab]`, or `None` when
-    /// every row stores.
+    /// One forward over the listed slots (every block of the same length): each row's store
+    /// block is committed and its denoise block attends to the slot's committed prefix and
+    /// bidirectionally within itself. Returns the logits of the rows with a denoise block, in
+    /// row order: `[rows, block, vocab]`, or `None` when no row denoises.
     fn forward_blocks(
         &self,
         cache: &mut Self::Cache,

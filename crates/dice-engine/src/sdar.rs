@@ -19,8 +19,9 @@ pub struct SdarDecoder {
 /// Whether decoding forwards replay a CUDA graph.
 #[cfg(feature = "cuda")]
 enum GraphState {
-    /// None captured yet, or the one captured serves another cache: capture at the next forward.
-    Wanted(Option<dice_model::DecodeGraph>),
+    /// The graphs captured for the current cache, one per token count (one block per row, or
+    /// two when a store rides along); a forward none serves captures one.
+    Wanted(Vec<dice_model::DecodeGraph>),
     /// Graphs do not apply here, or capturing failed (warned once): op by op from now on.
     Unavailable,
 }
@@ -48,18 +49,16 @@ impl SdarDecoder {
         SdarDecoder::new(Sdar::random(&config, dtype, device)?)
     }
 
-    /// On CUDA with `DICE_CONCAT_PROJECTIONS=1` the model's q/k/v and gate/up weights are
-    /// stacked ([`Sdar::concatenate_projections`]): one matmul per group in the fused forward,
-    /// opt-in until it has run on a GPU.
+    /// On CUDA the model's q/k/v and gate/up weights are stacked
+    /// ([`Sdar::concatenate_projections`]): one matmul per group in the fused forward.
     fn new(mut model: Sdar) -> Result<Self> {
-        let wanted = std::env::var("DICE_CONCAT_PROJECTIONS").is_ok_and(|v| v.trim() == "1");
-        if wanted && model.device().is_cuda() {
+        if model.device().is_cuda() {
             model.concatenate_projections()?;
         }
         Ok(SdarDecoder {
             model,
             #[cfg(feature = "cuda")]
-            graph: std::sync::Mutex::new(GraphState::Wanted(None)),
+            graph: std::sync::Mutex::new(GraphState::Wanted(Vec::new())),
         })
     }
 
@@ -81,8 +80,8 @@ impl SdarDecoder {
         )?)
     }
 
-    /// The decoding forward's final hidden states for one block per slot (`rows`), through the
-    /// CUDA graph where there is one.
+    /// The decoding forward's final hidden states for one or two blocks per slot (`rows`),
+    /// through the CUDA graph where there is one.
     fn decode_hidden(
         &self,
         rows: &[Vec<u32>],
@@ -96,8 +95,8 @@ impl SdarDecoder {
         self.model.forward_hidden(&self.ids(rows)?, cache, commit)
     }
 
-    /// [`Self::decode_hidden`] by the graph of `cache` (captured at its first forward), or
-    /// `None` where graphs do not apply.
+    /// [`Self::decode_hidden`] by the graph of `cache` for this many tokens per row (captured
+    /// at its first such forward), or `None` where graphs do not apply.
     #[cfg(feature = "cuda")]
     fn replay(
         &self,
@@ -109,26 +108,32 @@ impl SdarDecoder {
             .graph
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let tokens = self.block_length();
-        if let GraphState::Wanted(graph) = &mut *state {
-            if !graph.as_ref().is_some_and(|g| g.serves(cache, tokens)) {
-                *graph = None;
-                match self.model.capture_decode(cache, tokens) {
-                    Ok(Some(captured)) => *graph = Some(captured),
-                    Ok(None) => *state = GraphState::Unavailable,
-                    Err(e) => {
-                        tracing::warn!("decoding runs without CUDA graphs: {e:#}");
-                        *state = GraphState::Unavailable;
-                    }
+        let tokens = rows.first().map_or(0, Vec::len);
+        let GraphState::Wanted(graphs) = &mut *state else {
+            return Ok(None);
+        };
+        graphs.retain(|g| g.captured_over(cache));
+        let graph = match graphs.iter().position(|g| g.serves(cache, tokens)) {
+            Some(index) => index,
+            None => match self.model.capture_decode(cache, tokens) {
+                Ok(Some(captured)) => {
+                    graphs.push(captured);
+                    graphs.len() - 1
                 }
-            }
-        }
-        match &*state {
-            GraphState::Wanted(Some(graph)) => graph
-                .forward_hidden(&self.model, &rows.concat(), cache, commit)
-                .map(Some),
-            _ => Ok(None),
-        }
+                Ok(None) => {
+                    *state = GraphState::Unavailable;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    tracing::warn!("decoding runs without CUDA graphs: {e:#}");
+                    *state = GraphState::Unavailable;
+                    return Ok(None);
+                }
+            },
+        };
+        graphs[graph]
+            .forward_hidden(&self.model, &rows.concat(), cache, commit)
+            .map(Some)
     }
 }
 
@@ -211,33 +216,50 @@ impl BlockDiffusionModel for SdarDecoder {
         Ok(())
     }
 
-    /// One forward over every slot of the cache; slots without a row get a masked block and
-    /// commit nothing, so their content is unchanged.
+    /// One forward over every slot of the cache; slots without a row get masked blocks and
+    /// commit nothing, so their content is unchanged. Each slot takes one block, or two where
+    /// some row both stores and denoises: a row's store block first, then its denoise block,
+    /// masked blocks where it has no such part (commit covers the store block only).
     fn forward_blocks(&self, cache: &mut KvCache, rows: &[BlockRow<'_>]) -> Result<Option<Tensor>> {
         let block = self.block_length();
         let mask = self.mask_token_id();
-        let mut ids = vec![vec![mask; block]; cache.batch_size()];
-        let mut commit = vec![0; cache.batch_size()];
+        let blocks = if rows
+            .iter()
+            .any(|r| r.store.is_some() && r.denoise.is_some())
+        {
+            2
+        } else {
+            1
+        };
+        let slots = cache.batch_size();
+        let mut ids = vec![vec![mask; blocks * block]; slots];
+        let mut commit = vec![0; slots];
+        // Rows of `hidden` seen as `[slots * blocks, block, hidden]` that are denoised.
+        let mut wanted = Vec::new();
         for row in rows {
-            ensure!(
-                row.tokens.len() == block,
-                "a block of {} tokens was given to a model loaded for block length {block}",
-                row.tokens.len()
-            );
-            ids[row.slot] = row.tokens.to_vec();
-            if row.store {
-                commit[row.slot] = block;
+            ensure!(row.slot < slots, "slot {} of a cache of {slots}", row.slot);
+            let mut next = 0;
+            for (part, store) in [(row.store, true), (row.denoise, false)] {
+                let Some(tokens) = part else { continue };
+                ensure!(
+                    tokens.len() == block,
+                    "a block of {} tokens was given to a model loaded for block length {block}",
+                    tokens.len()
+                );
+                ids[row.slot][next * block..(next + 1) * block].copy_from_slice(tokens);
+                if store {
+                    commit[row.slot] = block;
+                } else {
+                    wanted.push((row.slot * blocks + next) as u32);
+                }
+                next += 1;
             }
         }
         let hidden = self.decode_hidden(&ids, cache, &commit)?;
-        let wanted: Vec<u32> = rows
-            .iter()
-            .filter(|r| !r.store)
-            .map(|r| r.slot as u32)
-            .collect();
         if wanted.is_empty() {
             return Ok(None);
         }
+        let hidden = hidden.reshape((slots * blocks, block, self.model.config().hidden_size))?;
         let index = Tensor::new(wanted.as_slice(), self.model.device())?;
         let selected = hidden.index_select(&index, 0)?;
         Ok(Some(self.model.logits(&selected)?))

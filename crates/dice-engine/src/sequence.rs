@@ -15,7 +15,8 @@ pub(crate) enum Phase {
     Prefill,
     /// The current block still holds masks: one denoising forward per engine step.
     Denoise,
-    /// The current block is clean: one forward writes its K/V, then it is committed.
+    /// The current block is clean: it is committed, and its K/V are written by the next
+    /// forward unless the sequence finished with it.
     Store,
 }
 
@@ -28,10 +29,12 @@ pub enum FinishReason {
     Length,
 }
 
-/// What committing a block produced: the new output tokens and whether the sequence is done.
+/// What committing a block produced: the new output tokens, whether the sequence is done, and
+/// the whole block (prompt tail included), whose K/V the cache still needs when it is not.
 pub(crate) struct Committed {
     pub tokens: Vec<u32>,
     pub finished: Option<FinishReason>,
+    pub block: Vec<u32>,
 }
 
 pub(crate) struct Sequence {
@@ -179,7 +182,8 @@ impl Sequence {
         }
     }
 
-    /// After the store forward: appends the block and applies the stopping rules.
+    /// Appends the clean block and applies the stopping rules; a sequence that goes on starts
+    /// its next block.
     pub fn commit_block(&mut self) -> Committed {
         let block_start = self.committed.len();
         self.committed.extend_from_slice(&self.block);
@@ -205,11 +209,16 @@ impl Sequence {
         }
         self.output.extend_from_slice(&tokens);
         self.trace.extend(trace);
+        let block = self.block.clone();
         if finished.is_none() {
             self.start_block(&[]);
             self.phase = Phase::Denoise;
         }
-        Committed { tokens, finished }
+        Committed {
+            tokens,
+            finished,
+            block,
+        }
     }
 
     pub fn prompt_len(&self) -> usize {

@@ -18,7 +18,8 @@ pub struct SlotCache {
 
 #[derive(Default)]
 pub struct HashModel {
-    /// Every forward as (kind, number of rows).
+    /// Every forward as ("forward", rows), ("store", rows storing a block), ("merged", rows
+    /// storing a block and denoising the next); every prefill as ("prefill", rows).
     pub calls: RefCell<Vec<(&'static str, usize)>>,
     /// Return NaN logits, as an overflowing fp16 forward would.
     pub overflow: bool,
@@ -107,25 +108,46 @@ impl BlockDiffusionModel for HashModel {
         cache: &mut SlotCache,
         rows: &[BlockRow<'_>],
     ) -> Result<Option<Tensor>> {
-        let stores = rows.iter().filter(|r| r.store).count();
-        self.calls.borrow_mut().push(("forward", rows.len()));
-        self.calls.borrow_mut().push(("store", stores));
-        let block = rows[0].tokens.len();
+        let stores = rows.iter().filter(|r| r.store.is_some()).count();
+        let denoised = rows.iter().filter(|r| r.denoise.is_some()).count();
+        let merged = rows
+            .iter()
+            .filter(|r| r.store.is_some() && r.denoise.is_some())
+            .count();
+        self.calls.borrow_mut().extend([
+            ("forward", rows.len()),
+            ("store", stores),
+            ("merged", merged),
+        ]);
+        let Some(block) = rows
+            .iter()
+            .find_map(|r| r.store.or(r.denoise))
+            .map(<[u32]>::len)
+        else {
+            anyhow::bail!("a forward without blocks");
+        };
         let mut data = Vec::new();
         for row in rows {
-            ensure!(row.tokens.len() == block, "rows of different block lengths");
             let slot = &mut cache.slots[row.slot];
+            if let Some(tokens) = row.store {
+                ensure!(tokens.len() == block, "rows of different block lengths");
+                ensure!(
+                    self.predict_mask || !tokens.contains(&MASK),
+                    "store of a block with masks"
+                );
+                ensure!(
+                    slot.len() + block <= cache.capacity,
+                    "slot capacity exceeded"
+                );
+                slot.extend_from_slice(tokens);
+            }
+            let Some(tokens) = row.denoise else { continue };
+            ensure!(tokens.len() == block, "rows of different block lengths");
             ensure!(
                 slot.len() + block <= cache.capacity,
                 "slot capacity exceeded"
             );
-            if row.store {
-                ensure!(
-                    self.predict_mask || !row.tokens.contains(&MASK),
-                    "store of a block with masks"
-                );
-                slot.extend_from_slice(row.tokens);
-            } else if self.overflow {
+            if self.overflow {
                 data.extend(std::iter::repeat_n(f32::NAN, block * VOCAB));
             } else if self.predict_mask {
                 data.extend((0..block * VOCAB).map(|i| {
@@ -136,15 +158,15 @@ impl BlockDiffusionModel for HashModel {
                     }
                 }));
             } else {
-                data.extend(Self::block_logits(slot, row.tokens));
+                data.extend(Self::block_logits(slot, tokens));
             }
         }
-        if stores == rows.len() {
+        if denoised == 0 {
             return Ok(None);
         }
         Ok(Some(Tensor::from_vec(
             data,
-            (rows.len() - stores, block, VOCAB),
+            (denoised, block, VOCAB),
             &Device::Cpu,
         )?))
     }

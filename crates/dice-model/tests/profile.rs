@@ -17,6 +17,7 @@ fn every_stage_of_a_decoding_forward_is_timed_counted_and_floored() {
         batch: 3,
         cached_tokens: 12,
         capacity: 24,
+        tokens: cfg.block_size,
     };
     let settings = ProfileSettings {
         warm_up: 1,
@@ -24,7 +25,7 @@ fn every_stage_of_a_decoding_forward_is_timed_counted_and_floored() {
         bytes_per_s: 1e9,
     };
     let profile = model.profile_block_forward(shape, settings).unwrap();
-    assert_eq!(profile.block_tokens, cfg.block_size);
+    assert_eq!(profile.shape.tokens, cfg.block_size);
 
     // The CPU runs candle's forward: every stage but the fused forward's own.
     let fused = [Stage::QkNormRotaryCacheWrite, Stage::ResidualNorm];

@@ -2,10 +2,10 @@
 //! the reference implementations' figures and the targets set against them.
 
 use super::bench::{gib, RandomModelArgs};
-use super::bench_profile::{print_profile, profile_decoding};
+use super::bench_profile::{print_profile, profile_decoding, profile_prefill};
 use super::generate::DecodeArgs;
 use anyhow::{ensure, Context, Result};
-use candle_core::DType;
+use candle_core::{DType, Device};
 use clap::Args;
 use dice_engine::{
     DecodeParams, Engine, EngineConfig, ForwardCounts, Request, SdarDecoder, Strategy,
@@ -47,7 +47,10 @@ pub struct GenerateBenchArgs {
     /// tokens per row over prompt_tokens + new_tokens/2 cached): each stage (embedding, every
     /// layer's norms, projections, rotary, KV write, attention, MLP, final norm, lm_head) timed
     /// on its own between device synchronizations, with the tensors it creates and its byte
-    /// floor (weights + KV cache at the H200's bandwidth), beside the forward run as usual.
+    /// floor (weights + KV cache at the H200's bandwidth), beside the forward run as usual;
+    /// the same for one prefill forward of the largest batch (as many prompts as the engine
+    /// prefills at once); and time every engine step of one more generation per batch size, synchronized after
+    /// each (the first step prefills), to show what a step costs beyond its forward.
     #[arg(long)]
     pub profile: bool,
     /// Keep cudarc's CUDA event tracking on (dice turns it off: two events per buffer that a
@@ -97,6 +100,17 @@ struct GenerateRow {
     peak_bytes: Option<u64>,
     reference: Option<Reference>,
     target_met: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    steps: Option<StepTimes>,
+}
+
+/// Wall time of each engine step of one generation, the device synchronized after each.
+#[derive(Serialize)]
+struct StepTimes {
+    /// The first step: the prefill of every prompt, then the first decoding forward.
+    first_ms: f64,
+    /// Every later step, in order.
+    later_ms: Vec<f64>,
 }
 
 /// A published figure for the same model, batch and decoding settings, and our target.
@@ -203,7 +217,7 @@ pub fn run(args: GenerateBenchArgs) -> Result<()> {
     let mut rows = Vec::new();
     for &batch in &args.batch {
         let prompts = prompts(batch, args.prompt_tokens, prompt_bound);
-        let (mut row, back) = measure(model, &prompts, &params)?;
+        let (mut row, back) = measure(model, &prompts, &params, args.profile)?;
         model = back;
         row.reference = compared.and_then(|size| reference(size, batch));
         row.target_met = row.reference.as_ref().map(|r| r.target.met(&row));
@@ -212,9 +226,16 @@ pub fn run(args: GenerateBenchArgs) -> Result<()> {
     let profile = args
         .profile
         .then(|| {
+            let largest = args.batch.iter().copied().max().unwrap_or(1);
             args.batch
                 .iter()
                 .map(|&batch| profile_decoding(model.model(), batch, &args, H200_BYTES_PER_S))
+                .chain([profile_prefill(
+                    model.model(),
+                    largest,
+                    &args,
+                    H200_BYTES_PER_S,
+                )])
                 .collect::<Result<Vec<_>>>()
         })
         .transpose()?;
@@ -242,6 +263,11 @@ pub fn run(args: GenerateBenchArgs) -> Result<()> {
             "(the reference figures were measured in bf16 with block 4, 4 steps, \
              low_confidence_static, 512-token prompts and 512 new tokens: not compared here)"
         );
+    }
+    for row in &result.rows {
+        if let Some(steps) = &row.steps {
+            print_step_times(row.batch, steps, result.steps);
+        }
     }
     for profile in result.profile.iter().flatten() {
         print_profile(profile);
@@ -296,6 +322,7 @@ fn measure(
     model: SdarDecoder,
     prompts: &[Vec<u32>],
     params: &DecodeParams,
+    time_steps: bool,
 ) -> Result<(GenerateRow, SdarDecoder)> {
     let device = model.model().device().clone();
     let block = params.block_length;
@@ -340,6 +367,9 @@ fn measure(
         decode: after.decode - before.decode,
     };
     let generated_tokens = completions.iter().map(|c| c.token_ids.len()).sum();
+    let steps = time_steps
+        .then(|| step_times(&mut engine, requests(params), &device))
+        .transpose()?;
     let row = GenerateRow {
         batch: prompts.len(),
         generated_tokens,
@@ -351,8 +381,58 @@ fn measure(
         peak_bytes,
         reference: None,
         target_met: None,
+        steps,
     };
     Ok((row, engine.into_model()))
+}
+
+fn step_times(
+    engine: &mut Engine<SdarDecoder>,
+    requests: Vec<Request>,
+    device: &Device,
+) -> Result<StepTimes> {
+    for request in requests {
+        engine.submit(request)?;
+    }
+    let mut times = Vec::new();
+    while engine.has_work() {
+        let start = Instant::now();
+        engine.step()?;
+        device.synchronize()?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    let (first_ms, later_ms) = times.split_first().context("the generation took no step")?;
+    Ok(StepTimes {
+        first_ms: *first_ms,
+        later_ms: later_ms.to_vec(),
+    })
+}
+
+/// What the timed steps of a batch in lock-step say: after the first step, every `steps`-th
+/// step also stores the block before its own (those medians apart), the last step only commits.
+fn print_step_times(batch: usize, t: &StepTimes, steps: usize) {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let (mut storing, mut plain) = (Vec::new(), Vec::new());
+    for (k, &ms) in t.later_ms.iter().enumerate() {
+        if (k + 1) % steps.max(1) == 0 {
+            storing.push(ms);
+        } else {
+            plain.push(ms);
+        }
+    }
+    println!(
+        "engine steps at batch {batch} (synchronized after each): the first (prefill of every \
+         prompt + a forward) {:.1} ms; then {} steps in {:.1} ms: median {:.2} ms, {:.2} ms for \
+         those that also store the block before",
+        t.first_ms,
+        t.later_ms.len(),
+        t.later_ms.iter().sum::<f64>(),
+        median(plain),
+        median(storing),
+    );
 }
 
 fn print_generate_bench(b: &GenerateBench) {

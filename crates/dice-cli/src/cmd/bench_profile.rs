@@ -2,7 +2,8 @@
 //! stage, at the benchmark's shapes.
 
 use super::bench_generate::GenerateBenchArgs;
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
+use dice_engine::EngineConfig;
 use dice_model::sdar::{BlockForwardShape, ForwardProfile, ProfileSettings};
 use dice_model::Sdar;
 
@@ -25,6 +26,7 @@ pub fn profile_decoding(
         batch,
         cached_tokens,
         capacity: engine_capacity.max(cached_tokens + block),
+        tokens: block,
     };
     let settings = ProfileSettings {
         warm_up: WARM_UP,
@@ -36,14 +38,47 @@ pub fn profile_decoding(
         .with_context(|| format!("cannot profile the decoding forward at batch {batch}"))
 }
 
+/// Profiles one prefill forward as the engine runs them for `batch` prompts of the benchmark:
+/// as many whole prompts per forward as its prefill chunk takes, over empty caches.
+pub fn profile_prefill(
+    model: &Sdar,
+    batch: usize,
+    args: &GenerateBenchArgs,
+    bytes_per_s: f64,
+) -> Result<ForwardProfile> {
+    let block = model.config().block_size;
+    let tokens = args.prompt_tokens / block * block;
+    ensure!(tokens > 0, "prompts shorter than a block are not prefilled");
+    let rows = (EngineConfig::default().max_prefill_tokens / tokens).clamp(1, batch);
+    let shape = BlockForwardShape {
+        batch: rows,
+        cached_tokens: 0,
+        capacity: (args.prompt_tokens + args.new_tokens).div_ceil(block) * block,
+        tokens,
+    };
+    let settings = ProfileSettings {
+        warm_up: 1,
+        repetitions: 2,
+        bytes_per_s,
+    };
+    model
+        .profile_block_forward(shape, settings)
+        .with_context(|| format!("cannot profile the prefill forward of {rows} prompts"))
+}
+
 pub fn print_profile(p: &ForwardProfile) {
     let sum = p.components_ms();
     println!();
     println!(
-        "profile of one decoding forward at batch {}: {} new tokens per row over {} cached \
+        "profile of one {} forward at batch {}: {} new tokens per row over {} cached \
          (cache of {} positions), mean of {} after {} warm-ups",
+        if p.shape.cached_tokens == 0 {
+            "prefill (with logits of every position, which the engine's prefill does not compute)"
+        } else {
+            "decoding"
+        },
         p.shape.batch,
-        p.block_tokens,
+        p.shape.tokens,
         p.shape.cached_tokens,
         p.shape.capacity,
         p.repetitions,

@@ -7,10 +7,9 @@ macro_rules! cuda_decoding_env {
                                    RMSNorm, SiLU x up)
   DICE_FUSED_ATTENTION=cuda-cores  the CUDA-core attention kernel for every dtype
   DICE_CUDA_GRAPHS=0               run every decoding forward op by op (default: captured once in a
-                                   CUDA graph per KV cache, replayed at each step)
-  DICE_GREEDY_KERNEL=1             greedy selection in one kernel (opt-in: not yet run on a GPU)
-  DICE_CONCAT_PROJECTIONS=1        one matmul for q/k/v and one for gate/up per layer, over stacked
-                                   weights (opt-in: not yet run on a GPU)"
+                                   CUDA graph per KV cache and tokens per row, replayed at each step)
+On CUDA the engine always stacks the q/k/v and the gate/up weights (one matmul per group) and
+picks greedy tokens with one kernel over the logits."
     };
 }
 pub(crate) use cuda_decoding_env;

@@ -107,7 +107,12 @@ impl Sdar {
 impl DecodeGraph {
     /// Whether this graph computes forwards of `tokens` tokens per row over `cache`.
     pub fn serves(&self, cache: &KvCache, tokens: usize) -> bool {
-        cache.buffers == self.buffers && tokens == self.tokens
+        self.captured_over(cache) && tokens == self.tokens
+    }
+
+    /// Whether this graph was captured over `cache` (for whatever number of tokens).
+    pub fn captured_over(&self, cache: &KvCache) -> bool {
+        cache.buffers == self.buffers
     }
 
     /// [`Sdar::forward_hidden`] by replaying the graph: `input_ids` the `[B, T]` token ids row

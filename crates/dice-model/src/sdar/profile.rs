@@ -14,15 +14,18 @@ use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 use std::time::Instant;
 
-/// The shapes of the profiled forward: one block of the model's block size per row.
+/// The shapes of the profiled forward: `tokens` new tokens per row over `cached_tokens`.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct BlockForwardShape {
     /// Rows decoded at once.
     pub batch: usize,
     /// Committed positions of every row (a multiple of the block size).
     pub cached_tokens: usize,
-    /// Positions each cache row can hold (at least `cached_tokens` + one block).
+    /// Positions each cache row can hold (at least `cached_tokens` + `tokens`).
     pub capacity: usize,
+    /// New tokens per row, a multiple of the block size: one block when decoding, a prompt's
+    /// whole blocks when prefilling.
+    pub tokens: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -40,8 +43,6 @@ pub struct ProfileSettings {
 pub struct ForwardProfile {
     #[serde(flatten)]
     pub shape: BlockForwardShape,
-    /// New tokens per row (the model's block size).
-    pub block_tokens: usize,
     pub warm_up: usize,
     pub repetitions: usize,
     pub bytes_per_s: f64,
@@ -176,9 +177,9 @@ fn tensor_bytes(t: &Tensor) -> u64 {
 }
 
 impl Sdar {
-    /// Profiles one decoding forward ([`Sdar::forward`]: hidden states and logits of every
-    /// position) of a block of mask tokens per row over caches holding `cached_tokens`
-    /// positions, read-only so that every repetition sees the same cache. After
+    /// Profiles one cached forward ([`Sdar::forward`]: hidden states and logits of every
+    /// position) of `tokens` mask tokens per row (a decoding block, or a prefill) over caches
+    /// holding `cached_tokens` positions, read-only so that every repetition sees the same cache. After
     /// `settings.warm_up` forwards, `settings.repetitions` forwards as inference runs them,
     /// then as many with every [`Stage`] timed on its own.
     ///
@@ -190,8 +191,12 @@ impl Sdar {
         settings: ProfileSettings,
     ) -> anyhow::Result<ForwardProfile> {
         let cfg = &self.config;
-        let block = cfg.block_size;
+        let (block, tokens) = (cfg.block_size, shape.tokens);
         ensure!(shape.batch > 0, "profile a batch of at least one row");
+        ensure!(
+            tokens > 0 && tokens.is_multiple_of(block),
+            "{tokens} new tokens per row is not a positive multiple of the block size {block}"
+        );
         ensure!(settings.repetitions > 0, "profile at least one repetition");
         ensure!(
             shape.cached_tokens.is_multiple_of(block),
@@ -199,15 +204,15 @@ impl Sdar {
             shape.cached_tokens
         );
         ensure!(
-            shape.capacity >= shape.cached_tokens + block,
-            "a cache of {} positions cannot take a block after {} cached tokens",
+            shape.capacity >= shape.cached_tokens + tokens,
+            "a cache of {} positions cannot take {tokens} tokens after {} cached tokens",
             shape.capacity,
             shape.cached_tokens
         );
         let device = self.device();
         let mut cache = KvCache::new(cfg, shape.batch, shape.capacity, self.dtype(), device)?;
         cache.lens.fill(shape.cached_tokens);
-        let ids = Tensor::full(cfg.mask_token_id, (shape.batch, block), device)?;
+        let ids = Tensor::full(cfg.mask_token_id, (shape.batch, tokens), device)?;
         let read_only = vec![0; shape.batch];
 
         for _ in 0..settings.warm_up {
@@ -264,7 +269,6 @@ impl Sdar {
             .collect();
         Ok(ForwardProfile {
             shape,
-            block_tokens: block,
             warm_up: settings.warm_up,
             repetitions: reps,
             bytes_per_s: settings.bytes_per_s,
@@ -286,22 +290,22 @@ impl Sdar {
         let kv_position = 2
             * (self.layers.len() * shape.batch * cfg.num_key_value_heads * cfg.head_dim) as u64
             * dtype_bytes;
-        let block = cfg.block_size as u64;
+        let tokens = shape.tokens as u64;
         match stage {
             Stage::Setup
             | Stage::HeadTranspose
             | Stage::Rotary
             | Stage::Residual
             | Stage::SiluMul => 0,
-            Stage::Embedding => shape.batch as u64 * block * cfg.hidden_size as u64 * dtype_bytes,
+            Stage::Embedding => shape.batch as u64 * tokens * cfg.hidden_size as u64 * dtype_bytes,
             Stage::InputNorm => layer_weights(|l| vec![&l.input_layernorm]),
             Stage::QkvProjection => layer_weights(|l| vec![&l.q_proj, &l.k_proj, &l.v_proj]),
             Stage::QkNorm => layer_weights(|l| vec![&l.q_norm, &l.k_norm]),
-            Stage::KvCacheWrite => kv_position * block,
+            Stage::KvCacheWrite => kv_position * tokens,
             Stage::QkNormRotaryCacheWrite => {
-                layer_weights(|l| vec![&l.q_norm, &l.k_norm]) + kv_position * block
+                layer_weights(|l| vec![&l.q_norm, &l.k_norm]) + kv_position * tokens
             }
-            Stage::Attention => kv_position * (shape.cached_tokens as u64 + block),
+            Stage::Attention => kv_position * (shape.cached_tokens as u64 + tokens),
             Stage::OProjection => layer_weights(|l| vec![&l.o_proj]),
             Stage::PostAttentionNorm => layer_weights(|l| vec![&l.post_attention_layernorm]),
             Stage::GateUpProjection => layer_weights(|l| vec![&l.gate_proj, &l.up_proj]),
@@ -362,6 +366,7 @@ mod tests {
             batch: 3,
             cached_tokens: 8,
             capacity: 16,
+            tokens: 4,
         };
         let floor = |stages: &[Stage]| -> u64 {
             stages.iter().map(|&s| model.floor_bytes(s, &shape)).sum()
