@@ -53,9 +53,9 @@ fn counts_the_forwards_of_the_static_schedule_per_batch() {
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     // The whole-block prompt is one prefill forward for the batch; each generated block takes
-    // `steps` denoising forwards (one token each) and one forward storing its K/V, all
-    // sequences of the batch in the same forwards.
-    let decode = new / block * (steps + 1);
+    // `steps` denoising forwards (one token each), the first of which also stores the block
+    // before (the last block is never stored), all sequences of the batch in the same forwards.
+    let decode = new / block * steps;
     for (row, batch) in rows.iter().zip([1, 2]) {
         assert_eq!(row["batch"], batch);
         assert_eq!(row["generated_tokens"], batch * new);

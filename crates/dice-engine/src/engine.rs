@@ -284,9 +284,13 @@ impl<M: BlockDiffusionModel> Engine<M> {
 
     /// One forward for the sequences of `block_length`. Clean blocks are committed first: a
     /// sequence that finished with its block needs no forward for it, the others store it in
-    /// this forward. When every sequence has a block to store (a batch in lock-step at a block
-    /// boundary) each also denoises its next block in the same forward, behind the stored one,
-    /// so a block costs its denoising steps and no forward of its own to be stored.
+    /// this forward. When at least half of the sequences have a block to store (a batch in
+    /// lock-step at a block boundary, or the most of one that a few have fallen behind) each of
+    /// those also denoises its next block in the same forward, behind the stored one, so a block
+    /// costs its denoising steps and no forward of its own to be stored; the forward then takes
+    /// two blocks per row (the others' second block is padding, which must fit their slots).
+    /// A minority storing stores alone, so that a few sequences out of step do not double the
+    /// width of every forward.
     fn forward_group(&mut self, block_length: usize, events: &mut Vec<Event>) -> Result<()> {
         let members: Vec<usize> = (0..self.active.len())
             .filter(|&i| {
@@ -315,7 +319,18 @@ impl<M: BlockDiffusionModel> Engine<M> {
                 None => running.push((i, Some(committed.block))),
             }
         }
-        let merged = running.iter().all(|(_, stored)| stored.is_some());
+        let storing = running
+            .iter()
+            .filter(|(_, stored)| stored.is_some())
+            .count();
+        let room_for_two = |i: usize| {
+            self.active[i].sequence.committed().len() + 2 * block_length <= self.config.max_seq_len
+        };
+        let merged = storing > 0
+            && 2 * storing >= running.len()
+            && running
+                .iter()
+                .all(|&(i, ref stored)| stored.is_some() || room_for_two(i));
         let denoising: Vec<usize> = running
             .iter()
             .filter(|(_, stored)| merged || stored.is_none())

@@ -154,38 +154,53 @@ fn greedy_static_trace_unmasks_left_to_right_storing_each_block_with_the_next() 
     assert_eq!(calls_of(e.model(), "merged").0, 2);
 }
 
-#[test]
-fn out_of_step_sequences_store_without_denoising_in_a_mixed_forward() {
-    // Blocks of 4 in 4 steps beside blocks of 4 in 2 steps: the second sequence reaches its
-    // block boundaries while the first is mid-block.
-    let mut e = engine(2);
-    let fast = DecodeParams {
-        steps: 2,
-        ..DecodeParams::dice_eval(8)
-    };
-    let prompts = [prompt(1, 8), prompt(2, 8)];
+/// Generates `params[i]` for prompt i in one batch, checks that each equals its generation
+/// alone, and returns the model's calls.
+fn out_of_step_batch(params: &[DecodeParams]) -> Vec<(&'static str, usize)> {
+    let prompts: Vec<Vec<u32>> = (0..params.len()).map(|i| prompt(i as u32, 8)).collect();
+    let mut e = engine(params.len());
     let out = e
-        .generate(vec![
-            request(prompts[0].clone(), &DecodeParams::dice_eval(8)),
-            request(prompts[1].clone(), &fast),
-        ])
+        .generate(
+            prompts
+                .iter()
+                .zip(params)
+                .map(|(p, q)| request(p.clone(), q))
+                .collect(),
+        )
         .unwrap();
-    // Each equals its generation alone.
-    for (i, params) in [DecodeParams::dice_eval(8), fast].iter().enumerate() {
+    for ((p, q), together) in prompts.iter().zip(params).zip(&out) {
         let alone = engine(1)
-            .generate(vec![request(prompts[i].clone(), params)])
+            .generate(vec![request(p.clone(), q)])
             .unwrap()
             .remove(0);
-        assert_eq!(out[i].token_ids, alone.token_ids);
-        assert_eq!(out[i].trace, alone.trace);
+        assert_eq!(together.token_ids, alone.token_ids);
+        assert_eq!(together.trace, alone.trace);
     }
-    let calls = e.model().calls.borrow();
+    e.into_model().calls.into_inner()
+}
+
+#[test]
+fn out_of_step_sequences_store_alone_when_few_and_ride_along_when_many() {
+    // Blocks of 4 in 4 steps beside blocks of 4 in 2 steps: the fast sequences reach their
+    // block boundaries while the slow ones are mid-block.
+    let slow = DecodeParams::dice_eval(8);
+    let fast = DecodeParams {
+        steps: 2,
+        ..slow.clone()
+    };
     // A forward's entries: ("forward", rows), ("store", n), ("merged", n).
+    let has = |calls: &[(&str, usize)], forward: [(&str, usize); 3]| {
+        calls.windows(3).any(|c| c == forward)
+    };
+    let calls = out_of_step_batch(&[slow.clone(), slow.clone(), fast.clone()]);
     assert!(
-        calls
-            .windows(3)
-            .any(|c| c[0] == ("forward", 2) && c[1] == ("store", 1) && c[2] == ("merged", 0)),
-        "no forward stored a block beside a sequence mid-block: {calls:?}"
+        has(&calls, [("forward", 3), ("store", 1), ("merged", 0)]),
+        "one sequence of three at its boundary did not store alone: {calls:?}"
+    );
+    let calls = out_of_step_batch(&[fast.clone(), fast, slow]);
+    assert!(
+        has(&calls, [("forward", 3), ("store", 2), ("merged", 2)]),
+        "two sequences of three at their boundary did not denoise their next blocks: {calls:?}"
     );
 }
 
