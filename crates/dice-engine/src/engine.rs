@@ -315,7 +315,13 @@ impl<M: BlockDiffusionModel> Engine<M> {
                 });
             }
             match committed.finished {
-                Some(reason) => finished.push((i, reason)),
+                // Emptied before the forward, which covers every slot of the cache: the slot
+                // may have no room left for two blocks.
+                Some(reason) => {
+                    let cache = self.cache.as_mut().expect("allocated");
+                    self.model.clear_slot(cache, a.slot)?;
+                    finished.push((i, reason));
+                }
                 None => running.push((i, Some(committed.block))),
             }
         }
@@ -379,8 +385,6 @@ impl<M: BlockDiffusionModel> Engine<M> {
         let mut completions = Vec::new();
         for (i, finish_reason) in finished.into_iter().rev() {
             let done = self.active.remove(i);
-            let cache = self.cache.as_mut().expect("allocated");
-            self.model.clear_slot(cache, done.slot)?;
             self.free_slots.push(done.slot);
             let prompt_len = done.sequence.prompt_len();
             let (token_ids, trace) = done.sequence.into_output();

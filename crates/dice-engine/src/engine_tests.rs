@@ -205,6 +205,31 @@ fn out_of_step_sequences_store_alone_when_few_and_ride_along_when_many() {
 }
 
 #[test]
+fn a_sequence_that_ends_at_the_cache_capacity_leaves_room_for_a_two_block_forward() {
+    // Capacity 16: the first sequence (prompt 8 + 8 new) ends at the capacity while the second
+    // (prompt 4 + 12 new) stores the block before its last one beside it, two blocks per row.
+    let mut e = Engine::new(
+        HashModel::default(),
+        EngineConfig {
+            max_batch: 2,
+            max_seq_len: 16,
+            max_prefill_tokens: 16,
+        },
+    )
+    .unwrap();
+    let out = e
+        .generate(vec![
+            request(prompt(1, 8), &DecodeParams::dice_eval(8)),
+            request(prompt(2, 4), &DecodeParams::dice_eval(12)),
+        ])
+        .unwrap();
+    assert_eq!(out[0].token_ids.len(), 8);
+    assert_eq!(out[1].token_ids.len(), 12);
+    let merged = calls_of(e.model(), "merged");
+    assert!(merged.0 >= 3, "{:?}", e.model().calls.borrow());
+}
+
+#[test]
 fn forward_counts_are_the_model_calls_of_the_static_schedule() {
     // Two prompts of 8 tokens prefilled in one chunk (16 <= max_prefill_tokens), then per
     // 4-token block 4 denoising forwards, both rows in each; a block is stored by the first

@@ -126,6 +126,20 @@ impl BlockDiffusionModel for HashModel {
         else {
             anyhow::bail!("a forward without blocks");
         };
+        // A forward of two blocks per row writes two blocks into every slot, as SDAR's
+        // whole-cache forward does.
+        if rows
+            .iter()
+            .any(|r| r.store.is_some() && r.denoise.is_some())
+        {
+            ensure!(
+                cache
+                    .slots
+                    .iter()
+                    .all(|slot| slot.len() + 2 * block <= cache.capacity),
+                "slot capacity exceeded by a two-block forward"
+            );
+        }
         let mut data = Vec::new();
         for row in rows {
             let slot = &mut cache.slots[row.slot];
