@@ -32,16 +32,17 @@ fn bench(json: &Path, extra: &[&str]) -> (String, Value) {
 }
 
 #[test]
-fn profiles_one_decoding_forward_per_batch_size_only_when_asked() {
+fn profiles_one_decoding_forward_per_batch_size_and_a_prefill_only_when_asked() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
 
     let (_, plain) = bench(&json, &[]);
     assert!(plain.get("profile").is_none(), "{plain}");
+    assert!(plain["rows"][0].get("steps").is_none(), "{plain}");
 
     let (stdout, v) = bench(&json, &["--profile"]);
     let profiles = v["profile"].as_array().unwrap();
-    assert_eq!(profiles.len(), 2);
+    assert_eq!(profiles.len(), 3);
     for (p, batch) in profiles.iter().zip([1, 2]) {
         assert_eq!(p["batch"], batch);
         // Halfway through: the 8-token prompt and 4 of the 8 new tokens.
@@ -55,8 +56,33 @@ fn profiles_one_decoding_forward_per_batch_size_only_when_asked() {
             assert!(c["floor_ms"].as_f64().unwrap() >= 0.0, "{c}");
         }
     }
-    // The throughput table (2 rows) and one table of 17 stages per batch size.
+    // The prefill of the largest batch: both 8-token prompts in one forward over empty caches.
+    let prefill = &profiles[2];
+    assert_eq!(prefill["batch"], 2);
+    assert_eq!(prefill["cached_tokens"], 0);
+    assert_eq!(prefill["tokens"], 8);
+    assert!(prefill["forward_ms"].as_f64().unwrap() > 0.0);
+    let prefill_stages = prefill["components"].as_array().unwrap().len();
+    // Every engine step timed: the first (prefill + a forward), the other 7 forwards of the two
+    // blocks, and a last step that only commits the final block.
+    for (row, batch) in v["rows"].as_array().unwrap().iter().zip([1, 2]) {
+        assert!(row["steps"]["first_ms"].as_f64().unwrap() > 0.0, "{row}");
+        assert_eq!(
+            row["steps"]["later_ms"].as_array().unwrap().len(),
+            8,
+            "{row}"
+        );
+        assert!(
+            stdout.contains(&format!("engine steps at batch {batch} ")),
+            "{stdout}"
+        );
+    }
+    // The throughput table (2 rows) and one table of stages per profile.
     let table_lines = stdout.lines().filter(|l| l.starts_with("| ")).count();
-    assert_eq!(table_lines, (2 + 2) + 2 * (2 + 17), "{stdout}");
-    assert_eq!(stdout.matches("| lm_head |").count(), 2, "{stdout}");
+    assert_eq!(
+        table_lines,
+        (2 + 2) + 2 * (2 + 17) + (2 + prefill_stages),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("| lm_head |").count(), 3, "{stdout}");
 }
