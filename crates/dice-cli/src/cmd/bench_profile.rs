@@ -33,9 +33,7 @@ pub fn profile_decoding(
         repetitions: REPETITIONS,
         bytes_per_s,
     };
-    model
-        .profile_block_forward(shape, settings)
-        .with_context(|| format!("cannot profile the decoding forward at batch {batch}"))
+    profile(model, shape, settings, "decoding")
 }
 
 /// Profiles one prefill forward as the engine runs them for `batch` prompts of the benchmark:
@@ -56,14 +54,24 @@ pub fn profile_prefill(
         capacity: (args.prompt_tokens + args.new_tokens).div_ceil(block) * block,
         tokens,
     };
+    // A prefill forward is long: fewer repetitions give the same precision.
     let settings = ProfileSettings {
         warm_up: 1,
         repetitions: 2,
         bytes_per_s,
     };
+    profile(model, shape, settings, "prefill")
+}
+
+fn profile(
+    model: &Sdar,
+    shape: BlockForwardShape,
+    settings: ProfileSettings,
+    kind: &str,
+) -> Result<ForwardProfile> {
     model
         .profile_block_forward(shape, settings)
-        .with_context(|| format!("cannot profile the prefill forward of {rows} prompts"))
+        .with_context(|| format!("cannot profile the {kind} forward at batch {}", shape.batch))
 }
 
 pub fn print_profile(p: &ForwardProfile) {
