@@ -116,7 +116,8 @@ fn a_freed_slot_is_refilled_before_the_next_forward() {
             break;
         }
     }
-    // 4 denoising forwards + 1 store forward for the single block of the short request.
+    // 4 denoising forwards for the single block of the short request, then the step that
+    // commits it (the long requests store their first block beside it).
     assert_eq!(steps, 5);
     e.model().calls.borrow_mut().clear();
     e.step().unwrap();
