@@ -35,6 +35,15 @@ run() { # name, dice args...   (skipped, or cut, when BUDGET_S seconds are spent
   echo "$name rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
   tail -25 "$OUT/$name.txt"
 }
+tests() { # name, carried binary, test arguments...   (skipped when the binary is not carried)
+  local name=$1 binary=$DATA/$2; shift 2
+  [[ -f $binary ]] && wanted "$name" || return 0
+  unxz "$binary" "/tmp/dice-$name" && chmod +x "/tmp/dice-$name"
+  (cd crates/dice-model && timeout "$(left)" "/tmp/dice-$name" --test-threads 1 --nocapture "$@") \
+    >"$OUT/$name.txt" 2>&1
+  echo "$name rc=$?" | tee -a "$OUT/steps.txt"
+  tail -5 "$OUT/$name.txt"
+}
 # The four greedy generations token for token in f32 (issue: generation), through the
 # device-side greedy selection, the fused kernels and the engine's CUDA graph (the defaults);
 # bf16 through the same path (tokens may differ from the f32 reference, logits within 0.1).
@@ -42,20 +51,9 @@ run golden-f32 bench golden --golden "$golden" --device cuda --dtype f32
 # The model's CUDA tests (CPU against GPU: every forward path, the fused kernels over a long
 # cache, graph replays), when their binary is carried:
 # `cargo test -p dice-model --release --features cuda --test cuda --no-run`.
-if [[ -f $DATA/cuda_tests.xz ]] && wanted cuda-tests; then
-  unxz "$DATA/cuda_tests.xz" /tmp/dice-cuda-tests && chmod +x /tmp/dice-cuda-tests
-  (cd crates/dice-model && timeout "$(left)" /tmp/dice-cuda-tests --test-threads 1 --nocapture) \
-    >"$OUT/cuda-tests.txt" 2>&1
-  echo "cuda-tests rc=$?" | tee -a "$OUT/steps.txt"
-  tail -5 "$OUT/cuda-tests.txt"
-fi
-if [[ -f $DATA/kernel_tests.xz ]] && wanted kernel-tests; then
-  unxz "$DATA/kernel_tests.xz" /tmp/dice-kernel-tests && chmod +x /tmp/dice-kernel-tests
-  (cd crates/dice-model && timeout "$(left)" /tmp/dice-kernel-tests --ignored --test-threads 1 --nocapture) \
-    >"$OUT/kernel-tests.txt" 2>&1
-  echo "kernel-tests rc=$?" | tee -a "$OUT/steps.txt"
-  tail -5 "$OUT/kernel-tests.txt"
-fi
+tests cuda-tests cuda_tests.xz
+# The kernels against candle's ops, bit for bit (the library's #[ignore]d GPU tests).
+tests kernel-tests kernel_tests.xz --ignored
 run golden-bf16 bench golden --golden "$golden" --device cuda --dtype bf16
 # The benchmark's settings are dice bench generate's defaults: 512-token prompts, 512 new tokens,
 # block 4, 4 steps, static greedy, no stop.

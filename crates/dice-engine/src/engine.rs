@@ -299,12 +299,12 @@ impl<M: BlockDiffusionModel> Engine<M> {
             })
             .collect();
         let mut finished = Vec::new();
-        // Per running member: its committed block whose K/V this forward writes, if any.
-        let mut running: Vec<(usize, Option<Vec<u32>>)> = Vec::new();
+        // Per running member: whether this forward writes the K/V of its last committed block.
+        let mut running: Vec<(usize, bool)> = Vec::new();
         for &i in &members {
             let a = &mut self.active[i];
             if a.sequence.phase != Phase::Store {
-                running.push((i, None));
+                running.push((i, false));
                 continue;
             }
             let committed = a.sequence.commit_block();
@@ -322,24 +322,21 @@ impl<M: BlockDiffusionModel> Engine<M> {
                     self.model.clear_slot(cache, a.slot)?;
                     finished.push((i, reason));
                 }
-                None => running.push((i, Some(committed.block))),
+                None => running.push((i, true)),
             }
         }
-        let storing = running
-            .iter()
-            .filter(|(_, stored)| stored.is_some())
-            .count();
+        let storing = running.iter().filter(|&&(_, stores)| stores).count();
         let room_for_two = |i: usize| {
             self.active[i].sequence.committed().len() + 2 * block_length <= self.config.max_seq_len
         };
         let merged = storing > 0
             && 2 * storing >= running.len()
-            && running
-                .iter()
-                .all(|&(i, ref stored)| stored.is_some() || room_for_two(i));
+            && running.iter().all(|&(i, stores)| stores || room_for_two(i));
+        // A row denoises its block unless it stores alone.
+        let denoises = |stores: bool| merged || !stores;
         let denoising: Vec<usize> = running
             .iter()
-            .filter(|(_, stored)| merged || stored.is_none())
+            .filter(|&&(_, stores)| denoises(stores))
             .map(|&(i, _)| i)
             .collect();
         if !running.is_empty() {
@@ -349,10 +346,13 @@ impl<M: BlockDiffusionModel> Engine<M> {
                 .collect();
             let rows: Vec<BlockRow<'_>> = running
                 .iter()
-                .map(|(i, stored)| BlockRow {
-                    slot: self.active[*i].slot,
-                    store: stored.as_deref(),
-                    denoise: (merged || stored.is_none()).then(|| self.active[*i].sequence.block()),
+                .map(|&(i, stores)| {
+                    let sequence = &self.active[i].sequence;
+                    BlockRow {
+                        slot: self.active[i].slot,
+                        store: stores.then(|| sequence.last_committed_block()),
+                        denoise: denoises(stores).then(|| sequence.block()),
+                    }
                 })
                 .collect();
             let cache = self.cache.as_mut().expect("allocated");

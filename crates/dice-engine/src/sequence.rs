@@ -29,12 +29,10 @@ pub enum FinishReason {
     Length,
 }
 
-/// What committing a block produced: the new output tokens, whether the sequence is done, and
-/// the whole block (prompt tail included), whose K/V the cache still needs when it is not.
+/// What committing a block produced: the new output tokens and whether the sequence is done.
 pub(crate) struct Committed {
     pub tokens: Vec<u32>,
     pub finished: Option<FinishReason>,
-    pub block: Vec<u32>,
 }
 
 pub(crate) struct Sequence {
@@ -97,6 +95,11 @@ impl Sequence {
 
     pub fn block(&self) -> &[u32] {
         &self.block
+    }
+
+    /// The last committed block (prompt tail included): the one a store pass writes.
+    pub fn last_committed_block(&self) -> &[u32] {
+        &self.committed[self.committed.len() - self.params.block_length..]
     }
 
     pub fn prefilled(&mut self) {
@@ -209,16 +212,11 @@ impl Sequence {
         }
         self.output.extend_from_slice(&tokens);
         self.trace.extend(trace);
-        let block = self.block.clone();
         if finished.is_none() {
             self.start_block(&[]);
             self.phase = Phase::Denoise;
         }
-        Committed {
-            tokens,
-            finished,
-            block,
-        }
+        Committed { tokens, finished }
     }
 
     pub fn prompt_len(&self) -> usize {

@@ -39,12 +39,11 @@
 //! reshape) and masks are broadcast over heads. Scores are computed in the activation dtype,
 //! softmax in f32.
 //!
-//! On CUDA, cached forwards (decoding and prefill alike) run the fused
-//! decoding forward instead (`sdar/fused.rs`: dice's own kernels for q/k norms + rotary + cache
-//! write, block attention over the cache, residual add + RMSNorm and SiLU × up, with the same
-//! roundings as candle's ops; `DICE_FUSED_ATTENTION=0` turns it off), and [`DecodeGraph`]
-//! captures it in a CUDA graph for replay at every decoding step (`DICE_CUDA_GRAPHS=0` turns
-//! graphs off).
+//! On CUDA, cached forwards (decoding and prefill alike) run the fused forward instead
+//! (`sdar/fused.rs`: dice's own kernels for q/k norms + rotary + cache write, block attention
+//! over the cache, residual add + RMSNorm and SiLU × up, with the same roundings as candle's ops;
+//! `DICE_FUSED_ATTENTION=0` turns it off), and [`DecodeGraph`] captures it in a CUDA graph for
+//! replay at every decoding step (`DICE_CUDA_GRAPHS=0` turns graphs off).
 //!
 //! # Training API
 //!
@@ -645,9 +644,9 @@ impl KvCache {
         }
     }
 
-    /// Slot placement of `t` new tokens per row, after checking capacity.
+    /// Slot placement of `t` new tokens per row (that they fit is [`Sdar::check_forward`]'s
+    /// to check).
     fn slot_write(&self, t: usize, kv_heads: usize, head_dim: usize) -> anyhow::Result<SlotWrite> {
-        self.check_room(t)?;
         if self.lens.iter().all(|&l| l == self.lens[0]) {
             return Ok(SlotWrite::Uniform(self.lens[0]));
         }

@@ -49,8 +49,9 @@ pub struct GenerateBenchArgs {
     /// on its own between device synchronizations, with the tensors it creates and its byte
     /// floor (weights + KV cache at the H200's bandwidth), beside the forward run as usual;
     /// the same for one prefill forward of the largest batch (as many prompts as the engine
-    /// prefills at once); and time every engine step of one more generation per batch size, synchronized after
-    /// each (the first step prefills), to show what a step costs beyond its forward.
+    /// prefills at once); and time every engine step of one more generation per batch size,
+    /// synchronized after each (the first step prefills), to show what a step costs beyond its
+    /// forward.
     #[arg(long)]
     pub profile: bool,
     /// Keep cudarc's CUDA event tracking on (dice turns it off: two events per buffer that a
@@ -408,8 +409,9 @@ fn step_times(
     })
 }
 
-/// What the timed steps of a batch in lock-step say: after the first step, every `steps`-th
-/// step also stores the block before its own (those medians apart), the last step only commits.
+/// What the timed steps say, read as those of a batch in lock-step (as the benchmark's are
+/// unless sequences fall behind): after the first step, every `steps`-th step is the first of a
+/// block and also stores the block before (their median apart); the last step only commits.
 fn print_step_times(batch: usize, t: &StepTimes, steps: usize) {
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -426,7 +428,7 @@ fn print_step_times(batch: usize, t: &StepTimes, steps: usize) {
     println!(
         "engine steps at batch {batch} (synchronized after each): the first (prefill of every \
          prompt + a forward) {:.1} ms; then {} steps in {:.1} ms: median {:.2} ms, {:.2} ms for \
-         those that also store the block before",
+         every {steps}th (in lock-step, those that also store the block before)",
         t.first_ms,
         t.later_ms.len(),
         t.later_ms.iter().sum::<f64>(),

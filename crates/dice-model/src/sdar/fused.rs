@@ -1,4 +1,4 @@
-//! The cached forward of a decoding block on CUDA with dice's own kernels
+//! The cached forward on CUDA (a decoding block, or a prefill) with dice's own kernels
 //! ([`crate::kernels`]): per layer three q/k/v matmuls (one over stacked weights after
 //! [`Sdar::concatenate_projections`], and likewise for gate/up), one kernel for q/k norms + rotary +
 //! head transposes + KV-cache write, the fused block attention, the o_proj matmul, one kernel
@@ -18,7 +18,7 @@ use super::{linear, rms_norm, Kernels, KvCache, Sdar};
 use crate::kernels::{decode_ops, BlockAttention};
 use candle_core::{Device, Result, Tensor};
 
-/// One fused decoding forward's setup: the rows' lengths on the device and the attention's
+/// One fused forward's setup: the rows' lengths on the device and the attention's
 /// launch geometry, shared by every layer.
 pub(crate) struct FusedDecode {
     attention: BlockAttention,
@@ -27,8 +27,8 @@ pub(crate) struct FusedDecode {
 impl FusedDecode {
     /// The fused forward of `tokens` new tokens per row of `cache`, with row lengths `lens`
     /// (u32 `[B]` on the device) and at most `max_keys` keys per row, or `None` where the
-    /// kernels do not apply (not CUDA, an unsupported dtype, head dim or block, kernels that
-    /// failed to build, `DICE_FUSED_ATTENTION=0`).
+    /// kernels do not apply (not CUDA, an unsupported dtype or head dim, kernels that failed to
+    /// build, `DICE_FUSED_ATTENTION=0`).
     pub(crate) fn plan(
         model: &Sdar,
         lens: &Tensor,

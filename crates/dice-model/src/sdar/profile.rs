@@ -179,9 +179,9 @@ fn tensor_bytes(t: &Tensor) -> u64 {
 impl Sdar {
     /// Profiles one cached forward ([`Sdar::forward`]: hidden states and logits of every
     /// position) of `tokens` mask tokens per row (a decoding block, or a prefill) over caches
-    /// holding `cached_tokens` positions, read-only so that every repetition sees the same cache. After
-    /// `settings.warm_up` forwards, `settings.repetitions` forwards as inference runs them,
-    /// then as many with every [`Stage`] timed on its own.
+    /// holding `cached_tokens` positions, read-only so that every repetition sees the same
+    /// cache. After `settings.warm_up` forwards, `settings.repetitions` forwards as inference
+    /// runs them, then as many with every [`Stage`] timed on its own.
     ///
     /// The cache holds zeros at those lengths instead of a prefilled prompt: the work of a
     /// forward depends on its shapes, not on the values.
