@@ -2,10 +2,11 @@
 //! at batch 1 a forward is ~430 kernel launches of a few microseconds of work each, so the
 //! CPU's launch rate, not the GPU, sets its time; a replay launches them all at once.
 //!
-//! A graph is bound to one cache's buffers, one batch size and one block: it reads the token
-//! ids and the rows' lengths from its own device tensors (refreshed before each replay) and
-//! writes the new K/V at `lens[i] + t` of the cache it was captured with. The attention splits
-//! its keys for the cache's whole capacity, so one graph serves every position.
+//! A graph is bound to one cache's buffers, one batch size and one number of tokens per row (the
+//! engine keeps one per count it meets: a block, or two when a store pass rides along): it reads
+//! the token ids and the rows' lengths from its own device tensors (refreshed before each
+//! replay) and writes the new K/V at `lens[i] + t` of the cache it was captured with. The
+//! attention splits its keys for the cache's whole capacity, so one graph serves every position.
 //!
 //! `DICE_CUDA_GRAPHS=0` turns graphs off (the fused forward then runs op by op).
 
