@@ -1,5 +1,6 @@
-// Fused attention of a few new tokens per row over that row's KV cache: the decoding forward of
-// dice's SDAR model (crates/dice-model/src/kernels/block_attention.rs launches it).
+// Fused attention of each row's new tokens (a decoding block, or a prefill's blocks) over that
+// row's KV cache: the cached forward of dice's SDAR model (crates/dice-model/src/kernels/
+// block_attention.rs launches it).
 //
 // Compiled at run time with NVRTC, with -DHEAD_DIM=<head dim>; bf16 and f16 are raw 16-bit
 // values (half.cuh).
@@ -62,33 +63,29 @@ __device__ __forceinline__ float4 load4(const float* p) {
     return *reinterpret_cast<const float4*>(p);
 }
 
-__device__ __forceinline__ float4 load4(const bf16_t* p) {
-    uint2 u = *reinterpret_cast<const uint2*>(p);
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+// Two bf16/f16 T in one word hold the first in the low half (the order of memory and of mma
+// fragments).
+template <typename T> __device__ __forceinline__ float low_half(unsigned int word) {
+    return to_float(T{(unsigned short)(word & 0xffffu)});
+}
+template <typename T> __device__ __forceinline__ float high_half(unsigned int word) {
+    return to_float(T{(unsigned short)(word >> 16)});
+}
+template <typename T> __device__ __forceinline__ unsigned int pack_pair(float lo, float hi) {
+    return (unsigned int)from_float<T>(lo).bits | ((unsigned int)from_float<T>(hi).bits << 16);
 }
 
-__device__ __forceinline__ float4 load4(const f16_t* p) {
-    uint2 u = *reinterpret_cast<const uint2*>(p);
-    return make_float4(f16_bits_to_float(u.x & 0xffffu), f16_bits_to_float(u.x >> 16),
-                       f16_bits_to_float(u.y & 0xffffu), f16_bits_to_float(u.y >> 16));
+template <typename T> __device__ __forceinline__ float4 load4(const T* p) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    return make_float4(low_half<T>(u.x), high_half<T>(u.x), low_half<T>(u.y), high_half<T>(u.y));
 }
 
 __device__ __forceinline__ void store4(float* p, float4 x) {
     *reinterpret_cast<float4*>(p) = x;
 }
 
-__device__ __forceinline__ void store4(bf16_t* p, float4 x) {
-    uint2 u;
-    u.x = float_to_bf16_bits(x.x) | (float_to_bf16_bits(x.y) << 16);
-    u.y = float_to_bf16_bits(x.z) | (float_to_bf16_bits(x.w) << 16);
-    *reinterpret_cast<uint2*>(p) = u;
-}
-
-__device__ __forceinline__ void store4(f16_t* p, float4 x) {
-    uint2 u;
-    u.x = (unsigned int)float_to_f16_bits(x.x) | ((unsigned int)float_to_f16_bits(x.y) << 16);
-    u.y = (unsigned int)float_to_f16_bits(x.z) | ((unsigned int)float_to_f16_bits(x.w) << 16);
+template <typename T> __device__ __forceinline__ void store4(T* p, float4 x) {
+    const uint2 u = {pack_pair<T>(x.x, x.y), pack_pair<T>(x.z, x.w)};
     *reinterpret_cast<uint2*>(p) = u;
 }
 
@@ -465,14 +462,6 @@ template <int pending> __device__ __forceinline__ void cp_async_wait() {
 extern __shared__ __align__(16) unsigned char dynamic_shared_memory[];
 #endif
 
-__device__ __forceinline__ unsigned int pack_pair(bf16_t*, float lo, float hi) {
-    return float_to_bf16_bits(lo) | (float_to_bf16_bits(hi) << 16);
-}
-
-__device__ __forceinline__ unsigned int pack_pair(f16_t*, float lo, float hi) {
-    return (unsigned int)float_to_f16_bits(lo) | ((unsigned int)float_to_f16_bits(hi) << 16);
-}
-
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -605,10 +594,8 @@ __device__ void attend_mma(const T* __restrict__ q, const T* __restrict__ k,
             o[n][3] *= alpha[1];
         }
         // The S accumulator layout of two n8 tiles is the A layout of one k16 tile.
-        T* tag = nullptr;
-        const unsigned int pa[4] = {
-            pack_pair(tag, s[0][0], s[0][1]), pack_pair(tag, s[0][2], s[0][3]),
-            pack_pair(tag, s[1][0], s[1][1]), pack_pair(tag, s[1][2], s[1][3])};
+        const unsigned int pa[4] = {pack_pair<T>(s[0][0], s[0][1]), pack_pair<T>(s[0][2], s[0][3]),
+                                    pack_pair<T>(s[1][0], s[1][1]), pack_pair<T>(s[1][2], s[1][3])};
 
         // Transposed matrices (keys 0-7 | 8-15) x (dims 16np..+7 | +8..+15) give the B
         // fragments of two n8 dim tiles.

@@ -1,10 +1,10 @@
-//! The fused attention of a decoding forward (`block_attention.cu`): a few new tokens per row
-//! over that row's KV cache, in one kernel (plus a small merge when a row's keys are split over
-//! several CTAs), instead of matmul, f32 scores, mask, softmax and matmul.
+//! The fused attention of a cached forward (`block_attention.cu`): each row's new tokens (a
+//! decoding block, or a prefill's blocks) over that row's KV cache, in one kernel (plus a small
+//! merge when a row's keys are split over several CTAs), instead of matmul, f32 scores, mask,
+//! softmax and matmul.
 //!
-//! The kernel is compiled with NVRTC for the device's own architecture, to a cubin (a cubin loads
-//! on any driver that runs that GPU, whereas PTX newer than the driver does not), once per
-//! device and head dim. Its semantics are those of the matmul path with
+//! The kernel is compiled with NVRTC (`nvrtc.rs`) once per device and head dim. Its semantics
+//! are those of the matmul path with
 //! [`crate::masks::cached_block_mask`]: every new token sees the cached prefix of its row and
 //! the new tokens of its own and earlier blocks, scale `1/sqrt(head_dim)`, f32 softmax.
 //!
@@ -14,13 +14,13 @@
 //! ops only). Checked on the CPU against an emulation of CUDA (tests/block_attention_emulated.rs)
 //! and on an H200 (golden generations token for token in f32, `tests/cuda.rs`).
 
-use super::decode_ops::tensor_ptr;
+use super::device_ptr::tensor_ptr;
 use super::nvrtc::{self, dtype_index, PerDevice, Source};
 use crate::config::SdarConfig;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
     sys::{CUdevice_attribute, CUfunction_attribute},
-    CudaFunction, CudaModule, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
@@ -85,7 +85,6 @@ const TENSOR_CORE_ARCH: (i32, i32) = (8, 0);
 
 /// The kernels of one head dim, loaded on one device.
 struct Loaded {
-    _module: Arc<CudaModule>,
     /// `block_attention_{f32,bf16,f16}`, in the order of [`dtype_index`].
     attend: [CudaFunction; 3],
     /// `block_attention_mma_{bf16,f16}`, on GPUs from [`TENSOR_CORE_ARCH`].
@@ -118,12 +117,10 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
     let arch = nvrtc::arch(dev, SOURCE.what)?;
     let module = nvrtc::load_module(dev, &SOURCE, &head_dim_option(head_dim))?;
     let function = |name: &str| module.load_function(name).map_err(&driver);
+    let stream = dev.cuda_stream();
+    let context = stream.context();
     Ok(Loaded {
-        attend: [
-            function("block_attention_f32")?,
-            function("block_attention_bf16")?,
-            function("block_attention_f16")?,
-        ],
+        attend: nvrtc::by_dtype(&module, &SOURCE, "block_attention")?,
         attend_mma: if arch >= TENSOR_CORE_ARCH {
             let mma = [
                 function("block_attention_mma_bf16")?,
@@ -131,10 +128,7 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
             ];
             // Past 48 KiB a kernel takes dynamic shared memory only once allowed to (a call on
             // the module's context, which cudarc does not make current for it).
-            dev.cuda_stream()
-                .context()
-                .bind_to_thread()
-                .map_err(&driver)?;
+            context.bind_to_thread().map_err(&driver)?;
             for f in &mma {
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -146,17 +140,10 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
         } else {
             None
         },
-        combine: [
-            function("block_attention_combine_f32")?,
-            function("block_attention_combine_bf16")?,
-            function("block_attention_combine_f16")?,
-        ],
-        multiprocessors: dev
-            .cuda_stream()
-            .context()
+        combine: nvrtc::by_dtype(&module, &SOURCE, "block_attention_combine")?,
+        multiprocessors: context
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(&driver)? as usize,
-        _module: module,
     })
 }
 
@@ -175,7 +162,13 @@ fn split_keys(units: usize, max_keys: usize, multiprocessors: usize) -> (usize, 
 /// The fused attention of one cached forward: per-row lengths on the device and the launch
 /// geometry, shared by every layer.
 pub(crate) struct BlockAttention {
-    kernels: Arc<Loaded>,
+    /// The attention kernel of the planned dtype and kind, launched with `shared_mem_bytes` of
+    /// dynamic shared memory, and the merge of a row's key splits.
+    attend: CudaFunction,
+    shared_mem_bytes: u32,
+    combine: CudaFunction,
+    /// The dtype of q, k and v the kernels were chosen for.
+    dtype: DType,
     /// Committed length of each row, u32 `[B]` on the device: read by the kernel at launch,
     /// so a captured launch follows the lengths of each replay.
     lens: Tensor,
@@ -190,8 +183,6 @@ pub(crate) struct BlockAttention {
     q_tiles: usize,
     chunk_keys: usize,
     splits: usize,
-    /// Whether bf16/f16 run `block_attention_mma_*`.
-    tensor_cores: bool,
 }
 
 impl BlockAttention {
@@ -217,8 +208,7 @@ impl BlockAttention {
             lens.dims()
         );
         let batch = lens.dim(0)?;
-        let supported = dtype_index(dtype).is_some()
-            && HEAD_DIMS.contains(&cfg.head_dim)
+        let supported = HEAD_DIMS.contains(&cfg.head_dim)
             && batch > 0
             && cfg
                 .num_attention_heads
@@ -227,19 +217,30 @@ impl BlockAttention {
         if !supported || mode == Mode::Off {
             return Ok(None);
         }
+        let Some(index) = dtype_index(dtype) else {
+            return Ok(None);
+        };
         let Some(kernels) = loaded(dev, cfg.head_dim) else {
             return Ok(None);
         };
-        let tensor_cores = mode == Mode::TensorCores
-            && kernels.attend_mma.is_some()
-            && matches!(dtype, DType::BF16 | DType::F16);
+        let (attend, shared_mem_bytes) = match &kernels.attend_mma {
+            // `mma` has no f32 kernel: bf16 and f16 sit one place earlier than in `dtype_index`.
+            Some(mma) if mode == Mode::TensorCores && dtype != DType::F32 => (
+                mma[index - 1].clone(),
+                mma_shared_bytes(cfg.head_dim) as u32,
+            ),
+            _ => (kernels.attend[index].clone(), 0),
+        };
         let groups = cfg.num_attention_heads / cfg.num_key_value_heads;
         let q_tiles = (groups * tokens).div_ceil(QUERY_TILE);
         let units = batch * cfg.num_key_value_heads * q_tiles;
         let (chunk_keys, splits) = split_keys(units, max_keys, kernels.multiprocessors);
         Ok(Some(Self {
+            attend,
+            shared_mem_bytes,
+            combine: kernels.combine[index].clone(),
+            dtype,
             lens: lens.clone(),
-            kernels,
             max_keys,
             batch,
             tokens,
@@ -250,7 +251,6 @@ impl BlockAttention {
             q_tiles,
             chunk_keys,
             splits,
-            tensor_cores,
         }))
     }
 
@@ -265,11 +265,10 @@ impl BlockAttention {
         q.contiguous()?.apply_op3_no_bwd(k, v, self)
     }
 
-    /// Runs the kernels of dtype index `dtype` on q, k and v.
+    /// Runs the planned kernels on q, k and v.
     fn launch<T: DeviceRepr>(
         &self,
         dev: &CudaDevice,
-        dtype: usize,
         (q, lq): (&CudaSlice<T>, &Layout),
         (k, lk): (&CudaSlice<T>, &Layout),
         (v, lv): (&CudaSlice<T>, &Layout),
@@ -309,13 +308,7 @@ impl BlockAttention {
         let stream = dev.cuda_stream();
         let (lens_storage, lens_layout) = self.lens.storage_and_layout();
         let lens = tensor_ptr((&lens_storage, lens_layout), "lens", &stream)?;
-        let (function, shared_mem_bytes) = match (&self.kernels.attend_mma, dtype) {
-            (Some(mma), 1 | 2) if self.tensor_cores => {
-                (&mma[dtype - 1], mma_shared_bytes(self.head_dim) as u32)
-            }
-            _ => (&self.kernels.attend[dtype], 0),
-        };
-        let mut attend = stream.launch_builder(function);
+        let mut attend = stream.launch_builder(&self.attend);
         attend
             .arg(&q)
             .arg(&k)
@@ -345,12 +338,12 @@ impl BlockAttention {
             attend.launch(LaunchConfig {
                 grid_dim: grid,
                 block_dim: (THREADS, 1, 1),
-                shared_mem_bytes,
+                shared_mem_bytes: self.shared_mem_bytes,
             })
         }
         .w()?;
         if self.splits > 1 {
-            let mut combine = stream.launch_builder(&self.kernels.combine[dtype]);
+            let mut combine = stream.launch_builder(&self.combine);
             combine
                 .arg(&part_acc)
                 .arg(&part_ml)
@@ -429,16 +422,23 @@ impl CustomOp3 for BlockAttention {
         lv: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let capacity = self.check_shapes(lq, lk, lv)?;
+        if q.dtype() != self.dtype {
+            candle_core::bail!(
+                "block attention planned for {:?} got q of {:?}",
+                self.dtype,
+                q.dtype()
+            );
+        }
         let dev = q.device();
         let slice = match (&q.slice, &k.slice, &v.slice) {
             (CudaStorageSlice::F32(q), CudaStorageSlice::F32(k), CudaStorageSlice::F32(v)) => {
-                CudaStorageSlice::F32(self.launch(dev, 0, (q, lq), (k, lk), (v, lv), capacity)?)
+                CudaStorageSlice::F32(self.launch(dev, (q, lq), (k, lk), (v, lv), capacity)?)
             }
             (CudaStorageSlice::BF16(q), CudaStorageSlice::BF16(k), CudaStorageSlice::BF16(v)) => {
-                CudaStorageSlice::BF16(self.launch(dev, 1, (q, lq), (k, lk), (v, lv), capacity)?)
+                CudaStorageSlice::BF16(self.launch(dev, (q, lq), (k, lk), (v, lv), capacity)?)
             }
             (CudaStorageSlice::F16(q), CudaStorageSlice::F16(k), CudaStorageSlice::F16(v)) => {
-                CudaStorageSlice::F16(self.launch(dev, 2, (q, lq), (k, lk), (v, lv), capacity)?)
+                CudaStorageSlice::F16(self.launch(dev, (q, lq), (k, lk), (v, lv), capacity)?)
             }
             _ => candle_core::bail!(
                 "block attention takes f32, bf16 or f16 q, k and v of one dtype, got {:?}, {:?}, {:?}",

@@ -64,8 +64,7 @@ template <typename T> T fma_round(float a, float b, float c, T*) {
 }
 #endif
 
-// The sum of `x` over the block, as candle's rmsnorm reduces it (see the top of the file);
-// blockDim.x is 32 or 1024. Every thread gets the sum.
+// The butterfly sum of `x` over the 32 lanes of a warp. Every lane gets the sum.
 __device__ __forceinline__ float warp_sum(float x) {
     for (int mask = 16; mask > 0; mask >>= 1) x += __shfl_xor_sync(0xffffffffu, x, mask);
     return x;
@@ -78,6 +77,8 @@ __device__ __forceinline__ float sum_of_warp_sums(const float* warp_sums) {
     return warp_sum(warp_sums[threadIdx.x % 32]);
 }
 
+// The sum of `x` over the block, as candle's rmsnorm reduces it (see the top of the file);
+// blockDim.x is 32 or 1024. Every thread gets the sum.
 __device__ __forceinline__ float block_sum(float x) {
     __shared__ float warp_sums[32];
     x = warp_sum(x);
@@ -88,7 +89,7 @@ __device__ __forceinline__ float block_sum(float x) {
     return x;
 }
 
-// T(residual + delta), and the normed value T(scale * x * weight) of x = that sum.
+// T(residual + delta); the normed value T(scale * x * weight) of x (that sum, or a q/k head).
 template <typename T> __device__ __forceinline__ T add_rounded(T residual, T delta) {
     return from_float<T>(__fadd_rn(to_float(residual), to_float(delta)));
 }
@@ -284,8 +285,7 @@ __device__ void qk_norm_rope_cache(const T* __restrict__ q, const T* __restrict_
     const float scale = rsqrtf(mean + eps);
     float* normed = normed_s[warp];
     for (int i = lane; i < head_dim; i += 32)
-        normed[i] = to_float(
-            from_float<T>(__fmul_rn(__fmul_rn(scale, to_float(src[i])), to_float(weight[i]))));
+        normed[i] = to_float(scaled(scale, src[i], weight[i]));
     __syncwarp();
 
     const int half = head_dim / 2;

@@ -1,7 +1,6 @@
 //! Fused steps of the decoding forward (`decode_ops.cu`), each one launch instead of several
 //! candle ops: residual add + RMSNorm, the SiLU gate, and qk-norm + RoPE + KV-cache write; and
-//! the engine's greedy selection over the logits ([`greedy_summary`], checked on the CPU's
-//! emulation of CUDA and by `tests/cuda.rs`, which has not yet run on a GPU).
+//! the engine's greedy selection over the logits ([`greedy_summary`]).
 //!
 //! Their numerics are those of the candle CUDA kernels they replace, rounding for rounding (the
 //! top of `decode_ops.cu` lists them), so a forward gives the same bits with or without them;
@@ -12,15 +11,13 @@
 //! of the new tokens are read from a device buffer of per-row lengths, which a graph replay
 //! sees with its current contents.
 
+use super::device_ptr::{rows_ptr, slice_ptr, tensor_ptr};
 use super::nvrtc::{self, dtype_index, PerDevice, Source};
-use candle_core::cuda_backend::cudarc::driver::{
-    sys::CUdeviceptr, CudaFunction, CudaModule, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
-    SyncOnDrop,
-};
-use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
+use candle_core::backend::BackendDevice;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage, WrapErr};
 use candle_core::op::BackpropOp;
-use candle_core::{bail, DType, Device, Layout, Result, Shape, Storage, Tensor};
-use half::{bf16, f16};
+use candle_core::{bail, DType, Device, Result, Shape, Storage, Tensor};
 use std::sync::Arc;
 
 const SOURCE: Source = Source {
@@ -50,7 +47,6 @@ const MAX_GRID_Y: usize = 65535;
 
 /// The kernels, loaded on one device.
 struct Loaded {
-    _module: Arc<CudaModule>,
     /// By dtype, in the order of [`dtype_index`].
     add_rms_norm: [CudaFunction; 3],
     add_rms_norm_wide: [CudaFunction; 3],
@@ -73,22 +69,13 @@ fn loaded(dev: &CudaDevice) -> Option<Arc<Loaded>> {
 
 fn load(dev: &CudaDevice) -> anyhow::Result<Loaded> {
     let module = nvrtc::load_module(dev, &SOURCE, &[])?;
-    let driver = nvrtc::driver_error(SOURCE.what);
-    let by_dtype = |op: &str| -> anyhow::Result<[CudaFunction; 3]> {
-        let function = |dtype: &str| module.load_function(&format!("{op}_{dtype}"));
-        Ok([
-            function("f32").map_err(&driver)?,
-            function("bf16").map_err(&driver)?,
-            function("f16").map_err(&driver)?,
-        ])
-    };
+    let by_dtype = |name| nvrtc::by_dtype(&module, &SOURCE, name);
     Ok(Loaded {
         add_rms_norm: by_dtype("add_rms_norm")?,
         add_rms_norm_wide: by_dtype("add_rms_norm_wide")?,
         silu_mul: by_dtype("silu_mul")?,
         qk_norm_rope_cache: by_dtype("qk_norm_rope_cache")?,
         greedy_summary: by_dtype("greedy_summary")?,
-        _module: module,
     })
 }
 
@@ -131,98 +118,15 @@ fn kernels_for(op: &str, tensors: &[&Tensor]) -> Result<(CudaDevice, Arc<Loaded>
     Ok((dev.clone(), kernels, index))
 }
 
-/// `len` uninitialised elements of `dtype` on `dev`.
-fn alloc(dev: &CudaDevice, dtype: DType, len: usize) -> Result<CudaStorageSlice> {
+/// Uninitialised storage of `len` elements of `dtype` on `dev`.
+fn alloc(dev: &CudaDevice, dtype: DType, len: usize) -> Result<CudaStorage> {
     // SAFETY: every caller's kernel writes each element before the tensor is read.
-    unsafe {
-        Ok(match dtype {
-            DType::F32 => CudaStorageSlice::F32(dev.alloc::<f32>(len)?),
-            DType::BF16 => CudaStorageSlice::BF16(dev.alloc::<bf16>(len)?),
-            DType::F16 => CudaStorageSlice::F16(dev.alloc::<f16>(len)?),
-            _ => bail!("the decode kernels take f32, bf16 or f16, got {dtype:?}"),
-        })
-    }
+    unsafe { dev.alloc_uninit(&Shape::from(len), dtype) }
 }
 
-/// The device address of element `offset` of `slice`, with the guard that records the access
-/// on `stream` when dropped (after the launch).
-fn slice_ptr<'a>(
-    slice: &'a CudaStorageSlice,
-    offset: usize,
-    stream: &'a CudaStream,
-) -> Result<(CUdeviceptr, SyncOnDrop<'a>)> {
-    let ((ptr, record), element_bytes) = match slice {
-        CudaStorageSlice::F32(s) => (s.device_ptr(stream), 4),
-        CudaStorageSlice::BF16(s) => (s.device_ptr(stream), 2),
-        CudaStorageSlice::F16(s) => (s.device_ptr(stream), 2),
-        CudaStorageSlice::U32(s) => (s.device_ptr(stream), 4),
-        _ => bail!("the decode kernels take f32, bf16, f16 or u32 tensors"),
-    };
-    Ok((ptr + (offset * element_bytes) as CUdeviceptr, record))
-}
-
-/// The device address of the first element of contiguous `tensor` (`what` names it in errors).
-pub(super) fn tensor_ptr<'a>(
-    (storage, layout): (&'a Storage, &Layout),
-    what: &str,
-    stream: &'a CudaStream,
-) -> Result<(CUdeviceptr, SyncOnDrop<'a>)> {
-    let Storage::Cuda(storage) = storage else {
-        bail!("{what} is not on a CUDA device");
-    };
-    let Some((start, _)) = layout.contiguous_offsets() else {
-        bail!("the decode kernels need {what} contiguous");
-    };
-    slice_ptr(&storage.slice, start, stream)
-}
-
-/// The device address of the first element of `tensor` and how many elements apart its rows
-/// are, for a tensor whose rows (its last dim) are contiguous and evenly spaced: a contiguous
-/// tensor, or a narrow of its last dim (q, k and v as parts of one projection's rows).
-fn rows_ptr<'a>(
-    (storage, layout): (&'a Storage, &Layout),
-    what: &str,
-    stream: &'a CudaStream,
-) -> Result<(CUdeviceptr, SyncOnDrop<'a>, usize)> {
-    let Storage::Cuda(storage) = storage else {
-        bail!("{what} is not on a CUDA device");
-    };
-    let (dims, strides) = (layout.dims(), layout.stride());
-    let Some((&width, outer)) = dims.split_last() else {
-        bail!("{what} has no rows");
-    };
-    let uneven = || {
-        candle_core::Error::Msg(format!("the decode kernels need {what} in evenly spaced contiguous rows, got dims {dims:?} strides {strides:?}"))
-    };
-    if width > 1 && strides[outer.len()] != 1 {
-        return Err(uneven());
-    }
-    let (mut row_stride, mut rows_inside) = (None, 1);
-    for (&d, &stride) in outer.iter().zip(strides).rev() {
-        if d == 1 {
-            continue;
-        }
-        let step = *row_stride.get_or_insert(stride);
-        if stride != step * rows_inside {
-            return Err(uneven());
-        }
-        rows_inside *= d;
-    }
-    let row_stride = row_stride.unwrap_or(width);
-    if row_stride < width {
-        return Err(uneven());
-    }
-    let (ptr, record) = slice_ptr(&storage.slice, layout.start_offset(), stream)?;
-    Ok((ptr, record, row_stride))
-}
-
-/// A tensor of `shape` over freshly allocated `slice`.
-fn wrap(dev: &CudaDevice, slice: CudaStorageSlice, shape: impl Into<Shape>) -> Tensor {
-    let storage = Storage::Cuda(CudaStorage {
-        slice,
-        device: dev.clone(),
-    });
-    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
+/// A tensor of `shape` over freshly allocated `storage`.
+fn wrap(storage: CudaStorage, shape: impl Into<Shape>) -> Tensor {
+    Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
 }
 
 /// Copies `values` from the host into contiguous u32 CUDA tensor `dst`, in place: how a graph
@@ -288,8 +192,8 @@ pub(crate) fn add_rms_norm(
         let residual_p = tensor_ptr((&residual_s, residual_l), "the residual", &stream)?;
         let delta_p = tensor_ptr((&delta_s, delta_l), "the delta", &stream)?;
         let weight_p = tensor_ptr((&weight_s, weight_l), "the norm weight", &stream)?;
-        let sum_p = slice_ptr(&sum, 0, &stream)?;
-        let normed_p = slice_ptr(&normed, 0, &stream)?;
+        let sum_p = slice_ptr(&sum.slice, 0, &stream)?;
+        let normed_p = slice_ptr(&normed.slice, 0, &stream)?;
         let (hidden_i, eps) = (hidden as i32, eps as f32);
         // candle-nn's rmsnorm launch (its f32 sum is added in the order these threads give), or
         // for 1024 threads its order at 8 columns per thread where every row allows 16-byte
@@ -326,7 +230,7 @@ pub(crate) fn add_rms_norm(
         .w()?;
     }
     let shape = residual.shape().clone();
-    Ok((wrap(&dev, sum, shape.clone()), wrap(&dev, normed, shape)))
+    Ok((wrap(sum, shape.clone()), wrap(normed, shape)))
 }
 
 /// The greedy pick of every row of `logits` (`[.., vocab]`, f32, bf16 or f16, contiguous on a
@@ -343,12 +247,11 @@ pub fn greedy_summary(logits: &Tensor) -> Result<Tensor> {
     }
     let rows = logits.elem_count() / vocab;
     let stream = dev.cuda_stream();
-    // SAFETY: the kernel writes all 3 * rows entries before anything reads them.
-    let out = CudaStorageSlice::U32(unsafe { dev.alloc::<u32>(3 * rows)? });
+    let out = alloc(&dev, DType::U32, 3 * rows)?;
     if rows > 0 {
         let (logits_s, logits_l) = logits.storage_and_layout();
         let logits_p = tensor_ptr((&logits_s, logits_l), "the logits", &stream)?;
-        let out_p = slice_ptr(&out, 0, &stream)?;
+        let out_p = slice_ptr(&out.slice, 0, &stream)?;
         let (rows_i, vocab_i) = (rows as i32, vocab as i32);
         let mut launch = stream.launch_builder(&kernels.greedy_summary[dtype]);
         launch
@@ -367,7 +270,7 @@ pub fn greedy_summary(logits: &Tensor) -> Result<Tensor> {
         }
         .w()?;
     }
-    Ok(wrap(&dev, out, (3, rows)))
+    Ok(wrap(out, (3, rows)))
 }
 
 /// `T(silu(f32(gate))) * up`, element-wise (candle: `gate.to_dtype(F32).silu().to_dtype(T)`,
@@ -399,7 +302,7 @@ pub(crate) fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
                 up_p.2
             );
         }
-        let out_p = slice_ptr(&out, 0, &stream)?;
+        let out_p = slice_ptr(&out.slice, 0, &stream)?;
         let cols = gate.dim(candle_core::D::Minus1)?;
         let rows = n / cols;
         let (Ok(rows_i), Ok(cols_i)) = (i32::try_from(rows), i32::try_from(cols)) else {
@@ -430,7 +333,7 @@ pub(crate) fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         }
         .w()?;
     }
-    Ok(wrap(&dev, out, gate.shape().clone()))
+    Ok(wrap(out, gate.shape().clone()))
 }
 
 /// One layer's step between the q/k/v projections and attention: q `[B, T, Hq * D]` and k
@@ -527,7 +430,7 @@ pub(crate) fn qk_norm_rope_cache(
         // The caches are written through these addresses, in place.
         let k_cache_p = tensor_ptr((&k_cache_s, k_cache_l), "the k cache", &stream)?;
         let v_cache_p = tensor_ptr((&v_cache_s, v_cache_l), "the v cache", &stream)?;
-        let q_out_p = slice_ptr(&q_out, 0, &stream)?;
+        let q_out_p = slice_ptr(&q_out.slice, 0, &stream)?;
         let int = |x: usize| x as i32;
         let (tokens_i, q_heads_i, kv_heads_i, head_dim_i, capacity_i) = (
             int(tokens),
@@ -574,7 +477,7 @@ pub(crate) fn qk_norm_rope_cache(
         }
         .w()?;
     }
-    Ok(wrap(&dev, q_out, (batch, q_heads, tokens, head_dim)))
+    Ok(wrap(q_out, (batch, q_heads, tokens, head_dim)))
 }
 
 #[cfg(test)]

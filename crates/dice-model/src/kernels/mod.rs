@@ -3,6 +3,7 @@
 
 mod block_attention;
 pub(crate) mod decode_ops;
+mod device_ptr;
 mod nvrtc;
 
 pub(crate) use block_attention::BlockAttention;

@@ -4,7 +4,7 @@
 //! driver that runs that GPU, whereas PTX newer than the driver does not).
 
 use anyhow::Context;
-use candle_core::cuda_backend::cudarc::driver::{CudaModule, DriverError};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, DriverError};
 use candle_core::cuda_backend::cudarc::nvrtc::{self, Ptx};
 use candle_core::cuda_backend::{CudaDevice, DeviceId};
 use candle_core::DType;
@@ -111,6 +111,21 @@ pub(crate) fn load_module(
         .context()
         .load_module(Ptx::from_binary(cubin))
         .map_err(driver_error(source.what))
+}
+
+/// Kernels `{name}_f32`, `{name}_bf16` and `{name}_f16` of `module` (loaded from `source`), in
+/// the order of [`dtype_index`].
+pub(crate) fn by_dtype(
+    module: &Arc<CudaModule>,
+    source: &Source,
+    name: &str,
+) -> anyhow::Result<[CudaFunction; 3]> {
+    let function = |dtype: &str| {
+        module
+            .load_function(&format!("{name}_{dtype}"))
+            .map_err(driver_error(source.what))
+    };
+    Ok([function("f32")?, function("bf16")?, function("f16")?])
 }
 
 /// Kernels loaded per device and `K` (a head dim, say), built on first use; `None` where they

@@ -1,4 +1,5 @@
-//! Shared test helpers: where `shared/` is, and max-abs-diff comparisons.
+//! Shared test helpers: where `shared/` is, max-abs-diff comparisons, and the build and run of
+//! the emulated kernel checks.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use candle_core::{DType, Tensor};

@@ -12,14 +12,6 @@
 
 static std::mt19937 rng(7);
 
-template <typename T> T encode(float x);
-template <> float encode<float>(float x) { return x; }
-template <> bf16_t encode<bf16_t>(float x) { return {(unsigned short)float_to_bf16_bits(x)}; }
-template <> f16_t encode<f16_t>(float x) { return {float_to_f16_bits(x)}; }
-float decode(float x) { return x; }
-float decode(bf16_t x) { return __uint_as_float((unsigned)x.bits << 16); }
-float decode(f16_t x) { return f16_bits_to_float(x.bits); }
-
 template <typename T> struct Kernels;
 template <> struct Kernels<float> {
     static constexpr auto attend = block_attention_f32;
@@ -48,13 +40,13 @@ template <typename T> double worst_error(const Case& c, bool tensor_cores) {
     std::normal_distribution<float> normal(0.f, 1.f);
     std::vector<T> q(B * Hq * T_ * D), k(B * Hkv * c.capacity * D), v(k.size());
     for (auto* xs : {&q, &k, &v})
-        for (auto& x : *xs) x = encode<T>(normal(rng));
+        for (auto& x : *xs) x = from_float<T>(normal(rng));
     const int groups = Hq / Hkv, q_tiles = (groups * T_ + QUERY_TILE - 1) / QUERY_TILE;
     int max_keys = 0;
     for (unsigned len : c.lens) max_keys = std::max(max_keys, (int)len + T_);
     const int splits = (max_keys + c.chunk_keys - 1) / c.chunk_keys;
     const size_t total_q = (size_t)B * Hq * T_;
-    std::vector<T> out(total_q * D, encode<T>(NAN));
+    std::vector<T> out(total_q * D, from_float<T>(NAN));
     std::vector<float> part_acc(splits * total_q * D, NAN), part_ml(splits * total_q * 2, NAN);
     const float scale = 1.f / std::sqrt((float)D);
     launch({(unsigned)(q_tiles * splits), (unsigned)Hkv, (unsigned)B}, THREADS, [&] {
@@ -79,8 +71,8 @@ template <typename T> double worst_error(const Case& c, bool tensor_cores) {
                 for (int s = 0; s < len + T_; ++s) {
                     double dot = 0;
                     for (int e = 0; e < D; ++e)
-                        dot += (double)decode(q[((b * Hq + h) * T_ + t) * D + e]) *
-                               decode(k[((b * Hkv + kv) * c.capacity + s) * D + e]);
+                        dot += (double)to_float(q[((b * Hq + h) * T_ + t) * D + e]) *
+                               to_float(k[((b * Hkv + kv) * c.capacity + s) * D + e]);
                     bool visible = s < len || (s - len) / c.block_size <= t / c.block_size;
                     p[s] = visible ? dot * scale : -INFINITY;
                     max_score = std::max(max_score, p[s]);
@@ -89,9 +81,9 @@ template <typename T> double worst_error(const Case& c, bool tensor_cores) {
                 for (int e = 0; e < D; ++e) {
                     double want = 0;
                     for (int s = 0; s < len + T_; ++s)
-                        want += p[s] * decode(v[((b * Hkv + kv) * c.capacity + s) * D + e]);
+                        want += p[s] * to_float(v[((b * Hkv + kv) * c.capacity + s) * D + e]);
                     want /= sum;
-                    double got = decode(out[((b * T_ + t) * Hq + h) * D + e]);
+                    double got = to_float(out[((b * T_ + t) * Hq + h) * D + e]);
                     double error = std::fabs(got - want) / (1 + std::fabs(want));
                     if (!(error <= worst)) worst = error;
                 }

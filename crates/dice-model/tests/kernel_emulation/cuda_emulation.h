@@ -72,7 +72,7 @@ inline void __syncwarp() { warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
 
 // Tensor-core operations, with the fragment layouts of the PTX ISA (mma.m16n8k16 with
 // .row.col bf16/f16 operands and f32 accumulators; ldmatrix .m8n8.x4 [.trans] .b16). The 16-bit
-// values are decoded with `decode(T)`, which the including test defines for bf16_t and f16_t.
+// values are read with half.cuh's `to_float(T)`, which the kernel source includes.
 struct MmaOperands {
     unsigned int a[4], b[2];
 };
@@ -84,7 +84,7 @@ void mma_m16n8k16(float (&d)[4], const unsigned int (&a)[4], unsigned int b0, un
     mma_slots[t] = {{a[0], a[1], a[2], a[3]}, {b0, b1}};
     __syncwarp();
     auto half = [](unsigned int word, int k) {
-        return decode(T{(unsigned short)(k & 1 ? word >> 16 : word & 0xffffu)});
+        return to_float(T{(unsigned short)(k & 1 ? word >> 16 : word & 0xffffu)});
     };
     for (int e = 0; e < 4; ++e) {
         const int row = lane / 4 + 8 * (e / 2), col = 2 * (lane % 4) + (e & 1);
