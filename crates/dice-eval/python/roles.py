@@ -194,7 +194,7 @@ def serve_timing(channel, ops, job_dir, make_timer, profiled):
             except BaseException as e:  # noqa: B036
                 fail(channel, *classify(e), "timing")
                 return
-            channel.send(event="trials_done")
+            channel.send(event="timing_ready")
         elif op["op"] == "time":
             try:
                 ms = timer.run(op["n"])

@@ -19,8 +19,8 @@
 //! * Timing alternates rounds of candidate and baseline calls in separate processes; the
 //!   evaluator's own wall time of those rounds is stored beside the reported timings.
 //! * Several candidates are in flight per device (`runs_per_device`): process start, imports and
-//!   extension loads overlap freely, each untimed device step (a model's construction, one trial
-//!   and its judgement) holds a shared pass, and timing holds the device alone (gate.rs); on CUDA machines
+//!   extension loads overlap freely, each untimed device step (a model's construction, one trial,
+//!   one judgement) holds a shared pass, and timing holds the device alone (gate.rs); on CUDA machines
 //!   with 8+ cores two cores are kept for the timed process. Seconds per stage are stored with
 //!   each sample (`stages`). A CUDA out-of-memory beside others is retried alone. Only the timed
 //!   calls run in the exclusive window (timing's input sets are made under a shared pass).

@@ -131,43 +131,59 @@ pub fn evaluate(
     let rt = Arc::new(Runtime::new(cfg.python.as_deref())?);
     sandbox::prepare(&cfg.build_cache)?;
     let probe = rt.start_probe(cfg.device == Device::Cuda)?;
+
+    // Samples without a run stage are reported now; the others go to the compile stage or
+    // straight to the run queue.
+    let (report_tx, report_rx) = mpsc::channel();
+    let (run_queue, run_tx) = RunQueue::new();
+    let mut to_build = Vec::new();
+    let mut to_run = 0;
+    for (i, s) in pending.iter().enumerate() {
+        if let Some(defect) = &problems[&(s.level, s.problem_id)].defect {
+            let _ = report_tx.send(Report::ReferenceFailed(i, defect.clone()));
+            continue;
+        }
+        let Some(code) = &s.code else {
+            let message = "no code block could be extracted from the answer".to_string();
+            let outcome = Outcome::failed(Verdict::NoCode, message, String::new(), vec![], 0.0);
+            let _ = report_tx.send(Report::Sample(i, Box::new(outcome)));
+            continue;
+        };
+        if stage_build::may_build(code) {
+            to_build.push(i);
+        } else {
+            let item = RunItem {
+                sample: i,
+                compiled: Compiled::default(),
+            };
+            run_tx.push((s.level, s.problem_id), item);
+        }
+        to_run += 1;
+    }
+
     // The fork servers import torch while the interpreter is checked, not after it: each import
     // takes seconds, and the first candidate needs both fork servers ready.
     let zygote_env = vec![("DICE_DEVICE".to_string(), cfg.device.as_str().to_string())];
     let mut build_env = zygote_env.clone();
     build_env.push(("CUDA_VISIBLE_DEVICES".to_string(), String::new()));
     let build_zygote = Arc::new(ZygoteSlot::new(build_env, "zygote-build.log".to_string()));
-    let codes = || {
-        pending
-            .iter()
-            .filter(|s| problems[&(s.level, s.problem_id)].defect.is_none())
-            .filter_map(|s| s.code.as_deref())
-    };
-    if codes().any(stage_build::may_build) {
+    if !to_build.is_empty() {
         build_zygote.start_early(&rt);
     }
-    let first_gpu = (cfg.device == Device::Cuda).then_some(0);
-    let mut lanes = vec![Arc::new(Lane::new(
-        &zygote_env,
-        first_gpu,
-        cfg.runs_per_device,
-    ))];
-    let run_anything = codes().next().is_some();
-    if run_anything {
-        lanes[0].zygote.start_early(&rt);
-    }
-    let info = probe.wait()?;
+    let start_lane = |gpu| {
+        let lane = Arc::new(Lane::new(&zygote_env, gpu, cfg.runs_per_device));
+        if to_run > 0 {
+            lane.zygote.start_early(&rt);
+        }
+        lane
+    };
+    let mut lanes = vec![start_lane((cfg.device == Device::Cuda).then_some(0))];
+    let info: PythonInfo = probe.output()?;
     if cfg.device == Device::Cuda {
         if info.gpus.is_empty() {
             bail!("--device cuda: no GPU is visible");
         }
-        for gpu in 1..info.gpus.len() {
-            let lane = Arc::new(Lane::new(&zygote_env, Some(gpu), cfg.runs_per_device));
-            if run_anything {
-                lane.zygote.start_early(&rt);
-            }
-            lanes.push(lane);
-        }
+        lanes.extend((1..info.gpus.len()).map(|gpu| start_lane(Some(gpu))));
     }
     store.begin_run(&run_info(&cfg, &info), &run_settings(&cfg), cfg.force)?;
     let mut problem_rows: Vec<_> = problems
@@ -195,35 +211,11 @@ pub fn evaluate(
         first_sample: OnceLock::new(),
     });
 
-    let (report_tx, report_rx) = mpsc::channel();
     let writer = {
         let shared = shared.clone();
         let bar = progress_bar(cfg.progress, shared.samples.len());
         std::thread::spawn(move || write_reports(store, &shared, report_rx, audit, bar))
     };
-    let (run_queue, run_tx) = RunQueue::new();
-    let mut to_build = Vec::new();
-    for (i, s) in shared.samples.iter().enumerate() {
-        if let Some(defect) = &shared.problems[&(s.level, s.problem_id)].defect {
-            let _ = report_tx.send(Report::ReferenceFailed(i, defect.clone()));
-            continue;
-        }
-        match &s.code {
-            None => {
-                let message = "no code block could be extracted from the answer".to_string();
-                let outcome = Outcome::failed(Verdict::NoCode, message, String::new(), vec![], 0.0);
-                let _ = report_tx.send(Report::Sample(i, Box::new(outcome)));
-            }
-            Some(code) if stage_build::may_build(code) => to_build.push(i),
-            Some(_) => run_tx.push(
-                (s.level, s.problem_id),
-                RunItem {
-                    sample: i,
-                    compiled: Compiled::default(),
-                },
-            ),
-        }
-    }
     let builders = start_builders(&shared, build_zygote, to_build, run_tx, report_tx.clone());
     let mut runners = Vec::new();
     for lane in &lanes {
@@ -268,7 +260,7 @@ pub fn evaluate(
         untimed_step_s: gate.step_held.as_secs_f64(),
         untimed_wait_s: gate.step_waited.as_secs_f64(),
         longest_untimed_step_s: gate.longest_step.as_secs_f64(),
-        ..summary.timeline
+        last_outcome_s: summary.timeline.last_outcome_s,
     };
     store.add_timeline(&summary.timeline)?;
     Ok(summary)
@@ -489,9 +481,9 @@ fn out_of_device_memory(result: &Result<Unsettled, RunError>) -> bool {
     .any(|m| message.contains(m))
 }
 
-/// One candidate in flight on a device, the reference process of the problem it is on, the
-/// device memory promised to both, and (with `look_ahead`) the slot's next sample, its processes
-/// already starting.
+/// One candidate in flight on a device, the reference process of the problem it is on, and the
+/// device memory promised to both; (with `look_ahead`) the slot's next sample, its processes
+/// already starting, waits in its lane.
 struct RunSlot<'a, 'e> {
     shared: &'a Shared,
     lane: &'a Lane,
@@ -510,7 +502,8 @@ struct RunSlot<'a, 'e> {
 /// A run slot's next sample, taken from the queue while its current one runs (or taken now).
 struct Ahead {
     item: RunItem,
-    /// None when they could not be started (they are started again in its turn).
+    /// None when it was taken straight from the queue or they could not be started (they start
+    /// in its turn).
     started: Option<Started>,
 }
 
@@ -529,7 +522,7 @@ const PROCESS_OVERHEAD_BYTES: u64 = 1 << 30;
 impl<'a, 'e> RunSlot<'a, 'e> {
     /// Takes samples until the queue ends.
     fn run_all(&mut self) -> Result<()> {
-        let cfg = &self.shared.ctx.cfg;
+        let shared = self.shared;
         loop {
             if self.reservation.is_some() && self.lane.memory.has_waiters() {
                 self.close_reference();
@@ -537,7 +530,10 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             let Some(Ahead { item, started }) = self.next() else {
                 return Ok(());
             };
-            let sample = &self.shared.samples[item.sample];
+            shared
+                .first_sample
+                .get_or_init(|| shared.started.elapsed().as_secs_f64());
+            let sample = &shared.samples[item.sample];
             // One retry with a fresh fork server when the evaluator itself failed.
             let mut result = self.run(sample, item.compiled.clone(), false, started);
             if let Err(RunError::Evaluator(e)) = &result {
@@ -547,7 +543,7 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             }
             // Device memory may have run out because of the others in flight: not the
             // candidate's fault (nor the reference's) until it happens with the device to itself.
-            if cfg.runs_per_device > 1 && out_of_device_memory(&result) {
+            if shared.ctx.cfg.runs_per_device > 1 && out_of_device_memory(&result) {
                 tracing::info!(
                     "{}: out of device memory beside others; again alone",
                     sample.origin
@@ -559,19 +555,19 @@ impl<'a, 'e> RunSlot<'a, 'e> {
                 result = self.run(sample, item.compiled, true, None);
             }
             match result {
-                // With device memory short, the candidate's is given back before the slot goes on.
-                Ok(unsettled) if self.lane.memory.has_waiters() => {
-                    let outcome = unsettled.settle();
-                    let _ = self
-                        .reports
-                        .send(Report::Sample(item.sample, Box::new(outcome)));
-                }
                 Ok(unsettled) => {
                     let reports = self.reports.clone();
-                    self.background.spawn(move || {
+                    let report = move || {
                         let outcome = unsettled.settle();
                         let _ = reports.send(Report::Sample(item.sample, Box::new(outcome)));
-                    });
+                    };
+                    // With device memory short, the candidate's is given back before the slot
+                    // goes on.
+                    if self.lane.memory.has_waiters() {
+                        report();
+                    } else {
+                        self.background.spawn(report);
+                    }
                 }
                 Err(RunError::Reference(failed)) => {
                     let _ = self
@@ -594,7 +590,7 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             item,
             started: None,
         };
-        // Its own given back before looking at the others'.
+        // Its own lock is released before `steal` takes each slot's in turn.
         let own = self.lane.ahead(self.index).take();
         own.or_else(|| self.queue.take_ready(prefer).map(from_queue))
             .or_else(|| self.lane.steal())
@@ -646,10 +642,6 @@ impl<'a, 'e> RunSlot<'a, 'e> {
         early: Option<Started>,
     ) -> Result<Unsettled, RunError> {
         let ctx = &self.shared.ctx;
-        let shared = self.shared;
-        shared
-            .first_sample
-            .get_or_init(|| shared.started.elapsed().as_secs_f64());
         let zygote = self
             .lane
             .zygote

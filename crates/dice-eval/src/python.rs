@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 const SCRIPTS: [(&str, &str); 7] = [
     ("zygote.py", include_str!("../python/zygote.py")),
@@ -71,17 +71,19 @@ impl Runtime {
     }
 
     /// Starts checking the interpreter (torch, ninja; with `cuda` also GPUs and nvcc): it imports
-    /// torch, seconds that the fork servers' own imports may overlap.
-    pub fn start_probe(&self, cuda: bool) -> Result<Probe> {
+    /// torch, seconds that the fork servers' own imports may overlap. Its output is a
+    /// [`PythonInfo`].
+    pub fn start_probe(&self, cuda: bool) -> Result<JsonScript> {
         let mut probe = Command::new(&self.python);
         probe
             .arg(self.script("probe.py"))
             .arg(if cuda { "cuda" } else { "cpu" })
             .env("PATH", &self.path_env);
-        Ok(Probe {
-            child: spawn_piped(&mut probe, &self.python)?,
-            python: self.python.clone(),
-        })
+        JsonScript::start(
+            &mut probe,
+            &self.python,
+            "probe torch, ninja and the compilers",
+        )
     }
 
     pub fn script(&self, name: &str) -> PathBuf {
@@ -169,64 +171,59 @@ fn remove_orphans(parent: &Path) {
 }
 
 /// What to do when the Python that dice runs lacks something.
-pub const PYTHON_HINT: &str = "pass --python or DICE_PYTHON, or run scripts/setup-python.sh";
+const PYTHON_HINT: &str = "pass --python or DICE_PYTHON, or run scripts/setup-python.sh";
 
-/// The interpreter check, running.
-pub struct Probe {
+/// A script of `python` started to do something, whose stdout is JSON.
+pub struct JsonScript {
     child: std::process::Child,
     python: PathBuf,
+    do_what: String,
 }
 
-impl Probe {
-    /// What the interpreter reported about itself, once the check is done.
-    pub fn wait(self) -> Result<PythonInfo> {
+impl JsonScript {
+    /// Starts `command`, a script of `python`, to `do_what`.
+    pub fn start(command: &mut Command, python: &Path, do_what: &str) -> Result<JsonScript> {
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("cannot run {} ({PYTHON_HINT})", python.display()))?;
+        Ok(JsonScript {
+            child,
+            python: python.to_path_buf(),
+            do_what: do_what.to_string(),
+        })
+    }
+
+    /// Its stdout read as JSON, once it has exited. A failure is one line: what it was to do,
+    /// and the last line the script wrote to stderr (its exception).
+    pub fn output<T: DeserializeOwned>(self) -> Result<T> {
+        let (python, do_what) = (self.python.display(), &self.do_what);
         let out = self
             .child
             .wait_with_output()
-            .with_context(|| format!("cannot run {} ({PYTHON_HINT})", self.python.display()))?;
-        parse_json_output(&out, &self.python, "probe torch, ninja and the compilers")
+            .with_context(|| format!("cannot run {python} ({PYTHON_HINT})"))?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let why = stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("it failed");
+            bail!("{python} cannot {do_what}: {why} ({PYTHON_HINT})");
+        }
+        serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("unexpected output from {python} asked to {do_what}"))
     }
 }
 
-fn spawn_piped(command: &mut Command, python: &Path) -> Result<std::process::Child> {
-    command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot run {} ({PYTHON_HINT})", python.display()))
-}
-
-/// Runs `command`, a script of `python`, and reads its stdout as JSON. A failure is one line:
-/// what it was to `do_what`, and the last line the script wrote to stderr (its exception).
+/// Runs `command`, a script of `python`, to `do_what`, and reads its stdout as JSON
+/// ([`JsonScript::output`]).
 pub fn json_output<T: DeserializeOwned>(
     command: &mut Command,
     python: &Path,
     do_what: &str,
 ) -> Result<T> {
-    let out = command
-        .output()
-        .with_context(|| format!("cannot run {} ({PYTHON_HINT})", python.display()))?;
-    parse_json_output(&out, python, do_what)
-}
-
-fn parse_json_output<T: DeserializeOwned>(out: &Output, python: &Path, do_what: &str) -> Result<T> {
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let why = stderr
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("it failed");
-        bail!(
-            "{} cannot {do_what}: {why} ({PYTHON_HINT})",
-            python.display()
-        );
-    }
-    serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "unexpected output from {} asked to {do_what}",
-            python.display()
-        )
-    })
+    JsonScript::start(command, python, do_what)?.output()
 }

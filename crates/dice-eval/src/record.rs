@@ -58,8 +58,8 @@ pub struct RunTimeline {
     /// Wall seconds during which an exclusive pass was held or asked for, per device summed: no
     /// new untimed step could start on the device then.
     pub gate_closed_s: f64,
-    /// Untimed steps (shared passes: constructions, trials with their judgement, ...), the
-    /// seconds they held their pass and waited for it, and the longest (what a timer may wait for).
+    /// Untimed steps (shared passes: constructions, trials, judgements, ...), the seconds they
+    /// held their pass and waited for it, and the longest (what a timer may wait for).
     pub untimed_steps: u32,
     pub untimed_step_s: f64,
     pub untimed_wait_s: f64,

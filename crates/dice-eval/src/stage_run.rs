@@ -175,16 +175,17 @@ impl Reference {
 
     /// Judges the output the candidate published at `path` against expected output `trial`,
     /// then deletes it: published outputs can be GBs of RAM (job folders live in /dev/shm).
-    /// A step of its own under `turn` (the candidate's step that made the output is over), so a
+    /// An untimed step of its own (the candidate's step that made the output is over), so a
     /// timer waits for one of the two, never for both.
     fn judge(
         &mut self,
         ctx: &JobContext,
-        turn: &mut Turn<'_, '_>,
+        access: &Access<'_>,
+        clock: &mut StageClock,
         trial: u32,
         path: &Path,
     ) -> Result<Value, ReferenceFailed> {
-        let _step = turn.untimed();
+        let _step = clock.untimed(access);
         let judged = self.request(
             ctx,
             json!({"op": "judge", "trial": trial, "path": path.to_string_lossy()}),
@@ -343,9 +344,9 @@ pub fn spawn_candidate(
     })
 }
 
-/// Runs a started candidate against `reference`: construction and each correctness trial (with
-/// its judgement) under an untimed pass of `access`; when correct, timing with the device to
-/// itself, then on CUDA the profiled rerun of trial 1.
+/// Runs a started candidate against `reference`: construction, each correctness trial and each
+/// judgement under an untimed pass of `access` apiece; when correct, timing's inputs made under
+/// one more, the timed calls with the device to itself, then on CUDA the profiled rerun of trial 1.
 pub fn run_candidate(
     ctx: &JobContext,
     access: &Access<'_>,
@@ -390,7 +391,7 @@ pub fn run_candidate(
                 "failed" => verdict = Some(failure_of(&msg)),
                 "loaded" => {
                     clock.lap("import");
-                    step = clock.wait(|| access.untimed());
+                    step = clock.untimed(access);
                     child.send(&json!({"op": "construct"}));
                     phase = "constructing ModelNew".into();
                 }
@@ -399,7 +400,7 @@ pub fn run_candidate(
                     // waits would deadlock.
                     drop(step.take());
                     clock.lap("construct");
-                    step = clock.wait(|| access.untimed());
+                    step = clock.untimed(access);
                     child.send(&json!({"op": "trial"}));
                     phase = "running correctness trial 1".into();
                 }
@@ -425,31 +426,25 @@ pub fn run_candidate(
                     }
                     drop(step.take());
                     let path = child.dir().join(format!("output_{trial}.bin"));
-                    let judged = reference.judge(
-                        ctx,
-                        &mut Turn {
-                            access,
-                            clock: &mut clock,
-                        },
-                        trial,
-                        &path,
-                    )?;
+                    let judged = reference.judge(ctx, access, &mut clock, trial, &path)?;
                     if trials.take(&judged) {
                         verdict = trials.failure.clone();
                     } else if trial + 1 < ctx.cfg.correctness_trials {
-                        step = clock.wait(|| access.untimed());
+                        step = clock.untimed(access);
                         child.send(&json!({"op": "trial"}));
                         phase = format!("running correctness trial {}", trial + 2);
                     } else if trials.failure.is_some() {
                         verdict = trials.failure.clone();
                     } else {
                         // Timing's inputs go on the device under this pass, not in the window.
-                        step = clock.wait(|| access.untimed());
+                        step = clock.untimed(access);
                         child.send(&json!({"op": "prepare_timing"}));
                         phase = "preparing the timing inputs".into();
                     }
                 }
-                "trials_done" => match trials.failure.clone() {
+                // Asked for only after every trial passed; sent before that by the program itself,
+                // it decides against the program.
+                "timing_ready" => match trials.failure.clone() {
                     Some(failure) => verdict = Some(failure),
                     None if trials.passed < ctx.cfg.correctness_trials => {
                         verdict = Some((
@@ -630,7 +625,7 @@ fn time_side_by_side(
         t.baseline_wall_ms,
         rounds,
     ));
-    let judged = judge_timing_outputs(ctx, &mut Turn { access, clock }, child, reference)?;
+    let judged = judge_timing_outputs(ctx, access, clock, child, reference)?;
     clock.lap("judge timing outputs");
     if let Err(failure) = judged {
         evidence.findings.push(Finding::error(
@@ -646,12 +641,13 @@ fn time_side_by_side(
 /// correctness trials (the reference knows the expected outputs after its correctness trials).
 fn judge_timing_outputs(
     ctx: &JobContext,
-    turn: &mut Turn<'_, '_>,
+    access: &Access<'_>,
+    clock: &mut StageClock,
     child: &mut Child,
     reference: &mut Reference,
 ) -> Result<Result<(), (Verdict, String)>, ReferenceFailed> {
     let published = {
-        let _step = turn.untimed();
+        let _step = clock.untimed(access);
         request_candidate(
             ctx,
             child,
@@ -673,7 +669,7 @@ fn judge_timing_outputs(
     for k in 0..sets as u32 {
         let path = child.dir().join(format!("timing_{k}.bin"));
         let index = ctx.cfg.correctness_trials + k;
-        let judged = reference.judge(ctx, turn, index, &path)?;
+        let judged = reference.judge(ctx, access, clock, index, &path)?;
         if let Some((verdict, message)) = judged_failure(&judged) {
             let message = format!(
                 "the last timed call on input set {} was wrong: {message}",
@@ -781,11 +777,7 @@ fn profile_candidate(
         return Ok(Err(failure));
     }
     check.clock.lap("profiler start");
-    let mut turn = Turn {
-        access,
-        clock: check.clock,
-    };
-    let step = turn.untimed();
+    let step = check.clock.untimed(access);
     let profiled = request_candidate_with(
         ctx,
         child,
@@ -797,7 +789,7 @@ fn profile_candidate(
     let judged = match profiled {
         Ok(_) => {
             let path = child.dir().join("output_profiled.bin");
-            Ok(reference.judge(ctx, &mut turn, 0, &path)?)
+            Ok(reference.judge(ctx, access, check.clock, 0, &path)?)
         }
         Err(failure) => Err(failure),
     };
@@ -820,20 +812,6 @@ fn profile_candidate(
     })
 }
 
-/// How a candidate's evaluation takes its untimed passes: through its access to the device,
-/// with the wait counted on its clock.
-struct Turn<'t, 'a> {
-    access: &'t Access<'a>,
-    clock: &'t mut StageClock,
-}
-
-impl<'a> Turn<'_, 'a> {
-    fn untimed(&mut self) -> Option<SharedPass<'a>> {
-        let access = self.access;
-        self.clock.wait(|| access.untimed())
-    }
-}
-
 /// Wall time of a candidate's stages, as the evaluator saw them, in seconds; time spent waiting
 /// for an untimed pass is also summed apart (`pass wait`).
 struct StageClock {
@@ -854,10 +832,11 @@ impl StageClock {
         }
     }
 
-    fn wait<T>(&mut self, acquire: impl FnOnce() -> T) -> T {
-        let started = Instant::now();
-        let pass = acquire();
-        self.pass_wait_s += started.elapsed().as_secs_f64();
+    /// A pass of `access` for one untimed step; the wait for it counts as `pass wait`.
+    fn untimed<'a>(&mut self, access: &Access<'a>) -> Option<SharedPass<'a>> {
+        let asked = Instant::now();
+        let pass = access.untimed();
+        self.pass_wait_s += asked.elapsed().as_secs_f64();
         pass
     }
 
