@@ -206,11 +206,7 @@ impl JsonScript {
             .with_context(|| format!("cannot run {python} ({PYTHON_HINT})"))?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
-            let why = stderr
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("it failed");
+            let why = last_line(&stderr).unwrap_or("it failed");
             bail!("{python} cannot {do_what}: {why} ({PYTHON_HINT})");
         }
         serde_json::from_slice(&out.stdout)
@@ -226,4 +222,9 @@ pub fn json_output<T: DeserializeOwned>(
     do_what: &str,
 ) -> Result<T> {
     JsonScript::start(command, python, do_what)?.output()
+}
+
+/// The last line of `text` that is not blank: where a Python process says why it stopped.
+pub(crate) fn last_line(text: &str) -> Option<&str> {
+    text.lines().rev().find(|l| !l.trim().is_empty())
 }

@@ -1,6 +1,6 @@
 //! The fork server: one Python process that imported torch once and forks a child per job.
 
-use crate::python::Runtime;
+use crate::python::{last_line, Runtime};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -72,11 +72,7 @@ impl Zygote {
                 let _ = process.kill();
                 let _ = process.wait();
                 let log = std::fs::read_to_string(rt.dir.path().join(log_name)).unwrap_or_default();
-                let last = log
-                    .lines()
-                    .rev()
-                    .find(|l| !l.trim().is_empty())
-                    .unwrap_or("no output");
+                let last = last_line(&log).unwrap_or("no output");
                 bail!("the Python worker failed to start: {last}");
             }
         }
