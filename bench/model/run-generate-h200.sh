@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The generation issue's GPU evidence, run on the H200 machine from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/model/run-generate-h200.sh [STEP...]
-# (STEP: golden-f32, cuda-tests, kernel-tests, golden-bf16, gen-4b, gen-8b, gen-4b-no-graphs,
-# gen-4b-candle; all by default)
+# (STEP: golden-f32, cuda-tests, kernel-tests, golden-bf16, gen-4b, gen-8b, gen-4b-again,
+# kernel-times, gen-4b-no-graphs, gen-4b-candle; all by default)
 # with, under $DATA (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
 #   golden/     shared/sdar/golden/tiny (the reference's greedy generations, f32); files in it
@@ -12,7 +12,7 @@
 #   kernel_tests.xz (optional)  the dice-model library test binary built with --features cuda
 #               (its GPU tests are #[ignore]d elsewhere: the kernels against candle's ops, bit for bit)
 # Writes $OUT/steps.txt and $OUT/generate.tgz: golden-*.txt, gen-*.txt (tables, profiles),
-# gen-*.json, cuda-tests.txt.
+# gen-*.json, cuda-tests.txt, kernel-times.{csv,txt}.
 set -uo pipefail
 DATA=$(realpath "${DATA:?}") OUT=${OUT:?}
 export LD_LIBRARY_PATH=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')
@@ -61,6 +61,33 @@ run gen-4b bench generate --config "$DATA/configs/sdar-4b.json" --device cuda --
   --batch 1,128 --profile --json "$OUT/gen-4b.json"
 run gen-8b bench generate --config "$DATA/configs/sdar-8b.json" --device cuda --dtype bf16 \
   --batch 1 --profile --json "$OUT/gen-8b.json"
+# Batch 128 once more, without the profile: the spread from run to run.
+run gen-4b-again bench generate --config "$DATA/configs/sdar-4b.json" --device cuda --dtype bf16 \
+  --batch 128 --json "$OUT/gen-4b-again.json"
+# What each of dice's own kernels takes on its own (Nsight Compute, one metric, no clock or cache
+# control), over about five forwards of a batch-128 decoding run past its prefill: launches are
+# counted among the kernels the filter selects only.
+if wanted kernel-times && (( $(left) > 30 )); then
+  DICE_CUDA_GRAPHS=0 timeout "$(left)" ncu --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv \
+    -k 'regex:^(qk_norm|silu_mul|add_rms|greedy|block_attention)' -s 2500 -c 900 \
+    "$bin" bench generate --config "$DATA/configs/sdar-4b.json" --device cuda --dtype bf16 \
+    --batch 128 --new-tokens 16 >"$OUT/kernel-times.csv" 2>"$OUT/kernel-times.err"
+  echo "kernel-times rc=$?" | tee -a "$OUT/steps.txt"
+  python3 - "$OUT/kernel-times.csv" <<'PY' | tee "$OUT/kernel-times.txt"
+import collections, csv, sys
+lines = open(sys.argv[1]).read().splitlines()
+rows = csv.DictReader(lines[next(i for i, l in enumerate(lines) if l.startswith('"ID"')):])
+runs, total = collections.Counter(), collections.Counter()
+for r in rows:
+    key = (r["Kernel Name"], r["Grid Size"], r["Block Size"])
+    runs[key] += 1
+    total[key] += float(r["Metric Value"].replace(",", "")) / 1000
+print("| kernel | grid | block | launches | mean us |\n| --- | --- | --- | ---: | ---: |")
+for key in sorted(runs, key=lambda k: -total[k]):
+    print(f"| {key[0]} | {key[1]} | {key[2]} | {runs[key]} | {total[key] / runs[key]:.2f} |")
+PY
+fi
 # What the graph and the fused kernels each bring: the same runs with graphs off (the fused
 # forward op by op), then with candle's ops only (DICE_FUSED_ATTENTION=0 turns the fused decoding
 # forward off).

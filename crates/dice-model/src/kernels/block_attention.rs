@@ -32,7 +32,9 @@ const SOURCE: Source = Source {
     what: "the block attention kernel",
 };
 
-/// Threads per CTA, keys per tile and query rows per CTA, as `block_attention.cu` defines them.
+/// Threads per CTA, keys per tile (of the CUDA-core kernel, and per stage of the tensor-core one:
+/// a key split is a whole number of them) and query rows per tile, as `block_attention.cu`
+/// defines them.
 const THREADS: u32 = 128;
 const KEY_TILE: usize = 64;
 const QUERY_TILE: usize = 16;
@@ -40,21 +42,55 @@ const QUERY_TILE: usize = 16;
 /// Head dims the kernel is built for (it keeps a whole key tile of f32 rows in shared memory).
 const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
 
-/// CTAs per SM the key split aims at: about one full wave (at head dim 128 the CUDA-core kernel's
-/// shared memory, 46.5 KiB, lets 4 run at once; the tensor-core kernel's, 68 KiB, 3 on an H100
-/// or H200).
+/// CTAs per SM the key split aims at: about one full wave (at head dim 128 on an H100 or H200,
+/// the CUDA-core kernel's shared memory, 46.5 KiB, lets 4 run at once; the decoding tensor-core
+/// kernel's registers, 3; the staged tensor-core kernels' 102 KiB, 2).
 const CTAS_PER_SM: usize = 4;
 
-/// Dynamic shared memory of `block_attention_mma_*` (`MMA_SHARED_BYTES` in
-/// `block_attention.cu`): per warp, two stages of 16 K and 16 V rows of bf16/f16 padded by 8
-/// elements, or, when larger, the warps' f32 outputs for their merge.
+/// Stages of 64 K and 64 V rows `block_attention_mma{2,4}_*` rotate through (`MMA_STAGES`):
+/// with three, two are in flight while one is computed, and two CTAs fit an H100/H200 SM.
+const MMA_STAGES: usize = 3;
+
+/// Query tiles per CTA of the staged tensor-core kernels (`block_attention_mma{2,4}_*`); one
+/// query tile takes `block_attention_mma_*`.
+const MMA_Q_TILES: [usize; 2] = [2, 4];
+
+/// Warps per CTA of the tensor-core kernels.
+const WARPS: usize = THREADS as usize / 32;
+
+/// Bytes of `keys` staged K and V rows of bf16/f16, each padded by 8 elements.
+fn staged_kv_bytes(keys: usize, head_dim: usize) -> usize {
+    2 * keys * (head_dim + 8) * 2
+}
+
+/// Dynamic shared memory of a tensor-core kernel staging `stage_bytes`: the stages, or, when
+/// larger, the warps' f32 outputs for their merge, which reuses them.
+fn with_merge(stage_bytes: usize, head_dim: usize) -> usize {
+    stage_bytes.max(WARPS * QUERY_TILE * head_dim * 4)
+}
+
+/// Dynamic shared memory of `block_attention_mma{2,4}_*` (`MMA_SHARED_BYTES` in
+/// `block_attention.cu`): [`MMA_STAGES`] stages of 64 K and 64 V rows.
 fn mma_shared_bytes(head_dim: usize) -> usize {
-    const WARPS: usize = THREADS as usize / 32;
-    const STAGES: usize = 2;
-    const KEYS: usize = 16;
-    let stages = WARPS * STAGES * 2 * KEYS * (head_dim + 8) * 2;
-    let merge = WARPS * QUERY_TILE * head_dim * 4;
-    stages.max(merge)
+    with_merge(MMA_STAGES * staged_kv_bytes(64, head_dim), head_dim)
+}
+
+/// Dynamic shared memory of `block_attention_mma_*` (`WARP_SHARED_BYTES`): per warp, two
+/// stages of 16 K and 16 V rows.
+fn warp_staged_shared_bytes(head_dim: usize) -> usize {
+    with_merge(WARPS * 2 * staged_kv_bytes(16, head_dim), head_dim)
+}
+
+/// Query tiles per CTA of the tensor-core kernel for `queries` query rows per KV head (the
+/// group's heads times the new tokens): the K/V stages are shared by as many tiles as the
+/// forward has, up to four (a prefill).
+fn mma_q_tiles(queries: usize) -> usize {
+    let tiles = queries.div_ceil(QUERY_TILE);
+    MMA_Q_TILES
+        .into_iter()
+        .rev()
+        .find(|&t| t <= tiles)
+        .unwrap_or(1)
 }
 
 /// The environment variable that selects the kernels (see the module docs).
@@ -87,11 +123,19 @@ const TENSOR_CORE_ARCH: (i32, i32) = (8, 0);
 struct Loaded {
     /// `block_attention_{f32,bf16,f16}`, in the order of [`dtype_index`].
     attend: [CudaFunction; 3],
-    /// `block_attention_mma_{bf16,f16}`, on GPUs from [`TENSOR_CORE_ARCH`].
-    attend_mma: Option<[CudaFunction; 2]>,
+    /// The tensor-core kernels, on GPUs from [`TENSOR_CORE_ARCH`].
+    attend_mma: Option<TensorCoreKernels>,
     /// `block_attention_combine_{f32,bf16,f16}`.
     combine: [CudaFunction; 3],
     multiprocessors: usize,
+}
+
+/// The tensor-core kernels by dtype (bf16, f16).
+struct TensorCoreKernels {
+    /// `block_attention_mma_*`: one query tile per CTA, each warp streaming its own keys.
+    decoding: [CudaFunction; 2],
+    /// `block_attention_mma{2,4}_*` by [`MMA_Q_TILES`]: query tiles sharing staged keys.
+    staged: [[CudaFunction; 2]; 2],
 }
 
 /// Kernels by device and head dim.
@@ -108,31 +152,53 @@ fn loaded(dev: &CudaDevice, head_dim: usize) -> Option<Arc<Loaded>> {
     )
 }
 
-fn head_dim_option(head_dim: usize) -> [String; 1] {
-    [format!("-DHEAD_DIM={head_dim}")]
+fn compile_options(head_dim: usize) -> [String; 2] {
+    [
+        format!("-DHEAD_DIM={head_dim}"),
+        format!("-DMMA_STAGES={MMA_STAGES}"),
+    ]
 }
 
 fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
     let driver = nvrtc::driver_error(SOURCE.what);
     let arch = nvrtc::arch(dev, SOURCE.what)?;
-    let module = nvrtc::load_module(dev, &SOURCE, &head_dim_option(head_dim))?;
+    let module = nvrtc::load_module(dev, &SOURCE, &compile_options(head_dim))?;
     let function = |name: &str| module.load_function(name).map_err(&driver);
     let stream = dev.cuda_stream();
     let context = stream.context();
     Ok(Loaded {
         attend: nvrtc::by_dtype(&module, &SOURCE, "block_attention")?,
         attend_mma: if arch >= TENSOR_CORE_ARCH {
-            let mma = [
-                function("block_attention_mma_bf16")?,
-                function("block_attention_mma_f16")?,
-            ];
+            let by_dtype = |q_tiles: usize| -> anyhow::Result<[CudaFunction; 2]> {
+                Ok([
+                    function(&format!("block_attention_mma{q_tiles}_bf16"))?,
+                    function(&format!("block_attention_mma{q_tiles}_f16"))?,
+                ])
+            };
+            let mma = TensorCoreKernels {
+                decoding: [
+                    function("block_attention_mma_bf16")?,
+                    function("block_attention_mma_f16")?,
+                ],
+                staged: [by_dtype(2)?, by_dtype(4)?],
+            };
             // Past 48 KiB a kernel takes dynamic shared memory only once allowed to (a call on
             // the module's context, which cudarc does not make current for it).
             context.bind_to_thread().map_err(&driver)?;
-            for f in &mma {
+            for (f, bytes) in mma
+                .decoding
+                .iter()
+                .map(|f| (f, warp_staged_shared_bytes(head_dim)))
+                .chain(
+                    mma.staged
+                        .iter()
+                        .flatten()
+                        .map(|f| (f, mma_shared_bytes(head_dim))),
+                )
+            {
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    mma_shared_bytes(head_dim) as i32,
+                    bytes as i32,
                 )
                 .map_err(&driver)?;
             }
@@ -223,16 +289,27 @@ impl BlockAttention {
         let Some(kernels) = loaded(dev, cfg.head_dim) else {
             return Ok(None);
         };
-        let (attend, shared_mem_bytes) = match &kernels.attend_mma {
+        let queries = cfg.num_attention_heads / cfg.num_key_value_heads * tokens;
+        let (attend, shared_mem_bytes, tile_queries) = match &kernels.attend_mma {
             // `mma` has no f32 kernel: bf16 and f16 sit one place earlier than in `dtype_index`.
-            Some(mma) if mode == Mode::TensorCores && dtype != DType::F32 => (
-                mma[index - 1].clone(),
-                mma_shared_bytes(cfg.head_dim) as u32,
-            ),
-            _ => (kernels.attend[index].clone(), 0),
+            Some(mma) if mode == Mode::TensorCores && dtype != DType::F32 => {
+                let q_tiles = mma_q_tiles(queries);
+                match MMA_Q_TILES.iter().position(|&t| t == q_tiles) {
+                    Some(variant) => (
+                        mma.staged[variant][index - 1].clone(),
+                        mma_shared_bytes(cfg.head_dim) as u32,
+                        q_tiles * QUERY_TILE,
+                    ),
+                    None => (
+                        mma.decoding[index - 1].clone(),
+                        warp_staged_shared_bytes(cfg.head_dim) as u32,
+                        QUERY_TILE,
+                    ),
+                }
+            }
+            _ => (kernels.attend[index].clone(), 0, QUERY_TILE),
         };
-        let groups = cfg.num_attention_heads / cfg.num_key_value_heads;
-        let q_tiles = (groups * tokens).div_ceil(QUERY_TILE);
+        let q_tiles = queries.div_ceil(tile_queries);
         let units = batch * cfg.num_key_value_heads * q_tiles;
         let (chunk_keys, splits) = split_keys(units, max_keys, kernels.multiprocessors);
         Ok(Some(Self {
@@ -475,18 +552,35 @@ mod tests {
     }
 
     #[test]
-    fn three_tensor_core_ctas_fit_the_shared_memory_of_an_h200_sm() {
-        // 228 KiB per SM, of which the driver reserves 1 KiB per CTA; the kernel's static
-        // shared memory (the warps' running max and sum) is 512 bytes.
-        let per_cta = mma_shared_bytes(128) + 512 + 1024;
-        assert!(3 * per_cta <= 228 * 1024, "{per_cta} bytes per CTA");
+    fn the_tensor_core_ctas_fit_the_shared_memory_of_an_h200_sm() {
+        // 228 KiB per SM, of which the driver reserves 1 KiB per CTA; the kernels' static
+        // shared memory (the warps' running max and sum) is 512 bytes. Two staged CTAs per SM,
+        // three decoding ones (as many as their registers allow).
+        for (bytes, ctas) in [
+            (mma_shared_bytes(128), 2),
+            (warp_staged_shared_bytes(128), 3),
+        ] {
+            let per_cta = bytes + 512 + 1024;
+            assert!(ctas * per_cta <= 228 * 1024, "{per_cta} bytes per CTA");
+        }
+    }
+
+    #[test]
+    fn a_cta_shares_its_stages_among_the_query_tiles_of_a_forward() {
+        // SDAR-4B: 4 query heads per KV head; a decoding block, a store pass riding along, a
+        // prefill.
+        assert_eq!(mma_q_tiles(4 * 4), 1);
+        assert_eq!(mma_q_tiles(4 * 8), 2);
+        assert_eq!(mma_q_tiles(4 * 12), 2);
+        assert_eq!(mma_q_tiles(4 * 512), 4);
+        assert_eq!(mma_q_tiles(1), 1);
     }
 
     /// Runs wherever NVRTC loads (no GPU needed): the source must compile for every head dim.
     #[test]
     fn the_kernel_compiles_with_nvrtc_for_every_head_dim() {
         for head_dim in HEAD_DIMS {
-            let cubin = nvrtc::compile_cubin(&SOURCE, &head_dim_option(head_dim), (9, 0)).unwrap();
+            let cubin = nvrtc::compile_cubin(&SOURCE, &compile_options(head_dim), (9, 0)).unwrap();
             assert!(!cubin.is_empty(), "empty cubin for head dim {head_dim}");
         }
     }

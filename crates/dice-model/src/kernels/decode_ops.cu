@@ -197,12 +197,13 @@ __device__ void add_rms_norm_wide(const T* __restrict__ residual, const T* __res
 // out = T(silu(f32(gate))) * up, element-wise over rows x cols outputs (out contiguous); row r
 // of gate and up starts at r * in_stride (cols when they are contiguous, 2 * cols when both are
 // halves of one gate/up projection's rows).
-// Grid: x = pairs of columns (two per thread), y = rows (striding when there are more than the
-// grid's 65535). The pair is read and written as one 2 * sizeof(T) access where every row of
-// the three buffers starts so aligned, else element by element (same values either way).
-template <typename T> struct alignas(2 * sizeof(T)) Pair {
-    T lo, hi;
+// Grid: x = groups of VEC_COLS columns (16 bytes of T per thread), y = rows (striding when there
+// are more than the grid's 65535). A group is read and written as one 16-byte access where every
+// row of the three buffers starts so aligned, else element by element (same values either way).
+template <typename T> struct alignas(16) Vec16 {
+    T v[16 / sizeof(T)];
 };
+#define VEC_COLS(T) ((int)(16 / sizeof(T)))
 
 template <typename T> __device__ __forceinline__ T silu_times(T gate, T up) {
     const float x = to_float(gate);
@@ -213,27 +214,29 @@ template <typename T> __device__ __forceinline__ T silu_times(T gate, T up) {
 template <typename T>
 __device__ void silu_mul(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out,
                          int rows, int cols, size_t in_stride) {
-    const unsigned int col = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
+    constexpr int vec = VEC_COLS(T);
+    const unsigned int col = vec * (blockIdx.x * blockDim.x + threadIdx.x);
     if (col >= (unsigned int)cols) return;
-    const size_t pair_bytes = sizeof(Pair<T>);
-    const bool paired = cols % 2 == 0 && in_stride % 2 == 0 &&
-                        ((size_t)gate | (size_t)up | (size_t)out) % pair_bytes == 0;
+    const bool vectors = cols % vec == 0 && in_stride % vec == 0 &&
+                         ((size_t)gate | (size_t)up | (size_t)out) % 16 == 0;
     for (int row = blockIdx.y; row < rows; row += gridDim.y) {
         const T* g = gate + row * in_stride + col;
         const T* u = up + row * in_stride + col;
         T* o = out + (size_t)row * cols + col;
-        if (paired) {
-            const Pair<T> gg = *reinterpret_cast<const Pair<T>*>(g);
-            const Pair<T> uu = *reinterpret_cast<const Pair<T>*>(u);
-            *reinterpret_cast<Pair<T>*>(o) = {silu_times(gg.lo, uu.lo), silu_times(gg.hi, uu.hi)};
+        if (vectors) {
+            const Vec16<T> gg = *reinterpret_cast<const Vec16<T>*>(g);
+            const Vec16<T> uu = *reinterpret_cast<const Vec16<T>*>(u);
+            Vec16<T> oo;
+            for (int j = 0; j < vec; ++j) oo.v[j] = silu_times(gg.v[j], uu.v[j]);
+            *reinterpret_cast<Vec16<T>*>(o) = oo;
         } else {
-            o[0] = silu_times(g[0], u[0]);
-            if (col + 1 < (unsigned int)cols) o[1] = silu_times(g[1], u[1]);
+            for (int j = 0; j < vec && col + j < (unsigned int)cols; ++j)
+                o[j] = silu_times(g[j], u[j]);
         }
     }
 }
 
-#define HEADS_PER_CTA 4
+#define ROPE_WARPS 8
 #define MAX_HEAD_DIM 128
 
 // The step between the q/k/v projections and attention of one layer, for new token t of batch
@@ -244,9 +247,10 @@ __device__ void silu_mul(const T* __restrict__ gate, const T* __restrict__ up, T
 //   v [B, T, Hkv, D] -> v_cache at the same slot
 // Consecutive tokens of q are q_stride elements apart, of k and v kv_stride (Hq * D and Hkv * D
 // when they are contiguous, (Hq + 2 Hkv) * D when all three are parts of one q/k/v projection).
-// One warp per head vector (a q head, or a k head with its v head): grid x = groups of
-// HEADS_PER_CTA of the Hq + Hkv heads, y = token, z = batch row; blockDim.x = 32 * HEADS_PER_CTA.
-// The norm reduces one warp's 32 lanes, as candle's rmsnorm with 32 threads does for D < 1024.
+// Grid: x = the CTAs sharing one token's Hq + Hkv head vectors (a q head, or a k head with its v
+// head), y = token, z = batch row; ROPE_WARPS warps per CTA, one head vector per warp at a time.
+// The CTA computes the position's cos and sin once, for all its heads. The norm reduces one
+// warp's 32 lanes, as candle's rmsnorm with 32 threads does for D < 1024.
 template <typename T>
 __device__ void qk_norm_rope_cache(const T* __restrict__ q, const T* __restrict__ k,
                                    const T* __restrict__ v, const T* __restrict__ q_norm,
@@ -255,49 +259,62 @@ __device__ void qk_norm_rope_cache(const T* __restrict__ q, const T* __restrict_
                                    T* __restrict__ k_cache, T* __restrict__ v_cache, int tokens,
                                    int q_heads, int kv_heads, int head_dim, int capacity,
                                    int q_stride, int kv_stride, float eps) {
-    __shared__ float normed_s[HEADS_PER_CTA][MAX_HEAD_DIM];
+    __shared__ float normed_s[ROPE_WARPS][MAX_HEAD_DIM];
+    __shared__ float cos_s[MAX_HEAD_DIM / 2], sin_s[MAX_HEAD_DIM / 2];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int head = blockIdx.x * HEADS_PER_CTA + warp, t = blockIdx.y, b = blockIdx.z;
-    if (head >= q_heads + kv_heads) return;
-    const bool is_q = head < q_heads;
-    const int kv_head = head - q_heads;
+    const int t = blockIdx.y, b = blockIdx.z;
     const int pos = (int)lens[b] + t;
-    // The caller checks the lengths against the capacity; past it nothing is written.
-    if (!is_q && pos >= capacity) return;
-    const size_t token = (size_t)b * tokens + t;
-    const T* src = is_q ? q + token * q_stride + (size_t)head * head_dim
-                        : k + token * kv_stride + (size_t)kv_head * head_dim;
-    const T* weight = is_q ? q_norm : k_norm;
-    const size_t cache_slot = (((size_t)b * kv_heads + kv_head) * capacity + pos) * head_dim;
-    T* dst = is_q ? q_out + (((size_t)b * q_heads + head) * tokens + t) * head_dim
-                  : k_cache + cache_slot;
-    if (!is_q) {
-        const T* v_src = v + token * kv_stride + (size_t)kv_head * head_dim;
-        for (int i = lane; i < head_dim; i += 32) v_cache[cache_slot + i] = v_src[i];
-    }
-
-    float squares = 0.f;
-    for (int i = lane; i < head_dim; i += 32) {
-        const float x = to_float(src[i]);
-        squares = fmaf(x, x, squares);
-    }
-    const float mean = warp_sum(squares) / head_dim;
-    const float scale = rsqrtf(mean + eps);
-    float* normed = normed_s[warp];
-    for (int i = lane; i < head_dim; i += 32)
-        normed[i] = to_float(scaled(scale, src[i], weight[i]));
-    __syncwarp();
-
     const int half = head_dim / 2;
-    for (int i = lane; i < half; i += 32) {
+    // candle's rotary tables hold cos and sin in T.
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float angle = __fmul_rn((float)pos, inv_freq[i]);
-        const float c = to_float(from_float<T>(cosf(angle)));
-        const float s = to_float(from_float<T>(sinf(angle)));
-        const float x1 = normed[i], x2 = normed[i + half];
-        const float x2s = to_float(from_float<T>(__fmul_rn(x2, s)));
-        const float x2c = to_float(from_float<T>(__fmul_rn(x2, c)));
-        dst[i] = fma_round(x1, c, -x2s, (T*)0);
-        dst[i + half] = fma_round(x1, s, x2c, (T*)0);
+        cos_s[i] = to_float(from_float<T>(cosf(angle)));
+        sin_s[i] = to_float(from_float<T>(sinf(angle)));
+    }
+    __syncthreads();
+    const int heads = q_heads + kv_heads;
+    const int cta_heads = (heads + gridDim.x - 1) / gridDim.x;
+    const int last = min(heads, (int)(blockIdx.x + 1) * cta_heads);
+    const size_t token = (size_t)b * tokens + t;
+    float* normed = normed_s[warp];
+    for (int head = blockIdx.x * cta_heads + warp; head < last; head += ROPE_WARPS) {
+        const bool is_q = head < q_heads;
+        const int kv_head = head - q_heads;
+        // The caller checks the lengths against the capacity; past it nothing is written (the
+        // heads after a k head are k heads too).
+        if (!is_q && pos >= capacity) break;
+        const T* src = is_q ? q + token * q_stride + (size_t)head * head_dim
+                            : k + token * kv_stride + (size_t)kv_head * head_dim;
+        const T* weight = is_q ? q_norm : k_norm;
+        const size_t cache_slot = (((size_t)b * kv_heads + kv_head) * capacity + pos) * head_dim;
+        T* dst = is_q ? q_out + (((size_t)b * q_heads + head) * tokens + t) * head_dim
+                      : k_cache + cache_slot;
+        if (!is_q) {
+            const T* v_src = v + token * kv_stride + (size_t)kv_head * head_dim;
+            for (int i = lane; i < head_dim; i += 32) v_cache[cache_slot + i] = v_src[i];
+        }
+
+        float squares = 0.f;
+        for (int i = lane; i < head_dim; i += 32) {
+            const float x = to_float(src[i]);
+            squares = fmaf(x, x, squares);
+        }
+        const float mean = warp_sum(squares) / head_dim;
+        const float scale = rsqrtf(mean + eps);
+        for (int i = lane; i < head_dim; i += 32)
+            normed[i] = to_float(scaled(scale, src[i], weight[i]));
+        __syncwarp();
+
+        for (int i = lane; i < half; i += 32) {
+            const float c = cos_s[i], s = sin_s[i];
+            const float x1 = normed[i], x2 = normed[i + half];
+            const float x2s = to_float(from_float<T>(__fmul_rn(x2, s)));
+            const float x2c = to_float(from_float<T>(__fmul_rn(x2, c)));
+            dst[i] = fma_round(x1, c, -x2s, (T*)0);
+            dst[i + half] = fma_round(x1, s, x2c, (T*)0);
+        }
+        // The next head's normed values go where these were read.
+        __syncwarp();
     }
 }
 
@@ -320,8 +337,7 @@ __device__ void greedy_summary(const T* __restrict__ logits, unsigned int* __res
     unsigned int i_m = 0, n_m = 0, bad = 0;
     // Each thread sees its columns in increasing order, so its first hit of a maximum is its
     // lowest index.
-    for (int i = t; i < vocab; i += GREEDY_THREADS) {
-        const float v = to_float(x[i]);
+    auto see = [&](float v, int i) {
         if (v != v) {
             bad = 1;
         } else if (n_m == 0 || v > m) {
@@ -331,6 +347,16 @@ __device__ void greedy_summary(const T* __restrict__ logits, unsigned int* __res
         } else if (v == m) {
             n_m += 1;
         }
+    };
+    // 16 bytes of consecutive columns per thread and load where the rows are so aligned.
+    constexpr int vec = VEC_COLS(T);
+    if (vocab % vec == 0 && (size_t)logits % 16 == 0) {
+        for (int i = vec * t; i < vocab; i += vec * GREEDY_THREADS) {
+            const Vec16<T> v = *reinterpret_cast<const Vec16<T>*>(x + i);
+            for (int j = 0; j < vec; ++j) see(to_float(v.v[j]), i + j);
+        }
+    } else {
+        for (int i = t; i < vocab; i += GREEDY_THREADS) see(to_float(x[i]), i);
     }
     best[t] = m;
     index[t] = i_m;
@@ -378,7 +404,7 @@ __device__ void greedy_summary(const T* __restrict__ logits, unsigned int* __res
                                                  unsigned long long in_stride) {                  \
         silu_mul<TYPE>(gate, up, out, rows, cols, (size_t)in_stride);                             \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(32 * HEADS_PER_CTA) qk_norm_rope_cache_##SUFFIX( \
+    extern "C" __global__ void __launch_bounds__(32 * ROPE_WARPS) qk_norm_rope_cache_##SUFFIX(   \
         const TYPE* q, const TYPE* k, const TYPE* v, const TYPE* q_norm, const TYPE* k_norm,      \
         const float* inv_freq, const unsigned int* lens, TYPE* q_out, TYPE* k_cache,              \
         TYPE* v_cache, int tokens, int q_heads, int kv_heads, int head_dim, int capacity,         \

@@ -29,8 +29,18 @@ const SOURCE: Source = Source {
 /// Head dims `qk_norm_rope_cache` takes (`MAX_HEAD_DIM` of `decode_ops.cu` is the largest).
 const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
 
-/// Head vectors per CTA of `qk_norm_rope_cache` (`HEADS_PER_CTA`), one warp each.
-const HEADS_PER_CTA: usize = 4;
+/// Warps per CTA of `qk_norm_rope_cache` (`ROPE_WARPS`), one head vector each at a time.
+const ROPE_WARPS: u32 = 8;
+
+/// Token rows below which `qk_norm_rope_cache` spreads a token's head vectors over several
+/// CTAs (one per warp at most), so that a small batch still keeps many SMs busy.
+const ROPE_SPREAD_ROWS: usize = 256;
+
+/// CTAs sharing one token's `heads` head vectors in `qk_norm_rope_cache`, for `rows` token rows.
+fn rope_head_ctas(heads: usize, rows: usize) -> usize {
+    let spread = ROPE_SPREAD_ROWS.div_ceil(rows.max(1));
+    spread.min(heads.div_ceil(ROPE_WARPS as usize)).max(1)
+}
 
 /// Threads per CTA of `add_rms_norm_wide` (`WIDE_THREADS`), each taking `WIDE_COLS` contiguous
 /// columns of a 16-byte aligned row (`Octet`) for 8 of candle's 1024 threads.
@@ -40,8 +50,8 @@ const WIDE_COLS: usize = 8;
 /// Threads per CTA of `greedy_summary` (`GREEDY_THREADS`).
 const GREEDY_THREADS: u32 = 256;
 
-/// Threads per CTA of `silu_mul` (two columns each), and most rows of its grid (CUDA's limit on
-/// grid y; it strides over the rest).
+/// Threads per CTA of `silu_mul` (16 bytes of columns each), and most rows of its grid (CUDA's
+/// limit on grid y; it strides over the rest).
 const ELEMENTWISE_THREADS: u32 = 256;
 const MAX_GRID_Y: usize = 65535;
 
@@ -318,7 +328,7 @@ pub(crate) fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
             .arg(&cols_i)
             .arg(&in_stride_u64);
         let grid = (
-            cols.div_ceil(2 * ELEMENTWISE_THREADS as usize) as u32,
+            cols.div_ceil(16 / gate.dtype().size_in_bytes() * ELEMENTWISE_THREADS as usize) as u32,
             rows.min(MAX_GRID_Y) as u32,
             1,
         );
@@ -461,17 +471,14 @@ pub(crate) fn qk_norm_rope_cache(
             .arg(&q_stride)
             .arg(&kv_stride)
             .arg(&eps);
-        let grid = (
-            (q_heads + kv_heads).div_ceil(HEADS_PER_CTA) as u32,
-            tokens as u32,
-            batch as u32,
-        );
+        let head_ctas = rope_head_ctas(q_heads + kv_heads, batch * tokens);
+        let grid = (head_ctas as u32, tokens as u32, batch as u32);
         // SAFETY: the arguments match `qk_norm_rope_cache_*`; every pointer covers the shape
         // checked above, and the kernel writes cache slots below `capacity` only.
         unsafe {
             launch.launch(LaunchConfig {
                 grid_dim: grid,
-                block_dim: ((32 * HEADS_PER_CTA) as u32, 1, 1),
+                block_dim: (32 * ROPE_WARPS, 1, 1),
                 shared_mem_bytes: 0,
             })
         }
@@ -634,6 +641,14 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_token_s_head_vectors_spread_over_ctas_only_in_small_batches() {
+        // SDAR-4B: 32 + 8 head vectors; batch 128 and batch 1, 4 tokens per row.
+        assert_eq!(rope_head_ctas(40, 512), 1);
+        assert_eq!(rope_head_ctas(40, 4), 5);
+        assert_eq!(rope_head_ctas(1, 1), 1);
     }
 
     /// The fused kernels against the candle ops that the forward runs without them, bit for bit.

@@ -148,7 +148,8 @@ void check_silu_mul(int rows, int cols, unsigned grid_rows, bool halves, int off
     const T* up = gate + (halves ? cols : n);
     std::vector<T> out_buffer(n + offset), want(n);
     T* out = out_buffer.data() + offset;
-    const unsigned threads = 256, column_ctas = (cols + 2 * threads - 1) / (2 * threads);
+    const unsigned threads = 256, per_cta = threads * VEC_COLS(T),
+                   column_ctas = (cols + per_cta - 1) / per_cta;
     launch({column_ctas, grid_rows, 1}, threads,
            [&] { silu_mul<T>(gate, up, out, rows, cols, in_stride); });
     for (size_t r = 0; r < (size_t)rows; ++r)
@@ -168,6 +169,8 @@ struct Attention {
     std::vector<unsigned> lens;
     // q, k and v as the parts of each token's row of one q/k/v projection, else three buffers.
     bool one_projection = false;
+    // CTAs sharing one token's head vectors (grid x).
+    int head_ctas = 1;
 };
 
 // rmsnorm(x) * w (one warp, as candle's rmsnorm of D < 1024 columns) and then rotate-half RoPE
@@ -223,8 +226,7 @@ template <typename T> void check_qk_norm_rope_cache(const Attention& a) {
     const auto v_cache_before = random_values<T>(k_cache_before.size(), 0.f, 1.f);
     auto k_cache = k_cache_before, v_cache = v_cache_before;
     std::vector<T> q_out((size_t)B * Hq * T_ * D);
-    const unsigned ctas = (unsigned)((Hq + Hkv + HEADS_PER_CTA - 1) / HEADS_PER_CTA);
-    launch({ctas, (unsigned)T_, (unsigned)B}, 32 * HEADS_PER_CTA, [&] {
+    launch({(unsigned)a.head_ctas, (unsigned)T_, (unsigned)B}, 32 * ROPE_WARPS, [&] {
         qk_norm_rope_cache<T>(q, k, v, q_norm.data(), k_norm.data(), inv_freq.data(),
                               a.lens.data(), q_out.data(), k_cache.data(), v_cache.data(), T_, Hq,
                               Hkv, D, capacity, q_stride, kv_stride, eps);
@@ -306,21 +308,28 @@ template <typename T> void check_all() {
     // add_rms_norm_wide), again for the first thread only past 5120.
     check_add_rms_norm<T>(4, 1032);
     check_add_rms_norm<T>(2, 5128);
-    // Odd columns (element by element), more columns than a CTA's pairs, fewer grid rows than
-    // rows (the grid strides), paired accesses and their misaligned fallback.
+    // Odd columns (element by element), fewer grid rows than rows (the grid strides), 16-byte
+    // accesses (more columns than a CTA's) and their misaligned fallback.
     check_silu_mul<T>(8, 125, 8, false, 0);
     check_silu_mul<T>(3, 2 * 512 + 77, 2, false, 0);
     check_silu_mul<T>(5, 2 * 512 + 300, 2, true, 0);
+    check_silu_mul<T>(3, 4096 + 64, 2, true, 0);
     check_silu_mul<T>(4, 300, 3, true, 1);
     for (int head_dim : {16, 128})
         for (int tokens : {4, 8}) {
-            // Unequal rows (one empty); 6 heads leave a CTA half empty, 10 heads fill 2.5.
+            // Unequal rows (one empty); 6 heads leave warps of a CTA idle, 10 and 20 give warps a
+            // second and third head; 10 over 3 CTAs, 40 over 5.
             check_qk_norm_rope_cache<T>({3, tokens, 4, 2, head_dim, {0, 7, 300}});
             check_qk_norm_rope_cache<T>({2, tokens, 8, 2, head_dim, {13, 2}});
             check_qk_norm_rope_cache<T>({2, tokens, 8, 2, head_dim, {13, 2}, true});
+            check_qk_norm_rope_cache<T>({1, tokens, 16, 4, head_dim, {40}, true});
+            check_qk_norm_rope_cache<T>({2, tokens, 8, 2, head_dim, {13, 2}, true, 3});
+            check_qk_norm_rope_cache<T>({1, tokens, 32, 8, head_dim, {5}, true, 5});
         }
+    // 16-byte loads, then element by element (rows of 5 or 1003).
     check_greedy_summary<T>(6, 1000);
     check_greedy_summary<T>(3, 5);
+    check_greedy_summary<T>(3, 1003);
 }
 
 int main() {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+using std::max;
 using std::min;
 #define __device__
 #define __global__
