@@ -514,18 +514,18 @@ __device__ __forceinline__ void load_queries(const T* __restrict__ q, const Tile
     }
 }
 
-// One warp's step over `keys` keys (base..base + keys - 1) staged at k_stage and v_stage (rows
-// MMA_STRIDE apart): S = Q K^T by mma, masked (keys from key_end on, and past each row's limit)
-// and scaled; the online softmax's max m, sum l (this lane's columns) and the output o rescaled;
-// then O += P V, P rounded to T.
+// One warp's step (this thread is lane `lane`) over `keys` keys (base..base + keys - 1) staged at
+// k_stage and v_stage (rows MMA_STRIDE apart): S = Q K^T by mma, masked (keys from key_end on,
+// and past each row's limit) and scaled; the online softmax's max m, sum l (this lane's columns)
+// and the output o rescaled; then O += P V, P rounded to T.
 template <typename T, int keys>
-__device__ __forceinline__ void attend_keys(const unsigned int (&qa)[HEAD_DIM / 16][4],
+__device__ __forceinline__ void attend_keys(int lane, const unsigned int (&qa)[HEAD_DIM / 16][4],
                                             const unsigned short* k_stage,
                                             const unsigned short* v_stage, int base, int key_end,
                                             const int (&limit)[2], float scale,
                                             float (&o)[HEAD_DIM / 8][4], float (&m)[2],
                                             float (&l)[2]) {
-    const int lane = threadIdx.x % 32, quad_lane = lane % 4;
+    const int quad_lane = lane % 4;
     // The row of the 8x8 matrix whose address this lane gives to ldmatrix.
     const int matrix = lane / 8, matrix_row = lane % 8;
     // Matrices (keys 0-7 | 8-15 of each 16) x (dims 16ks..+7 | +8..+15) give the B fragments of
@@ -619,15 +619,20 @@ __device__ __forceinline__ void merge_warps(const Tile& tile, const float (&o)[H
     }
     __syncthreads();
 
-    for (int u = tid; u < tile.q_count * HEAD_DIM; u += THREADS) {
+    // Loops of constant trip counts, which the compiler unrolls.
+    constexpr int row_warps = MMA_WARPS / Q_TILES;
+    for (int u = tid; u < Q_TILES * QUERY_TILE * HEAD_DIM; u += THREADS) {
         const int cta_r = u / HEAD_DIM, dim = u % HEAD_DIM, qi = tile.q_first + cta_r;
+        if (cta_r >= tile.q_count) continue;
         const int r = cta_r % QUERY_TILE, first_warp = cta_r / QUERY_TILE;
         const size_t q_row = tile.q_row0 + qi;
         float m_max = NEG_INF;
-        for (int w = first_warp; w < MMA_WARPS; w += Q_TILES) m_max = fmaxf(m_max, warp_m[w][r]);
+        for (int j = 0; j < row_warps; ++j)
+            m_max = fmaxf(m_max, warp_m[first_warp + Q_TILES * j][r]);
         float num = 0.f, den = 0.f;
         if (m_max != NEG_INF)
-            for (int w = first_warp; w < MMA_WARPS; w += Q_TILES) {
+            for (int j = 0; j < row_warps; ++j) {
+                const int w = first_warp + Q_TILES * j;
                 if (warp_m[w][r] == NEG_INF) continue;
                 const float weight = expf(warp_m[w][r] - m_max);
                 den = fmaf(weight, warp_l[w][r], den);
@@ -732,8 +737,9 @@ __device__ void attend_mma(const T* __restrict__ q, const T* __restrict__ k,
         if (base >= warp_limit) continue;
         const unsigned short* k_stage =
             stages + (i % MMA_STAGES) * MMA_STAGE_HALVES + key_part * warp_keys * MMA_STRIDE;
-        attend_keys<T, warp_keys>(qa, k_stage, k_stage + MMA_STAGE_KEYS * MMA_STRIDE, base,
-                                  key_end, limit, scale, o, m, l);
+        const unsigned short* v_stage = k_stage + MMA_STAGE_KEYS * MMA_STRIDE;
+        attend_keys<T, warp_keys>(lane, qa, k_stage, v_stage, base, key_end, limit, scale, o, m,
+                                  l);
     }
 
     l[0] = quad_sum(l[0]);
@@ -867,8 +873,8 @@ __device__ void attend_mma_warp_staged(const T* __restrict__ q, const T* __restr
         cp_async_wait<1>();
         __syncwarp();
         const unsigned short* k_stage = stages + stage * WARP_STAGE_HALVES;
-        attend_keys<T, WARP_KEYS>(qa, k_stage, k_stage + WARP_KEYS * MMA_STRIDE, base, key_end,
-                                  limit, scale, o, m, l);
+        attend_keys<T, WARP_KEYS>(lane, qa, k_stage, k_stage + WARP_KEYS * MMA_STRIDE, base,
+                                  key_end, limit, scale, o, m, l);
         __syncwarp();
     }
 
