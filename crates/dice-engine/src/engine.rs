@@ -334,24 +334,32 @@ impl<M: BlockDiffusionModel> Engine<M> {
             && running.iter().all(|&(i, stores)| stores || room_for_two(i));
         // A row denoises its block unless it stores alone.
         let denoises = |stores: bool| merged || !stores;
-        let denoising: Vec<usize> = running
-            .iter()
-            .filter(|&&(_, stores)| denoises(stores))
-            .map(|&(i, _)| i)
-            .collect();
         if !running.is_empty() {
-            let greedy: Vec<bool> = denoising
+            // The positions whose logits each denoising row needs, and whether it is greedy.
+            let positions: Vec<Vec<usize>> = running
                 .iter()
-                .map(|&i| self.active[i].sequence.sampling().is_greedy())
+                .map(|&(i, stores)| match denoises(stores) {
+                    true => self.active[i].sequence.logit_positions(),
+                    false => Vec::new(),
+                })
+                .collect();
+            let greedy: Vec<bool> = running
+                .iter()
+                .zip(&positions)
+                .flat_map(|(&(i, _), p)| {
+                    std::iter::repeat_n(self.active[i].sequence.sampling().is_greedy(), p.len())
+                })
                 .collect();
             let rows: Vec<BlockRow<'_>> = running
                 .iter()
-                .map(|&(i, stores)| {
+                .zip(&positions)
+                .map(|(&(i, stores), logits)| {
                     let sequence = &self.active[i].sequence;
                     BlockRow {
                         slot: self.active[i].slot,
                         store: stores.then(|| sequence.last_committed_block()),
                         denoise: denoises(stores).then(|| sequence.block()),
+                        logits,
                     }
                 })
                 .collect();
@@ -364,20 +372,36 @@ impl<M: BlockDiffusionModel> Engine<M> {
             drop(rows);
             let vocab = self.model.vocab_size();
             let outputs = match logits {
-                Some(logits) => RowOutputs::read(&logits, &greedy, block_length, vocab)?,
+                Some(logits) => RowOutputs::read(&logits, &greedy, vocab)?,
                 None => RowOutputs::default(),
             };
-            let mut greedy_rows = outputs.greedy.chunks_exact(block_length);
-            let mut sampled_rows = outputs.sampled.chunks_exact(block_length * vocab);
+            let mut greedy_positions = outputs.greedy.iter();
+            let mut sampled_positions = outputs.sampled.chunks_exact(vocab);
             let too_few = "the model returned too few logit rows";
-            for &i in &denoising {
+            for (&(i, stores), wanted) in running.iter().zip(&positions) {
+                if !denoises(stores) {
+                    continue;
+                }
                 let sequence = &mut self.active[i].sequence;
+                // The step asks for the positions it listed only (logit_positions).
+                let index = |p: usize| {
+                    wanted
+                        .iter()
+                        .position(|&w| w == p)
+                        .expect("a listed position")
+                };
                 if sequence.sampling().is_greedy() {
-                    let row = greedy_rows.next().context(too_few)?;
-                    sequence.denoise_step(|p| row[p]);
+                    let row: Vec<Candidate> = greedy_positions
+                        .by_ref()
+                        .take(wanted.len())
+                        .copied()
+                        .collect();
+                    ensure!(row.len() == wanted.len(), too_few);
+                    sequence.denoise_step(|p| row[index(p)]);
                 } else {
-                    let row = sampled_rows.next().context(too_few)?;
-                    sequence.denoise_sampled(row, vocab);
+                    let row: Vec<&[f32]> = sampled_positions.by_ref().take(wanted.len()).collect();
+                    ensure!(row.len() == wanted.len(), too_few);
+                    sequence.denoise_sampled(|p| row[index(p)]);
                 }
             }
         }
@@ -401,9 +425,9 @@ impl<M: BlockDiffusionModel> Engine<M> {
     }
 }
 
-/// What the host needs of one decoding forward's logits, in row order within each kind: the
-/// candidates of the greedy rows (picked on the logits' device) and the f32 logits of the
-/// sampled rows.
+/// What the host needs of one decoding forward's logits, in position order within each kind: the
+/// candidates of the greedy rows' positions (picked on the logits' device) and the f32 logits
+/// of the sampled rows' positions.
 #[derive(Default)]
 struct RowOutputs {
     greedy: Vec<Candidate>,
@@ -411,12 +435,13 @@ struct RowOutputs {
 }
 
 impl RowOutputs {
-    /// `greedy[r]` tells whether row `r` of `logits` (`[rows, block, vocab]`) decodes greedily.
-    fn read(logits: &Tensor, greedy: &[bool], block_length: usize, vocab: usize) -> Result<Self> {
+    /// `greedy[r]` tells whether logit row `r` of `logits` (`[positions, vocab]`) decodes
+    /// greedily.
+    fn read(logits: &Tensor, greedy: &[bool], vocab: usize) -> Result<Self> {
         let rows = greedy.len();
         ensure!(
-            logits.dims() == [rows, block_length, vocab],
-            "the model returned logits of shape {:?}, expected [{rows}, {block_length}, {vocab}]",
+            logits.dims() == [rows, vocab],
+            "the model returned logits of shape {:?}, expected [{rows}, {vocab}]",
             logits.dims()
         );
         let greedy_logits = select_rows(logits, greedy, true)?;

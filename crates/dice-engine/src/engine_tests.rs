@@ -425,6 +425,25 @@ fn reference_overflow_rewrites_the_lowest_unmasked_position() {
 }
 
 #[test]
+fn the_lm_head_runs_for_the_positions_a_step_asks_for() {
+    // A prompt of two whole blocks, block 4 and 4 steps: each step unmasks one position, so the
+    // four forwards of a block want the logits of 4, 3, 2 and 1 positions; with the reference's
+    // overflow every step wants all 4 (its surplus picks may rewrite unmasked positions).
+    for (overflow, wanted) in [
+        (Overflow::Clamp, [4, 3, 2, 1]),
+        (Overflow::Reference, [4; 4]),
+    ] {
+        let params = DecodeParams {
+            overflow,
+            ..DecodeParams::dice_eval(4)
+        };
+        let mut e = engine(1);
+        e.generate(vec![request(prompt(3, 8), &params)]).unwrap();
+        assert_eq!(*e.model().logit_positions.borrow(), wanted, "{overflow:?}");
+    }
+}
+
+#[test]
 fn invalid_requests_are_rejected() {
     let mut e = engine(1);
     assert!(e

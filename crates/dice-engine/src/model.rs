@@ -22,6 +22,9 @@ pub struct BlockRow<'a> {
     /// A block to denoise, attending to the committed prefix (with `store`) and
     /// bidirectionally within itself; the slot's committed content is otherwise unchanged.
     pub denoise: Option<&'a [u32]>,
+    /// The positions of the denoised block whose logits are wanted, ascending (the lm_head runs
+    /// for these only: a block's committed positions need none).
+    pub logits: &'a [usize],
 }
 
 /// A block-diffusion language model (SDAR).
@@ -46,8 +49,9 @@ pub trait BlockDiffusionModel {
     ) -> Result<()>;
     /// One forward over the listed slots (every block of the same length): each row's store
     /// block is committed and its denoise block attends to the slot's committed prefix and
-    /// bidirectionally within itself. Returns the logits of the rows with a denoise block, in
-    /// row order: `[rows, block, vocab]`, or `None` when no row denoises.
+    /// bidirectionally within itself. Returns the logits of the wanted positions
+    /// ([`BlockRow::logits`]) of the rows with a denoise block, in row order, then position
+    /// order: `[positions, vocab]`, or `None` when no position is wanted.
     fn forward_blocks(
         &self,
         cache: &mut Self::Cache,

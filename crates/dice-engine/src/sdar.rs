@@ -219,7 +219,8 @@ impl BlockDiffusionModel for SdarDecoder {
     /// One forward over every slot of the cache; slots without a row get masked blocks and
     /// commit nothing, so their content is unchanged. Each slot takes one block, or two where
     /// some row both stores and denoises: a row's store block first, then its denoise block,
-    /// masked blocks where it has no such part (commit covers the store block only).
+    /// masked blocks where it has no such part (commit covers the store block only). The lm_head
+    /// runs on the wanted positions only.
     fn forward_blocks(&self, cache: &mut KvCache, rows: &[BlockRow<'_>]) -> Result<Option<Tensor>> {
         let block = self.block_length();
         let mask = self.mask_token_id();
@@ -234,7 +235,7 @@ impl BlockDiffusionModel for SdarDecoder {
         let slots = cache.batch_size();
         let mut ids = vec![vec![mask; blocks * block]; slots];
         let mut commit = vec![0; slots];
-        // Rows of `hidden` seen as `[slots * blocks, block, hidden]` that are denoised.
+        // Rows of `hidden` seen as `[slots * blocks * block, hidden]` whose logits are wanted.
         let mut wanted = Vec::new();
         for row in rows {
             ensure!(row.slot < slots, "slot {} of a cache of {slots}", row.slot);
@@ -250,7 +251,11 @@ impl BlockDiffusionModel for SdarDecoder {
                 if store {
                     commit[row.slot] = block;
                 } else {
-                    wanted.push((row.slot * blocks + next) as u32);
+                    let first = (row.slot * blocks + next) * block;
+                    for &p in row.logits {
+                        ensure!(p < block, "logits of position {p} of a block of {block}");
+                        wanted.push((first + p) as u32);
+                    }
                 }
                 next += 1;
             }
@@ -259,7 +264,7 @@ impl BlockDiffusionModel for SdarDecoder {
         if wanted.is_empty() {
             return Ok(None);
         }
-        let hidden = hidden.reshape((slots * blocks, block, self.model.config().hidden_size))?;
+        let hidden = hidden.reshape((slots * blocks * block, self.model.config().hidden_size))?;
         let index = Tensor::new(wanted.as_slice(), self.model.device())?;
         let selected = hidden.index_select(&index, 0)?;
         Ok(Some(self.model.logits(&selected)?))

@@ -4,7 +4,7 @@
 use crate::params::DecodeParams;
 use crate::sampling::{sample_row, Candidate, SamplingParams};
 use crate::schedule::transfer_schedule;
-use crate::strategy::{select_transfer, Scored};
+use crate::strategy::{select_transfer, Overflow, Scored};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -120,22 +120,27 @@ impl Sequence {
         &self.params.sampling
     }
 
-    /// One denoising step from this block's logits (`block_length × vocab`, row-major, f32),
-    /// drawing every position's uniform number first (the order seeded outputs rely on).
-    pub fn denoise_sampled(&mut self, logits: &[f32], vocab: usize) {
+    /// One denoising step from the f32 logits of each block position `i` that the step asks for
+    /// (`logits(i)`, `vocab` long; see [`Sequence::logit_positions`]), drawing every position's
+    /// uniform number first (the order seeded outputs rely on).
+    pub fn denoise_sampled<'l>(&mut self, logits: impl Fn(usize) -> &'l [f32]) {
         let uniforms: Vec<f64> = (0..self.params.block_length)
             .map(|_| self.rng.random::<f64>())
             .collect();
         let sampling = self.params.sampling;
         let with_entropy = self.params.strategy.needs_entropy();
-        self.denoise_step(|i| {
-            sample_row(
-                &logits[i * vocab..(i + 1) * vocab],
-                &sampling,
-                uniforms[i],
-                with_entropy,
-            )
-        });
+        self.denoise_step(|i| sample_row(logits(i), &sampling, uniforms[i], with_entropy));
+    }
+
+    /// The block positions whose candidates the next denoising step asks for, ascending: the
+    /// masked ones, or all of them with [`Overflow::Reference`] (its surplus picks
+    /// rewrite unmasked positions).
+    pub fn logit_positions(&self) -> Vec<usize> {
+        (0..self.block.len())
+            .filter(|&i| {
+                self.params.overflow == Overflow::Reference || self.block[i] == self.mask_token_id
+            })
+            .collect()
     }
 
     /// One denoising step; `candidate(i)` is the candidate of block position `i`. It is asked

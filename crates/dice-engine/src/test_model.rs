@@ -21,6 +21,8 @@ pub struct HashModel {
     /// Every forward as ("forward", rows), ("store", rows storing a block), ("merged", rows
     /// storing a block and denoising the next); every prefill as ("prefill", rows).
     pub calls: RefCell<Vec<(&'static str, usize)>>,
+    /// The logit positions every forward returned.
+    pub logit_positions: RefCell<Vec<usize>>,
     /// Return NaN logits, as an overflowing fp16 forward would.
     pub overflow: bool,
     /// Always predict the mask token.
@@ -109,7 +111,6 @@ impl BlockDiffusionModel for HashModel {
         rows: &[BlockRow<'_>],
     ) -> Result<Option<Tensor>> {
         let stores = rows.iter().filter(|r| r.store.is_some()).count();
-        let denoised = rows.iter().filter(|r| r.denoise.is_some()).count();
         let merged = rows
             .iter()
             .filter(|r| r.store.is_some() && r.denoise.is_some())
@@ -141,6 +142,7 @@ impl BlockDiffusionModel for HashModel {
             );
         }
         let mut data = Vec::new();
+        let mut positions = 0;
         for row in rows {
             let slot = &mut cache.slots[row.slot];
             if let Some(tokens) = row.store {
@@ -161,26 +163,28 @@ impl BlockDiffusionModel for HashModel {
                 slot.len() + block <= cache.capacity,
                 "slot capacity exceeded"
             );
-            if self.overflow {
-                data.extend(std::iter::repeat_n(f32::NAN, block * VOCAB));
+            let logits: Vec<f32> = if self.overflow {
+                vec![f32::NAN; block * VOCAB]
             } else if self.predict_mask {
-                data.extend((0..block * VOCAB).map(|i| {
-                    if i % VOCAB == MASK as usize {
-                        1.0
-                    } else {
-                        0.0
-                    }
-                }));
+                (0..block * VOCAB)
+                    .map(|i| if i % VOCAB == MASK as usize { 1.0 } else { 0.0 })
+                    .collect()
             } else {
-                data.extend(Self::block_logits(slot, tokens));
+                Self::block_logits(slot, tokens)
+            };
+            for &p in row.logits {
+                ensure!(p < block, "logits of a position past the block");
+                data.extend_from_slice(&logits[p * VOCAB..(p + 1) * VOCAB]);
+                positions += 1;
             }
         }
-        if denoised == 0 {
+        self.logit_positions.borrow_mut().push(positions);
+        if positions == 0 {
             return Ok(None);
         }
         Ok(Some(Tensor::from_vec(
             data,
-            (denoised, block, VOCAB),
+            (positions, VOCAB),
             &Device::Cpu,
         )?))
     }

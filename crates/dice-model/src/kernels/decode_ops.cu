@@ -325,6 +325,7 @@ __device__ void qk_norm_rope_cache(const T* __restrict__ q, const T* __restrict_
 // candle's max, compare, select, min and sum over the whole [rows, vocab] tensor.
 // Output [3, rows] (u32): token, ties, unusable.
 #define GREEDY_THREADS 256
+#define GREEDY_LOADS 4
 
 template <typename T>
 __device__ void greedy_summary(const T* __restrict__ logits, unsigned int* __restrict__ out,
@@ -348,12 +349,17 @@ __device__ void greedy_summary(const T* __restrict__ logits, unsigned int* __res
             n_m += 1;
         }
     };
-    // 16 bytes of consecutive columns per thread and load where the rows are so aligned.
-    constexpr int vec = VEC_COLS(T);
+    // 16 bytes of consecutive columns per thread and load where the rows are so aligned,
+    // GREEDY_LOADS of them in flight before any is compared.
+    constexpr int vec = VEC_COLS(T), stride = vec * GREEDY_THREADS;
     if (vocab % vec == 0 && (size_t)logits % 16 == 0) {
-        for (int i = vec * t; i < vocab; i += vec * GREEDY_THREADS) {
-            const Vec16<T> v = *reinterpret_cast<const Vec16<T>*>(x + i);
-            for (int j = 0; j < vec; ++j) see(to_float(v.v[j]), i + j);
+        for (int i = vec * t; i < vocab; i += GREEDY_LOADS * stride) {
+            Vec16<T> v[GREEDY_LOADS];
+            for (int u = 0; u < GREEDY_LOADS; ++u)
+                if (i + u * stride < vocab)
+                    v[u] = *reinterpret_cast<const Vec16<T>*>(x + i + u * stride);
+            for (int u = 0; u < GREEDY_LOADS && i + u * stride < vocab; ++u)
+                for (int j = 0; j < vec; ++j) see(to_float(v[u].v[j]), i + u * stride + j);
         }
     } else {
         for (int i = t; i < vocab; i += GREEDY_THREADS) see(to_float(x[i]), i);

@@ -326,8 +326,10 @@ template <typename T> void check_all() {
             check_qk_norm_rope_cache<T>({2, tokens, 8, 2, head_dim, {13, 2}, true, 3});
             check_qk_norm_rope_cache<T>({1, tokens, 32, 8, head_dim, {5}, true, 5});
         }
-    // 16-byte loads, then element by element (rows of 5 or 1003).
+    // 16-byte loads (several in flight per thread, and several rounds of them at 2 * 8 * 2048 +
+    // 24 columns), then element by element (rows of 5 or 1003).
     check_greedy_summary<T>(6, 1000);
+    check_greedy_summary<T>(4, 2 * 8 * 2048 + 24);
     check_greedy_summary<T>(3, 5);
     check_greedy_summary<T>(3, 1003);
 }
