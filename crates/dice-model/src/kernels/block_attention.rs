@@ -116,7 +116,7 @@ fn mode() -> Mode {
     })
 }
 
-/// Compute capability from which `block_attention_mma_*` exist (mma.sync with bf16).
+/// Compute capability from which the `block_attention_mma*` kernels exist (mma.sync with bf16).
 const TENSOR_CORE_ARCH: (i32, i32) = (8, 0);
 
 /// The kernels of one head dim, loaded on one device.
