@@ -11,11 +11,12 @@ mod common;
 
 #[test]
 fn block_attention_kernel_matches_direct_attention_on_the_cpu() {
-    // The tiny golden model's head dim and the real models'.
+    // The tiny golden model's head dim and the real models', with the stages the launcher
+    // compiles for (block_attention.rs, MMA_STAGES).
     for head_dim in [16, 128] {
         common::run_emulated_kernel_check(
             "check_block_attention.cpp",
-            &[format!("-DHEAD_DIM={head_dim}")],
+            &[format!("-DHEAD_DIM={head_dim}"), "-DMMA_STAGES=3".into()],
         );
     }
 }

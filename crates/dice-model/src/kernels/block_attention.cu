@@ -135,12 +135,14 @@ struct Tile {
     size_t total_q;
     // Index of query row 0 of this KV head in the [B, Hq, T] order of q.
     size_t q_row0;
+    // Index of this row and KV head's first key (and value) in the cache.
+    size_t kv_base;
 };
 
 __device__ __forceinline__ Tile locate_tile(const unsigned int* __restrict__ lens, int batch,
                                             int q_heads, int kv_heads, int tokens,
-                                            int block_size, int q_tiles, int chunk_keys,
-                                            int tile_queries) {
+                                            int block_size, int capacity, int q_tiles,
+                                            int chunk_keys, int tile_queries) {
     Tile t;
     t.q_tile = blockIdx.x % q_tiles;
     t.split = blockIdx.x / q_tiles;
@@ -160,6 +162,7 @@ __device__ __forceinline__ Tile locate_tile(const unsigned int* __restrict__ len
     t.key_end = min(t.keys, t.key_begin + chunk_keys);
     t.total_q = (size_t)batch * q_heads * tokens;
     t.q_row0 = ((size_t)t.row * q_heads + (size_t)t.kv_head * t.groups) * tokens;
+    t.kv_base = ((size_t)t.row * kv_heads + t.kv_head) * (size_t)capacity * HEAD_DIM;
     return t;
 }
 
@@ -194,10 +197,10 @@ __device__ void attend(const T* __restrict__ q, const T* __restrict__ k,
     __shared__ int limit_s[QUERY_TILE];
 
     const int tid = threadIdx.x;
-    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, block_size, q_tiles,
-                                  chunk_keys, QUERY_TILE);
+    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, block_size, capacity,
+                                  q_tiles, chunk_keys, QUERY_TILE);
     const auto [q_tile, split, kv_head, row, groups, queries, q_first, q_count, len, keys,
-                key_begin, key_end, total_q, q_row0] = tile;
+                key_begin, key_end, total_q, q_row0, kv_base] = tile;
     if (past_the_keys(tile, part_ml)) return;
 
     if (tid < QUERY_TILE) {
@@ -226,7 +229,6 @@ __device__ void attend(const T* __restrict__ q, const T* __restrict__ k,
     for (int i = 0; i < PV_QUERIES; ++i)
         for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
 
-    const size_t kv_base = ((size_t)row * kv_heads + kv_head) * (size_t)capacity * HEAD_DIM;
     for (int tile = key_begin; tile < key_end; tile += KEY_TILE) {
         const int tile_keys = min(KEY_TILE, key_end - tile);
         load_kv_tile(k + kv_base, tile, tile_keys, kv_s);
@@ -388,7 +390,7 @@ DEFINE_KERNELS(f16_t, f16)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 
 #ifndef MMA_STAGES
-#define MMA_STAGES 3
+#error "compile with -DMMA_STAGES=<stages> (block_attention.rs sets it)"
 #endif
 #define MMA_WARPS (THREADS / 32)
 #define MMA_STAGE_KEYS 64
@@ -686,13 +688,12 @@ __device__ void attend_mma(const T* __restrict__ q, const T* __restrict__ k,
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int group = lane / 4, quad_lane = lane % 4;
-    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, block_size, q_tiles,
-                                  chunk_keys, Q_TILES * QUERY_TILE);
+    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, block_size, capacity,
+                                  q_tiles, chunk_keys, Q_TILES * QUERY_TILE);
     const auto [q_tile, split, kv_head, row, groups, queries, q_first, q_count, len, keys,
-                key_begin, key_end, total_q, q_row0] = tile;
+                key_begin, key_end, total_q, q_row0, kv_base] = tile;
     if (past_the_keys(tile, part_ml)) return;
 
-    const size_t kv_base = ((size_t)row * kv_heads + kv_head) * (size_t)capacity * HEAD_DIM;
     const T* k_rows = k + kv_base;
     const T* v_rows = v + kv_base;
     unsigned short* stages = reinterpret_cast<unsigned short*>(smem);
@@ -807,6 +808,7 @@ DEFINE_MMA_KERNEL(f16_t, f16, 4)
 #define WARP_STAGES 2
 #define WARP_STAGE_BYTES (MMA_WARPS * WARP_STAGES * WARP_STAGE_HALVES * 2)
 #define WARP_SHARED_BYTES (MMA_MERGE_BYTES > WARP_STAGE_BYTES ? MMA_MERGE_BYTES : WARP_STAGE_BYTES)
+static_assert(WARP_SHARED_BYTES <= 227 * 1024, "more shared memory than a CTA may have on sm_90");
 
 // Starts the copy of the K and V rows base..base + 15 of one (row, KV head) into a warp's stage
 // (K rows, then V rows); rows from key_end on are zero, so that their scores, masked, and P (0)
@@ -827,22 +829,22 @@ __device__ __forceinline__ void stage_kv_tile(const T* __restrict__ k_rows,
 
 template <typename T>
 __device__ void attend_mma_warp_staged(const T* __restrict__ q, const T* __restrict__ k,
-                           const T* __restrict__ v, const unsigned int* __restrict__ lens,
-                           T* __restrict__ out, float* __restrict__ part_acc,
-                           float* __restrict__ part_ml, int batch, int q_heads, int kv_heads,
-                           int tokens, int block_size, int capacity, int q_tiles, int chunk_keys,
-                           int splits, float scale) {
+                                       const T* __restrict__ v,
+                                       const unsigned int* __restrict__ lens, T* __restrict__ out,
+                                       float* __restrict__ part_acc, float* __restrict__ part_ml,
+                                       int batch, int q_heads, int kv_heads, int tokens,
+                                       int block_size, int capacity, int q_tiles, int chunk_keys,
+                                       int splits, float scale) {
     // Staged K and V while the warps run, their unnormalised outputs for the merge afterwards.
     unsigned char* smem = dynamic_shared_memory;
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, block_size, q_tiles,
-                                  chunk_keys, QUERY_TILE);
+    const Tile tile = locate_tile(lens, batch, q_heads, kv_heads, tokens, block_size, capacity,
+                                  q_tiles, chunk_keys, QUERY_TILE);
     const auto [q_tile, split, kv_head, row, groups, queries, q_first, q_count, len, keys,
-                key_begin, key_end, total_q, q_row0] = tile;
+                key_begin, key_end, total_q, q_row0, kv_base] = tile;
     if (past_the_keys(tile, part_ml)) return;
 
-    const size_t kv_base = ((size_t)row * kv_heads + kv_head) * (size_t)capacity * HEAD_DIM;
     const T* k_rows = k + kv_base;
     const T* v_rows = v + kv_base;
     unsigned short* stages =

@@ -130,12 +130,32 @@ struct Loaded {
     multiprocessors: usize,
 }
 
-/// The tensor-core kernels by dtype (bf16, f16).
+/// One tensor-core kernel in its two dtypes (bf16, f16), with the dynamic shared memory it is
+/// launched with (and was allowed at load).
+struct TensorCoreKernel {
+    by_dtype: [CudaFunction; 2],
+    shared_bytes: u32,
+}
+
+/// The tensor-core kernels.
 struct TensorCoreKernels {
     /// `block_attention_mma_*`: one query tile per CTA, each warp streaming its own keys.
-    decoding: [CudaFunction; 2],
-    /// `block_attention_mma{2,4}_*` by [`MMA_Q_TILES`]: query tiles sharing staged keys.
-    staged: [[CudaFunction; 2]; 2],
+    decoding: TensorCoreKernel,
+    /// `block_attention_mma{2,4}_*` with their query tiles per CTA ([`MMA_Q_TILES`]): query
+    /// tiles sharing staged keys.
+    staged: [(usize, TensorCoreKernel); 2],
+}
+
+impl TensorCoreKernels {
+    /// The kernel for `queries` query rows per KV head ([`mma_q_tiles`]) and its query rows
+    /// per CTA.
+    fn for_queries(&self, queries: usize) -> (&TensorCoreKernel, usize) {
+        let q_tiles = mma_q_tiles(queries);
+        match self.staged.iter().find(|&&(t, _)| t == q_tiles) {
+            Some((_, kernel)) => (kernel, q_tiles * QUERY_TILE),
+            None => (&self.decoding, QUERY_TILE),
+        }
+    }
 }
 
 /// Kernels by device and head dim.
@@ -169,40 +189,34 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
     Ok(Loaded {
         attend: nvrtc::by_dtype(&module, &SOURCE, "block_attention")?,
         attend_mma: if arch >= TENSOR_CORE_ARCH {
-            let by_dtype = |q_tiles: usize| -> anyhow::Result<[CudaFunction; 2]> {
-                Ok([
-                    function(&format!("block_attention_mma{q_tiles}_bf16"))?,
-                    function(&format!("block_attention_mma{q_tiles}_f16"))?,
-                ])
-            };
-            let mma = TensorCoreKernels {
-                decoding: [
-                    function("block_attention_mma_bf16")?,
-                    function("block_attention_mma_f16")?,
-                ],
-                staged: [by_dtype(2)?, by_dtype(4)?],
-            };
             // Past 48 KiB a kernel takes dynamic shared memory only once allowed to (a call on
             // the module's context, which cudarc does not make current for it).
             context.bind_to_thread().map_err(&driver)?;
-            for (f, bytes) in mma
-                .decoding
-                .iter()
-                .map(|f| (f, warp_staged_shared_bytes(head_dim)))
-                .chain(
-                    mma.staged
-                        .iter()
-                        .flatten()
-                        .map(|f| (f, mma_shared_bytes(head_dim))),
-                )
-            {
-                f.set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    bytes as i32,
-                )
-                .map_err(&driver)?;
-            }
-            Some(mma)
+            let kernel = |name: &str, shared_bytes: usize| -> anyhow::Result<TensorCoreKernel> {
+                let by_dtype = [
+                    function(&format!("{name}_bf16"))?,
+                    function(&format!("{name}_f16"))?,
+                ];
+                for f in &by_dtype {
+                    f.set_attribute(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        shared_bytes as i32,
+                    )
+                    .map_err(&driver)?;
+                }
+                Ok(TensorCoreKernel {
+                    by_dtype,
+                    shared_bytes: shared_bytes as u32,
+                })
+            };
+            let staged = |q_tiles: usize| -> anyhow::Result<(usize, TensorCoreKernel)> {
+                let name = format!("block_attention_mma{q_tiles}");
+                Ok((q_tiles, kernel(&name, mma_shared_bytes(head_dim))?))
+            };
+            Some(TensorCoreKernels {
+                decoding: kernel("block_attention_mma", warp_staged_shared_bytes(head_dim))?,
+                staged: [staged(MMA_Q_TILES[0])?, staged(MMA_Q_TILES[1])?],
+            })
         } else {
             None
         },
@@ -293,19 +307,12 @@ impl BlockAttention {
         let (attend, shared_mem_bytes, tile_queries) = match &kernels.attend_mma {
             // `mma` has no f32 kernel: bf16 and f16 sit one place earlier than in `dtype_index`.
             Some(mma) if mode == Mode::TensorCores && dtype != DType::F32 => {
-                let q_tiles = mma_q_tiles(queries);
-                match MMA_Q_TILES.iter().position(|&t| t == q_tiles) {
-                    Some(variant) => (
-                        mma.staged[variant][index - 1].clone(),
-                        mma_shared_bytes(cfg.head_dim) as u32,
-                        q_tiles * QUERY_TILE,
-                    ),
-                    None => (
-                        mma.decoding[index - 1].clone(),
-                        warp_staged_shared_bytes(cfg.head_dim) as u32,
-                        QUERY_TILE,
-                    ),
-                }
+                let (kernel, tile_queries) = mma.for_queries(queries);
+                (
+                    kernel.by_dtype[index - 1].clone(),
+                    kernel.shared_bytes,
+                    tile_queries,
+                )
             }
             _ => (kernels.attend[index].clone(), 0, QUERY_TILE),
         };
