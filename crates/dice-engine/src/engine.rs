@@ -292,6 +292,36 @@ impl<M: BlockDiffusionModel> Engine<M> {
     /// A minority storing stores alone, so that a few sequences out of step do not double the
     /// width of every forward.
     fn forward_group(&mut self, block_length: usize, events: &mut Vec<Event>) -> Result<()> {
+        let Round { running, finished } = self.commit_clean_blocks(block_length, events)?;
+        if !running.is_empty() {
+            let merged = self.merges_store_pass(&running, block_length);
+            self.denoise_forward(&running, merged)?;
+        }
+        // Members are in `active` order, so removing from the back keeps the indices valid.
+        let mut completions = Vec::new();
+        for (i, finish_reason) in finished.into_iter().rev() {
+            let done = self.active.remove(i);
+            self.free_slots.push(done.slot);
+            let prompt_len = done.sequence.prompt_len();
+            let (token_ids, trace) = done.sequence.into_output();
+            completions.push(Event::Finished(Completion {
+                id: done.id,
+                token_ids,
+                trace,
+                finish_reason,
+                prompt_len,
+            }));
+        }
+        events.extend(completions.into_iter().rev());
+        Ok(())
+    }
+
+    /// Commits the clean blocks of the group's sequences, emitting their tokens.
+    fn commit_clean_blocks(
+        &mut self,
+        block_length: usize,
+        events: &mut Vec<Event>,
+    ) -> Result<Round> {
         let members: Vec<usize> = (0..self.active.len())
             .filter(|&i| {
                 let s = &self.active[i].sequence;
@@ -299,8 +329,7 @@ impl<M: BlockDiffusionModel> Engine<M> {
             })
             .collect();
         let mut finished = Vec::new();
-        // Per running member: whether this forward writes the K/V of its last committed block.
-        let mut running: Vec<(usize, bool)> = Vec::new();
+        let mut running: Vec<Running> = Vec::new();
         for &i in &members {
             let a = &mut self.active[i];
             if a.sequence.phase != Phase::Store {
@@ -325,104 +354,99 @@ impl<M: BlockDiffusionModel> Engine<M> {
                 None => running.push((i, true)),
             }
         }
+        Ok(Round { running, finished })
+    }
+
+    /// Whether the store pass rides along with the next block's denoising (see
+    /// [`Engine::forward_group`]).
+    fn merges_store_pass(&self, running: &[Running], block_length: usize) -> bool {
         let storing = running.iter().filter(|&&(_, stores)| stores).count();
         let room_for_two = |i: usize| {
             self.active[i].sequence.committed().len() + 2 * block_length <= self.config.max_seq_len
         };
-        let merged = storing > 0
+        storing > 0
             && 2 * storing >= running.len()
-            && running.iter().all(|&(i, stores)| stores || room_for_two(i));
+            && running.iter().all(|&(i, stores)| stores || room_for_two(i))
+    }
+
+    /// One forward of the running members (each with whether it stores its last committed
+    /// block), every one of them denoising its block unless it stores alone (`merged` false).
+    fn denoise_forward(&mut self, running: &[Running], merged: bool) -> Result<()> {
         // A row denoises its block unless it stores alone.
         let denoises = |stores: bool| merged || !stores;
-        if !running.is_empty() {
-            // The positions whose logits each denoising row needs, and whether it is greedy.
-            let positions: Vec<Vec<usize>> = running
-                .iter()
-                .map(|&(i, stores)| match denoises(stores) {
-                    true => self.active[i].sequence.logit_positions(),
-                    false => Vec::new(),
-                })
-                .collect();
-            let greedy: Vec<bool> = running
-                .iter()
-                .zip(&positions)
-                .flat_map(|(&(i, _), p)| {
-                    std::iter::repeat_n(self.active[i].sequence.sampling().is_greedy(), p.len())
-                })
-                .collect();
-            let rows: Vec<BlockRow<'_>> = running
-                .iter()
-                .zip(&positions)
-                .map(|(&(i, stores), logits)| {
-                    let sequence = &self.active[i].sequence;
-                    BlockRow {
-                        slot: self.active[i].slot,
-                        store: stores.then(|| sequence.last_committed_block()),
-                        denoise: denoises(stores).then(|| sequence.block()),
-                        logits,
-                    }
-                })
-                .collect();
-            let cache = self.cache.as_mut().expect("allocated");
-            let logits = self
-                .model
-                .forward_blocks(cache, &rows)
-                .context("decoding forward failed")?;
-            self.forwards.decode += 1;
-            drop(rows);
-            let vocab = self.model.vocab_size();
-            let outputs = match logits {
-                Some(logits) => RowOutputs::read(&logits, &greedy, vocab)?,
-                None => RowOutputs::default(),
-            };
-            let mut greedy_positions = outputs.greedy.iter();
-            let mut sampled_positions = outputs.sampled.chunks_exact(vocab);
-            let too_few = "the model returned too few logit rows";
-            for (&(i, stores), wanted) in running.iter().zip(&positions) {
-                if !denoises(stores) {
-                    continue;
+        // The positions whose logits each denoising row needs, and whether it is greedy.
+        let positions: Vec<Vec<usize>> = running
+            .iter()
+            .map(|&(i, stores)| match denoises(stores) {
+                true => self.active[i].sequence.logit_positions(),
+                false => Vec::new(),
+            })
+            .collect();
+        let greedy_logits: Vec<bool> = running
+            .iter()
+            .zip(&positions)
+            .flat_map(|(&(i, _), p)| {
+                std::iter::repeat_n(self.active[i].sequence.sampling().is_greedy(), p.len())
+            })
+            .collect();
+        let rows: Vec<BlockRow<'_>> = running
+            .iter()
+            .zip(&positions)
+            .map(|(&(i, stores), logits)| {
+                let sequence = &self.active[i].sequence;
+                BlockRow {
+                    slot: self.active[i].slot,
+                    store: stores.then(|| sequence.last_committed_block()),
+                    denoise: denoises(stores).then(|| sequence.block()),
+                    logits,
                 }
-                let sequence = &mut self.active[i].sequence;
-                // The step asks for the positions it listed only (logit_positions).
-                let index = |p: usize| {
-                    wanted
-                        .iter()
-                        .position(|&w| w == p)
-                        .expect("a listed position")
-                };
-                if sequence.sampling().is_greedy() {
-                    let row: Vec<Candidate> = greedy_positions
-                        .by_ref()
-                        .take(wanted.len())
-                        .copied()
-                        .collect();
-                    ensure!(row.len() == wanted.len(), too_few);
-                    sequence.denoise_step(|p| row[index(p)]);
-                } else {
-                    let row: Vec<&[f32]> = sampled_positions.by_ref().take(wanted.len()).collect();
-                    ensure!(row.len() == wanted.len(), too_few);
-                    sequence.denoise_sampled(|p| row[index(p)]);
-                }
+            })
+            .collect();
+        let cache = self.cache.as_mut().expect("allocated");
+        let logits = self
+            .model
+            .forward_blocks(cache, &rows)
+            .context("decoding forward failed")?;
+        self.forwards.decode += 1;
+        drop(rows);
+        let vocab = self.model.vocab_size();
+        let outputs = match logits {
+            Some(logits) => RowOutputs::read(&logits, &greedy_logits, vocab)?,
+            None => RowOutputs::default(),
+        };
+        // Each denoising row's outputs, in the order of its listed positions.
+        let (mut greedy, mut sampled) = (&outputs.greedy[..], &outputs.sampled[..]);
+        let too_few = "the model returned too few logit rows";
+        for (&(i, stores), listed) in running.iter().zip(&positions) {
+            if !denoises(stores) {
+                continue;
+            }
+            let sequence = &mut self.active[i].sequence;
+            if sequence.sampling().is_greedy() {
+                let (row, rest) = greedy.split_at_checked(listed.len()).context(too_few)?;
+                sequence.denoise_listed(row);
+                greedy = rest;
+            } else {
+                let (row, rest) = sampled
+                    .split_at_checked(listed.len() * vocab)
+                    .context(too_few)?;
+                sequence.denoise_sampled(row, vocab);
+                sampled = rest;
             }
         }
-        // Members are in `active` order, so removing from the back keeps the indices valid.
-        let mut completions = Vec::new();
-        for (i, finish_reason) in finished.into_iter().rev() {
-            let done = self.active.remove(i);
-            self.free_slots.push(done.slot);
-            let prompt_len = done.sequence.prompt_len();
-            let (token_ids, trace) = done.sequence.into_output();
-            completions.push(Event::Finished(Completion {
-                id: done.id,
-                token_ids,
-                trace,
-                finish_reason,
-                prompt_len,
-            }));
-        }
-        events.extend(completions.into_iter().rev());
         Ok(())
     }
+}
+
+/// A running member of a forward: its index in `active`, and whether the forward stores (writes
+/// the K/V of) its last committed block.
+type Running = (usize, bool);
+
+/// A group's members once their clean blocks are committed: those that run a forward, and
+/// those that finished (index in `active`, reason), whose slots are emptied.
+struct Round {
+    running: Vec<Running>,
+    finished: Vec<(usize, FinishReason)>,
 }
 
 /// What the host needs of one decoding forward's logits, in position order within each kind: the

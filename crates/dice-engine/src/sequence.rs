@@ -120,33 +120,57 @@ impl Sequence {
         &self.params.sampling
     }
 
-    /// One denoising step from the f32 logits of each block position `i` that the step asks for
-    /// (`logits(i)`, `vocab` long; see [`Sequence::logit_positions`]), drawing every position's
-    /// uniform number first (the order seeded outputs rely on).
-    pub fn denoise_sampled<'l>(&mut self, logits: impl Fn(usize) -> &'l [f32]) {
+    /// The block positions whose candidates the next denoising step asks for, ascending: the
+    /// masked ones, or all of them with [`Overflow::Reference`] (its surplus picks rewrite
+    /// unmasked positions). [`Sequence::denoise_step`] asks for no other.
+    pub fn logit_positions(&self) -> Vec<usize> {
+        (0..self.block.len()).filter(|&i| self.listed(i)).collect()
+    }
+
+    fn listed(&self, i: usize) -> bool {
+        self.params.overflow == Overflow::Reference || self.block[i] == self.mask_token_id
+    }
+
+    /// Where each listed block position's outputs sit among those of
+    /// [`Sequence::logit_positions`] (the listed positions before it).
+    fn listed_ranks(&self) -> Vec<usize> {
+        let mut rank = 0;
+        (0..self.block.len())
+            .map(|i| {
+                let r = rank;
+                rank += usize::from(self.listed(i));
+                r
+            })
+            .collect()
+    }
+
+    /// One denoising step from the candidates of the positions [`Sequence::logit_positions`]
+    /// lists, in its order.
+    pub fn denoise_listed(&mut self, candidates: &[Candidate]) {
+        let rank = self.listed_ranks();
+        self.denoise_step(|i| candidates[rank[i]]);
+    }
+
+    /// One denoising step from the f32 logits (`vocab` each) of the positions
+    /// [`Sequence::logit_positions`] lists, in its order, drawing every position's uniform
+    /// number first (the order seeded outputs rely on).
+    pub fn denoise_sampled(&mut self, logits: &[f32], vocab: usize) {
         let uniforms: Vec<f64> = (0..self.params.block_length)
             .map(|_| self.rng.random::<f64>())
             .collect();
         let sampling = self.params.sampling;
         let with_entropy = self.params.strategy.needs_entropy();
-        self.denoise_step(|i| sample_row(logits(i), &sampling, uniforms[i], with_entropy));
-    }
-
-    /// The block positions whose candidates the next denoising step asks for, ascending: the
-    /// masked ones, or all of them with [`Overflow::Reference`] (its surplus picks
-    /// rewrite unmasked positions).
-    pub fn logit_positions(&self) -> Vec<usize> {
-        (0..self.block.len())
-            .filter(|&i| {
-                self.params.overflow == Overflow::Reference || self.block[i] == self.mask_token_id
-            })
-            .collect()
+        let rank = self.listed_ranks();
+        self.denoise_step(|i| {
+            let row = &logits[rank[i] * vocab..(rank[i] + 1) * vocab];
+            sample_row(row, &sampling, uniforms[i], with_entropy)
+        });
     }
 
     /// One denoising step; `candidate(i)` is the candidate of block position `i`. It is asked
-    /// for the masked positions and, with [`crate::Overflow::Reference`], for the unmasked
-    /// positions the step rewrites.
-    pub fn denoise_step(&mut self, candidate: impl Fn(usize) -> Candidate) {
+    /// for the masked positions and, with [`Overflow::Reference`], for the unmasked positions
+    /// the step rewrites.
+    fn denoise_step(&mut self, candidate: impl Fn(usize) -> Candidate) {
         self.forwards += 1;
         let b = self.params.block_length;
         let candidates: Vec<Option<Candidate>> = (0..b)
