@@ -10,13 +10,23 @@
 //! exclusive windows, the waits for them, and how long it was closed to untimed steps
 //! ([`GateUse`]).
 
+use crate::record::RunTimeline;
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
 pub struct DeviceGate {
     lock: RwLock<()>,
-    record: Mutex<GateUse>,
+    record: Mutex<Record>,
+}
+
+/// The gate's use so far, and what it needs to measure how long it is closed.
+#[derive(Default)]
+struct Record {
+    used: GateUse,
+    /// Exclusive passes held or asked for now, and since when there have been any.
+    wanted: u32,
+    closed_since: Option<Instant>,
 }
 
 /// How the gate was used: what the run's wall time gave to timing, its queue, and the untimed
@@ -38,9 +48,6 @@ pub struct GateUse {
     pub step_held: Duration,
     pub longest_step: Duration,
     pub step_waited: Duration,
-    /// Exclusive passes held or asked for now, and since when there have been any.
-    wanted: u32,
-    closed_since: Option<Instant>,
 }
 
 impl GateUse {
@@ -55,14 +62,26 @@ impl GateUse {
         self.longest_step = self.longest_step.max(other.longest_step);
         self.step_waited += other.step_waited;
     }
+
+    /// Sets the gate's fields of a run's timeline (in seconds).
+    pub fn write_to(&self, timeline: &mut RunTimeline) {
+        timeline.exclusive_windows = self.windows;
+        timeline.exclusive_s = self.held.as_secs_f64();
+        timeline.exclusive_wait_s = self.waited.as_secs_f64();
+        timeline.gate_closed_s = self.closed.as_secs_f64();
+        timeline.untimed_steps = self.steps;
+        timeline.untimed_step_s = self.step_held.as_secs_f64();
+        timeline.untimed_wait_s = self.step_waited.as_secs_f64();
+        timeline.longest_untimed_step_s = self.longest_step.as_secs_f64();
+    }
 }
 
 impl DeviceGate {
     pub fn usage(&self) -> GateUse {
-        *self.lock_use()
+        self.lock_record().used
     }
 
-    fn lock_use(&self) -> std::sync::MutexGuard<'_, GateUse> {
+    fn lock_record(&self) -> std::sync::MutexGuard<'_, Record> {
         self.record.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -70,7 +89,7 @@ impl DeviceGate {
         let asked = Instant::now();
         let guard = self.lock.read().unwrap_or_else(|p| p.into_inner());
         let since = Instant::now();
-        self.lock_use().step_waited += since - asked;
+        self.lock_record().used.step_waited += since - asked;
         SharedPass {
             gate: self,
             since,
@@ -81,13 +100,13 @@ impl DeviceGate {
     fn exclusive(&self) -> Exclusive<'_> {
         let asked = Instant::now();
         {
-            let mut u = self.lock_use();
-            u.wanted += 1;
-            u.closed_since.get_or_insert(asked);
+            let mut r = self.lock_record();
+            r.wanted += 1;
+            r.closed_since.get_or_insert(asked);
         }
         let guard = self.lock.write().unwrap_or_else(|p| p.into_inner());
         let since = Instant::now();
-        self.lock_use().waited += since - asked;
+        self.lock_record().used.waited += since - asked;
         Exclusive {
             gate: self,
             since,
@@ -106,13 +125,13 @@ pub struct Exclusive<'a> {
 impl Drop for Exclusive<'_> {
     fn drop(&mut self) {
         let now = Instant::now();
-        let mut u = self.gate.lock_use();
-        u.windows += 1;
-        u.held += now - self.since;
-        u.wanted -= 1;
-        if u.wanted == 0 {
-            if let Some(since) = u.closed_since.take() {
-                u.closed += now - since;
+        let mut r = self.gate.lock_record();
+        r.used.windows += 1;
+        r.used.held += now - self.since;
+        r.wanted -= 1;
+        if r.wanted == 0 {
+            if let Some(since) = r.closed_since.take() {
+                r.used.closed += now - since;
             }
         }
     }
@@ -128,7 +147,7 @@ pub struct SharedPass<'a> {
 impl Drop for SharedPass<'_> {
     fn drop(&mut self) {
         let held = self.since.elapsed();
-        let mut u = self.gate.lock_use();
+        let u = &mut self.gate.lock_record().used;
         u.steps += 1;
         u.step_held += held;
         u.longest_step = u.longest_step.max(held);

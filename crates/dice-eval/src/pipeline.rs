@@ -248,20 +248,12 @@ pub fn evaluate(
     for lane in &lanes {
         gate.add(&lane.gate.usage());
     }
-    summary.timeline = RunTimeline {
-        samples: shared.samples.len(),
-        wall_s: started.elapsed().as_secs_f64(),
-        first_sample_s: shared.first_sample.get().copied(),
-        exclusive_windows: gate.windows,
-        exclusive_s: gate.held.as_secs_f64(),
-        exclusive_wait_s: gate.waited.as_secs_f64(),
-        gate_closed_s: gate.closed.as_secs_f64(),
-        untimed_steps: gate.steps,
-        untimed_step_s: gate.step_held.as_secs_f64(),
-        untimed_wait_s: gate.step_waited.as_secs_f64(),
-        longest_untimed_step_s: gate.longest_step.as_secs_f64(),
-        last_outcome_s: summary.timeline.last_outcome_s,
-    };
+    // The writer has set when the last outcome was stored.
+    let timeline = &mut summary.timeline;
+    timeline.samples = shared.samples.len();
+    timeline.wall_s = started.elapsed().as_secs_f64();
+    timeline.first_sample_s = shared.first_sample.get().copied();
+    gate.write_to(timeline);
     store.add_timeline(&summary.timeline)?;
     Ok(summary)
 }

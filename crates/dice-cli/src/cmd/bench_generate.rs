@@ -318,6 +318,12 @@ fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Positions per KV-cache row of the benchmark's engine: the prompt and the new tokens, in whole
+/// blocks (the profile runs in caches of this size too).
+pub fn engine_capacity(prompt_tokens: usize, new_tokens: usize, block: usize) -> usize {
+    (prompt_tokens + new_tokens).div_ceil(block) * block
+}
+
 /// Generates for every prompt at once in an engine of exactly that batch; gives the model back.
 fn measure(
     model: SdarDecoder,
@@ -344,7 +350,7 @@ fn measure(
         model,
         EngineConfig {
             max_batch: prompts.len(),
-            max_seq_len: (prompt_tokens + params.max_new_tokens).div_ceil(block) * block,
+            max_seq_len: engine_capacity(prompt_tokens, params.max_new_tokens, block),
             ..EngineConfig::default()
         },
     )?;

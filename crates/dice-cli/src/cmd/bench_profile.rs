@@ -1,7 +1,7 @@
 //! `dice bench generate --profile`: where the time of one decoding forward goes, stage by
 //! stage, at the benchmark's shapes.
 
-use super::bench_generate::GenerateBenchArgs;
+use super::bench_generate::{engine_capacity, GenerateBenchArgs};
 use anyhow::{ensure, Context, Result};
 use dice_engine::EngineConfig;
 use dice_model::sdar::{BlockForwardShape, ForwardProfile, ProfileSettings};
@@ -21,11 +21,11 @@ pub fn profile_decoding(
 ) -> Result<ForwardProfile> {
     let block = model.config().block_size;
     let cached_tokens = (args.prompt_tokens + args.new_tokens / 2) / block * block;
-    let engine_capacity = (args.prompt_tokens + args.new_tokens).div_ceil(block) * block;
     let shape = BlockForwardShape {
         batch,
         cached_tokens,
-        capacity: engine_capacity.max(cached_tokens + block),
+        capacity: engine_capacity(args.prompt_tokens, args.new_tokens, block)
+            .max(cached_tokens + block),
         tokens: block,
     };
     let settings = ProfileSettings {
@@ -51,7 +51,7 @@ pub fn profile_prefill(
     let shape = BlockForwardShape {
         batch: rows,
         cached_tokens: 0,
-        capacity: (args.prompt_tokens + args.new_tokens).div_ceil(block) * block,
+        capacity: engine_capacity(args.prompt_tokens, args.new_tokens, block),
         tokens,
     };
     // A prefill forward is long: fewer repetitions give the same precision.
