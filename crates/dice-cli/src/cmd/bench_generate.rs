@@ -49,7 +49,7 @@ pub struct GenerateBenchArgs {
     /// on its own between device synchronizations, with the tensors it creates and its byte
     /// floor (weights + KV cache at the H200's bandwidth), beside the forward run as usual;
     /// the same for one prefill forward of the largest batch (as many prompts as the engine
-    /// prefills at once); and time every engine step of one more generation per batch size,
+    /// prefills at once; none for prompts shorter than a block); and time every engine step of one more generation per batch size,
     /// synchronized after each (the first step prefills), to show what a step costs beyond its
     /// forward.
     #[arg(long)]
@@ -228,15 +228,11 @@ pub fn run(args: GenerateBenchArgs) -> Result<()> {
         .profile
         .then(|| {
             let largest = args.batch.iter().copied().max().unwrap_or(1);
+            let prefill = || profile_prefill(model.model(), largest, &args, H200_BYTES_PER_S);
             args.batch
                 .iter()
                 .map(|&batch| profile_decoding(model.model(), batch, &args, H200_BYTES_PER_S))
-                .chain([profile_prefill(
-                    model.model(),
-                    largest,
-                    &args,
-                    H200_BYTES_PER_S,
-                )])
+                .chain(std::iter::once_with(|| prefill().transpose()).flatten())
                 .collect::<Result<Vec<_>>>()
         })
         .transpose()?;

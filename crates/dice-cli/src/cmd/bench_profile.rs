@@ -2,7 +2,7 @@
 //! stage, at the benchmark's shapes.
 
 use super::bench_generate::{engine_capacity, GenerateBenchArgs};
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 use dice_engine::EngineConfig;
 use dice_model::sdar::{BlockForwardShape, ForwardProfile, ProfileSettings};
 use dice_model::Sdar;
@@ -37,16 +37,20 @@ pub fn profile_decoding(
 }
 
 /// Profiles one prefill forward as the engine runs them for `batch` prompts of the benchmark:
-/// as many whole prompts per forward as its prefill chunk takes, over empty caches.
+/// as many whole prompts per forward as its prefill chunk takes, over empty caches. `None` for
+/// prompts shorter than a block, which the engine does not prefill (they sit in the first
+/// block).
 pub fn profile_prefill(
     model: &Sdar,
     batch: usize,
     args: &GenerateBenchArgs,
     bytes_per_s: f64,
-) -> Result<ForwardProfile> {
+) -> Result<Option<ForwardProfile>> {
     let block = model.config().block_size;
     let tokens = args.prompt_tokens / block * block;
-    ensure!(tokens > 0, "prompts shorter than a block are not prefilled");
+    if tokens == 0 {
+        return Ok(None);
+    }
     let rows = (EngineConfig::default().max_prefill_tokens / tokens).clamp(1, batch);
     let shape = BlockForwardShape {
         batch: rows,
@@ -60,7 +64,7 @@ pub fn profile_prefill(
         repetitions: 2,
         bytes_per_s,
     };
-    profile(model, shape, settings, "prefill")
+    profile(model, shape, settings, "prefill").map(Some)
 }
 
 fn profile(
