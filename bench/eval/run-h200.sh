@@ -13,10 +13,15 @@
 # Steps: c-cold (32 pairs, empty build cache), c-warm (the same 32 in a new run, cache filled),
 # a-pairs (all 99), b-identity, adversarial (the GPU programs of tests/adversarial through the
 # real test binary). Runs resume, so a step cut by BUDGET_S is finished by running it again.
-# $OUT gets steps.txt, eval-runs.tgz (stores, logs, reports in md and json) and
-# adversarial-gpu.log: only 8 files come back from the machine, so add none beside them.
+# OUT, by default the run's folder bench/runs/<date>-<commit>-<machine> (bench/run-folder.sh),
+# gets steps.txt, each step's `dice report` in md and json, and adversarial-gpu.log; stores and
+# logs stay in /tmp/dice-runs, where a step resumes. PACK=1 puts stores, logs and reports in
+# OUT/eval-runs.tgz after every step instead, for a transport that brings back only a few files
+# (8 from the GPU machine: add none beside them).
 set -uo pipefail
-DATA=$(realpath "${DATA:?}") OUT=${OUT:?}
+DATA=$(realpath "${DATA:?}")
+OUT=${OUT:-$(bash bench/run-folder.sh)} || exit 1
+mkdir -p "$OUT" && OUT=$(realpath "$OUT")
 start=$(date +%s)
 budget=${BUDGET_S:-580}
 export DICE_PYTHON=$(command -v python3)
@@ -28,7 +33,10 @@ unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.
 unxz "$DATA/dice.xz" "$bin/dice"
 left() { echo $(( budget - ($(date +%s) - start) )); }
 cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
-pack() { tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs; }
+publish() { # step name: its reports, or (PACK=1) every store, log and report in one archive
+  if [[ ${PACK:-} == 1 ]]; then tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs
+  else cp "$runs/$1.md" "$runs/$1.json" "$OUT/"; fi
+}
 step() { # name, cap seconds, dice eval args...
   local name=$1 cap=$2; shift 2
   local limit=$(( $(left) < cap ? $(left) : cap ))
@@ -45,7 +53,7 @@ step() { # name, cap seconds, dice eval args...
   "$bin/dice" report "$runs/$name" --format json >"$runs/$name.json" 2>>"$OUT/steps.txt"
   "$bin/dice" report "$runs/$name" --format md >"$runs/$name.md" 2>>"$OUT/steps.txt"
   awk '/^## Where the evaluator/{p=1} /^## Flagged/{p=0} p' "$runs/$name.md" | tee -a "$OUT/steps.txt"
-  pack
+  publish "$name"
 }
 adversarial() {
   # The test reads the repository and its binaries through the paths it was compiled with.

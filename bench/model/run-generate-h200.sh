@@ -11,10 +11,14 @@
 #   cuda_tests.xz (optional)  the dice-model CUDA test binary (random weights, nothing else)
 #   kernel_tests.xz (optional)  the dice-model library test binary built with --features cuda
 #               (its GPU tests are #[ignore]d elsewhere: the kernels against candle's ops, bit for bit)
-# Writes $OUT/steps.txt and $OUT/generate.tgz: golden-*.txt, gen-*.txt (tables, profiles),
-# gen-*.json, cuda-tests.txt, kernel-times.{csv,txt}.
+# Writes steps.txt, golden-*.txt, gen-*.txt (tables, profiles), gen-*.json, cuda-tests.txt and
+# kernel-times.{csv,txt} to OUT, by default the run's folder bench/runs/<date>-<commit>-<machine>
+# (bench/run-folder.sh). PACK=1 puts everything but steps.txt in OUT/generate.tgz instead, for a
+# transport that brings back only a few files.
 set -uo pipefail
-DATA=$(realpath "${DATA:?}") OUT=${OUT:?}
+DATA=$(realpath "${DATA:?}")
+OUT=${OUT:-$(bash bench/run-folder.sh)} || exit 1
+mkdir -p "$OUT" && OUT=$(realpath "$OUT")
 export LD_LIBRARY_PATH=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')
 bin=/tmp/dice-cuda golden=/tmp/dice-golden
 unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; }
@@ -95,6 +99,7 @@ DICE_CUDA_GRAPHS=0 run gen-4b-no-graphs bench generate --config "$DATA/configs/s
   --device cuda --dtype bf16 --batch 1,128 --json "$OUT/gen-4b-no-graphs.json"
 DICE_FUSED_ATTENTION=0 run gen-4b-candle bench generate --config "$DATA/configs/sdar-4b.json" \
   --device cuda --dtype bf16 --batch 1,128 --json "$OUT/gen-4b-candle.json"
-# Only a few files come back from the machine: everything but steps.txt goes in one archive.
-tar -C "$OUT" -czf /tmp/generate.tgz --exclude=steps.txt . && find "$OUT" -mindepth 1 ! -name steps.txt -delete \
-  && mv /tmp/generate.tgz "$OUT/generate.tgz"
+if [[ ${PACK:-} == 1 ]]; then
+  tar -C "$OUT" -czf /tmp/generate.tgz --exclude=steps.txt . && find "$OUT" -mindepth 1 ! -name steps.txt -delete \
+    && mv /tmp/generate.tgz "$OUT/generate.tgz"
+fi
