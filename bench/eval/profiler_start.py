@@ -4,7 +4,7 @@ at once. Children are forked from a parent that imported torch, like the evaluat
 `direct_early` enables CUPTI before the process's first CUDA call.
 
 Run on the GPU machine: python3 bench/eval/profiler_start.py  (session 3, H200: Kineto's start
-6.2-6.9 s of CPU per process with 8 at once, CUPTI's 0.03 s; bench/eval/h200/README.md)"""
+6.2-6.9 s of CPU per process with 8 at once, CUPTI's 0.03 s; bench/notes/eval-h200.md)"""
 import ctypes, json, os, resource, sys, time
 import torch
 

@@ -1,7 +1,7 @@
 """Which CUDA kernels a call launches, on which stream, for how long: CUPTI's activity API.
 
 torch.profiler (Kineto) costs 6-7 s of host time to start in every fresh process on an H200
-(bench/eval/h200/README.md); CUPTI's activity API, which Kineto wraps, starts in milliseconds.
+(bench/notes/eval-h200.md); CUPTI's activity API, which Kineto wraps, starts in milliseconds.
 The library is the one torch already loaded. Records are read at the offsets of
 CUpti_ActivityKernel (fields up to `name` are laid out alike in every record version since
 CUPTI 10: kind, cache configs, registers, start, end, ..., streamId, ..., correlationId, gridId,
