@@ -1,5 +1,6 @@
 //! The Python call graph from `ModelNew.forward`: helper methods, module-level wrappers,
-//! submodules, `autograd.Function.apply`, and calls into extension functions and PyTorch.
+//! submodules, `autograd.Function.apply`, `functools.partial`, and calls into extension
+//! functions and PyTorch.
 
 use std::collections::{HashMap, HashSet};
 
@@ -147,6 +148,13 @@ impl<'m, 't> CallGraph<'m, 't> {
             "call" => {
                 let function = node.child_by_field_name("function")?;
                 let dotted = self.module.resolve(function)?;
+                if dotted == "functools.partial" {
+                    // Calling the partial calls its first argument.
+                    let target = named_children(node.child_by_field_name("arguments")?)
+                        .into_iter()
+                        .next()?;
+                    return self.value_of(target, class);
+                }
                 if dotted == "torch.nn.Sequential" {
                     let parts = named_children(node.child_by_field_name("arguments")?)
                         .into_iter()

@@ -455,3 +455,154 @@ fn malformed_input_is_reported_not_panicked_on() {
         assert!(custom_kernel_names(candidate).is_empty());
     }
 }
+
+/// An honest extension with a ReLU kernel and its gradient, compiled for a backward pass the
+/// benchmark never runs: forward uses one export and leaves the other alone. `{module}` is
+/// spliced in before `ModelNew`, `{methods}` into its body (with its `__init__`), `{forward}` is
+/// forward's body.
+fn relu_and_grad_candidate(module: &str, methods: &str, forward: &str) -> String {
+    format!(
+        r#"
+import functools
+from functools import partial
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = """
+#include <torch/extension.h>
+
+__global__ void relu_kernel(const float* x, float* y, int n) {{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] > 0.f ? x[i] : 0.f;
+}}
+
+__global__ void relu_grad_kernel(const float* x, const float* g, float* dx, int n) {{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dx[i] = x[i] > 0.f ? g[i] : 0.f;
+}}
+
+torch::Tensor relu_cuda(torch::Tensor x) {{
+    auto y = torch::empty_like(x);
+    const int n = x.numel();
+    relu_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}}
+
+torch::Tensor relu_grad_cuda(torch::Tensor x, torch::Tensor g) {{
+    auto dx = torch::empty_like(x);
+    const int n = x.numel();
+    relu_grad_kernel<<<(n + 255) / 256, 256>>>(
+        x.data_ptr<float>(), g.data_ptr<float>(), dx.data_ptr<float>(), n);
+    return dx;
+}}
+"""
+
+ops = load_inline(
+    name="relu_ops",
+    cpp_sources="torch::Tensor relu_cuda(torch::Tensor x); torch::Tensor relu_grad_cuda(torch::Tensor x, torch::Tensor g);",
+    cuda_sources=source,
+    functions=["relu_cuda", "relu_grad_cuda"],
+)
+{module}
+
+class ModelNew(nn.Module):
+{methods}
+
+    def forward(self, x):
+{forward}
+"#
+    )
+}
+
+const PLAIN_INIT: &str = "    def __init__(self):\n        super().__init__()";
+
+#[test]
+fn kernels_wired_through_helpers_modules_and_partials_are_called() {
+    let activation = "\nclass Activation(nn.Module):\n    def forward(self, x):\n        return ops.relu_cuda(x)\n";
+    let wirings = [
+        ("", PLAIN_INIT, "        return ops.relu_cuda(x)"),
+        (
+            "\ndef apply_relu(x):\n    return ops.relu_cuda(x)\n",
+            PLAIN_INIT,
+            "        return apply_relu(x)",
+        ),
+        (
+            "",
+            "    def __init__(self):\n        super().__init__()\n        self.ops = ops\n\n    def activate(self, x):\n        return self.ops.relu_cuda(x)",
+            "        return self.activate(x)",
+        ),
+        (
+            activation,
+            "    def __init__(self):\n        super().__init__()\n        self.act = Activation()",
+            "        return self.act(x)",
+        ),
+        (
+            activation,
+            "    def __init__(self):\n        super().__init__()\n        self.body = nn.Sequential(Activation())",
+            "        return self.body(x)",
+        ),
+        (
+            "\nrelu = functools.partial(ops.relu_cuda)\n",
+            PLAIN_INIT,
+            "        return relu(x)",
+        ),
+        (
+            "",
+            "    def __init__(self):\n        super().__init__()\n        self.relu = partial(ops.relu_cuda)",
+            "        return self.relu(x)",
+        ),
+        (
+            "",
+            PLAIN_INIT,
+            "        relu = partial(ops.relu_cuda)\n        return relu(x)",
+        ),
+    ];
+    for (module, methods, forward) in wirings {
+        let result = run(
+            &relu_and_grad_candidate(module, methods, forward),
+            RELU_PROBLEM,
+        );
+        assert!(
+            result.findings.is_empty(),
+            "{module}{methods}\n{forward}: {:?}",
+            result.findings
+        );
+    }
+}
+
+#[test]
+fn forward_that_runs_no_kernel_is_not_called_even_through_a_partial() {
+    let methods =
+        "    def __init__(self):\n        super().__init__()\n        self.relu = partial(ops.relu_cuda)";
+    let result = run(
+        &relu_and_grad_candidate("", methods, "        return torch.relu(x)"),
+        RELU_PROBLEM,
+    );
+    assert!(
+        has(&result, Rule::KernelNotCalled, Severity::Error),
+        "{:?}",
+        result.findings
+    );
+}
+
+/// The built-in examples' correct candidates (examples/README.md) raise no finding.
+#[test]
+fn correct_examples_are_clean() -> anyhow::Result<()> {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let candidates = std::fs::read_to_string(examples.join("candidates.jsonl"))?
+        .lines()
+        .map(serde_json::from_str::<serde_json::Value>)
+        .collect::<Result<Vec<_>, _>>()?;
+    for (problem, file) in [(1, "1_ReLU.py"), (2, "2_Scaled_residual.py")] {
+        let source = std::fs::read_to_string(examples.join("kernelbench/level1").join(file))?;
+        let code = candidates
+            .iter()
+            .find(|c| c["problem_id"] == problem && c["sample_id"] == 0)
+            .and_then(|c| c["code"].as_str().map(str::to_string))
+            .ok_or_else(|| anyhow::anyhow!("no sample 0 of problem {problem}"))?;
+        let result = run(&code, &source);
+        assert!(result.findings.is_empty(), "{file}: {:?}", result.findings);
+    }
+    Ok(())
+}

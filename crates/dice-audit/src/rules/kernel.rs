@@ -41,10 +41,10 @@ pub(crate) fn check(ctx: &Context, report: &mut Report) {
             }
         }
     }
+    // Exports that forward leaves alone while another kernel runs are not reported: honest
+    // programs compile backward passes, variants and helpers beside the kernel they use.
     if launched.is_empty() {
         report_missing_kernel(ctx, report, &called, forward.start_byte());
-    } else {
-        report_unused_exports(ctx, report, &called, forward.start_byte());
     }
     report_example_copy(ctx, report, &launched);
     report_compute(ctx, report, &called);
@@ -110,30 +110,6 @@ fn report_missing_kernel(
                 ctx.extensions[ext].call.start_byte(),
                 format!("extension `{name}` is compiled but never used by ModelNew"),
             );
-        }
-    }
-}
-
-/// Exported functions that forward never calls, when other kernels do run.
-fn report_unused_exports(
-    ctx: &Context,
-    report: &mut Report,
-    called: &[(usize, String, usize)],
-    forward_offset: usize,
-) {
-    for (index, ext) in ctx.extensions.iter().enumerate() {
-        for export in &ext.exports {
-            let is_called = called.iter().any(|(e, f, _)| *e == index && f == export);
-            if !is_called && ext.launches_custom_code(export) {
-                report.warning(
-                    Rule::KernelNotCalled,
-                    forward_offset,
-                    format!(
-                        "`{}.{export}` is compiled but never called on forward's path",
-                        ext_label(ctx, index)
-                    ),
-                );
-            }
         }
     }
 }
