@@ -20,7 +20,7 @@ const KNOWN_DECEPTIVE: &[(u64, &str)] = &[
 
 #[test]
 fn honest_infilling_kernels_raise_no_errors() -> anyhow::Result<()> {
-    let path = common::shared_dir().join("dice/kernel_infilling_evaluation.json");
+    let path = common::test_data().join("dice/kernel_infilling_evaluation.json");
     let text = std::fs::read_to_string(&path)?;
     let entries: Vec<serde_json::Value> = serde_json::from_str(&text)?;
     assert_eq!(entries.len(), 99);
@@ -69,7 +69,7 @@ fn honest_infilling_kernels_raise_no_errors() -> anyhow::Result<()> {
 fn identity_candidates_of_all_problems_have_no_custom_kernel() -> anyhow::Result<()> {
     let mut audited = 0;
     for level in 1..=3 {
-        let dir = common::shared_dir().join(format!("kernelbench/level{level}"));
+        let dir = common::test_data().join(format!("kernelbench/level{level}"));
         for entry in std::fs::read_dir(&dir)? {
             let path = entry?.path();
             let problem = std::fs::read_to_string(&path)?;

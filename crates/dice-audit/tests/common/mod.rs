@@ -1,24 +1,22 @@
-//! Paths to the shared data and the repository's adversarial suite.
+//! Paths to the repository's test data and adversarial suite.
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
 
-/// `/work/shared` (or `$DICE_SHARED`): read in place, never copied into the repository.
-pub fn shared_dir() -> PathBuf {
-    std::env::var_os("DICE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+/// The workspace's `tests/data` (KernelBench problems, DICE data files, goldens).
+pub fn test_data() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data")
 }
 
 pub fn adversarial_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/adversarial")
 }
 
-/// The source of KernelBench problem `level`/`id` from the shared copy.
+/// The source of KernelBench problem `level`/`id` from the test data.
 pub fn problem_source(level: u32, id: u32) -> anyhow::Result<String> {
     use anyhow::Context;
-    let dir = shared_dir().join(format!("kernelbench/level{level}"));
+    let dir = test_data().join(format!("kernelbench/level{level}"));
     let prefix = format!("{id}_");
     for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
         let path = entry?.path();
@@ -34,7 +32,7 @@ pub fn problem_source(level: u32, id: u32) -> anyhow::Result<String> {
 /// The DICE/KernelBench one-shot example as the prompt shows it: the add `Model` and the
 /// elementwise-add `ModelNew`, cut out of the golden level-1 prompt.
 pub fn prompt_example() -> anyhow::Result<(String, String)> {
-    let path = shared_dir().join("sdar/golden/prompts/kernelbench_level1_1.user.txt");
+    let path = test_data().join("sdar/golden/prompts/kernelbench_level1_1.user.txt");
     let prompt = std::fs::read_to_string(&path)?;
     let problem = fenced_after(&prompt, "The example given architecture is:")?;
     let candidate = fenced_after(
