@@ -6,7 +6,7 @@ use std::fs;
 
 #[test]
 fn dice_infilling_pairs_load_as_level_zero() {
-    let path = common::shared().join("dice/kernel_infilling_evaluation.json");
+    let path = common::test_data().join("dice/kernel_infilling_evaluation.json");
     let raw: Vec<Value> = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
     let set = load_pairs(&path).unwrap();
     // Python's `ast` accepts every reference of this file, so the parse-tree check must too.
@@ -75,7 +75,7 @@ fn bad_pairs_are_clear_errors() {
 
 #[test]
 fn every_end_to_end_reference_validates() {
-    let path = common::shared().join("dice/end_to_end_kernel_generation_4000.json");
+    let path = common::test_data().join("dice/end_to_end_kernel_generation_4000.json");
     let set = load_pairs(&path).unwrap();
     assert!(
         set.invalid.is_empty(),
