@@ -1,0 +1,571 @@
+//! The optimizer side of a training step, as the reference's stack runs it (HF Trainer,
+//! `torch.optim.AdamW`): gradients summed over micro-batches ([`GradientAccumulator`]),
+//! global gradient-norm clipping ([`clip_grad_norm`]), then one AdamW update ([`AdamW`]) with
+//! f32 master weights and moments, whose state is saved and restored for resume.
+//!
+//! Hyper-parameters (spec §6.5): β = (0.9, 0.999), ε = 1e-8 and clipping at 1.0 are the
+//! defaults of the HF Trainer that DICE's SFT runs unchanged; so is weight decay 0.0, the value
+//! of [`AdamWConfig::default`] (DICE's RL also sets 0).
+
+use anyhow::{bail, ensure, Context, Result};
+use candle_core::safetensors::MmapedSafetensors;
+use candle_core::{DType, Device, Tensor, Var};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Elements per f64 slice when a gradient's norm is summed (128 MiB of f64).
+const NORM_CHUNK: usize = 1 << 24;
+
+/// AdamW hyper-parameters; the learning rate comes with each step (from the schedule).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AdamWConfig {
+    pub beta1: f64,
+    pub beta2: f64,
+    /// Added to √v̂ after the division by √(1 − β2ᵗ), as torch does.
+    pub eps: f64,
+    /// Decoupled decay, applied to every tensor (norms and embeddings included; with the
+    /// reference's 0 the HF Trainer's no-decay groups make no difference).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+impl AdamWConfig {
+    fn validate(&self) -> Result<()> {
+        for (name, beta) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            ensure!(
+                (0.0..1.0).contains(&beta),
+                "AdamW {name} must be in [0, 1), not {beta}"
+            );
+        }
+        ensure!(
+            self.eps >= 0.0 && self.weight_decay >= 0.0,
+            "AdamW eps and weight decay must not be negative (eps {}, weight decay {})",
+            self.eps,
+            self.weight_decay
+        );
+        Ok(())
+    }
+}
+
+/// One optimized tensor: the model's weight and the optimizer's f32 state for it.
+struct Param {
+    name: String,
+    /// The weight the model computes with, updated in place after every step.
+    weight: Var,
+    /// The f32 master copy when `weight` is not f32 (bf16 compute); otherwise `weight` is the
+    /// master.
+    master: Option<Tensor>,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+}
+
+impl Param {
+    /// The f32 weights the update applies to.
+    fn master(&self) -> Tensor {
+        match &self.master {
+            Some(master) => master.clone(),
+            None => self.weight.as_detached_tensor(),
+        }
+    }
+
+    /// Replaces the f32 weights, rounding them into the compute weight if it is narrower.
+    fn set_master(&mut self, master: Tensor) -> Result<()> {
+        if self.master.is_some() {
+            self.weight.set(&master.to_dtype(self.weight.dtype())?)?;
+            self.master = Some(master);
+        } else {
+            self.weight.set(&master)?;
+        }
+        Ok(())
+    }
+}
+
+/// AdamW exactly as torch 2.11 runs it on CPU (`torch.optim.AdamW`, the single-tensor path,
+/// amsgrad off). At step t (from 1), for every tensor, with m and v starting at zero:
+///
+/// ```text
+/// p ← p·(1 − lr·wd)
+/// m ← m + (1 − β1)·(g − m)
+/// v ← β2·v + ((1 − β2)·g)·g
+/// p ← p + (−lr/(1 − β1ᵗ))·m / (√v / √(1 − β2ᵗ) + ε)
+/// ```
+///
+/// in f32 elementwise, the scalars computed in f64 and rounded to f32 as torch's kernels
+/// receive them. (torch's `lerp` fuses the m update into one multiply-add, which changes its
+/// last bit at most.) Weights that are not f32 get an f32 master copy, which every step
+/// updates and rounds into the weight.
+pub struct AdamW {
+    config: AdamWConfig,
+    /// Sorted by name, so that every pass over them (and their sums) has one order.
+    params: Vec<Param>,
+    steps: u64,
+}
+
+impl AdamW {
+    /// An optimizer over the named weights (for a model: the `VarMap` of
+    /// `Sdar::load_trainable`, keyed by checkpoint name).
+    pub fn new(
+        weights: impl IntoIterator<Item = (String, Var)>,
+        config: AdamWConfig,
+    ) -> Result<Self> {
+        config.validate()?;
+        let mut params = weights
+            .into_iter()
+            .map(|(name, weight)| {
+                ensure!(
+                    weight.dtype().is_float(),
+                    "cannot optimize `{name}`: its dtype {:?} is not a float type",
+                    weight.dtype()
+                );
+                let master = match weight.dtype() {
+                    DType::F32 => None,
+                    _ => Some(weight.as_detached_tensor().to_dtype(DType::F32)?),
+                };
+                let zeros = Tensor::zeros(weight.shape(), DType::F32, weight.device())?;
+                Ok(Param {
+                    name,
+                    weight,
+                    master,
+                    exp_avg: zeros.clone(),
+                    exp_avg_sq: zeros,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        params.sort_by(|a, b| a.name.cmp(&b.name));
+        if let Some(twin) = params.windows(2).find(|w| w[0].name == w[1].name) {
+            bail!("the weight `{}` is listed twice", twin[0].name);
+        }
+        Ok(Self {
+            config,
+            params,
+            steps: 0,
+        })
+    }
+
+    pub fn config(&self) -> &AdamWConfig {
+        &self.config
+    }
+
+    /// Updates taken so far (torch's `state["step"]`).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// One update with learning rate `lr` from `grads` (weight name → gradient, any float
+    /// dtype; already clipped), which must hold a gradient for every weight.
+    pub fn step(&mut self, grads: &HashMap<String, Tensor>, lr: f64) -> Result<()> {
+        ensure!(
+            lr.is_finite() && lr >= 0.0,
+            "the learning rate must be finite and not negative, not {lr}"
+        );
+        let AdamWConfig {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = self.config;
+        let t = (self.steps + 1) as f64;
+        let step_size = lr / (1.0 - beta1.powf(t));
+        let bias_correction2_sqrt = (1.0 - beta2.powf(t)).sqrt();
+        let count = self.params.len();
+        for param in &mut self.params {
+            let grad = grads
+                .get(&param.name)
+                .with_context(|| {
+                    format!(
+                        "no gradient for `{}`: the step needs the gradients of all {count} weights",
+                        param.name
+                    )
+                })?
+                .to_dtype(DType::F32)?;
+            ensure!(
+                grad.shape() == param.weight.shape(),
+                "the gradient of `{}` has shape {:?}, the weight {:?}",
+                param.name,
+                grad.dims(),
+                param.weight.dims()
+            );
+            let device = param.weight.device();
+            let mut p = param.master();
+            if weight_decay != 0.0 {
+                p = (p * (1.0 - lr * weight_decay))?;
+            }
+            let exp_avg = (&param.exp_avg + ((&grad - &param.exp_avg)? * (1.0 - beta1))?)?;
+            let exp_avg_sq = ((&param.exp_avg_sq * beta2)? + ((&grad * (1.0 - beta2))? * &grad)?)?;
+            // A true division (candle's `Tensor / f64` multiplies by the reciprocal).
+            let bias_correction2_sqrt = Tensor::new(bias_correction2_sqrt as f32, device)?;
+            let denom = (exp_avg_sq.sqrt()?.broadcast_div(&bias_correction2_sqrt)? + eps)?;
+            let p = (p + ((&exp_avg * -step_size)? / denom)?)?;
+            param.set_master(p)?;
+            param.exp_avg = exp_avg;
+            param.exp_avg_sq = exp_avg_sq;
+        }
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// Writes the state a resumed run needs into one safetensors file: `step` (I64), and per
+    /// weight NAME `exp_avg.NAME`, `exp_avg_sq.NAME` and `master.NAME` (the f32 weights, so
+    /// that a run whose checkpoints are bf16 resumes from its exact f32 values). The file is
+    /// written under a temporary name and renamed into place.
+    pub fn save_state(&self, path: &Path) -> Result<()> {
+        let mut tensors = HashMap::new();
+        tensors.insert(
+            "step".to_string(),
+            Tensor::new(self.steps as i64, &Device::Cpu)?,
+        );
+        for param in &self.params {
+            let name = &param.name;
+            tensors.insert(format!("exp_avg.{name}"), param.exp_avg.clone());
+            tensors.insert(format!("exp_avg_sq.{name}"), param.exp_avg_sq.clone());
+            tensors.insert(format!("master.{name}"), param.master());
+        }
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        candle_core::safetensors::save(&tensors, &partial)
+            .with_context(|| format!("cannot write the optimizer state {}", path.display()))?;
+        std::fs::rename(&partial, path)
+            .with_context(|| format!("cannot move the optimizer state into {}", path.display()))
+    }
+
+    /// Restores a state written by [`AdamW::save_state`] for the same weights: the moments, the
+    /// step count, and the f32 weights (the model's weights are overwritten with them).
+    pub fn load_state(&mut self, path: &Path) -> Result<()> {
+        let what = || format!("the optimizer state {}", path.display());
+        // SAFETY: the file is mapped read-only while it is read here; like every checkpoint
+        // reader we rely on nobody truncating it meanwhile.
+        let state = unsafe { MmapedSafetensors::new(path) }
+            .with_context(|| format!("cannot read {}", what()))?;
+        let stored = state.tensors().len();
+        let expected = 1 + 3 * self.params.len();
+        ensure!(
+            stored == expected,
+            "{} holds {stored} tensors, this model's state has {expected}: it belongs to another model",
+            what()
+        );
+        let steps = state
+            .load("step", &Device::Cpu)
+            .and_then(|t| t.to_scalar::<i64>())
+            .with_context(|| format!("{} has no valid `step`", what()))?;
+        for param in &mut self.params {
+            let device = param.weight.device().clone();
+            let load = |key: String| -> Result<Tensor> {
+                let tensor = state.load(&key, &device).with_context(|| {
+                    format!("{} has no `{key}`: it belongs to another model", what())
+                })?;
+                ensure!(
+                    tensor.dtype() == DType::F32 && tensor.shape() == param.weight.shape(),
+                    "{}: `{key}` is {:?} {:?}, expected F32 {:?}",
+                    what(),
+                    tensor.dtype(),
+                    tensor.dims(),
+                    param.weight.dims()
+                );
+                Ok(tensor)
+            };
+            let name = &param.name;
+            let (exp_avg, exp_avg_sq, master) = (
+                load(format!("exp_avg.{name}"))?,
+                load(format!("exp_avg_sq.{name}"))?,
+                load(format!("master.{name}"))?,
+            );
+            param.exp_avg = exp_avg;
+            param.exp_avg_sq = exp_avg_sq;
+            param.set_master(master)?;
+        }
+        self.steps =
+            u64::try_from(steps).with_context(|| format!("{}: negative step {steps}", what()))?;
+        Ok(())
+    }
+}
+
+/// Scales all gradients together so that their global L2 norm is at most `max_norm`, as
+/// `torch.nn.utils.clip_grad_norm_` does: `total = ‖(‖g_p‖₂)_p‖₂`,
+/// `coef = min(1, max_norm / (total + 1e-6))` in f32, `g ← coef·g`. Returns `total`, the norm
+/// before clipping. The squares are summed in f64 (torch sums f32 pairwise; both are far
+/// below f32's resolution of the result). A non-finite norm is returned as it is and poisons
+/// the gradients, as in torch: the caller decides whether to skip the step.
+pub fn clip_grad_norm(grads: &mut HashMap<String, Tensor>, max_norm: f64) -> Result<f32> {
+    ensure!(
+        max_norm > 0.0,
+        "the gradient clipping norm must be positive, not {max_norm}"
+    );
+    let mut names: Vec<&String> = grads.keys().collect();
+    names.sort();
+    let mut sum_of_squares = 0.0;
+    for name in names {
+        sum_of_squares += squared_norm(&grads[name])
+            .with_context(|| format!("cannot take the norm of the gradient of `{name}`"))?;
+    }
+    let total = sum_of_squares.sqrt() as f32;
+    let coef = max_norm as f32 / (total + 1e-6);
+    // `clamp(max = 1)` keeps a NaN, as torch's does.
+    if coef < 1.0 || coef.is_nan() {
+        for grad in grads.values_mut() {
+            *grad = grad.affine(f64::from(coef), 0.0)?;
+        }
+    }
+    Ok(total)
+}
+
+/// Σ x² of a tensor in f64, a slice at a time.
+fn squared_norm(tensor: &Tensor) -> Result<f64> {
+    let flat = tensor.flatten_all()?;
+    let len = flat.elem_count();
+    let mut sum = 0.0;
+    for start in (0..len).step_by(NORM_CHUNK) {
+        let slice = flat.narrow(0, start, NORM_CHUNK.min(len - start))?;
+        sum += slice
+            .to_dtype(DType::F64)?
+            .sqr()?
+            .sum_all()?
+            .to_scalar::<f64>()?;
+    }
+    Ok(sum)
+}
+
+/// Gradients of several micro-batches, summed in f32.
+///
+/// There is no division by the number of micro-batches: the reference's stack does none.
+/// Each micro-batch's loss is already normalized by its own loss-token count, and
+/// transformers 4.52's Trainer skips its `1 / gradient_accumulation_steps` whenever the
+/// model's `forward` takes `**kwargs` (SDAR's does) and the batch has labels, with DeepSpeed's
+/// own scaling switched off (`scale_wrt_gas=False`). DICE's recipe accumulates 1 micro-batch,
+/// where both readings agree.
+#[derive(Default)]
+pub struct GradientAccumulator {
+    sums: HashMap<String, Tensor>,
+    micro_batches: usize,
+}
+
+impl GradientAccumulator {
+    /// Adds the gradients of one micro-batch (weight name → gradient, any float dtype).
+    pub fn add(&mut self, grads: HashMap<String, Tensor>) -> Result<()> {
+        for (name, grad) in grads {
+            let grad = grad.to_dtype(DType::F32)?;
+            match self.sums.get_mut(&name) {
+                Some(sum) => {
+                    *sum = (&*sum + &grad)
+                        .with_context(|| format!("cannot add the gradients of `{name}`"))?;
+                }
+                None => {
+                    self.sums.insert(name, grad);
+                }
+            }
+        }
+        self.micro_batches += 1;
+        Ok(())
+    }
+
+    /// Micro-batches added since the last [`GradientAccumulator::take`].
+    pub fn micro_batches(&self) -> usize {
+        self.micro_batches
+    }
+
+    /// The summed f32 gradients, leaving the accumulator empty.
+    pub fn take(&mut self) -> HashMap<String, Tensor> {
+        self.micro_batches = 0;
+        std::mem::take(&mut self.sums)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two weights of a toy problem, in `dtype`, with fixed irregular values.
+    fn weights(dtype: DType) -> Vec<(String, Var)> {
+        let values = |n: usize, seed: f32| -> Vec<f32> {
+            (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect()
+        };
+        [
+            ("a.weight", vec![3, 5], 1.0),
+            ("b.norm.weight", vec![7], 2.0),
+        ]
+        .into_iter()
+        .map(|(name, shape, seed)| {
+            let n = shape.iter().product();
+            let t = Tensor::from_vec(values(n, seed), shape, &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            (name.to_string(), Var::from_tensor(&t).unwrap())
+        })
+        .collect()
+    }
+
+    /// Gradients that depend on the weights (g = w² − 0.1·w − 0.2), accumulated over two
+    /// micro-batches and clipped as a training step does.
+    fn grads(weights: &[(String, Var)]) -> HashMap<String, Tensor> {
+        let mut accumulator = GradientAccumulator::default();
+        for micro_batch in 0..2 {
+            let grads = weights
+                .iter()
+                .map(|(name, w)| {
+                    let w = w.as_detached_tensor();
+                    let g = ((w.sqr().unwrap() - (&w * 0.1).unwrap()).unwrap()
+                        - 0.2 * micro_batch as f64)
+                        .unwrap();
+                    (name.clone(), g)
+                })
+                .collect();
+            accumulator.add(grads).unwrap();
+        }
+        assert_eq!(accumulator.micro_batches(), 2);
+        let mut grads = accumulator.take();
+        clip_grad_norm(&mut grads, 1.0).unwrap();
+        grads
+    }
+
+    fn run(weights: &[(String, Var)], optimizer: &mut AdamW, steps: u64) {
+        let schedule = crate::schedule::LrSchedule {
+            kind: crate::schedule::ScheduleKind::Cosine,
+            peak_lr: 1e-2,
+            warmup_steps: 2,
+            total_steps: 8,
+        };
+        for _ in 0..steps {
+            let lr = schedule.lr(optimizer.steps());
+            optimizer.step(&grads(weights), lr).unwrap();
+        }
+    }
+
+    fn config() -> AdamWConfig {
+        AdamWConfig {
+            weight_decay: 0.01,
+            ..AdamWConfig::default()
+        }
+    }
+
+    /// Interrupted after 3 of 8 steps and resumed from the saved state and the weights as a
+    /// checkpoint stores them, the run ends with the state of the uninterrupted one, byte for
+    /// byte (moments, f32 weights, step count).
+    fn resume_is_bit_identical(dtype: DType) {
+        let dir = tempfile::tempdir().unwrap();
+        let straight_weights = weights(dtype);
+        let mut straight = AdamW::new(straight_weights.clone(), config()).unwrap();
+        run(&straight_weights, &mut straight, 8);
+        straight
+            .save_state(&dir.path().join("straight.safetensors"))
+            .unwrap();
+
+        let first_weights = weights(dtype);
+        let mut first = AdamW::new(first_weights.clone(), config()).unwrap();
+        run(&first_weights, &mut first, 3);
+        let state = dir.path().join("state.safetensors");
+        first.save_state(&state).unwrap();
+        let checkpoint: Vec<(String, Var)> = first_weights
+            .iter()
+            .map(|(name, w)| {
+                (
+                    name.clone(),
+                    Var::from_tensor(&w.as_detached_tensor()).unwrap(),
+                )
+            })
+            .collect();
+        drop((first, first_weights));
+
+        let mut resumed = AdamW::new(checkpoint.clone(), config()).unwrap();
+        resumed.load_state(&state).unwrap();
+        assert_eq!(resumed.steps(), 3);
+        run(&checkpoint, &mut resumed, 5);
+        resumed
+            .save_state(&dir.path().join("resumed.safetensors"))
+            .unwrap();
+
+        let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
+        assert!(read("straight.safetensors") == read("resumed.safetensors"));
+        for ((_, a), (_, b)) in straight_weights.iter().zip(&checkpoint) {
+            let bits = |w: &Var| {
+                w.as_detached_tensor()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            };
+            assert_eq!(bits(a), bits(b));
+        }
+        assert_ne!(
+            weights(dtype)[0]
+                .1
+                .as_detached_tensor()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap(),
+            checkpoint[0]
+                .1
+                .as_detached_tensor()
+                .to_dtype(DType::F32)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap(),
+            "the steps moved the weights"
+        );
+    }
+
+    #[test]
+    fn resume_is_bit_identical_in_f32() {
+        resume_is_bit_identical(DType::F32);
+    }
+
+    #[test]
+    fn resume_is_bit_identical_with_bf16_weights_and_f32_masters() {
+        resume_is_bit_identical(DType::BF16);
+    }
+
+    #[test]
+    fn a_state_of_other_weights_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.safetensors");
+        AdamW::new(weights(DType::F32), config())
+            .unwrap()
+            .save_state(&state)
+            .unwrap();
+        let other = vec![(
+            "c.weight".to_string(),
+            Var::zeros((2, 2), DType::F32, &Device::Cpu).unwrap(),
+        )];
+        let error = AdamW::new(other, config())
+            .unwrap()
+            .load_state(&state)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("belongs to another model"), "{error}");
+    }
+
+    #[test]
+    fn accumulation_sums_and_clipping_scales_to_the_norm() {
+        let g = |v: Vec<f32>| Tensor::from_vec(v, 2, &Device::Cpu).unwrap();
+        let mut accumulator = GradientAccumulator::default();
+        accumulator
+            .add(HashMap::from([("w".to_string(), g(vec![1.0, 2.0]))]))
+            .unwrap();
+        accumulator
+            .add(HashMap::from([("w".to_string(), g(vec![2.0, 2.0]))]))
+            .unwrap();
+        let mut grads = accumulator.take();
+        assert_eq!(accumulator.micro_batches(), 0);
+        assert_eq!(grads["w"].to_vec1::<f32>().unwrap(), [3.0, 4.0]);
+        assert_eq!(clip_grad_norm(&mut grads, 10.0).unwrap(), 5.0);
+        assert_eq!(grads["w"].to_vec1::<f32>().unwrap(), [3.0, 4.0]);
+        assert_eq!(clip_grad_norm(&mut grads, 1.0).unwrap(), 5.0);
+        let coef = 1.0f32 / (5.0 + 1e-6);
+        assert_eq!(
+            grads["w"].to_vec1::<f32>().unwrap(),
+            [3.0 * coef, 4.0 * coef]
+        );
+    }
+}
