@@ -31,6 +31,8 @@ pub struct EvalArgs {
     /// The SQLite store [default: RUN_DIR/dice.db].
     #[arg(long, value_name = "FILE")]
     pub db: Option<PathBuf>,
+    /// Where candidates and references run (cuda: torch with CUDA, and nvcc on PATH for CUDA
+    /// candidates).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
     /// Seconds each run of a candidate may take (builds not included).
@@ -65,6 +67,8 @@ pub struct EvalArgs {
     /// The extension build cache [default: $DICE_CACHE, else ~/.cache/dice/builds].
     #[arg(long, value_name = "DIR")]
     pub build_cache: Option<PathBuf>,
+    /// Correctness trials: forwards on fresh seeded inputs, each compared with the reference's
+    /// output; a candidate is correct when all pass (at least 1).
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub correctness_trials: u32,
     /// Timed calls of each correct candidate and of its baseline (0: no timing).
@@ -81,6 +85,8 @@ pub struct EvalArgs {
     /// Use KernelBench HEAD's per-precision tolerance instead (fp32 1e-4, fp16/bf16 1e-2).
     #[arg(long)]
     pub kernelbench_tolerance: bool,
+    /// The dtype floating-point inputs and parameters are cast to, for the reference and the
+    /// candidate alike.
     #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
     pub precision: PrecisionArg,
     /// What speedups are measured against.
