@@ -1,6 +1,7 @@
 //! Synthetic training workloads for speed and memory measurements of the real model sizes.
 
 use crate::config::SdarConfig;
+use crate::init::splitmix64_mix;
 use crate::sdar::{Sdar, QUERY_CHUNK};
 use crate::sft::{PackedRow, TwoStreamBatch};
 use anyhow::{ensure, Result};
@@ -16,10 +17,7 @@ struct SplitMix64(u64);
 impl SplitMix64 {
     fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        splitmix64_mix(self.0)
     }
 }
 

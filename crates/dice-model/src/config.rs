@@ -1,13 +1,13 @@
 //! `config.json` of an SDAR / DICE checkpoint (spec §1).
 
 use anyhow::{bail, Context, Result};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// The architecture fields of an SDAR `config.json`. Unknown keys are ignored; the class
 /// defaults of the Python `SDARConfig` are deliberately NOT reproduced (spec §1: always read
 /// the file), so every shape-defining field is required.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct SdarConfig {
     pub model_type: String,
     pub vocab_size: usize,

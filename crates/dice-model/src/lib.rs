@@ -1,13 +1,16 @@
 //! SDAR / DICE block-diffusion models in candle: checkpoint loading, the stateless model with
 //! caller-owned KV caches, the two-stream SFT forward and loss (one autograd graph, or
 //! checkpointed layer by layer), synthetic training workloads for benchmarks, the Qwen2
-//! tokenizer rebuilt from vocab + merges, and the chat template.
+//! tokenizer rebuilt from vocab + merges, the chat template, deterministic checkpoints of any
+//! config (formula or seeded random weights) and the checks against the formula golden.
 
 pub mod bench;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod device;
+pub mod golden;
+pub mod init;
 #[cfg(feature = "cuda")]
 mod kernels;
 pub mod masks;

@@ -97,7 +97,7 @@ fn sharded_checkpoint_loads_like_single_file() {
     .unwrap();
 
     let sharded = Sdar::load(dir.path(), DType::F32, &Device::Cpu).unwrap();
-    let single = Sdar::load(&tiny_dir(), DType::F32, &Device::Cpu).unwrap();
+    let single = Sdar::load(tiny_dir(), DType::F32, &Device::Cpu).unwrap();
     let ids = Tensor::new(&[[151644u32, 872, 198, 55]], &Device::Cpu).unwrap();
     let run = |m: &Sdar| {
         let mut cache =
@@ -109,7 +109,7 @@ fn sharded_checkpoint_loads_like_single_file() {
 
 #[test]
 fn parameter_counts_of_the_real_configs() {
-    let configs = shared_dir().join("sdar/configs");
+    let configs = data_dir().join("sdar/configs");
     for (file, params) in [
         ("sdar-1.7b.json", 2_031_739_904usize),
         ("sdar-4b.json", 4_411_424_256),
@@ -122,7 +122,7 @@ fn parameter_counts_of_the_real_configs() {
 
 #[test]
 fn random_model_holds_the_parameters_its_config_counts() {
-    let mut config = SdarConfig::from_path(&tiny_dir()).unwrap();
+    let mut config = SdarConfig::from_path(tiny_dir()).unwrap();
     config.vocab_size = 1000;
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         let model = Sdar::random(&config, dtype, &Device::Cpu).unwrap();
@@ -139,7 +139,7 @@ fn half_precision_forward_stays_close_to_f32() {
     )
     .unwrap();
     let run = |dtype| {
-        let m = Sdar::load(&tiny_dir(), dtype, &Device::Cpu).unwrap();
+        let m = Sdar::load(tiny_dir(), dtype, &Device::Cpu).unwrap();
         let mut cache = dice_model::KvCache::new(m.config(), 1, 8, dtype, &Device::Cpu).unwrap();
         m.prefill(&ids, &mut cache).unwrap()
     };

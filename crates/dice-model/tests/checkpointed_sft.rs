@@ -119,7 +119,7 @@ fn compare_paths(dir: &std::path::Path, sample_lens: &[usize], padding: usize) {
 
 #[test]
 fn checkpointed_equals_single_graph_on_a_multi_sample_row() {
-    compare_paths(&tiny_dir(), &[14, 23], 3);
+    compare_paths(tiny_dir(), &[14, 23], 3);
 }
 
 #[test]
@@ -152,7 +152,7 @@ fn checkpointed_equals_single_graph_with_tied_embeddings() {
 
 #[test]
 fn synthetic_row_is_a_quarter_prompt_and_half_masked_response() {
-    let config = SdarConfig::from_path(&tiny_dir()).unwrap();
+    let config = SdarConfig::from_path(tiny_dir()).unwrap();
     let row = synthetic_sft_row(&config, 4096).unwrap();
     assert_eq!(row.input_ids.len(), 4096);
     assert_eq!(row.labels.iter().filter(|&&l| l == -100).count(), 1024);
@@ -170,7 +170,7 @@ fn synthetic_row_is_a_quarter_prompt_and_half_masked_response() {
 
 #[test]
 fn timed_step_on_random_weights_has_the_uniform_loss() {
-    let config = SdarConfig::from_path(&tiny_dir()).unwrap();
+    let config = SdarConfig::from_path(tiny_dir()).unwrap();
     let timing = time_sft_step(&config, DType::F32, &Device::Cpu, 64, 1).unwrap();
     assert_eq!(timing.positions, 128);
     assert!(timing.masked > 0 && timing.seconds > 0.0);
@@ -185,10 +185,10 @@ fn timed_step_on_random_weights_has_the_uniform_loss() {
 #[test]
 fn bf16_checkpointed_step_is_close_to_f32() {
     let dir = tiny_dir();
-    let config = SdarConfig::from_path(&dir).unwrap();
+    let config = SdarConfig::from_path(dir).unwrap();
     let batch = TwoStreamBatch::new(&[packed_row(&config, &[14, 23], 3)]).unwrap();
-    let (want_loss, want) = single_graph(&dir, &batch);
-    let model = Sdar::load(&dir, DType::BF16, &Device::Cpu).unwrap();
+    let (want_loss, want) = single_graph(dir, &batch);
+    let model = Sdar::load(dir, DType::BF16, &Device::Cpu).unwrap();
     let step = model.sft_loss_and_grads(&batch, 5).unwrap();
     println!("bf16 loss {} vs f32 {want_loss}", step.loss);
     assert!((step.loss - want_loss).abs() < 0.01 * want_loss);

@@ -1,66 +1,100 @@
-//! Prefill and cached-decode logits against the reference (f32 compute on the bf16 tiny
-//! checkpoint), and the batched cache API against the single-sequence results.
+//! Prefill and cached-decode logits against the formula golden's summaries (f32 compute on the
+//! bf16 formula checkpoint), and the batched cache API against the single-sequence results.
 
 mod common;
 
 use candle_core::{DType, Device, IndexOp, Tensor};
 use common::*;
+use dice_model::golden::LogitsCase;
 use dice_model::{KvCache, Sdar};
 
-const TOL: f32 = 1e-4;
-
 fn model() -> Sdar {
-    Sdar::load(&tiny_dir(), DType::F32, &Device::Cpu).unwrap()
+    Sdar::load(tiny_dir(), DType::F32, &Device::Cpu).unwrap()
 }
 
 fn ids(v: &[u32]) -> Tensor {
     Tensor::new(v, &Device::Cpu).unwrap().unsqueeze(0).unwrap()
 }
 
-#[test]
-fn prefill_and_decode_logits_match_reference() {
-    let model = model();
-    let cases = cases();
-    let prompt = u32s(&cases["prefill"]["input_ids"]);
-    let mut cache = KvCache::new(model.config(), 1, 32, DType::F32, &Device::Cpu).unwrap();
-    let logits = model
-        .prefill(&ids(&prompt), &mut cache)
-        .unwrap()
-        .squeeze(0)
-        .unwrap();
-    let d = max_abs_diff(&logits, &expected("prefill_logits"));
-    println!("prefill logits max abs diff {d:e}");
-    assert!(d < TOL, "prefill logits differ by {d}");
-    assert_eq!(cache.lens(), &[prompt.len()]);
+fn prompt() -> Vec<u32> {
+    golden().input_ids(LogitsCase::Prefill).unwrap()
+}
 
-    let block = u32s(&cases["decode"]["input_ids"]);
-    let logits = model
-        .block_forward(&ids(&block), &mut cache, &[false])
+/// The prefill logits, then those of a read-only decode step over its cache (which must keep
+/// the prefill's length).
+fn prefill_then_decode(model: &Sdar, prompt: &[u32], block: &[u32]) -> (Tensor, Tensor) {
+    let mut cache = KvCache::new(model.config(), 1, 32, DType::F32, &Device::Cpu).unwrap();
+    let prefill = model
+        .prefill(&ids(prompt), &mut cache)
         .unwrap()
         .squeeze(0)
         .unwrap();
-    let d = max_abs_diff(&logits, &expected("decode_logits"));
-    println!("decode logits max abs diff {d:e}");
-    assert!(d < TOL, "decode logits differ by {d}");
+    assert_eq!(cache.lens(), &[prompt.len()]);
+    let decode = model
+        .block_forward(&ids(block), &mut cache, &[false])
+        .unwrap()
+        .squeeze(0)
+        .unwrap();
     assert_eq!(
         cache.lens(),
         &[prompt.len()],
         "store_kv=false must not commit"
     );
-
     // A read-only step leaves the cache as it was: the same step again gives the same logits.
     let again = model
-        .block_forward(&ids(&block), &mut cache, &[false])
+        .block_forward(&ids(block), &mut cache, &[false])
         .unwrap()
         .squeeze(0)
         .unwrap();
-    assert_eq!(max_abs_diff(&again, &logits), 0.0);
+    assert_eq!(max_abs_diff(&again, &decode), 0.0);
+    (prefill, decode)
+}
+
+#[test]
+fn prefill_and_decode_logits_match_reference() {
+    let golden = golden();
+    let (prefill, decode) = prefill_then_decode(
+        &model(),
+        &golden.input_ids(LogitsCase::Prefill).unwrap(),
+        &golden.input_ids(LogitsCase::Decode).unwrap(),
+    );
+    let mut measurements = golden
+        .measure_logits(LogitsCase::Prefill, &prefill)
+        .unwrap();
+    measurements.extend(golden.measure_logits(LogitsCase::Decode, &decode).unwrap());
+    assert_within_f32_tolerances(&measurements);
+}
+
+/// The random-weight golden of `DICE_SHARED` (a 39 MB checkpoint with the reference's full
+/// logits), when present.
+#[test]
+fn shared_random_weight_golden_logits_match_when_present() {
+    let Some(dir) = dice_shared("sdar/golden/tiny", "the random-weight golden") else {
+        return;
+    };
+    let cases = read_json(&dir.join("cases.json"));
+    let expected = |name: &str| {
+        candle_core::safetensors::load(dir.join("expected.safetensors"), &Device::Cpu).unwrap()
+            [name]
+            .clone()
+    };
+    let model = Sdar::load(&dir, DType::F32, &Device::Cpu).unwrap();
+    let (prefill, decode) = prefill_then_decode(
+        &model,
+        &u32s(&cases["prefill"]["input_ids"]),
+        &u32s(&cases["decode"]["input_ids"]),
+    );
+    for (name, logits) in [("prefill_logits", prefill), ("decode_logits", decode)] {
+        let d = max_abs_diff(&logits, &expected(name));
+        println!("{name} max abs diff {d:e}");
+        assert!(d < 1e-4, "{name} differ by {d}");
+    }
 }
 
 #[test]
 fn storing_a_block_equals_prefilling_it() {
     let model = model();
-    let prompt = u32s(&cases()["prefill"]["input_ids"]);
+    let prompt = prompt();
     let next = [198u32, 40, 41, 42];
     let probe = [43u32, 151669, 151669, 151669];
 
@@ -92,7 +126,7 @@ fn storing_a_block_equals_prefilling_it() {
 #[test]
 fn rows_of_different_lengths_batch_like_single_sequences() {
     let model = model();
-    let prompt = u32s(&cases()["prefill"]["input_ids"]);
+    let prompt = prompt();
     let short = &prompt[..4];
     let block = [198u32, 151669, 151669, 151669];
     let cfg = model.config();
@@ -187,7 +221,8 @@ fn long_prefill_in_query_chunks_equals_two_prefills() {
 #[test]
 fn static_greedy_generation_through_the_cache_api() {
     let model = model();
-    let case = &cases()["generate"][0];
+    let golden = golden();
+    let case = &golden.generations().unwrap()[0];
     assert_eq!(case["name"], "static_greedy");
     let expected_ids = u32s(&case["output_ids"]);
     let prompt = u32s(&case["prompt_ids"]);

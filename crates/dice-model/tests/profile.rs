@@ -1,6 +1,6 @@
-//! The decoding-forward profile on the CPU, with the tiny checkpoint. One test in its own
-//! binary: the tensor counts read candle's process-wide counter, which tests running in
-//! parallel threads would disturb.
+//! The decoding-forward profile on the CPU, with the formula golden's tiny checkpoint. One test
+//! in its own binary: the tensor counts read candle's process-wide counter, which tests running
+//! in parallel threads would disturb.
 
 mod common;
 
@@ -11,7 +11,7 @@ use dice_model::Sdar;
 
 #[test]
 fn every_stage_of_a_decoding_forward_is_timed_counted_and_floored() {
-    let model = Sdar::load(&tiny_dir(), DType::F32, &Device::Cpu).unwrap();
+    let model = Sdar::load(tiny_dir(), DType::F32, &Device::Cpu).unwrap();
     let cfg = model.config().clone();
     let shape = BlockForwardShape {
         batch: 3,

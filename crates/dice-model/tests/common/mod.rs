@@ -1,38 +1,76 @@
-//! Shared test helpers: where `shared/` is, max-abs-diff comparisons, and the build and run of
-//! the emulated kernel checks.
+//! Shared test helpers: the repository's test data, the formula golden and its checkpoint,
+//! max-abs-diff comparisons, and the build and run of the emulated kernel checks.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use candle_core::{DType, Tensor};
-use std::path::PathBuf;
+use dice_model::golden::{FormulaGolden, Measurement};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-pub fn shared_dir() -> PathBuf {
-    std::env::var_os("DICE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+/// `tests/data` of the workspace.
+pub fn data_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data")
 }
 
-pub fn tiny_dir() -> PathBuf {
-    shared_dir().join("sdar/golden/tiny")
+pub fn golden_dir() -> PathBuf {
+    data_dir().join("sdar/golden/formula")
+}
+
+pub fn golden() -> FormulaGolden {
+    FormulaGolden::open(&golden_dir()).unwrap()
+}
+
+/// The formula golden's tiny checkpoint (with the SDAR tokenizer), written once per test binary
+/// into the build's temporary folder. Every test binary writes the same bytes, each file under a
+/// temporary name renamed into place, so binaries running at once cannot see a partial file.
+pub fn tiny_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("formula-golden-tiny");
+        golden()
+            .write_checkpoint(&dir, Some(&data_dir().join("sdar")))
+            .unwrap();
+        dir
+    })
+}
+
+/// Prints every measurement and asserts that each is within its f32 tolerance.
+pub fn assert_within_f32_tolerances(measurements: &[Measurement]) {
+    for m in measurements {
+        println!(
+            "{}: max diff {:.3e} (tolerance {:.0e})",
+            m.name, m.max_diff, m.tolerance
+        );
+    }
+    let failed: Vec<String> = measurements
+        .iter()
+        .filter(|m| !m.passes_f32())
+        .map(|m| format!("{} {:e} > {:e}", m.name, m.max_diff, m.tolerance))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "outside the golden's tolerances: {failed:?}"
+    );
+}
+
+/// The optional large data folder named by `DICE_SHARED`; `None` (with a note saying what was
+/// skipped) when it is not set or lacks `relative`.
+pub fn dice_shared(relative: &str, skipped: &str) -> Option<PathBuf> {
+    let Some(root) = std::env::var_os("DICE_SHARED") else {
+        println!("DICE_SHARED is not set: skipped {skipped}");
+        return None;
+    };
+    let path = PathBuf::from(root).join(relative);
+    if !path.exists() {
+        println!("{} does not exist: skipped {skipped}", path.display());
+        return None;
+    }
+    Some(path)
 }
 
 pub fn read_json(path: &std::path::Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
-}
-
-pub fn cases() -> serde_json::Value {
-    read_json(&tiny_dir().join("cases.json"))
-}
-
-pub fn expected(name: &str) -> Tensor {
-    let all = candle_core::safetensors::load(
-        tiny_dir().join("expected.safetensors"),
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
-    all.get(name)
-        .unwrap_or_else(|| panic!("expected.safetensors has no {name}"))
-        .clone()
 }
 
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
