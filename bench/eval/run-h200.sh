@@ -5,10 +5,10 @@
 #   dice.xz                      `cargo build --release -p dice-cli` (stripped, xz): evaluation
 #                                needs no CUDA build of dice, only torch on the machine
 #   adversarial_eval.xz          `cargo test --release -p dice-cli --test adversarial_eval --no-run`
-#   kb/level{1,2,3}              KernelBench problems (shared/kernelbench)
-#   pairs.json                   shared/dice/kernel_infilling_evaluation.json (99 pairs)
+#   kb/level{1,2,3}              KernelBench problems (tests/data/kernelbench)
+#   pairs.json                   tests/data/dice/kernel_infilling_evaluation.json (99 pairs)
 #   pairs32.json                 its first 32 pairs: the fixed throughput subset
-#   identity.jsonl               `dice bench identity --kernelbench shared/kernelbench`: Model
+#   identity.jsonl               `dice bench identity --kernelbench tests/data/kernelbench`: Model
 #                                renamed ModelNew, the first 20 of levels 1-3 whose inputs fit 8 GiB
 # Steps: c-cold (32 pairs, empty build cache), c-warm (the same 32 in a new run, cache filled),
 # a-pairs (all 99), b-identity, adversarial (the GPU programs of tests/adversarial through the
@@ -56,12 +56,13 @@ step() { # name, cap seconds, dice eval args...
   publish "$name"
 }
 adversarial() {
-  # The test reads the repository and its binaries through the paths it was compiled with.
-  mkdir -p /work /tmp/shared && ln -sfn "$PWD" /work/main && ln -sfn "$DATA/kb" /tmp/shared/kernelbench
+  # The test reads the repository (tests/data included) and its binaries through the paths it was
+  # compiled with.
+  mkdir -p /work && ln -sfn "$PWD" /work/main
   mkdir -p target/release && cp "$bin/dice" target/release/dice
   unxz "$DATA/adversarial_eval.xz" "$bin/adversarial_eval"
   local t0=$(date +%s%N)
-  (cd /work/main/crates/dice-cli && DICE_TEST_CUDA=1 DICE_SHARED=/tmp/shared timeout "$(left)" \
+  (cd /work/main/crates/dice-cli && DICE_TEST_CUDA=1 timeout "$(left)" \
     "$bin/adversarial_eval" --nocapture --test-threads 1 every_gpu_hack_is_caught_by_dice_eval) \
     >"$OUT/adversarial-gpu.log" 2>&1
   echo "adversarial rc=$? wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"

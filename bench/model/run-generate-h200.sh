@@ -7,7 +7,7 @@
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
 #   golden/     shared/sdar/golden/tiny (the reference's greedy generations, f32); files in it
 #               may be xz-compressed (NAME.xz)
-#   configs/    shared/sdar/configs/sdar-{4b,8b}.json
+#   configs/    tests/data/sdar/configs/sdar-{4b,8b}.json
 #   cuda_tests.xz (optional)  the dice-model CUDA test binary (random weights, nothing else)
 #   kernel_tests.xz (optional)  the dice-model library test binary built with --features cuda
 #               (its GPU tests are #[ignore]d elsewhere: the kernels against candle's ops, bit for bit)

@@ -1,8 +1,10 @@
 //! The adversarial suite (tests/adversarial, repository root) through `dice eval` on the CPU:
-//! every CPU program runs against its real KernelBench problem (read from the shared data, with
+//! every CPU program runs against its real KernelBench problem (read from the test data, with
 //! its sizes shrunk so that a CPU evaluates it in seconds) under the sandbox, the run-time checks
 //! and the static audit. Each must be caught: a verdict other than `correct`, or `deceptive`
 //! with the manifest's rule. Slow on a cold build cache (about a dozen distinct extensions).
+
+mod common;
 
 use dice_eval::{SampleRecord, Store, Verdict};
 use serde_json::Value;
@@ -11,12 +13,6 @@ use std::process::Command;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn shared() -> PathBuf {
-    std::env::var_os("DICE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("../shared"))
 }
 
 fn build_cache() -> PathBuf {
@@ -71,9 +67,9 @@ fn cap_integers(line: &str) -> String {
     out
 }
 
-/// Writes `levelL/ID_Name.py` for a problem of the shared KernelBench copy, shrunk.
+/// Writes `levelL/ID_Name.py` for a KernelBench problem of the test data, shrunk.
 fn add_problem(tree: &Path, level: u64, id: u64) {
-    let dir = shared().join(format!("kernelbench/level{level}"));
+    let dir = common::test_data().join(format!("kernelbench/level{level}"));
     let prefix = format!("{id}_");
     let file = std::fs::read_dir(&dir)
         .unwrap()

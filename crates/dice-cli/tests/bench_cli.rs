@@ -1,17 +1,13 @@
 //! `dice problems`, `dice prompt` and `dice report` as a user runs them.
 
+mod common;
+
 use dice_eval::store::{SampleExtras, Store};
 use dice_eval::{ProblemRecord, RunInfo, SampleRecord, TimingStats, Verdict};
 use serde_json::Value;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-
-fn shared() -> PathBuf {
-    std::env::var_os("DICE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
 
 fn dice(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dice"))
@@ -30,7 +26,7 @@ fn stderr(o: &Output) -> String {
 
 #[test]
 fn problems_list_json_counts_every_level() {
-    let kb = shared().join("kernelbench");
+    let kb = common::test_data().join("kernelbench");
     let out = dice(&[
         "problems",
         "list",
@@ -124,13 +120,13 @@ fn missing_folder_is_one_clear_line() {
 
 #[test]
 fn prompts_match_the_golden_files_byte_for_byte() {
-    let golden = shared().join("sdar/golden");
+    let golden = common::test_data().join("sdar/golden");
     let index: Vec<Value> =
         serde_json::from_str(&fs::read_to_string(golden.join("prompts/index.json")).unwrap())
             .unwrap();
-    let kb = shared().join("kernelbench");
-    let tasks = shared().join("dice/kernel_infilling_evaluation.json");
-    let model = shared().join("sdar");
+    let kb = common::test_data().join("kernelbench");
+    let tasks = common::test_data().join("dice/kernel_infilling_evaluation.json");
+    let model = common::test_data().join("sdar");
     for entry in &index {
         if let Some(problem) = entry["problem"].as_str() {
             let (level, file) = problem.split_once('/').unwrap();

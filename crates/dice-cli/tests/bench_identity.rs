@@ -1,15 +1,11 @@
-//! `dice bench identity` on small KernelBench-like trees, and on the shared KernelBench.
+//! `dice bench identity` on small KernelBench-like trees, and on the KernelBench of the test data.
+
+mod common;
 
 use serde_json::Value;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-
-fn shared() -> PathBuf {
-    std::env::var_os("DICE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
 
 fn identity(kernelbench: &Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dice"))
@@ -162,9 +158,9 @@ fn a_missing_folder_is_one_clear_line() {
 
 /// The benchmark's own set on level 1: problem 4 (an 8 GiB matrix and a vector) does not fit.
 #[test]
-fn shared_level_one_skips_the_matrix_vector_problem() {
+fn kernelbench_level_one_skips_the_matrix_vector_problem() {
     let out = identity(
-        &shared().join("kernelbench"),
+        &common::test_data().join("kernelbench"),
         &["--levels", "1", "--first", "4"],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -62,14 +62,14 @@ measured, is skipped and the next one is taken instead. Writes JSONL lines
 problems taken per level and every problem skipped, with its input size or the error.
 
 Example (the evaluator's timing-precision benchmark):
-  dice bench identity --kernelbench shared/kernelbench --out identity.jsonl")]
+  dice bench identity --kernelbench KernelBench/ --out identity.jsonl")]
     Identity(super::bench_identity::IdentityArgs),
 }
 
 /// The model every benchmark builds: a real config's shapes with random weights.
 #[derive(Args)]
 pub struct RandomModelArgs {
-    /// A model config.json (e.g. ../shared/sdar/configs/sdar-4b.json); weights are random.
+    /// A model config.json (e.g. tests/data/sdar/configs/sdar-4b.json); weights are random.
     #[arg(long)]
     pub config: PathBuf,
     /// Where to run (cuda needs a binary built with `--features cuda`).
