@@ -4,6 +4,14 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+# A clone must stand alone: outside the documentation, no tracked file may name the shared data
+# folder beside the development checkout (tests read tests/data; DICE_SHARED points a few
+# optional ones at more). Skipped outside a git checkout, where there is nothing tracked.
+if named=$(git grep -n -I -E -e '(\.\.|/work)/shared' -- ':!*.md' 2>/dev/null); then
+  echo "error: these tracked files name the shared folder beside the repository; read tests/data instead (DICE_SHARED for optional data):" >&2
+  echo "$named" >&2
+  exit 1
+fi
 scripts/setup-python.sh
 export DICE_CACHE=${DICE_CACHE:-$root/.dice/cache}
 cargo test --workspace --locked "$@"
