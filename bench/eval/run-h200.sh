@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # The evaluator's GPU evidence (issues: evaluator, hardening), run on the H200 machine from the
 # repository root:   DATA=.carry/dev bash bench/eval/run-h200.sh STEP...
-# with, under $DATA (an ignored folder carried to the machine; nothing of it is committed):
+# reading the KernelBench problems and the 99 pairs from tests/data, and under $DATA (an ignored
+# folder carried to the machine; nothing of it is committed):
 #   dice.xz                      `cargo build --release -p dice-cli` (stripped, xz): evaluation
 #                                needs no CUDA build of dice, only torch on the machine
 #   adversarial_eval.xz          `cargo test --release -p dice-cli --test adversarial_eval --no-run`
-#   kb/level{1,2,3}              KernelBench problems (tests/data/kernelbench)
-#   pairs.json                   tests/data/dice/kernel_infilling_evaluation.json (99 pairs)
-#   pairs32.json                 its first 32 pairs: the fixed throughput subset
+#   pairs32.json                 the first 32 pairs: the fixed throughput subset
 #   identity.jsonl               `dice bench identity --kernelbench tests/data/kernelbench`: Model
 #                                renamed ModelNew, the first 20 of levels 1-3 whose inputs fit 8 GiB
 # Steps: c-cold (32 pairs, empty build cache), c-warm (the same 32 in a new run, cache filled),
@@ -75,8 +74,8 @@ for s in "$@"; do
     c-cold) rm -rf "$cache"; step c-cold 330 --pairs "$DATA/pairs32.json" --runs-per-device 8 ;;
     c-warm) step c-warm 120 --pairs "$DATA/pairs32.json" --runs-per-device 8 ;;
     c-warm16) step c-warm16 120 --pairs "$DATA/pairs32.json" --runs-per-device 16 ;;
-    a-pairs) step a-pairs 600 --pairs "$DATA/pairs.json" --runs-per-device 8 ;;
-    b-identity) step b-identity 600 "$DATA/identity.jsonl" --kernelbench "$DATA/kb" --runs-per-device 4 ;;
+    a-pairs) step a-pairs 600 --pairs tests/data/dice/kernel_infilling_evaluation.json --runs-per-device 8 ;;
+    b-identity) step b-identity 600 "$DATA/identity.jsonl" --kernelbench tests/data/kernelbench --runs-per-device 4 ;;
     adversarial) adversarial ;;
     *) echo "unknown step $s" >&2 ;;
   esac
