@@ -1,25 +1,17 @@
-//! The four greedy generations of the reference (`cases.json` "generate") on the tiny
+//! The four greedy generations of the formula golden (`cases.json` "generate") on its tiny
 //! checkpoint, CPU f32, token for token; batching and seeding on the same checkpoint.
 
+mod common;
+
 use candle_core::{DType, Device};
+use common::{golden, tiny_dir};
 use dice_engine::{
     DecodeParams, Engine, EngineConfig, Request, SamplingParams, SdarDecoder, Strategy,
 };
 use serde_json::Value;
-use std::path::PathBuf;
-
-fn tiny_dir() -> PathBuf {
-    std::env::var_os("DICE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("sdar/golden/tiny")
-}
 
 fn cases() -> Vec<Value> {
-    let path = tiny_dir().join("cases.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let all: Value = serde_json::from_str(&text).unwrap();
-    all["generate"].as_array().unwrap().clone()
+    golden().generations().unwrap().to_vec()
 }
 
 fn u32s(v: &Value) -> Vec<u32> {
@@ -31,7 +23,7 @@ fn u32s(v: &Value) -> Vec<u32> {
 }
 
 fn engine(block_length: usize, max_batch: usize) -> Engine<SdarDecoder> {
-    let model = SdarDecoder::load(&tiny_dir(), DType::F32, &Device::Cpu, block_length).unwrap();
+    let model = SdarDecoder::load(tiny_dir(), DType::F32, &Device::Cpu, block_length).unwrap();
     let config = EngineConfig {
         max_batch,
         max_seq_len: 256,

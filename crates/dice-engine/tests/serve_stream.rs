@@ -1,24 +1,19 @@
-//! The OpenAI-compatible server on loopback with the tiny checkpoint: `/v1/models`, a chat
-//! completion, the same chat completion streamed, a text completion; all equal to local
-//! decoding.
+//! The OpenAI-compatible server on loopback with the formula golden's tiny checkpoint:
+//! `/v1/models`, a chat completion, the same chat completion streamed, a text completion; all
+//! equal to local decoding.
+
+mod common;
 
 use candle_core::{DType, Device};
+use common::tiny_dir;
 use dice_engine::{
     serve, DecodeParams, Engine, EngineConfig, Request, SdarDecoder, ServeOptions, TextCodec,
 };
 use dice_model::chat::ChatMessage;
 use serde_json::{json, Value};
-use std::path::PathBuf;
-
-fn tiny_dir() -> PathBuf {
-    std::env::var_os("DICE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("sdar/golden/tiny")
-}
 
 fn engine() -> Engine<SdarDecoder> {
-    let model = SdarDecoder::load(&tiny_dir(), DType::F32, &Device::Cpu, 4).unwrap();
+    let model = SdarDecoder::load(tiny_dir(), DType::F32, &Device::Cpu, 4).unwrap();
     let config = EngineConfig {
         max_batch: 4,
         max_seq_len: 256,
@@ -40,7 +35,7 @@ fn chat_streamed_and_plain_completions_match_local_generation() {
         stop_ids: vec![151645, 151643],
         ..DecodeParams::dice_eval(20)
     };
-    let codec = TextCodec::from_dir(&tiny_dir()).unwrap();
+    let codec = TextCodec::from_dir(tiny_dir()).unwrap();
     let prompt = codec
         .chat_prompt_ids(&[ChatMessage::new("user", message)])
         .unwrap();
