@@ -25,6 +25,6 @@ pub use config::SdarConfig;
 pub use kernels::decode_ops::greedy_summary;
 #[cfg(feature = "cuda")]
 pub use sdar::DecodeGraph;
-pub use sdar::{KvCache, Sdar, SftGradients};
+pub use sdar::{KvCache, LossGradients, MaskedSequence, Sdar};
 pub use sft::{PackedRow, TwoStreamBatch};
 pub use tokenizer::SdarTokenizer;

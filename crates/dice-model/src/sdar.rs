@@ -52,7 +52,10 @@
 //! model (with weights from [`Sdar::load_trainable`], `loss.backward()` yields every gradient;
 //! memory grows with layers x positions), and [`Sdar::sft_loss_and_grads`] computes the same
 //! loss and gradients with layer-wise activation checkpointing and query-chunked attention
-//! (memory of one layer and one chunk at a time, see its docs).
+//! (memory of one layer and one chunk at a time, see its docs). A [`MaskedSequence`] (tokens,
+//! positions and an explicit attention mask: a TraceRL replay sample) gets the same
+//! machinery: [`Sdar::masked_log_probs`] without autograd, [`Sdar::masked_loss_and_grads`] for
+//! any loss of its label log-probabilities.
 //!
 //! # Profiling
 //!
@@ -88,7 +91,7 @@ pub use graph::DecodeGraph;
 pub use profile::{BlockForwardShape, ComponentProfile, ForwardProfile, ProfileSettings};
 pub use stage::Stage;
 use stage::{Probe, Unprobed};
-pub use training::SftGradients;
+pub use training::{LossGradients, MaskedSequence};
 
 /// Which implementation of the fused operations a forward uses. Inference takes candle's fused
 /// kernels (no backward); training takes composite ops that autograd can differentiate.

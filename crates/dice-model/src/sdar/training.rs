@@ -1,6 +1,8 @@
-//! Two-stream SFT training (spec §3.1, §6.3-§6.4): the differentiable forward and loss as one
-//! autograd graph, and [`Sdar::sft_loss_and_grads`], the same loss and gradients with
-//! layer-wise activation checkpointing.
+//! Training forwards: the two-stream SFT forward and loss (spec §3.1, §6.3-§6.4) as one autograd
+//! graph, and the same loss and gradients with layer-wise activation checkpointing
+//! ([`Sdar::sft_loss_and_grads`]); and the forward under an explicit attention mask that the
+//! TraceRL replay needs ([`MaskedSequence`]: label log-probabilities, and any loss of them with
+//! its gradients through the same checkpointed machinery).
 //!
 //! candle has no checkpointing and no way to seed `backward()` with an output gradient, so a
 //! piece of the model is backpropagated on its own through the surrogate scalar
@@ -18,66 +20,144 @@ use anyhow::{ensure, Context};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var, D};
 use std::collections::HashMap;
+use std::ops::Range;
 
 /// Training always runs the composite ops autograd can differentiate.
 const KERNELS: Kernels = Kernels::Differentiable;
 
-/// Loss and gradients of one SFT micro-batch, from [`Sdar::sft_loss_and_grads`].
+/// A training loss and its gradients, from [`Sdar::sft_loss_and_grads`] and
+/// [`Sdar::masked_loss_and_grads`].
 #[derive(Debug, Clone)]
-pub struct SftGradients {
-    /// The loss of spec §6.4.
+pub struct LossGradients {
+    /// The loss.
     pub loss: f32,
+    /// log π(label) of every scored row, in the order of the rows (f32): the selected noisy
+    /// positions of an SFT batch, [`MaskedSequence::rows`] of a masked sequence.
+    pub log_probs: Vec<f32>,
     /// d loss / d weight for every checkpoint tensor, keyed by its checkpoint name (the keys of
     /// [`crate::SdarConfig::tensor_shapes`] and of the `VarMap` of [`Sdar::load_trainable`]), in
     /// the dtype of that weight.
     pub grads: HashMap<String, Tensor>,
 }
 
-/// What every layer of one two-stream forward shares: rotary tables and the sample masks.
-struct TwoStreamLayout<'a> {
-    batch: &'a TwoStreamBatch,
-    rope: Rope,
-    /// Additive `[1, 1, 1, 2n, 2n]` mask per sample length n (query axis at dim 3, as the
-    /// chunked attention expects).
-    masks: HashMap<usize, Tensor>,
+/// One token sequence under an explicit attention mask, with the rows whose label
+/// log-probabilities a loss reads: the form of a TraceRL replay sample (spec bicrl §8.6, §9),
+/// and of any training input whose visibility is not the two-stream SFT mask.
+#[derive(Debug, Clone)]
+pub struct MaskedSequence {
+    /// Token ids, N of them.
+    pub tokens: Vec<u32>,
+    /// Rotary position of every token.
+    pub positions: Vec<u32>,
+    /// Additive f32 `[N, N]` mask on the model's device (0 = row may attend column, -inf = may
+    /// not); every row must see at least one column.
+    pub mask: Tensor,
+    /// Rows whose logits are scored, each against the label of the same index.
+    pub rows: Vec<u32>,
+    pub labels: Vec<u32>,
 }
 
-impl<'a> TwoStreamLayout<'a> {
-    fn new(model: &Sdar, batch: &'a TwoStreamBatch) -> Result<Self> {
+impl MaskedSequence {
+    fn check(&self) -> anyhow::Result<()> {
+        let n = self.tokens.len();
+        ensure!(n > 0, "the masked sequence has no tokens");
+        ensure!(
+            self.positions.len() == n,
+            "the masked sequence has {n} tokens but {} positions",
+            self.positions.len()
+        );
+        ensure!(
+            self.mask.dims() == [n, n] && self.mask.dtype() == DType::F32,
+            "the mask of a {n}-token sequence must be an f32 [{n}, {n}] tensor, not {:?} {:?}",
+            self.mask.dtype(),
+            self.mask.dims()
+        );
+        ensure!(
+            self.rows.len() == self.labels.len(),
+            "the masked sequence scores {} rows with {} labels",
+            self.rows.len(),
+            self.labels.len()
+        );
+        ensure!(
+            self.rows.iter().all(|&r| (r as usize) < n),
+            "a scored row lies outside the {n}-token sequence"
+        );
+        Ok(())
+    }
+}
+
+/// A stretch of a training sequence that attends only within itself.
+struct Segment {
+    start: usize,
+    len: usize,
+    /// Additive `[1, 1, 1, len, len]` mask (query axis at dim 3, as the chunked attention
+    /// expects).
+    mask: Tensor,
+}
+
+/// What every layer of one training forward shares: rotary tables and the segments' masks.
+struct Layout {
+    rope: Rope,
+    segments: Vec<Segment>,
+}
+
+impl Layout {
+    /// An SFT batch: every sample is a segment of 2n positions [noisy ⧺ clean] under the
+    /// two-stream mask of its length.
+    fn two_stream(model: &Sdar, batch: &TwoStreamBatch) -> Result<Self> {
         let device = model.device();
         let positions = Tensor::new(batch.positions(), device)?;
         let rope = Rope::new(&model.inv_freq, &positions, model.dtype())?;
-        let mut masks = HashMap::new();
+        let mut masks: HashMap<usize, Tensor> = HashMap::new();
+        let mut segments = Vec::with_capacity(batch.sample_lens().len());
+        let mut start = 0;
         for &n in batch.sample_lens() {
-            if let std::collections::hash_map::Entry::Vacant(e) = masks.entry(n) {
-                let mask = masks::two_stream_mask(n, model.config.block_size, device)?;
-                e.insert(mask.reshape((1, 1, 1, 2 * n, 2 * n))?);
-            }
+            let mask = match masks.get(&n) {
+                Some(mask) => mask.clone(),
+                None => {
+                    let mask = masks::two_stream_mask(n, model.config.block_size, device)?
+                        .reshape((1, 1, 1, 2 * n, 2 * n))?;
+                    masks.insert(n, mask.clone());
+                    mask
+                }
+            };
+            segments.push(Segment {
+                start,
+                len: 2 * n,
+                mask,
+            });
+            start += 2 * n;
         }
-        Ok(Self { batch, rope, masks })
+        Ok(Self { rope, segments })
     }
 
-    /// First index and length n of every sample in the flattened sequence (it spans 2n).
-    fn samples(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.batch.sample_lens().iter().scan(0, |next, &n| {
-            let start = *next;
-            *next += 2 * n;
-            Some((start, n))
+    /// A masked sequence: one segment under its own mask.
+    fn masked(model: &Sdar, sequence: &MaskedSequence) -> Result<Self> {
+        let n = sequence.tokens.len();
+        let positions = Tensor::new(sequence.positions.as_slice(), model.device())?;
+        Ok(Self {
+            rope: Rope::new(&model.inv_freq, &positions, model.dtype())?,
+            segments: vec![Segment {
+                start: 0,
+                len: n,
+                mask: sequence.mask.reshape((1, 1, 1, n, n))?,
+            }],
         })
     }
 
-    /// Attention within every sample (`rows` queries at a time): q `[1, Hq, T, Dh]`, k and v
+    /// Attention within every segment (`rows` queries at a time): q `[1, Hq, T, Dh]`, k and v
     /// `[1, Hkv, T, Dh]`, result `[1, T, Hq * Dh]`.
     fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, rows: usize) -> Result<Tensor> {
         let outputs = self
-            .samples()
-            .map(|(start, n)| {
-                let span = |x: &Tensor| x.narrow(2, start, 2 * n);
+            .segments
+            .iter()
+            .map(|segment| {
+                let span = |x: &Tensor| x.narrow(2, segment.start, segment.len);
                 chunked_attention(
                     &span(q)?,
                     &span(k)?,
                     &span(v)?,
-                    Some(&self.masks[&n]),
+                    Some(&segment.mask),
                     rows,
                     KERNELS,
                 )
@@ -86,25 +166,26 @@ impl<'a> TwoStreamLayout<'a> {
         Tensor::cat(&outputs, 1)
     }
 
-    /// Gradients of [`TwoStreamLayout::attention`] with respect to q, k and v for the output
-    /// gradient `upstream`, recomputing and backpropagating one query chunk of one sample at a
-    /// time. The chunks' contributions are summed in f32 and rounded once to the input dtype.
+    /// Gradients of [`Layout::attention`] with respect to q, k and v for the output gradient
+    /// `upstream`, recomputing and backpropagating one query chunk of one segment at a time.
+    /// The chunks' contributions are summed in f32 and rounded once to the input dtype.
     fn attention_backward(
         &self,
         [q, k, v]: [&Tensor; 3],
         upstream: &Tensor,
         rows: usize,
     ) -> anyhow::Result<[Tensor; 3]> {
-        let mut per_sample: [Vec<Tensor>; 3] = Default::default();
-        for (start, n) in self.samples() {
-            // Fresh leaves (copies), so that each backward stops at this sample's q, k and v.
-            let leaf = |x: &Tensor| Var::from_tensor(&x.narrow(2, start, 2 * n)?);
+        let mut per_segment: [Vec<Tensor>; 3] = Default::default();
+        for segment in &self.segments {
+            // Fresh leaves (copies), so that each backward stops at this segment's q, k and v.
+            let leaf = |x: &Tensor| Var::from_tensor(&x.narrow(2, segment.start, segment.len)?);
             let leaves = [leaf(q)?, leaf(k)?, leaf(v)?];
             let [ql, kl, vl] = leaves.each_ref().map(Var::as_tensor);
             let mut sums: [Option<Tensor>; 3] = Default::default();
-            for chunk in row_chunks(2 * n, rows) {
-                let out = attention_rows(ql, kl, vl, Some(&self.masks[&n]), chunk, KERNELS)?;
-                let grads = pull_back(&[(&out, &upstream.narrow(1, start + chunk.0, chunk.1)?)])?;
+            for chunk in row_chunks(segment.len, rows) {
+                let out = attention_rows(ql, kl, vl, Some(&segment.mask), chunk, KERNELS)?;
+                let upstream = upstream.narrow(1, segment.start + chunk.0, chunk.1)?;
+                let grads = pull_back(&[(&out, &upstream)])?;
                 for (sum, leaf) in sums.iter_mut().zip(&leaves) {
                     accumulate(
                         sum,
@@ -112,12 +193,12 @@ impl<'a> TwoStreamLayout<'a> {
                     )?;
                 }
             }
-            for (parts, sum) in per_sample.iter_mut().zip(sums) {
-                parts.push(sum.context("a sample spans at least one query chunk")?);
+            for (parts, sum) in per_segment.iter_mut().zip(sums) {
+                parts.push(sum.context("a segment spans at least one query chunk")?);
             }
         }
         let dtype = q.dtype();
-        let [dq, dk, dv] = per_sample;
+        let [dq, dk, dv] = per_segment;
         Ok([
             Tensor::cat(&dq, 2)?.to_dtype(dtype)?,
             Tensor::cat(&dk, 2)?.to_dtype(dtype)?,
@@ -125,7 +206,7 @@ impl<'a> TwoStreamLayout<'a> {
         ])
     }
 
-    /// One decoder layer on the two-stream sequence `h` `[1, T, H]`: its attention output
+    /// One decoder layer on the sequence `h` `[1, T, H]`: its attention output
     /// `[1, T, Hq * Dh]` and its output `[1, T, H]`.
     fn layer_forward(
         &self,
@@ -183,19 +264,34 @@ fn rounded(sum: Option<Tensor>, weight: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// Σ CE(logits, label) / p over rows: logits `[M, V]` in the model dtype, log-softmax in f32.
-fn weighted_nll_sum(logits: &Tensor, labels: &Tensor, p: &Tensor) -> Result<Tensor> {
-    let log_probs = candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?;
-    let nll = log_probs
+/// log π(label) per row, `[M]` in f32: logits `[M, V]` in the model dtype, log-softmax in f32.
+fn label_log_probs(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    candle_nn::ops::log_softmax(&logits.to_dtype(DType::F32)?, D::Minus1)?
         .gather(&labels.unsqueeze(1)?, 1)?
-        .squeeze(1)?
-        .neg()?;
-    (nll / p)?.sum_all()
+        .squeeze(1)
+}
+
+/// Σ CE / p over rows, from the rows' label log-probabilities.
+fn weighted_nll_sum(log_probs: &Tensor, p: &Tensor) -> Result<Tensor> {
+    (log_probs.neg()? / p)?.sum_all()
+}
+
+/// The rows a training loss reads, and the loss.
+struct Head<'a> {
+    /// Scored rows of the sequence, u32 `[M]`.
+    rows: Tensor,
+    /// The label of every scored row, u32 `[M]`.
+    labels: Tensor,
+    /// The f32 scalar loss of the scored rows `range` from their label log-probabilities
+    /// `[range.len()]`. The loss must be a sum of per-row terms: the head evaluates it over
+    /// consecutive ranges and adds the results.
+    loss: &'a dyn Fn(&Tensor, Range<usize>) -> Result<Tensor>,
 }
 
 /// What the loss head gives back to the layer stack.
 struct HeadGradients {
     loss: f32,
+    log_probs: Vec<f32>,
     /// d loss / d (last hidden state), `[1, T, H]` in the model dtype.
     hidden: Tensor,
     norm: Option<Tensor>,
@@ -209,7 +305,7 @@ impl Sdar {
     /// memory-bounded way to train.
     pub fn two_stream_hidden(&self, batch: &TwoStreamBatch) -> anyhow::Result<Tensor> {
         let device = self.device();
-        let layout = TwoStreamLayout::new(self, batch)?;
+        let layout = Layout::two_stream(self, batch)?;
         let tokens = Tensor::new(batch.tokens(), device)?.unsqueeze(0)?;
         let mut h = self.embed(&tokens)?;
         for layer in &self.layers {
@@ -227,7 +323,7 @@ impl Sdar {
         let device = self.device();
         let labels = Tensor::new(batch.selected_labels(), device)?;
         let p = Tensor::new(batch.selected_p(), device)?;
-        let sum = weighted_nll_sum(&self.logits(hidden)?, &labels, &p)?;
+        let sum = weighted_nll_sum(&label_log_probs(&self.logits(hidden)?, &labels)?, &p)?;
         Ok((sum / batch.num_loss_tokens().max(1) as f64)?)
     }
 
@@ -277,29 +373,125 @@ impl Sdar {
         &self,
         batch: &TwoStreamBatch,
         chunk_rows: usize,
-    ) -> anyhow::Result<SftGradients> {
-        ensure!(chunk_rows > 0, "chunk_rows must be positive");
+    ) -> anyhow::Result<LossGradients> {
         ensure!(
             !batch.tokens().is_empty(),
             "the SFT batch has no tokens: pass at least one non-empty packed row"
         );
         let device = self.device();
-        let layout = TwoStreamLayout::new(self, batch)?;
-        let tokens = Tensor::new(batch.tokens(), device)?;
+        let p = Tensor::new(batch.selected_p(), device)?;
+        let denom = batch.num_loss_tokens().max(1) as f64;
+        let loss = |log_probs: &Tensor, range: Range<usize>| {
+            weighted_nll_sum(log_probs, &p.narrow(0, range.start, range.len())?)? / denom
+        };
+        let head = Head {
+            rows: Tensor::new(batch.selected(), device)?,
+            labels: Tensor::new(batch.selected_labels(), device)?,
+            loss: &loss,
+        };
+        let layout = Layout::two_stream(self, batch)?;
+        self.checkpointed_loss_and_grads(&layout, batch.tokens(), &head, chunk_rows)
+    }
 
+    /// log π(label) of every scored row of `sequence` (f32, in the order of its rows): the
+    /// forward of [`Sdar::masked_loss_and_grads`] without autograd, giving the same values
+    /// (TraceRL's old log-probabilities, spec bicrl §9.1). `chunk_rows` as there.
+    pub fn masked_log_probs(
+        &self,
+        sequence: &MaskedSequence,
+        chunk_rows: usize,
+    ) -> anyhow::Result<Vec<f32>> {
+        ensure!(chunk_rows > 0, "chunk_rows must be positive");
+        sequence.check()?;
+        let device = self.device();
+        let layout = Layout::masked(self, sequence)?;
+        let last = self.frozen_forward(&layout, &sequence.tokens, chunk_rows, None)?;
+        let rows = Tensor::new(sequence.rows.as_slice(), device)?;
+        let labels = Tensor::new(sequence.labels.as_slice(), device)?;
+        let picked = last.squeeze(0)?.index_select(&rows, 0)?;
+        let (norm, lm_head) = (self.norm.detach(), self.lm_head.detach());
+        let mut log_probs = Vec::with_capacity(sequence.rows.len());
+        for (start, len) in row_chunks(sequence.rows.len(), chunk_rows) {
+            let normed = rms_norm(
+                &picked.narrow(0, start, len)?,
+                &norm,
+                self.config.rms_norm_eps,
+                KERNELS,
+            )?;
+            let chunk =
+                label_log_probs(&linear(&normed, &lm_head)?, &labels.narrow(0, start, len)?)?;
+            log_probs.extend(chunk.to_vec1::<f32>()?);
+        }
+        Ok(log_probs)
+    }
+
+    /// A loss of the label log-probabilities of `sequence`'s scored rows, and its gradient for
+    /// every checkpoint tensor, computed as [`Sdar::sft_loss_and_grads`] computes the SFT loss
+    /// (same checkpointing, memory bounds and gradient conventions; the sequence is one
+    /// segment under its own mask).
+    ///
+    /// `loss(log_probs, range)` gives the f32 scalar loss of the scored rows `range` from
+    /// their label log-probabilities `[range.len()]` (f32, with autograd), in candle ops. The
+    /// loss must be a sum of per-row terms: it is evaluated `chunk_rows` rows at a time and
+    /// the results are added. The log-probabilities come back in
+    /// [`LossGradients::log_probs`].
+    pub fn masked_loss_and_grads(
+        &self,
+        sequence: &MaskedSequence,
+        loss: impl Fn(&Tensor, Range<usize>) -> Result<Tensor>,
+        chunk_rows: usize,
+    ) -> anyhow::Result<LossGradients> {
+        sequence.check()?;
+        let device = self.device();
+        let head = Head {
+            rows: Tensor::new(sequence.rows.as_slice(), device)?,
+            labels: Tensor::new(sequence.labels.as_slice(), device)?,
+            loss: &loss,
+        };
+        let layout = Layout::masked(self, sequence)?;
+        self.checkpointed_loss_and_grads(&layout, &sequence.tokens, &head, chunk_rows)
+    }
+
+    /// The layers without autograd: the last hidden state `[1, T, H]`. With `saved`, every
+    /// layer's input and attention output are pushed onto it, what the checkpointed backward
+    /// recomputes the layer from.
+    fn frozen_forward(
+        &self,
+        layout: &Layout,
+        tokens: &[u32],
+        chunk_rows: usize,
+        mut saved: Option<&mut Vec<(Tensor, Tensor)>>,
+    ) -> Result<Tensor> {
+        let tokens = Tensor::new(tokens, self.device())?;
         let mut h = self
             .embed_tokens
             .detach()
             .index_select(&tokens, 0)?
             .unsqueeze(0)?;
-        let mut saved = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
             let frozen = layer.map(|t| Ok(t.detach()))?;
             let (attn, out) = layout.layer_forward(self, &frozen, &h, chunk_rows)?;
-            saved.push((std::mem::replace(&mut h, out), attn));
+            let input = std::mem::replace(&mut h, out);
+            if let Some(saved) = saved.as_deref_mut() {
+                saved.push((input, attn));
+            }
         }
+        Ok(h)
+    }
 
-        let head = self.head_backward(&h, batch, chunk_rows)?;
+    /// The checkpointed loss and gradients of [`Sdar::sft_loss_and_grads`] for any layout and
+    /// loss head.
+    fn checkpointed_loss_and_grads(
+        &self,
+        layout: &Layout,
+        tokens: &[u32],
+        head: &Head,
+        chunk_rows: usize,
+    ) -> anyhow::Result<LossGradients> {
+        ensure!(chunk_rows > 0, "chunk_rows must be positive");
+        let mut saved = Vec::with_capacity(self.layers.len());
+        let h = self.frozen_forward(layout, tokens, chunk_rows, Some(&mut saved))?;
+        let head = self.head_backward(&h, head, chunk_rows)?;
         drop(h);
         let mut grads = HashMap::new();
         grads.insert(
@@ -322,51 +514,48 @@ impl Sdar {
                 .pop()
                 .context("internal error: one saved input per layer")?;
             let (d_input, layer_grads) =
-                self.layer_backward(layer, &layout, &input, &attn, &upstream, chunk_rows)?;
+                self.layer_backward(layer, layout, &input, &attn, &upstream, chunk_rows)?;
             for (name, grad) in DecoderLayer::NAMES.iter().zip(layer_grads) {
                 grads.insert(format!("model.layers.{l}.{name}"), grad);
             }
             upstream = d_input;
         }
 
-        let rows = Tensor::zeros(self.embed_tokens.shape(), DType::F32, device)?.index_add(
-            &tokens,
-            &upstream.squeeze(0)?.to_dtype(DType::F32)?,
-            0,
-        )?;
+        let tokens = Tensor::new(tokens, self.device())?;
+        let rows = Tensor::zeros(self.embed_tokens.shape(), DType::F32, tokens.device())?
+            .index_add(&tokens, &upstream.squeeze(0)?.to_dtype(DType::F32)?, 0)?;
         accumulate(&mut embed_sum, &rows)?;
         drop(rows);
         grads.insert(
             "model.embed_tokens.weight".to_string(),
             rounded(embed_sum, &self.embed_tokens)?,
         );
-        Ok(SftGradients {
+        Ok(LossGradients {
             loss: head.loss,
+            log_probs: head.log_probs,
             grads,
         })
     }
 
-    /// Loss head on the last hidden states `[1, T, H]` (no graph), `rows` selected positions
-    /// at a time: the loss, d loss / d hidden, and the f32 gradient sums of norm and lm_head.
+    /// Loss head on the last hidden states `[1, T, H]` (no graph), `rows` scored rows at a
+    /// time: the loss, the label log-probabilities, d loss / d hidden, and the f32 gradient
+    /// sums of norm and lm_head.
     fn head_backward(
         &self,
         last: &Tensor,
-        batch: &TwoStreamBatch,
+        head: &Head,
         rows: usize,
     ) -> anyhow::Result<HeadGradients> {
         let device = self.device();
-        let select = Tensor::new(batch.selected(), device)?;
-        let labels = Tensor::new(batch.selected_labels(), device)?;
-        let p = Tensor::new(batch.selected_p(), device)?;
         let last = last.squeeze(0)?;
-        let picked = last.index_select(&select, 0)?;
+        let picked = last.index_select(&head.rows, 0)?;
         let norm = Var::from_tensor(&self.norm)?;
         let lm_head = Var::from_tensor(&self.lm_head)?;
-        let denom = batch.num_loss_tokens().max(1) as f64;
         let mut loss = 0f32;
+        let mut log_probs = Vec::with_capacity(head.rows.dim(0)?);
         let (mut norm_sum, mut lm_head_sum) = (None, None);
         let mut d_picked = Vec::new();
-        for (start, len) in row_chunks(batch.selected().len(), rows) {
+        for (start, len) in row_chunks(head.rows.dim(0)?, rows) {
             let x = Var::from_tensor(&picked.narrow(0, start, len)?)?;
             let normed = rms_norm(
                 x.as_tensor(),
@@ -374,12 +563,13 @@ impl Sdar {
                 self.config.rms_norm_eps,
                 KERNELS,
             )?;
-            let chunk_loss = (weighted_nll_sum(
+            let chunk_log_probs = label_log_probs(
                 &linear(&normed, lm_head.as_tensor())?,
-                &labels.narrow(0, start, len)?,
-                &p.narrow(0, start, len)?,
-            )? / denom)?;
+                &head.labels.narrow(0, start, len)?,
+            )?;
+            let chunk_loss = (head.loss)(&chunk_log_probs, start..start + len)?;
             loss += chunk_loss.to_scalar::<f32>()?;
+            log_probs.extend(chunk_log_probs.to_vec1::<f32>()?);
             let grads = chunk_loss.backward()?;
             accumulate(
                 &mut norm_sum,
@@ -393,10 +583,11 @@ impl Sdar {
         }
         let mut hidden = Tensor::zeros(last.shape(), DType::F32, device)?;
         if !d_picked.is_empty() {
-            hidden = hidden.index_add(&select, &Tensor::cat(&d_picked, 0)?, 0)?;
+            hidden = hidden.index_add(&head.rows, &Tensor::cat(&d_picked, 0)?, 0)?;
         }
         Ok(HeadGradients {
             loss,
+            log_probs,
             hidden: hidden.to_dtype(self.dtype())?.unsqueeze(0)?,
             norm: norm_sum,
             lm_head: lm_head_sum,
@@ -409,7 +600,7 @@ impl Sdar {
     fn layer_backward(
         &self,
         layer: &DecoderLayer,
-        layout: &TwoStreamLayout,
+        layout: &Layout,
         input: &Tensor,
         attn: &Tensor,
         upstream: &Tensor,
