@@ -1,0 +1,264 @@
+//! TraceRL's policy loss (spec bicrl §9.1–§9.2, `compute_logp_old_tok_parallel` and
+//! `forward_process` of the reference's `rl_sdar.py`): PPO-clip on the tokens each replay
+//! sample decodes, plus a k3 KL penalty against the weights the RL step started from.
+//!
+//! For sample n with advantage A and Δ_t = log π_θ(x_t) − log π_old(x_t) on its loss positions:
+//! ρ_t = exp(clamp(Δ_t, −10, 10)),
+//! L_n = −(1/L1) Σ_t min(ρ_t A, clamp(ρ_t, 1−ε, 1+ε) A) + β (1/L1) Σ_t (exp(clamp(−Δ_t, −10, 10)) − 1 + Δ_t),
+//! with L1 the replay's loss normaliser (not a token count). The loss of a group of samples is
+//! the mean of their L_n.
+
+use super::replay::{Replay, ReplaySample};
+use anyhow::{ensure, Result};
+use candle_core::{DType, Device, Tensor};
+use dice_model::sdar::QUERY_CHUNK;
+use dice_model::{MaskedSequence, Sdar};
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// Δ is clamped to ±this before it is exponentiated, as the reference does.
+const LOG_RATIO_CLAMP: f32 = 10.0;
+
+/// The loss's hyper-parameters (spec bicrl §2 `training.eps`, `training.beta`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyLossSettings {
+    /// PPO's clip range ε: ratios are clipped to [1 − ε, 1 + ε].
+    pub clip_eps: f32,
+    /// Weight β of the k3 KL estimate (0 turns the penalty off).
+    pub kl_beta: f32,
+}
+
+impl Default for PolicyLossSettings {
+    /// DICE's: ε 0.2, β 0.01.
+    fn default() -> Self {
+        Self {
+            clip_eps: 0.2,
+            kl_beta: 0.01,
+        }
+    }
+}
+
+/// The loss of one sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleLoss {
+    /// L_n, as the model computed it (f32).
+    pub loss: f32,
+    /// The KL term of L_n, β (1/L1) Σ k3 (f64 from the same log-probabilities).
+    pub kl: f64,
+    /// ρ_t at each loss position, in the order of the sample's loss positions.
+    pub ratios: Vec<f32>,
+    /// Whether the clip took over at each loss position: A > 0 and ρ > 1 + ε, or A < 0 and
+    /// ρ < 1 − ε (the token then contributes no policy gradient).
+    pub clipped: Vec<bool>,
+}
+
+/// The loss of a group of samples and its gradient.
+#[derive(Debug, Clone)]
+pub struct PolicyLoss {
+    /// The mean of the samples' L_n.
+    pub total: f32,
+    pub samples: Vec<SampleLoss>,
+    /// d total / d weight for every checkpoint tensor, keyed by its checkpoint name, in f32.
+    pub grads: HashMap<String, Tensor>,
+}
+
+impl PolicyLoss {
+    pub fn loss_tokens(&self) -> usize {
+        self.samples.iter().map(|s| s.ratios.len()).sum()
+    }
+
+    pub fn clipped_tokens(&self) -> usize {
+        self.samples
+            .iter()
+            .flat_map(|s| &s.clipped)
+            .filter(|&&c| c)
+            .count()
+    }
+
+    /// The share of loss tokens whose ratio was clipped.
+    pub fn clip_fraction(&self) -> f64 {
+        self.clipped_tokens() as f64 / self.loss_tokens().max(1) as f64
+    }
+
+    /// The mean of the samples' KL terms.
+    pub fn kl(&self) -> f64 {
+        self.samples.iter().map(|s| s.kl).sum::<f64>() / self.samples.len().max(1) as f64
+    }
+}
+
+/// Builds each sample's model input, making a record's attention mask once for all its samples
+/// (they come in record order).
+struct Sequences<'a> {
+    replay: &'a Replay,
+    device: &'a Device,
+    mask: Option<(usize, Tensor)>,
+}
+
+impl<'a> Sequences<'a> {
+    fn new(replay: &'a Replay, device: &'a Device) -> Self {
+        Self {
+            replay,
+            device,
+            mask: None,
+        }
+    }
+
+    fn get(&mut self, sample: &ReplaySample) -> Result<MaskedSequence> {
+        let mask = match &self.mask {
+            Some((record, mask)) if *record == sample.record => mask.clone(),
+            _ => {
+                let mask = self.replay.attention_mask(sample.record, self.device)?;
+                self.mask = Some((sample.record, mask.clone()));
+                mask
+            }
+        };
+        Ok(self.replay.sequence(sample, mask))
+    }
+}
+
+/// log π_old at every loss position of every sample (spec bicrl §9.1): the model as it is,
+/// without autograd, on the same inputs the loss sees. Computed once per RL step, before any
+/// update.
+pub fn old_log_probs(model: &Sdar, replay: &Replay) -> Result<Vec<Vec<f32>>> {
+    let mut sequences = Sequences::new(replay, model.device());
+    replay
+        .samples
+        .iter()
+        .map(|sample| model.masked_log_probs(&sequences.get(sample)?, QUERY_CHUNK))
+        .collect()
+}
+
+/// The loss of the samples `range` of `replay` (mean of their L_n) and its gradient for every
+/// weight, against the old log-probabilities of [`old_log_probs`]. One sample at a time goes
+/// through the model, each with the checkpointed forward and backward of
+/// [`Sdar::masked_loss_and_grads`]; gradients are summed in f32.
+pub fn policy_loss_and_grads(
+    model: &Sdar,
+    replay: &Replay,
+    range: Range<usize>,
+    old_log_probs: &[Vec<f32>],
+    settings: &PolicyLossSettings,
+) -> Result<PolicyLoss> {
+    ensure!(
+        range.end <= replay.samples.len() && old_log_probs.len() == replay.samples.len(),
+        "samples {range:?} of a replay of {} samples with {} old log-probability rows",
+        replay.samples.len(),
+        old_log_probs.len()
+    );
+    ensure!(!range.is_empty(), "no samples to compute the loss of");
+    let device = model.device();
+    let count = range.len();
+    let mut sequences = Sequences::new(replay, device);
+    let mut samples = Vec::with_capacity(count);
+    let mut grads: HashMap<String, Tensor> = HashMap::new();
+    for n in range {
+        let sample = &replay.samples[n];
+        let advantage = replay.records[sample.record].advantage as f32;
+        let old = &old_log_probs[n];
+        ensure!(
+            old.len() == sample.loss_positions.len(),
+            "sample {n} has {} loss positions but {} old log-probabilities",
+            sample.loss_positions.len(),
+            old.len()
+        );
+        let old_tensor = Tensor::new(old.as_slice(), device)?;
+        let normaliser = replay.loss_normaliser as f64;
+        let loss = |log_probs: &Tensor, rows: Range<usize>| {
+            sample_loss(
+                log_probs,
+                &old_tensor.narrow(0, rows.start, rows.len())?,
+                advantage,
+                normaliser,
+                settings,
+            )
+        };
+        let step = model.masked_loss_and_grads(&sequences.get(sample)?, loss, QUERY_CHUNK)?;
+        samples.push(describe(
+            step.loss,
+            &step.log_probs,
+            old,
+            advantage,
+            normaliser,
+            settings,
+        ));
+        for (name, grad) in step.grads {
+            let grad = grad.to_dtype(DType::F32)?;
+            let sum = match grads.remove(&name) {
+                Some(sum) => (sum + grad)?,
+                None => grad,
+            };
+            grads.insert(name, sum);
+        }
+    }
+    let scale = 1.0 / count as f64;
+    let grads = grads
+        .into_iter()
+        .map(|(name, sum)| Ok((name, (sum * scale)?)))
+        .collect::<Result<_>>()?;
+    let total = samples.iter().map(|s| f64::from(s.loss)).sum::<f64>() * scale;
+    Ok(PolicyLoss {
+        total: total as f32,
+        samples,
+        grads,
+    })
+}
+
+/// L_n's terms for a run of loss positions in f32 candle ops, as `forward_process` computes
+/// them (the reference's min and clamp have the same gradients as candle's).
+fn sample_loss(
+    log_probs: &Tensor,
+    old: &Tensor,
+    advantage: f32,
+    normaliser: f64,
+    settings: &PolicyLossSettings,
+) -> candle_core::Result<Tensor> {
+    let delta = (log_probs - old)?;
+    let ratio = delta.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)?.exp()?;
+    let clipped = ratio.clamp(1.0 - settings.clip_eps, 1.0 + settings.clip_eps)?;
+    let a = f64::from(advantage);
+    let surrogate = (&ratio * a)?.minimum(&(clipped * a)?)?;
+    let policy = (surrogate.sum_all()? / -normaliser)?;
+    let k3 = ((delta
+        .neg()?
+        .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)?
+        .exp()?
+        - 1.0)?
+        + &delta)?;
+    let kl = (k3.sum_all()? * (f64::from(settings.kl_beta) / normaliser))?;
+    policy + kl
+}
+
+/// The per-token statistics of a sample from the log-probabilities its loss was computed from.
+fn describe(
+    loss: f32,
+    log_probs: &[f32],
+    old: &[f32],
+    advantage: f32,
+    normaliser: f64,
+    settings: &PolicyLossSettings,
+) -> SampleLoss {
+    let (low, high) = (1.0 - settings.clip_eps, 1.0 + settings.clip_eps);
+    let deltas: Vec<f32> = log_probs.iter().zip(old).map(|(lp, o)| lp - o).collect();
+    let ratios: Vec<f32> = deltas
+        .iter()
+        .map(|d| d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp())
+        .collect();
+    let clipped = ratios
+        .iter()
+        .map(|&r| (advantage > 0.0 && r > high) || (advantage < 0.0 && r < low))
+        .collect();
+    let k3_sum: f64 = deltas
+        .iter()
+        .map(|&d| {
+            let d = f64::from(d);
+            let bound = f64::from(LOG_RATIO_CLAMP);
+            (-d).clamp(-bound, bound).exp() - 1.0 + d
+        })
+        .sum();
+    SampleLoss {
+        loss,
+        kl: f64::from(settings.kl_beta) * k3_sum / normaliser,
+        ratios,
+        clipped,
+    }
+}

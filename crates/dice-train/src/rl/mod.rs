@@ -1,0 +1,19 @@
+//! The training side of BiC-RL, TraceRL as DICE runs it (spec bicrl §7–§9): group-relative
+//! advantages, the replay of every response's decoding trace into training samples on the
+//! rollout's block grid or the reference trainer's, old log-probabilities, and the clipped
+//! policy loss with its k3 KL penalty and gradients.
+//!
+//! One RL step's update, given the rollouts and their rewards:
+//!
+//! 1. [`advantage::group_advantages`] per task; the responses of the kept groups become
+//!    [`TraceRecord`]s (prompt, response and trace as the engine returns them);
+//! 2. [`Replay::build`] turns them into samples;
+//! 3. [`old_log_probs`] before any update;
+//! 4. [`policy_loss_and_grads`] over consecutive groups of samples, one optimizer step each.
+
+pub mod advantage;
+pub mod loss;
+pub mod replay;
+
+pub use loss::{old_log_probs, policy_loss_and_grads, PolicyLoss, PolicyLossSettings, SampleLoss};
+pub use replay::{BlockGrid, Replay, ReplaySample, ReplaySettings, ReplayedRecord, TraceRecord};
