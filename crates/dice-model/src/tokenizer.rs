@@ -15,6 +15,7 @@ pub struct SdarTokenizer {
     inner: tokenizers::Tokenizer,
     mask_token_id: Option<u32>,
     eos_token_id: Option<u32>,
+    pad_token_id: Option<u32>,
 }
 
 fn read_json(path: &Path) -> Result<Value> {
@@ -138,10 +139,12 @@ impl SdarTokenizer {
         };
         let mask_token_id = id_of("mask_token");
         let eos_token_id = id_of("eos_token");
+        let pad_token_id = id_of("pad_token");
         Ok(Self {
             inner,
             mask_token_id,
             eos_token_id,
+            pad_token_id,
         })
     }
 
@@ -179,6 +182,11 @@ impl SdarTokenizer {
     /// Id of `eos_token` of tokenizer_config.json.
     pub fn eos_token_id(&self) -> Option<u32> {
         self.eos_token_id
+    }
+
+    /// Id of `pad_token` of tokenizer_config.json (`<|endoftext|>`, 151643 for SDAR).
+    pub fn pad_token_id(&self) -> Option<u32> {
+        self.pad_token_id
     }
 
     /// The underlying `tokenizers` tokenizer.

@@ -1,0 +1,10 @@
+//! Training SDAR / DICE block-diffusion models: supervised fine-tuning data packed as the
+//! reference packs it (LlamaFactory's formats, the qwen3 template, block padding, greedy
+//! knapsack rows), the per-sample noising of the block-diffusion objective, the optimizer and
+//! its schedules, and the RL objective.
+
+pub mod data;
+pub mod noise;
+pub mod optim;
+pub mod rl;
+pub mod schedule;
