@@ -177,24 +177,30 @@ impl AdamW {
         let t = (self.steps + 1) as f64;
         let step_size = lr / (1.0 - beta1.powf(t));
         let bias_correction2_sqrt = (1.0 - beta2.powf(t)).sqrt();
-        let count = self.params.len();
-        for param in &mut self.params {
-            let grad = grads
-                .get(&param.name)
-                .with_context(|| {
+        // Every gradient is checked before any weight moves, so a failed step changes nothing.
+        let grads = self
+            .params
+            .iter()
+            .map(|param| {
+                let grad = grads.get(&param.name).with_context(|| {
                     format!(
-                        "no gradient for `{}`: the step needs the gradients of all {count} weights",
-                        param.name
+                        "no gradient for `{}`: the step needs the gradients of all {} weights",
+                        param.name,
+                        self.params.len()
                     )
-                })?
-                .to_dtype(DType::F32)?;
-            ensure!(
-                grad.shape() == param.weight.shape(),
-                "the gradient of `{}` has shape {:?}, the weight {:?}",
-                param.name,
-                grad.dims(),
-                param.weight.dims()
-            );
+                })?;
+                ensure!(
+                    grad.shape() == param.weight.shape(),
+                    "the gradient of `{}` has shape {:?}, the weight {:?}",
+                    param.name,
+                    grad.dims(),
+                    param.weight.dims()
+                );
+                Ok(grad)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (param, grad) in self.params.iter_mut().zip(grads) {
+            let grad = grad.to_dtype(DType::F32)?;
             let device = param.weight.device();
             let mut p = param.master();
             if weight_decay != 0.0 {
@@ -225,10 +231,10 @@ impl AdamW {
             Tensor::new(self.steps as i64, &Device::Cpu)?,
         );
         for param in &self.params {
-            let name = &param.name;
-            tensors.insert(format!("exp_avg.{name}"), param.exp_avg.clone());
-            tensors.insert(format!("exp_avg_sq.{name}"), param.exp_avg_sq.clone());
-            tensors.insert(format!("master.{name}"), param.master());
+            let [exp_avg, exp_avg_sq, master] = Self::state_keys(&param.name);
+            tensors.insert(exp_avg, param.exp_avg.clone());
+            tensors.insert(exp_avg_sq, param.exp_avg_sq.clone());
+            tensors.insert(master, param.master());
         }
         let mut partial = path.as_os_str().to_owned();
         partial.push(".partial");
@@ -236,6 +242,11 @@ impl AdamW {
             .with_context(|| format!("cannot write the optimizer state {}", path.display()))?;
         std::fs::rename(&partial, path)
             .with_context(|| format!("cannot move the optimizer state into {}", path.display()))
+    }
+
+    /// The state file's keys of the moments and f32 weights of weight `name`.
+    fn state_keys(name: &str) -> [String; 3] {
+        ["exp_avg", "exp_avg_sq", "master"].map(|kind| format!("{kind}.{name}"))
     }
 
     /// Restores a state written by [`AdamW::save_state`] for the same weights: the moments, the
@@ -257,34 +268,37 @@ impl AdamW {
             .load("step", &Device::Cpu)
             .and_then(|t| t.to_scalar::<i64>())
             .with_context(|| format!("{} has no valid `step`", what()))?;
-        for param in &mut self.params {
-            let device = param.weight.device().clone();
-            let load = |key: String| -> Result<Tensor> {
-                let tensor = state.load(&key, &device).with_context(|| {
+        let steps =
+            u64::try_from(steps).with_context(|| format!("{}: negative step {steps}", what()))?;
+        // Every header is checked before anything is restored, so a refused file changes nothing.
+        for param in &self.params {
+            for key in Self::state_keys(&param.name) {
+                let view = state.get(&key).with_context(|| {
                     format!("{} has no `{key}`: it belongs to another model", what())
                 })?;
+                let f32 = DType::try_from(view.dtype()).ok() == Some(DType::F32);
                 ensure!(
-                    tensor.dtype() == DType::F32 && tensor.shape() == param.weight.shape(),
+                    f32 && view.shape() == param.weight.dims(),
                     "{}: `{key}` is {:?} {:?}, expected F32 {:?}",
                     what(),
-                    tensor.dtype(),
-                    tensor.dims(),
+                    view.dtype(),
+                    view.shape(),
                     param.weight.dims()
                 );
-                Ok(tensor)
-            };
-            let name = &param.name;
-            let (exp_avg, exp_avg_sq, master) = (
-                load(format!("exp_avg.{name}"))?,
-                load(format!("exp_avg_sq.{name}"))?,
-                load(format!("master.{name}"))?,
-            );
-            param.exp_avg = exp_avg;
-            param.exp_avg_sq = exp_avg_sq;
-            param.set_master(master)?;
+            }
         }
-        self.steps =
-            u64::try_from(steps).with_context(|| format!("{}: negative step {steps}", what()))?;
+        for param in &mut self.params {
+            let device = param.weight.device().clone();
+            let [exp_avg, exp_avg_sq, master] = Self::state_keys(&param.name).map(|key| {
+                state
+                    .load(&key, &device)
+                    .with_context(|| format!("cannot read `{key}` of {}", what()))
+            });
+            param.exp_avg = exp_avg?;
+            param.exp_avg_sq = exp_avg_sq?;
+            param.set_master(master?)?;
+        }
+        self.steps = steps;
         Ok(())
     }
 }
@@ -527,23 +541,49 @@ mod tests {
     }
 
     #[test]
-    fn a_state_of_other_weights_is_refused() {
+    fn a_state_of_other_weights_is_refused_and_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state.safetensors");
-        AdamW::new(weights(DType::F32), config())
-            .unwrap()
-            .save_state(&state)
-            .unwrap();
-        let other = vec![(
-            "c.weight".to_string(),
-            Var::zeros((2, 2), DType::F32, &Device::Cpu).unwrap(),
-        )];
-        let error = AdamW::new(other, config())
-            .unwrap()
-            .load_state(&state)
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("belongs to another model"), "{error}");
+        let mut saved = AdamW::new(weights(DType::F32), config()).unwrap();
+        saved.step(&grads(&weights(DType::F32)), 1e-2).unwrap();
+        saved.save_state(&state).unwrap();
+
+        let refusal = |weights: Vec<(String, Var)>| {
+            let mut optimizer = AdamW::new(weights.clone(), config()).unwrap();
+            let error = optimizer.load_state(&state).unwrap_err().to_string();
+            assert_eq!(optimizer.steps(), 0);
+            for (name, w) in weights {
+                let values = w.as_detached_tensor().flatten_all().unwrap();
+                assert_eq!(
+                    values
+                        .abs()
+                        .unwrap()
+                        .sum_all()
+                        .unwrap()
+                        .to_scalar::<f32>()
+                        .unwrap(),
+                    0.0,
+                    "{name}"
+                );
+            }
+            error
+        };
+        let zeros = |name: &str, shape: &[usize]| {
+            (
+                name.to_string(),
+                Var::zeros(shape, DType::F32, &Device::Cpu).unwrap(),
+            )
+        };
+        let error = refusal(vec![zeros("c.weight", &[2, 2])]);
+        assert!(error.contains("holds 7 tensors"), "{error}");
+        let error = refusal(vec![
+            zeros("a.weight", &[5, 3]),
+            zeros("b.norm.weight", &[7]),
+        ]);
+        assert!(
+            error.contains("`exp_avg.a.weight` is F32 [3, 5], expected F32 [5, 3]"),
+            "{error}"
+        );
     }
 
     #[test]
