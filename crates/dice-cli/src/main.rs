@@ -45,6 +45,9 @@ enum Command {
     /// identity candidates for timing precision.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// Fine-tune a block-diffusion model: supervised (SFT) on chat data.
+    #[command(subcommand)]
+    Train(cmd::train::TrainCommand),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(c) => cmd::bench::run(c),
+        Command::Train(c) => cmd::train::run(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -27,3 +27,4 @@ pub mod prompt;
 pub mod report;
 pub mod serve;
 pub mod tokenize;
+pub mod train;
