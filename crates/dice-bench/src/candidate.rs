@@ -1,10 +1,11 @@
 //! Candidate kernels: KernelBench run folders (`level_L_problem_ID_sample_S_kernel.py`)
-//! and JSONL files of code or raw model answers.
+//! and JSONL files of code or raw model answers ([`CandidateRecord`] lines).
 
 use crate::extract::extract_first_code;
 use crate::records::{read_jsonl_file, Record};
 use anyhow::{bail, Context, Result};
 use regex::Regex;
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
@@ -31,6 +32,75 @@ impl Candidate {
     pub fn key(&self) -> (u32, u32, u32) {
         (self.level, self.problem_id, self.sample_id)
     }
+}
+
+/// One line of a candidates JSONL file: what `dice generate` appends (a raw answer with its
+/// token ids, trace and finish reason) and what [`load_candidates`] reads (code or a raw
+/// answer).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CandidateRecord {
+    pub level: u32,
+    pub problem_id: u32,
+    pub sample_id: u32,
+    #[serde(flatten)]
+    pub body: CandidateBody,
+    /// The generated token ids, when the model's side reported them.
+    pub token_ids: Option<Vec<u32>>,
+    /// For each generated token, the denoising step that unmasked it.
+    pub trace: Option<Vec<u32>>,
+    /// `stop` or `length`, when the model's side reported it.
+    pub finish_reason: Option<String>,
+}
+
+/// What a candidate line holds: the field `code` or the field `completion`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CandidateBody {
+    /// The program itself.
+    Code(String),
+    /// A model's raw answer; the program is its first code block.
+    Completion(String),
+}
+
+impl CandidateRecord {
+    pub fn key(&self) -> (u32, u32, u32) {
+        (self.level, self.problem_id, self.sample_id)
+    }
+
+    fn from_fields(record: &Record) -> Result<Self> {
+        let level = record.required_u32("level")?;
+        let problem_id = record.required_u32("problem_id")?;
+        let sample_id = record.required_u32("sample_id")?;
+        let body = match (record.str_field("code")?, record.str_field("completion")?) {
+            (Some(code), None) => CandidateBody::Code(code.to_string()),
+            (None, Some(answer)) => CandidateBody::Completion(answer.to_string()),
+            (Some(_), Some(_)) => bail!(
+                "{}: has both `code` and `completion`; give one of them",
+                record.origin
+            ),
+            (None, None) => bail!(
+                "{}: missing `code` (a program) or `completion` (a raw model answer)",
+                record.origin
+            ),
+        };
+        Ok(CandidateRecord {
+            level,
+            problem_id,
+            sample_id,
+            body,
+            token_ids: record.u32_list("token_ids")?,
+            trace: record.u32_list("trace")?,
+            finish_reason: record.str_field("finish_reason")?.map(str::to_string),
+        })
+    }
+}
+
+/// The lines of a candidates JSONL file (as `dice generate` writes them).
+pub fn read_candidate_records(path: &Path) -> Result<Vec<CandidateRecord>> {
+    read_jsonl_file(path)?
+        .iter()
+        .map(CandidateRecord::from_fields)
+        .collect()
 }
 
 /// Loads candidates from files and folders, sorted by (level, problem, sample).
@@ -127,35 +197,50 @@ fn read_kernel_file(
 fn load_jsonl(path: &Path) -> Result<Vec<Candidate>> {
     read_jsonl_file(path)?
         .into_iter()
-        .map(candidate_from_record)
+        .map(|record| {
+            let line = CandidateRecord::from_fields(&record)?;
+            let (code, raw_answer) = match line.body {
+                CandidateBody::Code(code) => (Some(code.into_bytes()), None),
+                CandidateBody::Completion(answer) => (
+                    extract_first_code(&answer).map(String::into_bytes),
+                    Some(answer),
+                ),
+            };
+            Ok(Candidate {
+                level: line.level,
+                problem_id: line.problem_id,
+                sample_id: line.sample_id,
+                code,
+                raw_answer,
+                origin: record.origin,
+            })
+        })
         .collect()
 }
 
-fn candidate_from_record(record: Record) -> Result<Candidate> {
-    let level = record.required_u32("level")?;
-    let problem_id = record.required_u32("problem_id")?;
-    let sample_id = record.required_u32("sample_id")?;
-    let (code, raw_answer) = match (record.str_field("code")?, record.str_field("completion")?) {
-        (Some(code), None) => (Some(code.as_bytes().to_vec()), None),
-        (None, Some(answer)) => (
-            extract_first_code(answer).map(String::into_bytes),
-            Some(answer.to_string()),
-        ),
-        (Some(_), Some(_)) => bail!(
-            "{}: has both `code` and `completion`; give one of them",
-            record.origin
-        ),
-        (None, None) => bail!(
-            "{}: missing `code` (a program) or `completion` (a raw model answer)",
-            record.origin
-        ),
-    };
-    Ok(Candidate {
-        level,
-        problem_id,
-        sample_id,
-        code,
-        raw_answer,
-        origin: record.origin,
-    })
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_record_reads_back_as_itself() {
+        let record = CandidateRecord {
+            level: 1,
+            problem_id: 19,
+            sample_id: 2,
+            body: CandidateBody::Completion("```python\nx = 1\n```".into()),
+            token_ids: Some(vec![8, 9]),
+            trace: Some(vec![1, 1]),
+            finish_reason: Some("length".into()),
+        };
+        let line = serde_json::to_string(&record).unwrap();
+        assert!(
+            line.starts_with(r#"{"level":1,"problem_id":19,"sample_id":2,"completion":"#),
+            "{line}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("candidates.jsonl");
+        std::fs::write(&path, format!("{line}\n")).unwrap();
+        assert_eq!(read_candidate_records(&path).unwrap(), vec![record]);
+    }
 }

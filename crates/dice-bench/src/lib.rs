@@ -1,7 +1,8 @@
 //! KernelBench problems, candidate kernels, code extraction and prompts.
 //!
 //! * [`KernelBench`] opens a `levelL/ID_Name.py` tree and validates every problem file.
-//! * [`load_candidates`] reads candidate kernels from KernelBench run folders or JSONL files.
+//! * [`load_candidates`] reads candidate kernels from KernelBench run folders or JSONL files of
+//!   [`CandidateRecord`] lines (which `dice generate` writes).
 //! * [`load_pairs`] reads PyTorch→CUDA pairs (DICE format) as level-0 problems and candidates.
 //! * [`identity_candidate`] turns a reference into its own candidate (`Model` → `ModelNew`).
 //! * [`extract_first_code`] pulls the program out of a raw model answer, as KernelBench does.
@@ -16,7 +17,9 @@ pub mod prompt;
 mod records;
 mod validate;
 
-pub use candidate::{load_candidates, Candidate};
+pub use candidate::{
+    load_candidates, read_candidate_records, Candidate, CandidateBody, CandidateRecord,
+};
 pub use extract::extract_first_code;
 pub use identity::identity_candidate;
 pub use pairs::{load_pairs, PairSet, PAIRS_LEVEL};

@@ -24,6 +24,23 @@ impl Record {
         }
     }
 
+    pub fn u32_list(&self, key: &str) -> Result<Option<Vec<u32>>> {
+        let list = match self.fields.get(key) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+                .collect(),
+            Some(_) => None,
+        };
+        list.map(Some).with_context(|| {
+            format!(
+                "{}: `{key}` must be a list of non-negative integers",
+                self.origin
+            )
+        })
+    }
+
     pub fn required_u32(&self, key: &str) -> Result<u32> {
         self.u32_field(key)?
             .with_context(|| format!("{}: missing `{key}`", self.origin))

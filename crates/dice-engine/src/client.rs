@@ -3,6 +3,7 @@
 //! connection errors.
 
 use anyhow::{bail, Context, Result};
+use serde::Serialize;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -15,7 +16,15 @@ pub struct CompletionSettings {
     pub top_k: usize,
     pub top_p: f32,
     pub seed: Option<u64>,
+    /// Ask `dice serve` for the whole block holding the last token allowed, as local decoding
+    /// gives it, rather than the answer cut at `max_tokens` (sent as the [`WHOLE_BLOCKS`]
+    /// header, which other servers ignore).
+    pub whole_blocks: bool,
 }
+
+/// The header of a request that wants whole blocks (value `true`): an extension outside the
+/// body, where no OpenAI-compatible server refuses what it does not know.
+pub const WHOLE_BLOCKS: &str = "Dice-Whole-Blocks";
 
 pub struct ApiClient {
     agent: ureq::Agent,
@@ -26,11 +35,12 @@ pub struct ApiClient {
     first_backoff: Duration,
 }
 
-/// Answer of one request: the text and, from `dice serve`, its token ids and trace.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ApiAnswer {
-    pub text: String,
+/// One generated answer: its text and, from a local engine or `dice serve`, its token ids and
+/// trace.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Answer {
     pub token_ids: Option<Vec<u32>>,
+    pub text: String,
     pub trace: Option<Vec<u32>>,
     pub finish_reason: Option<String>,
 }
@@ -64,10 +74,10 @@ impl ApiClient {
     }
 
     /// One user message through `/chat/completions`.
-    pub fn chat(&self, user_message: &str, settings: &CompletionSettings) -> Result<ApiAnswer> {
+    pub fn chat(&self, user_message: &str, settings: &CompletionSettings) -> Result<Answer> {
         let mut body = self.body(settings);
         body["messages"] = json!([{"role": "user", "content": user_message}]);
-        let answer = self.post("chat/completions", &body)?;
+        let answer = self.post("chat/completions", &body, settings.whole_blocks)?;
         let choice = &answer["choices"][0];
         let text = choice["message"]["content"]
             .as_str()
@@ -76,10 +86,10 @@ impl ApiClient {
     }
 
     /// A raw prompt through `/completions`.
-    pub fn complete(&self, prompt: &str, settings: &CompletionSettings) -> Result<ApiAnswer> {
+    pub fn complete(&self, prompt: &str, settings: &CompletionSettings) -> Result<Answer> {
         let mut body = self.body(settings);
         body["prompt"] = json!(prompt);
-        let answer = self.post("completions", &body)?;
+        let answer = self.post("completions", &body, settings.whole_blocks)?;
         let choice = &answer["choices"][0];
         let text = choice["text"]
             .as_str()
@@ -104,12 +114,12 @@ impl ApiClient {
         body
     }
 
-    fn post(&self, route: &str, body: &Value) -> Result<Value> {
+    fn post(&self, route: &str, body: &Value, whole_blocks: bool) -> Result<Value> {
         let url = format!("{}/{route}", self.base);
         let mut wait = self.first_backoff;
         let mut attempt = 0;
         loop {
-            let failure = match self.try_post(&url, body) {
+            let failure = match self.try_post(&url, body, whole_blocks) {
                 Ok(Outcome::Answer(value)) => return Ok(value),
                 Ok(Outcome::Refused(status, text)) => {
                     bail!("{url} answered {status}: {}", text.trim())
@@ -126,10 +136,13 @@ impl ApiClient {
         }
     }
 
-    fn try_post(&self, url: &str, body: &Value) -> Result<Outcome, String> {
+    fn try_post(&self, url: &str, body: &Value, whole_blocks: bool) -> Result<Outcome, String> {
         let mut request = self.agent.post(url);
         if let Some(key) = &self.api_key {
             request = request.header("Authorization", &format!("Bearer {key}"));
+        }
+        if whole_blocks {
+            request = request.header(WHOLE_BLOCKS, "true");
         }
         let mut response = request
             .send_json(body)
@@ -157,7 +170,7 @@ enum Outcome {
     Refused(u16, String),
 }
 
-fn parse_answer(text: &str, choice: &Value) -> ApiAnswer {
+fn parse_answer(text: &str, choice: &Value) -> Answer {
     let ids = |key: &str| {
         choice[key].as_array().map(|a| {
             a.iter()
@@ -166,7 +179,7 @@ fn parse_answer(text: &str, choice: &Value) -> ApiAnswer {
                 .collect()
         })
     };
-    ApiAnswer {
+    Answer {
         text: text.to_string(),
         token_ids: ids("token_ids"),
         trace: ids("trace"),

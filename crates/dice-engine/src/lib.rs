@@ -5,7 +5,12 @@
 //!
 //! [`Engine`] drives any [`BlockDiffusionModel`]; [`SdarDecoder`] is `dice_model`'s SDAR.
 //! [`serve`] puts an engine behind an OpenAI-compatible HTTP API, [`ApiClient`] talks to one.
+//! [`Generator`] answers batches of prompts with local engines or an endpoint;
+//! [`generate_candidates`] writes KernelBench candidates for `dice eval` with it, resumably.
+//! [`DecodeSettings`] is how decoding parameters are built from what a user sets.
 
+mod batch;
+mod candidates;
 mod client;
 mod engine;
 mod greedy;
@@ -21,11 +26,13 @@ mod strategy;
 mod test_model;
 mod text;
 
-pub use client::{ApiAnswer, ApiClient, CompletionSettings};
+pub use batch::{generate_samples, Generator, Job, LocalEngines, PromptStyle};
+pub use candidates::{generate_candidates, CandidateRun, Progress, CANDIDATES_FILE};
+pub use client::{Answer, ApiClient, CompletionSettings, WHOLE_BLOCKS};
 pub use engine::{Completion, Engine, EngineConfig, Event, ForwardCounts, Request, RequestId};
 pub use greedy::greedy_candidates;
 pub use model::{BlockDiffusionModel, BlockRow, PrefillRow};
-pub use params::DecodeParams;
+pub use params::{DecodeParams, DecodeSettings};
 pub use sampling::{sample_row, Candidate, SamplingParams};
 pub use schedule::transfer_schedule;
 pub use sdar::SdarDecoder;

@@ -29,11 +29,14 @@ enum GraphState {
 impl SdarDecoder {
     /// Loads a checkpoint directory for decoding with blocks of `block_length` tokens.
     pub fn load(dir: &Path, dtype: DType, device: &Device, block_length: usize) -> Result<Self> {
-        let config = decoding_config(&SdarConfig::from_path(dir)?, block_length)?;
-        let vb = checkpoint::mmaped_var_builder(dir, &config, dtype, device)?;
-        let model = Sdar::new(&config, vb)
-            .with_context(|| format!("cannot build the model from {}", dir.display()))?;
-        SdarDecoder::new(model)
+        let load = || {
+            let config = decoding_config(&SdarConfig::from_path(dir)?, block_length)?;
+            let vb = checkpoint::mmaped_var_builder(dir, &config, dtype, device)?;
+            let model = Sdar::new(&config, vb)
+                .with_context(|| format!("cannot build the model from {}", dir.display()))?;
+            SdarDecoder::new(model)
+        };
+        load().with_context(|| format!("cannot load the model in {}", dir.display()))
     }
 
     /// A model of `config`'s shapes with random weights ([`Sdar::random`]), for decoding with

@@ -29,6 +29,16 @@ pub enum FinishReason {
     Length,
 }
 
+impl FinishReason {
+    /// The OpenAI API's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
 /// What committing a block produced: the new output tokens and whether the sequence is done.
 pub(crate) struct Committed {
     pub tokens: Vec<u32>,

@@ -1,15 +1,24 @@
 //! An OpenAI-compatible HTTP server (`/v1/completions`, `/v1/chat/completions` with
 //! server-sent-event streaming, `/v1/models`) in front of one engine thread.
+//!
+//! A request's `n` choices decode side by side in the engine's batch, choice `i` seeded with
+//! `seed + i`. `max_tokens` is a bound, as the API promises: the block holding the last token
+//! allowed is cut there (finish reason `length`), unless the request carries the
+//! [`WHOLE_BLOCKS`] header, as `dice generate --endpoint` sends to get what local decoding
+//! gives. Beside OpenAI's fields a request may set `top_k`, `strategy` (a remasking strategy's
+//! name) and `threshold` (of the threshold strategies); what it leaves out comes from the
+//! server's defaults.
 
+use crate::client::WHOLE_BLOCKS;
 use crate::engine::{Completion, Engine, Event, Request, RequestId};
 use crate::model::BlockDiffusionModel;
-use crate::params::DecodeParams;
-use crate::sequence::FinishReason;
+use crate::params::{DecodeParams, DecodeSettings};
+use crate::strategy::Strategy;
 use crate::text::TextCodec;
 use anyhow::{anyhow, Context, Result};
 use dice_model::chat::ChatMessage;
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -34,10 +43,26 @@ enum Reply {
     Failed(String),
 }
 
+/// Where the replies of one choice go: the request's channel, tagged with the choice's index.
+struct Route {
+    choice: usize,
+    reply: Sender<(usize, Reply)>,
+}
+
+impl Route {
+    fn send(&self, reply: Reply) {
+        // The receiver is gone once its handler stopped waiting (an error answered already).
+        let _ = self.reply.send((self.choice, reply));
+    }
+}
+
 struct Job {
     request: Request,
-    reply: Sender<Reply>,
+    route: Route,
 }
+
+/// The most choices one request may ask for (OpenAI's own limit).
+const MAX_CHOICES: usize = 128;
 
 /// Serves requests from `http` until `max_requests` have been received and answered (or
 /// forever).
@@ -84,7 +109,7 @@ where
 }
 
 fn engine_loop<M: BlockDiffusionModel>(mut engine: Engine<M>, inbox: Receiver<Job>) {
-    let mut routes: HashMap<RequestId, Sender<Reply>> = HashMap::new();
+    let mut routes: HashMap<RequestId, Route> = HashMap::new();
     loop {
         if !engine.has_work() {
             match inbox.recv() {
@@ -105,8 +130,8 @@ fn engine_loop<M: BlockDiffusionModel>(mut engine: Engine<M>, inbox: Receiver<Jo
                 let message = format!("{e:#}");
                 tracing::error!("decoding failed: {message}");
                 for id in engine.abort_all() {
-                    if let Some(reply) = routes.remove(&id) {
-                        let _ = reply.send(Reply::Failed(message.clone()));
+                    if let Some(route) = routes.remove(&id) {
+                        route.send(Reply::Failed(message.clone()));
                     }
                 }
             }
@@ -116,29 +141,27 @@ fn engine_loop<M: BlockDiffusionModel>(mut engine: Engine<M>, inbox: Receiver<Jo
 
 fn submit<M: BlockDiffusionModel>(
     engine: &mut Engine<M>,
-    routes: &mut HashMap<RequestId, Sender<Reply>>,
+    routes: &mut HashMap<RequestId, Route>,
     job: Job,
 ) {
     match engine.submit(job.request) {
         Ok(id) => {
-            routes.insert(id, job.reply);
+            routes.insert(id, job.route);
         }
-        Err(e) => {
-            let _ = job.reply.send(Reply::Rejected(format!("{e:#}")));
-        }
+        Err(e) => job.route.send(Reply::Rejected(format!("{e:#}"))),
     }
 }
 
-fn route(routes: &mut HashMap<RequestId, Sender<Reply>>, event: Event) {
+fn route(routes: &mut HashMap<RequestId, Route>, event: Event) {
     match event {
         Event::Tokens { id, tokens } => {
-            if let Some(reply) = routes.get(&id) {
-                let _ = reply.send(Reply::Tokens(tokens));
+            if let Some(route) = routes.get(&id) {
+                route.send(Reply::Tokens(tokens));
             }
         }
         Event::Finished(completion) => {
-            if let Some(reply) = routes.remove(&completion.id) {
-                let _ = reply.send(Reply::Done(completion));
+            if let Some(route) = routes.remove(&completion.id) {
+                route.send(Reply::Done(completion));
             }
         }
     }
@@ -176,12 +199,13 @@ impl Api {
     }
 }
 
-/// A generation request accepted by the engine, waiting for its replies.
+/// A generation request accepted by the engine, waiting for the replies of its choices.
 struct Pending {
     api: Api,
     id: String,
     prompt_len: usize,
-    replies: Receiver<Reply>,
+    choices: usize,
+    replies: Receiver<(usize, Reply)>,
 }
 
 impl Handler {
@@ -239,16 +263,30 @@ impl Handler {
         let body: Value = serde_json::from_str(&body)
             .map_err(|e| ApiError(400, format!("the request body is not JSON: {e}")))?;
         let prompt = self.prompt_ids(&body, api)?;
-        let params = request_params(&body, &self.options.defaults)?;
+        let whole_blocks = request
+            .headers()
+            .iter()
+            .any(|h| h.field.equiv(WHOLE_BLOCKS) && h.value.as_str().eq_ignore_ascii_case("true"));
+        let params = request_params(&body, &self.options.defaults, whole_blocks)?;
+        let choices = choice_count(&body)?;
         let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
         let (reply, replies) = channel();
         let prompt_len = prompt.len();
-        self.jobs
-            .send(Job {
-                request: Request { prompt, params },
-                reply,
-            })
-            .map_err(|_| ApiError(503, "the engine has stopped".into()))?;
+        for choice in 0..choices {
+            let job = Job {
+                request: Request {
+                    prompt: prompt.clone(),
+                    params: params.for_sample(choice),
+                },
+                route: Route {
+                    choice,
+                    reply: reply.clone(),
+                },
+            };
+            self.jobs
+                .send(job)
+                .map_err(|_| ApiError(503, "the engine has stopped".into()))?;
+        }
         let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
         let id = format!("{prefix}-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         Ok((
@@ -256,6 +294,7 @@ impl Handler {
                 api,
                 id,
                 prompt_len,
+                choices,
                 replies,
             },
             stream,
@@ -263,30 +302,35 @@ impl Handler {
     }
 
     fn wait(&self, pending: &Pending) -> Result<Value, ApiError> {
-        let completion = loop {
-            match next_reply(&pending.replies)? {
-                Reply::Tokens(_) => continue,
-                Reply::Done(c) => break c,
-                Reply::Rejected(m) | Reply::Failed(m) => unreachable!("mapped by next_reply: {m}"),
+        let mut completions = BTreeMap::new();
+        while completions.len() < pending.choices {
+            if let (index, Reply::Done(completion)) = next_reply(&pending.replies)? {
+                completions.insert(index, completion);
             }
-        };
-        let text = self
-            .codec
-            .completion_text(&completion.token_ids)
-            .map_err(|e| ApiError(500, format!("{e:#}")))?;
-        let mut choice = json!({"index": 0, "finish_reason": finish_name(completion.finish_reason),
-            "logprobs": null, "token_ids": completion.token_ids, "trace": completion.trace});
-        match pending.api {
-            Api::Chat => choice["message"] = json!({"role": "assistant", "content": text}),
-            Api::Completions => choice["text"] = json!(text),
         }
-        let (p, n) = (pending.prompt_len, completion.token_ids.len());
+        let mut choices = Vec::new();
+        let mut generated = 0;
+        for (index, completion) in completions {
+            let text = self
+                .codec
+                .completion_text(&completion.token_ids)
+                .map_err(|e| ApiError(500, format!("{e:#}")))?;
+            generated += completion.token_ids.len();
+            let mut choice = json!({"index": index, "finish_reason": completion.finish_reason.name(),
+                "logprobs": null, "token_ids": completion.token_ids, "trace": completion.trace});
+            match pending.api {
+                Api::Chat => choice["message"] = json!({"role": "assistant", "content": text}),
+                Api::Completions => choice["text"] = json!(text),
+            }
+            choices.push(choice);
+        }
+        let (p, n) = (pending.prompt_len, generated);
         Ok(json!({
             "id": pending.id,
             "object": pending.api.object(false),
             "created": unix_time(),
             "model": self.options.model_name,
-            "choices": [choice],
+            "choices": choices,
             "usage": {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n},
         }))
     }
@@ -304,6 +348,13 @@ impl Handler {
                             format!("`messages` must be a list of {{role, content}} strings: {e}"),
                         )
                     })?;
+                if messages.is_empty() {
+                    return Err(ApiError(
+                        400,
+                        "`messages` must not be empty: give at least one {role, content} message"
+                            .into(),
+                    ));
+                }
                 Ok(self.codec.chat_prompt_ids(&messages)?)
             }
             Api::Completions => match body.get("prompt") {
@@ -328,9 +379,9 @@ impl Handler {
         }
     }
 
-    /// Server-sent events, one per committed block, each written as an HTTP chunk and flushed
-    /// at once; the first reply is awaited before the headers so that a refused request still
-    /// gets an error status.
+    /// Server-sent events, one per committed block of a choice, each written as an HTTP chunk
+    /// and flushed at once; the first reply is awaited before the headers so that a refused
+    /// request still gets an error status.
     fn stream(&self, request: tiny_http::Request, pending: Pending) -> std::io::Result<()> {
         let first = match next_reply(&pending.replies) {
             Ok(reply) => reply,
@@ -342,45 +393,57 @@ impl Handler {
             "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
         )?;
         let created = unix_time();
-        let chunk = |delta: &str, finish: Option<&str>| {
+        let chunk = |index: usize, delta: &str, finish: Option<&str>| {
             let choice = match pending.api {
                 Api::Chat => {
-                    json!({"index": 0, "delta": {"content": delta}, "finish_reason": finish})
+                    json!({"index": index, "delta": {"content": delta}, "finish_reason": finish})
                 }
-                Api::Completions => json!({"index": 0, "text": delta, "finish_reason": finish}),
+                Api::Completions => {
+                    json!({"index": index, "text": delta, "finish_reason": finish})
+                }
             };
             json!({"id": pending.id, "object": pending.api.object(true), "created": created,
                    "model": self.options.model_name, "choices": [choice]})
         };
         if pending.api == Api::Chat {
-            let mut opening = chunk("", None);
-            opening["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
-            send_event(&mut out, &opening.to_string())?;
+            for index in 0..pending.choices {
+                let mut opening = chunk(index, "", None);
+                opening["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
+                send_event(&mut out, &opening.to_string())?;
+            }
         }
-        let mut tokens = Vec::new();
-        let mut sent = String::new();
+        // Per choice: the tokens so far and the text sent of them.
+        let mut tokens = vec![Vec::new(); pending.choices];
+        let mut sent = vec![String::new(); pending.choices];
+        let mut unfinished = pending.choices;
         let mut reply = Ok(first);
         loop {
             match reply {
-                Ok(Reply::Tokens(new)) => {
-                    tokens.extend(new);
-                    let text = self.codec.completion_text(&tokens).unwrap_or_default();
-                    if let Some(delta) = unsent(&text, &mut sent, false) {
-                        send_event(&mut out, &chunk(&delta, None).to_string())?;
+                Ok((index, Reply::Tokens(new))) => {
+                    tokens[index].extend(new);
+                    let text = self
+                        .codec
+                        .completion_text(&tokens[index])
+                        .unwrap_or_default();
+                    if let Some(delta) = unsent(&text, &mut sent[index], false) {
+                        send_event(&mut out, &chunk(index, &delta, None).to_string())?;
                     }
                 }
-                Ok(Reply::Done(completion)) => {
+                Ok((index, Reply::Done(completion))) => {
                     let text = self
                         .codec
                         .completion_text(&completion.token_ids)
                         .unwrap_or_default();
-                    let delta = unsent(&text, &mut sent, true).unwrap_or_default();
-                    let finish = finish_name(completion.finish_reason);
-                    send_event(&mut out, &chunk(&delta, Some(finish)).to_string())?;
-                    send_event(&mut out, "[DONE]")?;
-                    break;
+                    let delta = unsent(&text, &mut sent[index], true).unwrap_or_default();
+                    let finish = completion.finish_reason.name();
+                    send_event(&mut out, &chunk(index, &delta, Some(finish)).to_string())?;
+                    unfinished -= 1;
+                    if unfinished == 0 {
+                        send_event(&mut out, "[DONE]")?;
+                        break;
+                    }
                 }
-                Ok(Reply::Rejected(m) | Reply::Failed(m)) | Err(ApiError(_, m)) => {
+                Ok((_, Reply::Rejected(m) | Reply::Failed(m))) | Err(ApiError(_, m)) => {
                     send_event(&mut out, &json!({"error": {"message": m}}).to_string())?;
                     break;
                 }
@@ -393,10 +456,10 @@ impl Handler {
 }
 
 /// The next reply, with refusals and failures as errors.
-fn next_reply(replies: &Receiver<Reply>) -> Result<Reply, ApiError> {
+fn next_reply(replies: &Receiver<(usize, Reply)>) -> Result<(usize, Reply), ApiError> {
     match replies.recv() {
-        Ok(Reply::Rejected(m)) => Err(ApiError(400, m)),
-        Ok(Reply::Failed(m)) => Err(ApiError(500, m)),
+        Ok((_, Reply::Rejected(m))) => Err(ApiError(400, m)),
+        Ok((_, Reply::Failed(m))) => Err(ApiError(500, m)),
         Ok(reply) => Ok(reply),
         Err(_) => Err(ApiError(500, "the engine stopped".into())),
     }
@@ -442,13 +505,6 @@ fn respond_error(
     )
 }
 
-fn finish_name(reason: FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-    }
-}
-
 fn unix_time() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -467,44 +523,38 @@ fn respond_json(request: tiny_http::Request, status: u16, body: &Value) -> std::
 
 /// The request's overrides of the server defaults. OpenAI's `temperature: 0` means greedy
 /// (top-k 1); a positive temperature without `top_k` samples from the full distribution.
-fn request_params(body: &Value, defaults: &DecodeParams) -> Result<DecodeParams, ApiError> {
-    let mut params = defaults.clone();
-    let number = |key: &str| -> Result<Option<f64>, ApiError> {
-        match body.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| ApiError(400, format!("`{key}` must be a number"))),
-        }
-    };
-    if let Some(max) = number("max_tokens")?.or(number("max_completion_tokens")?) {
-        params.max_new_tokens = max as usize;
+/// `max_tokens` cuts the answer there, or with `whole_blocks` ends it with the block holding
+/// that token.
+fn request_params(
+    body: &Value,
+    defaults: &DecodeParams,
+    whole_blocks: bool,
+) -> Result<DecodeParams, ApiError> {
+    let mut settings = DecodeSettings::default();
+    if let Some(max) = number(body, "max_tokens")?.or(number(body, "max_completion_tokens")?) {
+        settings.max_new_tokens = Some(max as usize);
+        settings.exact_max = Some(!whole_blocks);
     }
-    if let Some(t) = number("temperature")? {
+    if let Some(t) = number(body, "temperature")? {
         if t == 0.0 {
-            params.sampling.temperature = 1.0;
-            params.sampling.top_k = 1;
+            settings.temperature = Some(1.0);
+            settings.top_k = Some(1);
         } else {
-            params.sampling.temperature = t as f32;
-            params.sampling.top_k = 0;
+            settings.temperature = Some(t as f32);
+            settings.top_k = Some(0);
         }
     }
-    if let Some(k) = number("top_k")? {
-        params.sampling.top_k = if k < 0.0 { 0 } else { k as usize };
+    if let Some(k) = number(body, "top_k")? {
+        settings.top_k = Some(if k < 0.0 { 0 } else { k as usize });
     }
-    if let Some(p) = number("top_p")? {
-        params.sampling.top_p = p as f32;
-    }
-    if let Some(seed) = number("seed")? {
-        params.seed = seed as u64;
-    }
-    if number("n")?.is_some_and(|n| n != 1.0) {
-        return Err(ApiError(
-            400,
-            "only n = 1 is supported; send one request per sample".into(),
-        ));
-    }
+    settings.top_p = number(body, "top_p")?.map(|p| p as f32);
+    settings.seed = number(body, "seed")?.map(|seed| seed as u64);
+    settings.threshold = number(body, "threshold")?.map(|t| t as f32);
+    settings.strategy = match body.get("strategy") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) => Some(name.parse::<Strategy>()?),
+        Some(_) => return Err(ApiError(400, "`strategy` must be a strategy's name".into())),
+    };
     match body.get("stop") {
         None | Some(Value::Null) => {}
         Some(Value::Array(a)) if a.is_empty() => {}
@@ -514,7 +564,30 @@ fn request_params(body: &Value, defaults: &DecodeParams) -> Result<DecodeParams,
                 .into(),
         )),
     }
-    Ok(params)
+    Ok(settings.over(defaults)?)
+}
+
+/// The request's `n`: how many choices to generate for its prompt.
+fn choice_count(body: &Value) -> Result<usize, ApiError> {
+    match number(body, "n")? {
+        None => Ok(1),
+        Some(n) if n.fract() == 0.0 && (1.0..=MAX_CHOICES as f64).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError(
+            400,
+            format!("`n` must be a whole number from 1 to {MAX_CHOICES}, got {n}"),
+        )),
+    }
+}
+
+/// The number in `body[key]`, if it is there and not null.
+fn number(body: &Value, key: &str) -> Result<Option<f64>, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| ApiError(400, format!("`{key}` must be a number"))),
+    }
 }
 
 #[cfg(test)]
@@ -522,7 +595,7 @@ mod tests {
     use super::*;
 
     fn params(body: Value) -> Result<DecodeParams, ApiError> {
-        request_params(&body, &DecodeParams::dice_eval(64))
+        request_params(&body, &DecodeParams::dice_eval(64), false)
     }
 
     #[test]
@@ -548,14 +621,50 @@ mod tests {
 
     #[test]
     fn unsupported_fields_are_refused() {
-        for body in [
-            json!({"n": 2}),
-            json!({"stop": "\n"}),
-            json!({"max_tokens": "many"}),
-        ] {
+        for body in [json!({"stop": "\n"}), json!({"max_tokens": "many"})] {
             assert_eq!(params(body).err().map(|e| e.0), Some(400));
         }
         assert!(params(json!({"stop": null, "n": 1})).is_ok());
+    }
+
+    #[test]
+    fn a_request_picks_a_strategy_and_bounds_its_answer() {
+        let dynamic = params(json!({"strategy": "low_confidence_dynamic", "threshold": 0.5}))
+            .ok()
+            .unwrap();
+        assert_eq!(
+            dynamic.strategy,
+            Strategy::LowConfidenceDynamic { threshold: 0.5 }
+        );
+        let entropy = params(json!({"strategy": "entropy_bounded"})).ok().unwrap();
+        assert_eq!(
+            entropy.strategy,
+            Strategy::EntropyBounded { threshold: 0.35 }
+        );
+        for body in [json!({"strategy": "random"}), json!({"strategy": 3})] {
+            assert_eq!(params(body).err().map(|e| e.0), Some(400));
+        }
+        let bounded = params(json!({"max_tokens": 9})).ok().unwrap();
+        assert!(bounded.exact_max);
+        assert!(!params(json!({})).ok().unwrap().exact_max);
+        let whole = request_params(
+            &json!({"max_tokens": 9}),
+            &DecodeParams::dice_eval(64),
+            true,
+        );
+        assert!(!whole.ok().unwrap().exact_max);
+    }
+
+    #[test]
+    fn n_is_a_whole_number_of_choices() {
+        assert_eq!(choice_count(&json!({})).ok(), Some(1));
+        assert_eq!(choice_count(&json!({"n": 3})).ok(), Some(3));
+        for n in [json!(0), json!(1.5), json!(129), json!("2")] {
+            assert_eq!(
+                choice_count(&json!({ "n": n })).err().map(|e| e.0),
+                Some(400)
+            );
+        }
     }
 
     #[test]
@@ -571,3 +680,7 @@ mod tests {
         assert_eq!(sent, "abcé");
     }
 }
+
+#[cfg(test)]
+#[path = "server_tests.rs"]
+mod http_tests;

@@ -1,10 +1,15 @@
 //! Remasking strategies: which masked positions of a block take their candidate token in a
 //! denoising step (spec §4.4).
 
-use anyhow::{bail, Result};
+use anyhow::anyhow;
+use clap::builder::PossibleValue;
+use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
+use std::str::FromStr;
 
+/// A remasking strategy with its threshold, if it has one. Parsed from its name (clap's
+/// `--strategy`, an API request's `strategy`), a strategy takes its default threshold.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "name", rename_all = "snake_case")]
 pub enum Strategy {
@@ -21,20 +26,14 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    /// Parses a strategy name of the reference; `threshold` is used by the two threshold
-    /// strategies (dynamic: confidence τ, entropy-bounded: ε).
-    pub fn from_name(name: &str, threshold: f32) -> Result<Self> {
-        Ok(match name {
-            "sequential" => Strategy::Sequential,
-            "low_confidence_static" | "static" => Strategy::LowConfidenceStatic,
-            "low_confidence_dynamic" | "dynamic" => Strategy::LowConfidenceDynamic { threshold },
-            "entropy_bounded" => Strategy::EntropyBounded { threshold },
-            other => bail!(
-                "unknown remasking strategy `{other}`: use sequential, low_confidence_static, \
-                 low_confidence_dynamic or entropy_bounded"
-            ),
-        })
-    }
+    /// Every strategy, the threshold ones with their defaults: the reference's confidence τ
+    /// and JetEngine's entropy bound ε.
+    pub const ALL: [Strategy; 4] = [
+        Strategy::Sequential,
+        Strategy::LowConfidenceStatic,
+        Strategy::LowConfidenceDynamic { threshold: 0.9 },
+        Strategy::EntropyBounded { threshold: 0.35 },
+    ];
 
     pub fn name(&self) -> &'static str {
         match self {
@@ -45,8 +44,55 @@ impl Strategy {
         }
     }
 
+    /// This strategy with `threshold` in place of its own; the strategies without one ignore it.
+    pub fn with_threshold(self, threshold: f32) -> Self {
+        match self {
+            Strategy::LowConfidenceDynamic { .. } => Strategy::LowConfidenceDynamic { threshold },
+            Strategy::EntropyBounded { .. } => Strategy::EntropyBounded { threshold },
+            other => other,
+        }
+    }
+
     pub fn needs_entropy(&self) -> bool {
         matches!(self, Strategy::EntropyBounded { .. })
+    }
+}
+
+impl ValueEnum for Strategy {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let value = PossibleValue::new(self.name());
+        Some(match *self {
+            Strategy::Sequential => value.help("the first masked positions, left to right"),
+            Strategy::LowConfidenceStatic => value
+                .alias("static")
+                .help("the most confident masked positions (DICE's evaluation)"),
+            Strategy::LowConfidenceDynamic { threshold } => value.alias("dynamic").help(format!(
+                "every masked position more confident than the threshold (default \
+                 {threshold}) when there are as many as static takes, else as static"
+            )),
+            Strategy::EntropyBounded { threshold } => value.help(format!(
+                "the lowest-entropy masked positions whose entropies sum below the threshold \
+                 (default {threshold}), at least one"
+            )),
+        })
+    }
+}
+
+/// A strategy's name (or an alias) as the reference spells it, with its default threshold.
+impl FromStr for Strategy {
+    type Err = anyhow::Error;
+
+    fn from_str(name: &str) -> anyhow::Result<Self> {
+        <Self as ValueEnum>::from_str(name, false).map_err(|_| {
+            anyhow!(
+                "unknown remasking strategy `{name}`: use sequential, low_confidence_static, \
+                 low_confidence_dynamic or entropy_bounded"
+            )
+        })
     }
 }
 
@@ -241,8 +287,26 @@ mod tests {
             "low_confidence_dynamic",
             "entropy_bounded",
         ] {
-            assert_eq!(Strategy::from_name(name, 0.9).unwrap().name(), name);
+            assert_eq!(name.parse::<Strategy>().unwrap().name(), name);
         }
-        assert!(Strategy::from_name("random", 0.9).is_err());
+        assert!("random".parse::<Strategy>().is_err());
+    }
+
+    #[test]
+    fn a_named_strategy_takes_its_default_threshold_unless_given_one() {
+        let dynamic: Strategy = "dynamic".parse().unwrap();
+        assert_eq!(dynamic, Strategy::LowConfidenceDynamic { threshold: 0.9 });
+        assert_eq!(
+            "entropy_bounded".parse::<Strategy>().unwrap(),
+            Strategy::EntropyBounded { threshold: 0.35 }
+        );
+        assert_eq!(
+            dynamic.with_threshold(0.5),
+            Strategy::LowConfidenceDynamic { threshold: 0.5 }
+        );
+        assert_eq!(
+            Strategy::Sequential.with_threshold(0.5),
+            Strategy::Sequential
+        );
     }
 }

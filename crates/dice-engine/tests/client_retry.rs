@@ -12,6 +12,7 @@ fn settings() -> CompletionSettings {
         top_k: 1,
         top_p: 1.0,
         seed: Some(3),
+        whole_blocks: false,
     }
 }
 

@@ -3,12 +3,12 @@
 
 use super::bench::{gib, RandomModelArgs};
 use super::bench_profile::{print_profile, profile_decoding, profile_prefill};
-use super::generate::DecodeArgs;
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device};
 use clap::Args;
 use dice_engine::{
-    DecodeParams, Engine, EngineConfig, ForwardCounts, Request, SdarDecoder, Strategy,
+    DecodeParams, DecodeSettings, Engine, EngineConfig, ForwardCounts, Request, SdarDecoder,
+    Strategy,
 };
 use dice_model::device::{cuda_event_tracking, set_cuda_event_tracking};
 use dice_model::memory::PeakMemory;
@@ -37,9 +37,9 @@ pub struct GenerateBenchArgs {
     /// Denoising steps per block.
     #[arg(long, default_value_t = 4)]
     pub steps: usize,
-    /// Remasking strategy: low_confidence_static, low_confidence_dynamic, sequential or entropy_bounded.
-    #[arg(long, default_value = "low_confidence_static")]
-    pub strategy: String,
+    /// Remasking strategy (the threshold ones with their default thresholds).
+    #[arg(long, value_enum, default_value_t = Strategy::LowConfidenceStatic)]
+    pub strategy: Strategy,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -276,24 +276,15 @@ pub fn run(args: GenerateBenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Greedy (top_k 1), no stop ids, through the same validation as `dice generate`.
+/// DICE's evaluation (greedy, no stop ids) with the benchmark's block, steps and strategy.
 fn decode_params(args: &GenerateBenchArgs) -> Result<DecodeParams> {
-    DecodeArgs {
-        strategy: args.strategy.clone(),
-        block_length: args.block_length,
-        steps: args.steps,
-        top_k: 1,
-        temperature: 1.0,
-        top_p: 1.0,
-        threshold: None,
-        max_new_tokens: args.new_tokens,
-        exact_max: false,
-        no_stop: true,
-        stop_ids: Vec::new(),
-        seed: 0,
-        reference_overflow: false,
+    DecodeSettings {
+        strategy: Some(args.strategy),
+        block_length: Some(args.block_length),
+        steps: Some(args.steps),
+        ..DecodeSettings::default()
     }
-    .params(None)
+    .over(&DecodeParams::dice_eval(args.new_tokens))
 }
 
 /// Deterministic pseudo-random prompts of ids below `bound`, a different stream per sequence.

@@ -26,7 +26,8 @@ pub struct ServeArgs {
     /// Exit after answering this many requests.
     #[arg(long)]
     pub max_requests: Option<usize>,
-    /// Defaults of requests that do not set them (max_tokens, temperature, top_p, top_k, seed).
+    /// Defaults of requests that do not set them (max_tokens, temperature, top_p, top_k, seed,
+    /// strategy, threshold).
     #[command(flatten)]
     pub decode: DecodeArgs,
     #[command(flatten)]
