@@ -45,6 +45,9 @@ enum Command {
     /// identity candidates for timing precision.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
+    /// Model folders: write a deterministic checkpoint of any config (formula or random weights).
+    #[command(subcommand)]
+    Model(cmd::model::ModelCommand),
     /// Fine-tune a block-diffusion model: supervised (SFT) on chat data.
     #[command(subcommand)]
     Train(cmd::train::TrainCommand),
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(c) => cmd::bench::run(c),
+        Command::Model(c) => cmd::model::run(c),
         Command::Train(c) => cmd::train::run(c),
     };
     match result {

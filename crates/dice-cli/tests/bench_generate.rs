@@ -1,13 +1,13 @@
-//! `dice bench generate` on the tiny golden config, on the CPU.
+//! `dice bench generate` on the formula golden's tiny config, on the CPU.
+
+mod common;
 
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-fn shared() -> PathBuf {
-    std::env::var_os("DICE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+fn tiny_config() -> PathBuf {
+    common::test_data().join("sdar/golden/formula/config.json")
 }
 
 fn dice(args: &[&str]) -> Output {
@@ -25,7 +25,7 @@ fn stderr(o: &Output) -> String {
 fn counts_the_forwards_of_the_static_schedule_per_batch() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
-    let config = shared().join("sdar/golden/tiny/config.json");
+    let config = tiny_config();
     let (prompt, new, block, steps) = (8, 8, 4, 4);
     let out = dice(&[
         "bench",
@@ -77,7 +77,7 @@ fn counts_the_forwards_of_the_static_schedule_per_batch() {
 
 #[test]
 fn an_empty_batch_is_one_clear_line() {
-    let config = shared().join("sdar/golden/tiny/config.json");
+    let config = tiny_config();
     let out = dice(&[
         "bench",
         "generate",

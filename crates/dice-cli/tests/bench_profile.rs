@@ -1,14 +1,13 @@
-//! `dice bench generate --profile` on the tiny golden config, on the CPU.
+//! `dice bench generate --profile` on the formula golden's tiny config, on the CPU.
+
+mod common;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn tiny_config() -> PathBuf {
-    std::env::var_os("DICE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("sdar/golden/tiny/config.json")
+    common::test_data().join("sdar/golden/formula/config.json")
 }
 
 /// Runs the benchmark at batch 1 and 2 (8-token prompts, 8 new tokens); stdout and the JSON.

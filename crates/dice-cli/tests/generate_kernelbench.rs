@@ -1,24 +1,22 @@
 //! `dice generate --kernelbench` writes `candidates.jsonl` lines that dice-bench reads, and a
 //! second run only adds what is missing.
 
-use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
+mod tiny_model;
 
-fn shared_dir() -> PathBuf {
-    std::env::var_os("DICE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-}
+use common::test_data;
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+use tiny_model::tiny_model;
 
 fn generate(run: &Path, samples: &str, extra: &[&str]) {
-    let shared = shared_dir();
     let output = Command::new(env!("CARGO_BIN_EXE_dice"))
         .arg("generate")
         .arg("--model")
-        .arg(shared.join("sdar/golden/tiny"))
+        .arg(tiny_model())
         .arg("--kernelbench")
-        .arg(shared.join("kernelbench"))
+        .arg(test_data().join("kernelbench"))
         .args(["--level", "1", "--problems", "3,1", "--samples", samples])
         .args(["--max-new-tokens", "6", "--no-stop"])
         .arg("--run")

@@ -1,18 +1,14 @@
 //! `dice generate --endpoint` against `dice serve` on loopback gives the same text as local
-//! generation, both on the tiny SDAR checkpoint.
+//! generation, both on the formula golden's tiny checkpoint.
+
+mod common;
+mod tiny_model;
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn tiny_dir() -> PathBuf {
-    std::env::var_os("DICE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-        .join("sdar/golden/tiny")
-}
+use tiny_model::tiny_model;
 
 fn dice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dice"))
@@ -52,8 +48,7 @@ fn endpoint_generation_against_dice_serve_equals_local_generation() {
     let dir = tempfile::tempdir().unwrap();
     let prompt = dir.path().join("prompt.txt");
     std::fs::write(&prompt, "Write a CUDA kernel that adds two vectors.").unwrap();
-    let model = tiny_dir();
-    let model = model.to_str().unwrap();
+    let model = tiny_model().to_str().unwrap();
 
     let local = generate(&["--model", model], &prompt);
     let local_text = local["samples"][0]["text"].as_str().unwrap().to_string();

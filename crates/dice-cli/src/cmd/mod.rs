@@ -22,6 +22,7 @@ pub mod eval;
 pub mod generate;
 pub mod golden;
 mod input_sizes;
+pub mod model;
 pub mod problems;
 pub mod prompt;
 pub mod report;

@@ -1,0 +1,97 @@
+//! `dice model`: model folders. `init` writes a deterministic checkpoint of any config
+//! ([`dice_model::init`]).
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use dice_model::init::{InitWeights, ModelInit};
+use dice_model::SdarConfig;
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum ModelCommand {
+    /// Write a complete bf16 model folder of a config, with formula or seeded random weights.
+    #[command(after_help = "\
+Writes into OUT: config.json (CONFIG's architecture, torch_dtype bfloat16), the weights in bf16
+as model.safetensors (past 4 GiB: Hugging Face shards model-0000N-of-0000M.safetensors and
+model.safetensors.index.json), and the tokenizer files, chat_template.jinja and
+generation_config.json found in TOKENIZER. Every file is written under a temporary name and
+renamed into place. The folder loads like any checkpoint (dice generate --model OUT, dice serve).
+
+Weights:
+  formula  element i of tensor NAME comes from a hash of (NAME, i): the weights of the formula
+           golden (tests/data/sdar/golden/formula/weights.json gives the formula and the
+           checksums); the same for every run, on every machine
+  random   normal(0, initializer_range) matrices and unit norm weights, as the reference
+           initialises a model, from a counter-based generator seeded by --seed
+
+Examples:
+  dice model init --config tests/data/sdar/golden/formula/config.json --weights formula \\
+      --tokenizer tests/data/sdar --out tiny/
+  dice model init --config tests/data/sdar/configs/sdar-4b.json --weights random --seed 1 \\
+      --tokenizer tests/data/sdar --out sdar-4b-random/")]
+    Init(InitArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum WeightsArg {
+    /// The formula golden's weights (a function of tensor name and element index).
+    Formula,
+    /// Normal(0, initializer_range) matrices and unit norm weights, seeded by --seed.
+    Random,
+}
+
+#[derive(Args)]
+pub struct InitArgs {
+    /// The model's config.json (an SDAR config: model_type "sdar").
+    #[arg(long, value_name = "FILE")]
+    pub config: PathBuf,
+    /// Where the weights come from.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub weights: WeightsArg,
+    /// Seed of --weights random [default: 0].
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
+    /// A folder with the tokenizer (tokenizer.json, or vocab.json + merges.txt +
+    /// tokenizer_config.json), whose tokenizer, chat template and generation settings are copied.
+    #[arg(long, value_name = "DIR")]
+    pub tokenizer: PathBuf,
+    /// The model folder to write (created if needed; it must be empty unless --force).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Write into a folder that holds files already: the model's files are replaced, others kept.
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub fn run(command: ModelCommand) -> Result<()> {
+    match command {
+        ModelCommand::Init(args) => init(args),
+    }
+}
+
+fn init(args: InitArgs) -> Result<()> {
+    let weights = match (args.weights, args.seed) {
+        (WeightsArg::Formula, Some(_)) => {
+            bail!("--seed applies to --weights random only (formula weights have no seed)")
+        }
+        (WeightsArg::Formula, None) => InitWeights::Formula,
+        (WeightsArg::Random, seed) => InitWeights::Random {
+            seed: seed.unwrap_or(0),
+        },
+    };
+    let config = SdarConfig::from_path(&args.config)?;
+    let written = ModelInit {
+        tokenizer: Some(&args.tokenizer),
+        overwrite: args.force,
+        ..ModelInit::new(&config, weights)
+    }
+    .write(&args.out)?;
+    println!(
+        "wrote {} ({} parameters, {:.1} MB of bf16 weights): {}",
+        args.out.display(),
+        written.parameters,
+        written.weight_bytes as f64 / 1e6,
+        written.files.join(", ")
+    );
+    Ok(())
+}
