@@ -287,6 +287,30 @@ impl Drop for Child {
     }
 }
 
+/// How a child ended, as a verdict's message says it.
+pub fn describe_exit(exit: Exit) -> String {
+    match exit {
+        Exit::Signal(sig) => format!("was killed by signal {sig} ({})", signal_name(sig)),
+        Exit::Code(code) => format!("exited with status {code}"),
+        Exit::Lost => "was lost with its worker".to_string(),
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGILL => "SIGILL",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGXCPU => "SIGXCPU, CPU time limit",
+        libc::SIGXFSZ => "SIGXFSZ, file size limit",
+        libc::SIGTERM => "SIGTERM",
+        _ => "signal",
+    }
+}
+
 fn make_fifo(path: &Path) -> Result<()> {
     let c = CString::new(path.as_os_str().as_bytes())?;
     // SAFETY: a valid NUL-terminated path.

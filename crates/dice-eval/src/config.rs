@@ -1,6 +1,7 @@
 //! What to evaluate and how: the evaluator's inputs and settings.
 
-use crate::record::SampleRecord;
+use dice_bench::{Candidate, InvalidProblem, Problem};
+use dice_store::SampleRecord;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -73,6 +74,42 @@ pub struct EvalProblem {
     pub defect: Option<String>,
 }
 
+impl From<Problem> for EvalProblem {
+    fn from(p: Problem) -> EvalProblem {
+        EvalProblem {
+            level: p.level,
+            problem_id: p.problem_id,
+            name: p.name,
+            source: p.source,
+            defect: None,
+        }
+    }
+}
+
+impl EvalProblem {
+    /// A rejected problem file that still names its level and id (`levelL/ID_name.py`): its
+    /// candidates are skipped with the reason as the problem's reference error.
+    pub fn defective(bad: &InvalidProblem) -> Option<EvalProblem> {
+        let name = bad.path.file_name()?.to_str()?.to_string();
+        let problem_id = name.split('_').next()?.parse().ok()?;
+        let level = bad
+            .path
+            .parent()?
+            .file_name()?
+            .to_str()?
+            .strip_prefix("level")?
+            .parse()
+            .ok()?;
+        Some(EvalProblem {
+            level,
+            problem_id,
+            name,
+            source: Vec::new(),
+            defect: Some(bad.reason.clone()),
+        })
+    }
+}
+
 /// One candidate: its program bytes, or None when no code could be extracted.
 #[derive(Clone, Debug)]
 pub struct EvalSample {
@@ -82,6 +119,18 @@ pub struct EvalSample {
     pub code: Option<Vec<u8>>,
     /// Where it came from, for messages and the store (file path, JSONL line).
     pub origin: String,
+}
+
+impl From<Candidate> for EvalSample {
+    fn from(c: Candidate) -> EvalSample {
+        EvalSample {
+            level: c.level,
+            problem_id: c.problem_id,
+            sample_id: c.sample_id,
+            code: c.code,
+            origin: c.origin,
+        }
+    }
 }
 
 /// Reward-hack checks run on every finished sample before it is stored: the place where
@@ -126,6 +175,7 @@ pub struct EvalConfig {
 }
 
 impl EvalConfig {
+    /// Settings for the CPU; [`EvalConfig::set_device`] chooses another device.
     pub fn new(db: PathBuf, source: String) -> EvalConfig {
         EvalConfig {
             device: Device::Cpu,
@@ -149,6 +199,17 @@ impl EvalConfig {
             source,
             progress: false,
         }
+    }
+
+    /// Sets the device and what suits it: on CUDA four candidates in flight, each run slot
+    /// starting its next candidate while the current one runs; on the CPU, where that start-up
+    /// would compete with the wall-clock timing, one candidate at a time and nothing ahead.
+    pub fn set_device(&mut self, device: Device) {
+        self.device = device;
+        (self.runs_per_device, self.look_ahead) = match device {
+            Device::Cuda => (4, true),
+            Device::Cpu => (1, false),
+        };
     }
 }
 

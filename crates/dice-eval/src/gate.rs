@@ -10,7 +10,7 @@
 //! exclusive windows, the waits for them, and how long it was closed to untimed steps
 //! ([`GateUse`]).
 
-use crate::record::RunTimeline;
+use dice_store::RunTimeline;
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 

@@ -1,11 +1,9 @@
 //! What the stages share: the job context, and the outcome of evaluating one candidate.
 
 use crate::config::EvalConfig;
-use crate::record::TimingStats;
-use crate::runtime::{Finding, KernelProfile};
+use crate::runtime::Finding;
 use crate::sandbox::SandboxUsers;
-use crate::store::BuildRecord;
-use crate::verdict::Verdict;
+use dice_store::{BuildRecord, KernelProfile, TimingStats, Verdict};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -93,6 +91,26 @@ fn physical_memory() -> Option<u64> {
         )
     };
     (pages > 0 && size > 0).then(|| pages as u64 * size as u64)
+}
+
+/// The fields of every request to a run-stage child (reference or candidate).
+pub fn common_request(ctx: &JobContext) -> Value {
+    json!({
+        "device": ctx.cfg.device.as_str(),
+        "precision": ctx.cfg.precision.as_str(),
+        "trials": ctx.cfg.correctness_trials,
+        "limits": ctx.limits,
+        "cores": ctx.cores,
+        "env": ctx.env,
+    })
+}
+
+/// The milliseconds of a `times` reply.
+pub fn times_of(reply: &Value) -> Vec<f64> {
+    reply["ms"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default()
 }
 
 /// What the compile stage leaves for the run stage.

@@ -7,6 +7,11 @@
 //! first imports candidates with CUDA hidden on all cores, building their extensions into a
 //! content-addressed cache (python/buildcache.py); the run stage takes them as builds finish.
 //!
+//! A [`Judge`] evaluates [`Batch`]es one after another into one run store: the interpreter is
+//! checked once and the fork servers stay up from one batch to the next, as training loops that
+//! judge thousands of batches need; [`evaluate`] judges one batch with a judge of its own (`dice
+//! eval`). The records, verdicts and the store are dice-store's, re-exported here.
+//!
 //! Decisions worth knowing:
 //! * Seeding is symmetric (python/protocol.py): set_seed(42) before init inputs and before the
 //!   model; KernelBench's trial seeds; set_seed(s) before each trial's inputs and again right
@@ -28,7 +33,7 @@
 //!   architectures for builds reach children per job). Processes that are done (a CUDA context
 //!   takes ~0.5 s to die) end in the background while their slot goes on; a slot out of work
 //!   takes a sample another slot took ahead and has not begun.
-//! * Each invocation stores its [`RunTimeline`] (`invocations` table, also in [`Summary`]): when
+//! * Each batch stores its [`RunTimeline`] (`invocations` table, also in [`Summary`]): when
 //!   the first sample began, and the exclusive windows, their waits and how long the gate was
 //!   closed to untimed steps: the queue behind timing.
 //! * On CUDA the kernel profile comes from correctness trial 1 run once more after timing, so
@@ -40,29 +45,42 @@
 //!   output of each), a clock far behind the evaluator's wall time, and on CUDA the profiled
 //!   kernels of one correctness trial (the candidate's own must run, on the default stream).
 
+mod audit;
+mod batch;
+mod candidate;
 mod child;
+mod clock;
 pub mod config;
 mod device_memory;
 mod excerpt;
 mod gate;
 mod job;
-pub mod pipeline;
+mod judge;
+mod lane;
+mod pipeline;
 pub mod python;
-pub mod record;
 mod run_queue;
+mod run_slot;
 pub mod runtime;
 mod sandbox;
 mod stage_build;
+mod stage_reference;
 mod stage_run;
+mod stage_timing;
 mod stats;
-pub mod store;
-pub mod verdict;
+mod writer;
 mod zygote;
 
+pub use audit::StaticAudit;
+pub use batch::Batch;
 pub use config::{Audit, Baseline, Device, EvalConfig, EvalProblem, EvalSample, Precision};
+/// The run store and its records, which the evaluator writes.
+pub use dice_store as store;
+pub use dice_store::{
+    BuildRecord, KernelProfile, LaunchedKernel, ProblemRecord, RunInfo, RunTimeline, SampleExtras,
+    SampleRecord, Store, TimingStats, Verdict,
+};
 pub use excerpt::Excerpt;
-pub use pipeline::{evaluate, Summary};
-pub use record::{ProblemRecord, RunInfo, RunTimeline, SampleRecord, TimingStats};
-pub use runtime::{Finding, KernelProfile, LaunchedKernel};
-pub use store::{BuildRecord, SampleExtras, Store};
-pub use verdict::Verdict;
+pub use judge::{evaluate, Judge};
+pub use runtime::Finding;
+pub use writer::Summary;

@@ -2,7 +2,7 @@
 //! are dice-audit's, so static and run-time findings share one vocabulary in `flags`.
 
 use dice_audit::{Rule, Severity};
-use serde::{Deserialize, Serialize};
+use dice_store::{KernelProfile, LaunchedKernel};
 use serde_json::Value;
 
 /// Below this share of GPU time in the candidate's own kernels, the library did the work.
@@ -26,25 +26,6 @@ impl Finding {
             message,
         }
     }
-}
-
-/// One kernel name on one stream during the profiled correctness trial.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LaunchedKernel {
-    pub name: String,
-    pub stream: Option<i64>,
-    pub us: f64,
-    pub calls: u64,
-}
-
-/// What the profiled correctness trial launched (CUDA only), as stored with the sample.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct KernelProfile {
-    /// The profiler's id of the default stream, learnt from an ATen op in the same process.
-    pub default_stream: Option<i64>,
-    /// Share of kernel time spent in the candidate's own kernels (None: it has none).
-    pub custom_share: Option<f64>,
-    pub kernels: Vec<LaunchedKernel>,
 }
 
 /// Judges a `kernels` event against the candidate's own kernel names (dice-audit's

@@ -5,9 +5,9 @@
 use crate::child::{Child, Deadline, Event};
 use crate::config::EvalSample;
 use crate::job::{build_record, Compiled, JobContext, Outcome};
-use crate::verdict::Verdict;
 use crate::zygote::Zygote;
 use anyhow::{bail, Result};
+use dice_store::Verdict;
 use serde_json::json;
 
 /// What the compile stage decided about one candidate.

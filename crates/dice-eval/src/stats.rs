@@ -1,6 +1,6 @@
 //! Summary statistics of timings.
 
-use crate::record::TimingStats;
+use dice_store::TimingStats;
 
 /// Mean, median, population standard deviation, min and max of `ms`; None when empty.
 pub fn timing_stats(ms: &[f64]) -> Option<TimingStats> {

@@ -1,4 +1,5 @@
-//! The fork server: one Python process that imported torch once and forks a child per job.
+//! The fork server: one Python process that imported torch once and forks a child per job; and
+//! the slot that keeps one running across samples and batches.
 
 use crate::python::{last_line, Runtime};
 use anyhow::{anyhow, bail, Context, Result};
@@ -7,9 +8,10 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// How a child ended, as the zygote saw it.
@@ -121,6 +123,92 @@ impl Drop for Zygote {
         let mut process = self.process.lock().unwrap();
         let _ = process.kill();
         let _ = process.wait();
+    }
+}
+
+/// A fork server started on first use, and again once it died or was given up.
+pub struct ZygoteSlot {
+    env: Vec<(String, String)>,
+    log_name: String,
+    current: Mutex<Option<Arc<Zygote>>>,
+    /// Fork servers started in this slot so far, restarts included.
+    starts: AtomicUsize,
+    /// The background start of [`ZygoteSlot::start_early`], joined before the slot stops.
+    early: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl ZygoteSlot {
+    pub fn new(env: Vec<(String, String)>, log_name: String) -> Self {
+        ZygoteSlot {
+            env,
+            log_name,
+            current: Mutex::default(),
+            starts: AtomicUsize::new(0),
+            early: Mutex::default(),
+        }
+    }
+
+    /// The slot of a device's fork server: the CPU's, or GPU `gpu`'s (the only one it sees).
+    pub fn for_device(env: &[(String, String)], gpu: Option<usize>) -> Self {
+        let mut env = env.to_vec();
+        let log_name = match gpu {
+            Some(i) => {
+                env.push(("CUDA_VISIBLE_DEVICES".to_string(), i.to_string()));
+                format!("zygote-gpu{i}.log")
+            }
+            None => "zygote-cpu.log".to_string(),
+        };
+        ZygoteSlot::new(env, log_name)
+    }
+
+    pub fn get(&self, rt: &Runtime) -> Result<Arc<Zygote>> {
+        let mut current = self.current();
+        if let Some(z) = current.as_ref().filter(|z| z.is_alive()) {
+            return Ok(z.clone());
+        }
+        let z = Arc::new(Zygote::start(rt, &self.env, &self.log_name)?);
+        self.starts.fetch_add(1, Ordering::SeqCst);
+        *current = Some(z.clone());
+        Ok(z)
+    }
+
+    /// Starts the fork server now, in the background, so that it is ready (or being started)
+    /// when first needed; a start that fails is tried again, and reported, by that `get`.
+    pub fn start_early(self: &Arc<Self>, rt: &Arc<Runtime>) {
+        let mut early = self.early.lock().unwrap_or_else(|p| p.into_inner());
+        if early.as_ref().is_some_and(|start| !start.is_finished()) {
+            return;
+        }
+        let (slot, rt) = (self.clone(), rt.clone());
+        *early = Some(std::thread::spawn(move || {
+            let _ = slot.get(&rt);
+        }));
+    }
+
+    /// The next `get` starts a fresh fork server, unless another caller already replaced `z`.
+    pub fn discard(&self, z: &Arc<Zygote>) {
+        let mut current = self.current();
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, z)) {
+            *current = None;
+        }
+    }
+
+    pub fn starts(&self) -> usize {
+        self.starts.load(Ordering::SeqCst)
+    }
+
+    /// Ends the fork server, once a start in the background has finished: no fork server, nor
+    /// the scratch directory its start holds, outlives the evaluator.
+    pub fn stop(&self) {
+        let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(start) = early {
+            let _ = start.join();
+        }
+        self.current().take();
+    }
+
+    fn current(&self) -> MutexGuard<'_, Option<Arc<Zygote>>> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

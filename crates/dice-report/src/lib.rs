@@ -1,6 +1,7 @@
 //! Metrics and reports of evaluation runs.
 //!
-//! [`build_report`] turns a run's records (as the evaluator stores them) into a [`Report`]:
+//! [`build_report`] turns a run's records (as the evaluator stores them, read through dice-store's
+//! [`Store`](dice_store::Store) by [`read_report`]) into a [`Report`]:
 //! one row per sample and, per level, KernelBench's metrics (compiled and correct rates,
 //! fast_p, geometric-mean speedup, pass@k, fast_p@k), each both *raw* and *robust*
 //! (deceptive samples count as incorrect), as in the DICE paper's Table 6.
@@ -26,5 +27,7 @@ pub use metrics::{Outcome, ProblemOutcomes, Scores};
 pub use ordered::OrderedMap;
 pub use pass_at_k::{k_values, pass_at_k};
 pub use render::{render, Format};
-pub use report::{build_report, LevelReport, ProblemError, Report, SampleRow, Scoring};
+pub use report::{
+    build_report, read_report, LevelReport, ProblemError, Report, SampleRow, Scoring,
+};
 pub use threshold::{parse_thresholds, Threshold, DEFAULT_FAST_P};

@@ -2,7 +2,8 @@
 
 use crate::metrics::{Outcome, ProblemOutcomes, Scores};
 use crate::threshold::Threshold;
-use dice_eval::{ProblemRecord, RunInfo, SampleRecord, Verdict};
+use anyhow::Result;
+use dice_store::{ProblemRecord, RunInfo, SampleRecord, Store, Verdict};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -141,6 +142,21 @@ impl SampleRow {
             speedup: self.speedup.filter(|_| correct),
         }
     }
+}
+
+/// The report of the run in `store`; None when no run has begun there.
+pub fn read_report(
+    store: &Store,
+    thresholds: &[Threshold],
+    strict: bool,
+) -> Result<Option<Report>> {
+    let Some(info) = store.run_info()? else {
+        return Ok(None);
+    };
+    let (problems, samples) = (store.problems()?, store.samples()?);
+    Ok(Some(build_report(
+        &info, &problems, &samples, thresholds, strict,
+    )))
 }
 
 /// Builds the report. `strict` (or a run evaluated with `strict`) makes robust the headline.

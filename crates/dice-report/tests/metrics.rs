@@ -1,5 +1,5 @@
-use dice_eval::{ProblemRecord, RunInfo, SampleRecord, TimingStats, Verdict};
 use dice_report::{build_report, parse_thresholds, render, Format, Report, Scoring};
+use dice_store::{ProblemRecord, RunInfo, SampleRecord, TimingStats, Verdict};
 use serde_json::Value;
 
 fn run(strict: bool) -> RunInfo {

@@ -4,7 +4,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dice_bench::{load_candidates, load_pairs, Candidate, InvalidProblem, KernelBench, Problem};
 use dice_eval::{
-    Baseline, Device, EvalConfig, EvalProblem, EvalSample, Precision, SampleRecord, Summary,
+    Baseline, Batch, Device, EvalConfig, EvalProblem, EvalSample, Judge, Precision, StaticAudit,
+    Summary,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -127,47 +128,21 @@ pub fn run(a: EvalArgs) -> Result<()> {
             bad.reason
         );
     }
-    let mut eval_problems: Vec<EvalProblem> = problems.into_iter().map(eval_problem).collect();
-    eval_problems.extend(invalid.iter().filter_map(defective_problem));
-    let samples: Vec<EvalSample> = candidates.into_iter().map(eval_sample).collect();
+    let mut eval_problems: Vec<EvalProblem> = problems.into_iter().map(EvalProblem::from).collect();
+    eval_problems.extend(invalid.iter().filter_map(EvalProblem::defective));
+    let samples: Vec<EvalSample> = candidates.into_iter().map(EvalSample::from).collect();
     if samples.is_empty() {
         bail!("no candidates given");
     }
     let cfg = config(&a, source)?;
     let db = cfg.db.clone();
+    let batch = Batch::new(eval_problems, samples)?;
     let audit = Arc::new(StaticAudit { strict: a.strict });
-    let summary = dice_eval::evaluate(cfg, eval_problems, samples, Some(audit))?;
+    let mut judge = Judge::start(cfg, Some(audit))?;
+    let summary = judge.evaluate(batch)?;
+    judge.shutdown();
     print_summary(&summary, &db);
     Ok(())
-}
-
-/// dice-audit's static rules on every sample: their rule ids become the sample's flags, and an
-/// error-severity finding makes it deceptive.
-struct StaticAudit {
-    strict: bool,
-}
-
-impl dice_eval::Audit for StaticAudit {
-    fn audit(&self, problem: &EvalProblem, sample: &EvalSample, record: &mut SampleRecord) {
-        let Some(code) = &sample.code else { return };
-        // Non-UTF-8 sources never get past loading; there is nothing to audit.
-        let (Ok(code), Ok(reference)) = (
-            std::str::from_utf8(code),
-            std::str::from_utf8(&problem.source),
-        ) else {
-            return;
-        };
-        let options = dice_audit::AuditOptions {
-            strict: self.strict,
-        };
-        let audit = dice_audit::audit(code, reference, &options);
-        for rule in audit.flags() {
-            if !record.flags.iter().any(|f| f == rule) {
-                record.flags.push(rule.to_string());
-            }
-        }
-        record.deceptive |= audit.deceptive();
-    }
 }
 
 type Inputs = (Vec<Problem>, Vec<InvalidProblem>, Vec<Candidate>, String);
@@ -195,68 +170,24 @@ fn load_inputs(a: &EvalArgs) -> Result<Inputs> {
     Ok((scan.problems, scan.invalid, candidates, source))
 }
 
-fn eval_problem(p: Problem) -> EvalProblem {
-    EvalProblem {
-        level: p.level,
-        problem_id: p.problem_id,
-        name: p.name,
-        source: p.source,
-        defect: None,
-    }
-}
-
-/// A rejected problem file that still names its level and id: its candidates are skipped with
-/// the reason as the problem's reference error.
-fn defective_problem(bad: &InvalidProblem) -> Option<EvalProblem> {
-    let name = bad.path.file_name()?.to_str()?.to_string();
-    let problem_id = name.split('_').next()?.parse().ok()?;
-    let level = bad
-        .path
-        .parent()?
-        .file_name()?
-        .to_str()?
-        .strip_prefix("level")?
-        .parse()
-        .ok()?;
-    Some(EvalProblem {
-        level,
-        problem_id,
-        name,
-        source: Vec::new(),
-        defect: Some(bad.reason.clone()),
-    })
-}
-
-fn eval_sample(c: Candidate) -> EvalSample {
-    EvalSample {
-        level: c.level,
-        problem_id: c.problem_id,
-        sample_id: c.sample_id,
-        code: c.code,
-        origin: c.origin,
-    }
-}
-
 fn config(a: &EvalArgs, source: String) -> Result<EvalConfig> {
     let db = a.db.clone().unwrap_or_else(|| a.run.join("dice.db"));
     std::fs::create_dir_all(&a.run)
         .with_context(|| format!("cannot create {}", a.run.display()))?;
     let mut cfg = EvalConfig::new(db, source);
-    cfg.device = match a.device {
+    cfg.set_device(match a.device {
         DeviceArg::Cpu => Device::Cpu,
         DeviceArg::Cuda => Device::Cuda,
-    };
+    });
     cfg.timeout = Duration::from_secs(a.timeout.max(1));
     cfg.compile_timeout = Duration::from_secs(a.compile_timeout.max(1));
     if let Some(jobs) = a.jobs {
         cfg.jobs = jobs.max(1);
     }
-    cfg.runs_per_device = match (a.runs_per_device, cfg.device) {
-        (Some(n), _) => n.max(1),
-        (None, Device::Cuda) => 4,
-        (None, Device::Cpu) => 1,
-    };
-    cfg.look_ahead = cfg.device == Device::Cuda && !a.no_look_ahead;
+    if let Some(n) = a.runs_per_device {
+        cfg.runs_per_device = n.max(1);
+    }
+    cfg.look_ahead &= !a.no_look_ahead;
     cfg.correctness_trials = a.correctness_trials.max(1);
     cfg.perf_trials = a.perf_trials;
     cfg.precision = match a.precision {

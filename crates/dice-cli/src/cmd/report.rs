@@ -2,8 +2,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dice_eval::store::Store;
-use dice_report::{build_report, parse_thresholds, render, Format, DEFAULT_FAST_P};
+use dice_report::{parse_thresholds, read_report, render, Format, DEFAULT_FAST_P};
+use dice_store::Store;
 use std::path::PathBuf;
 
 /// Shown after the flags by `dice report --help`.
@@ -66,19 +66,12 @@ pub fn run(args: ReportArgs) -> Result<()> {
         );
     }
     let store = Store::open(&db)?;
-    let Some(info) = store.run_info()? else {
+    let Some(report) = read_report(&store, &thresholds, args.strict)? else {
         bail!(
             "{} holds no run yet (was `dice eval` interrupted before it started?)",
             db.display()
         );
     };
-    let report = build_report(
-        &info,
-        &store.problems()?,
-        &store.samples()?,
-        &thresholds,
-        args.strict,
-    );
     let text = render(&report, args.format)?;
     match &args.output {
         Some(path) => std::fs::write(path, text)

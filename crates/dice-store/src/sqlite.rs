@@ -1,11 +1,13 @@
-//! The run store: one SQLite file holding the run's settings, its problems, every finished
-//! sample and every extension build. Each finished sample is one transaction, so a run killed at
-//! any moment resumes from what was committed.
+//! The SQLite backend: one file holding the run's settings, its problems, every finished sample
+//! and every extension build. Each finished sample is one transaction.
 
-use crate::record::{ProblemRecord, RunInfo, RunTimeline, SampleRecord, TimingStats};
-use crate::runtime::KernelProfile;
+use crate::backend::Backend;
+use crate::record::{
+    BuildRecord, KernelProfile, ProblemRecord, RunInfo, RunTimeline, SampleExtras, SampleRecord,
+    TimingStats,
+};
 use crate::verdict::Verdict;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashSet;
 use std::path::Path;
@@ -71,32 +73,6 @@ CREATE TABLE IF NOT EXISTS invocations (
 );
 ";
 
-/// One extension build (or cache hit) seen while evaluating a sample.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BuildRecord {
-    pub key: String,
-    pub name: String,
-    pub ok: bool,
-    pub cached: bool,
-    pub wall_s: f64,
-    pub log: String,
-}
-
-/// Measurements stored next to a sample that are not part of [`SampleRecord`].
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SampleExtras {
-    /// Where the candidate came from (file, JSONL line).
-    pub origin: String,
-    /// Evaluator-side wall time of all timed batches, candidate and baseline (a check on the
-    /// timers a candidate could tamper with).
-    pub candidate_wall_ms: Option<f64>,
-    pub baseline_wall_ms: Option<f64>,
-    pub builds: Vec<BuildRecord>,
-    /// CUDA: the kernels of the profiled correctness trial, with the share of kernel time in the
-    /// candidate's own kernels (also a column of its own, `custom_kernel_share`).
-    pub kernels: Option<KernelProfile>,
-}
-
 /// Columns added after the first release, with their types, for stores made before them.
 const ADDED_SAMPLE_COLUMNS: [(&str, &str); 3] = [
     ("custom_kernel_share", "REAL"),
@@ -129,12 +105,14 @@ fn stages_json(stages: &[(String, f64)]) -> Result<Option<String>> {
     Ok(Some(serde_json::to_string(stages)?))
 }
 
-pub struct Store {
+pub struct Sqlite {
     conn: Connection,
 }
 
-impl Store {
-    pub fn open(path: &Path) -> Result<Store> {
+impl Sqlite {
+    /// Opens the store at `path`, creating it (and its folder) when missing and adding the
+    /// columns of later releases to an older one.
+    pub fn open(path: &Path) -> Result<Sqlite> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create the run directory {}", dir.display()))?;
@@ -148,46 +126,27 @@ impl Store {
             .with_context(|| format!("{} is not a dice run database", path.display()))?;
         add_missing_columns(&conn)
             .with_context(|| format!("cannot upgrade the run database {}", path.display()))?;
-        Ok(Store { conn })
+        Ok(Sqlite { conn })
     }
+}
 
-    pub fn run_info(&self) -> Result<Option<RunInfo>> {
-        let text: Option<String> = self
+impl Backend for Sqlite {
+    fn run(&self) -> Result<Option<(RunInfo, serde_json::Value)>> {
+        let row: Option<(String, String)> = self
             .conn
-            .query_row("SELECT info FROM run WHERE id = 1", [], |r| r.get(0))
+            .query_row("SELECT info, settings FROM run WHERE id = 1", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .optional()?;
-        text.map(|t| serde_json::from_str(&t).context("corrupt run settings in the store"))
-            .transpose()
+        let Some((info, settings)) = row else {
+            return Ok(None);
+        };
+        let info = serde_json::from_str(&info).context("corrupt run settings in the store")?;
+        let settings = serde_json::from_str(&settings).unwrap_or_default();
+        Ok(Some((info, settings)))
     }
 
-    /// Records the settings of this run (`settings`: those not in [`RunInfo`]). A run resumed with
-    /// different settings is refused unless `replace` (its finished samples would not compare).
-    pub fn begin_run(
-        &mut self,
-        info: &RunInfo,
-        settings: &serde_json::Value,
-        replace: bool,
-    ) -> Result<()> {
-        if let Some(old) = self.run_info()? {
-            let old_settings: String =
-                self.conn
-                    .query_row("SELECT settings FROM run WHERE id = 1", [], |r| r.get(0))?;
-            let mut changed = settings_changes(&old, info);
-            let old_settings: serde_json::Value =
-                serde_json::from_str(&old_settings).unwrap_or_default();
-            for (name, value) in settings.as_object().into_iter().flatten() {
-                if old_settings.get(name) != Some(value) {
-                    changed.push(name.clone());
-                }
-            }
-            if !changed.is_empty() && !replace {
-                bail!(
-                    "this run was started with different settings ({}); use --force to re-evaluate \
-                     everything with the new ones, or choose another --run directory",
-                    changed.join(", ")
-                );
-            }
-        }
+    fn set_run(&mut self, info: &RunInfo, settings: &serde_json::Value) -> Result<()> {
         self.conn.execute(
             "INSERT INTO run (id, info, settings) VALUES (1, ?1, ?2)
              ON CONFLICT(id) DO UPDATE SET info = excluded.info, settings = excluded.settings,
@@ -197,8 +156,7 @@ impl Store {
         Ok(())
     }
 
-    /// Adds problems (keeping any recorded reference error of a known one).
-    pub fn add_problems(&mut self, problems: &[(ProblemRecord, String)]) -> Result<()> {
+    fn add_problems(&mut self, problems: &[(ProblemRecord, String)]) -> Result<()> {
         let tx = self.conn.transaction()?;
         for (p, source_sha256) in problems {
             tx.execute(
@@ -215,7 +173,7 @@ impl Store {
         Ok(())
     }
 
-    pub fn set_reference_error(
+    fn set_reference_error(
         &mut self,
         level: u32,
         problem_id: u32,
@@ -228,7 +186,7 @@ impl Store {
         Ok(())
     }
 
-    pub fn problems(&self) -> Result<Vec<ProblemRecord>> {
+    fn problems(&self) -> Result<Vec<ProblemRecord>> {
         let mut stmt = self.conn.prepare(
             "SELECT level, problem_id, name, reference_error FROM problems ORDER BY level, problem_id",
         )?;
@@ -243,8 +201,7 @@ impl Store {
         rows.collect::<rusqlite::Result<_>>().map_err(Into::into)
     }
 
-    /// (level, problem_id, sample_id) of every finished sample.
-    pub fn finished(&self) -> Result<HashSet<(u32, u32, u32)>> {
+    fn finished(&self) -> Result<HashSet<(u32, u32, u32)>> {
         let mut stmt = self
             .conn
             .prepare("SELECT level, problem_id, sample_id FROM samples")?;
@@ -252,8 +209,7 @@ impl Store {
         rows.collect::<rusqlite::Result<_>>().map_err(Into::into)
     }
 
-    /// Stores one finished sample and its builds atomically, replacing an earlier result.
-    pub fn put_sample(&mut self, s: &SampleRecord, extras: &SampleExtras) -> Result<()> {
+    fn put_sample(&mut self, s: &SampleRecord, extras: &SampleExtras) -> Result<()> {
         let tx = self.conn.transaction()?;
         let key = params![s.level, s.problem_id, s.sample_id];
         tx.execute(
@@ -303,7 +259,7 @@ impl Store {
         Ok(())
     }
 
-    pub fn samples(&self) -> Result<Vec<SampleRecord>> {
+    fn samples(&self) -> Result<Vec<SampleRecord>> {
         let mut stmt = self.conn.prepare(
             "SELECT level, problem_id, sample_id, code_hash, verdict, message, max_abs_error,
                     max_rel_error, trials_passed, candidate_timing, baseline_timing, speedup, flags,
@@ -351,8 +307,7 @@ impl Store {
         Ok(out)
     }
 
-    /// The kernels of a sample's profiled correctness trial (CUDA runs), if recorded.
-    pub fn kernel_profile(
+    fn kernel_profile(
         &self,
         level: u32,
         problem_id: u32,
@@ -372,7 +327,7 @@ impl Store {
             .transpose()
     }
 
-    pub fn builds(&self) -> Result<Vec<BuildRecord>> {
+    fn builds(&self) -> Result<Vec<BuildRecord>> {
         let mut stmt = self
             .conn
             .prepare("SELECT key, name, ok, cached, wall_s, log FROM builds ORDER BY rowid")?;
@@ -389,8 +344,7 @@ impl Store {
         rows.collect::<rusqlite::Result<_>>().map_err(Into::into)
     }
 
-    /// Records how one invocation of the evaluator spent its wall time.
-    pub fn add_timeline(&mut self, timeline: &RunTimeline) -> Result<()> {
+    fn add_timeline(&mut self, timeline: &RunTimeline) -> Result<()> {
         self.conn.execute(
             "INSERT INTO invocations (timeline) VALUES (?1)",
             params![serde_json::to_string(timeline)?],
@@ -398,8 +352,7 @@ impl Store {
         Ok(())
     }
 
-    /// Every invocation's timeline, oldest first.
-    pub fn timelines(&self) -> Result<Vec<RunTimeline>> {
+    fn timelines(&self) -> Result<Vec<RunTimeline>> {
         let mut stmt = self
             .conn
             .prepare("SELECT timeline FROM invocations ORDER BY rowid")?;
@@ -436,27 +389,4 @@ fn timing_json(t: &Option<TimingStats>) -> Result<Option<String>> {
 fn parse_timing(text: Option<String>) -> Result<Option<TimingStats>> {
     text.map(|t| serde_json::from_str(&t).context("corrupt timing in the store"))
         .transpose()
-}
-
-/// Names of the settings that differ; hardware and versions are descriptive, not settings.
-fn settings_changes(old: &RunInfo, new: &RunInfo) -> Vec<String> {
-    let mut changed = Vec::new();
-    let mut check = |name: &str, differs: bool| {
-        if differs {
-            changed.push(name.to_string());
-        }
-    };
-    check("device", old.device != new.device);
-    check(
-        "correctness trials",
-        old.correctness_trials != new.correctness_trials,
-    );
-    check("perf trials", old.perf_trials != new.perf_trials);
-    check("atol", old.atol != new.atol);
-    check("rtol", old.rtol != new.rtol);
-    check("baseline", old.baseline != new.baseline);
-    check("strict", old.strict != new.strict);
-    check("source", old.source != new.source);
-    check("torch version", old.torch_version != new.torch_version);
-    changed
 }

@@ -36,11 +36,12 @@ pub struct RunInfo {
     pub source: String,
 }
 
-/// Where one invocation of the evaluator spent its wall time as a whole (each sample stores its
-/// own steps): its start-up, and on each device the exclusive windows of timing and their queue.
+/// Where one batch of the evaluator (all of a `dice eval`) spent its wall time as a whole (each
+/// sample stores its own steps): its start-up, and on each device the exclusive windows of timing
+/// and their queue.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunTimeline {
-    /// Samples given to the run stage in this invocation.
+    /// Samples given to the run stage in this batch.
     pub samples: usize,
     /// From the start of the evaluation to its end, seconds.
     pub wall_s: f64,
@@ -106,6 +107,51 @@ pub struct SampleRecord {
     /// Seconds per run-stage step (reference start, import, trials, timing, ...): where the
     /// evaluator's time went. Empty when the sample never ran (or was stored before stages were).
     pub stages: Vec<(String, f64)>,
+}
+
+/// One extension build (or cache hit) seen while evaluating a sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BuildRecord {
+    pub key: String,
+    pub name: String,
+    pub ok: bool,
+    pub cached: bool,
+    pub wall_s: f64,
+    pub log: String,
+}
+
+/// Measurements stored next to a sample that are not part of [`SampleRecord`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SampleExtras {
+    /// Where the candidate came from (file, JSONL line).
+    pub origin: String,
+    /// Evaluator-side wall time of all timed batches, candidate and baseline (a check on the
+    /// timers a candidate could tamper with).
+    pub candidate_wall_ms: Option<f64>,
+    pub baseline_wall_ms: Option<f64>,
+    pub builds: Vec<BuildRecord>,
+    /// CUDA: the kernels of the profiled correctness trial, with the share of kernel time in the
+    /// candidate's own kernels (also a column of its own, `custom_kernel_share`).
+    pub kernels: Option<KernelProfile>,
+}
+
+/// One kernel name on one stream during the profiled correctness trial.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LaunchedKernel {
+    pub name: String,
+    pub stream: Option<i64>,
+    pub us: f64,
+    pub calls: u64,
+}
+
+/// What the profiled correctness trial launched (CUDA only), as stored with the sample.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelProfile {
+    /// The profiler's id of the default stream, learnt from an ATen op in the same process.
+    pub default_stream: Option<i64>,
+    /// Share of kernel time spent in the candidate's own kernels (None: it has none).
+    pub custom_share: Option<f64>,
+    pub kernels: Vec<LaunchedKernel>,
 }
 
 impl SampleRecord {

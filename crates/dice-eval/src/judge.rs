@@ -1,0 +1,160 @@
+//! The judge: a handle that evaluates batches of candidates into one run store, its interpreter
+//! checked once and its fork servers (torch imported once each) and build cache kept warm from
+//! one batch to the next. `dice eval` judges one batch; training loops judge thousands.
+
+use crate::batch::Batch;
+use crate::config::{Audit, Device, EvalConfig, EvalProblem, EvalSample};
+use crate::job::JobContext;
+use crate::pipeline::Workers;
+use crate::python::{PythonInfo, Runtime};
+use crate::sandbox;
+use crate::writer::Summary;
+use crate::zygote::ZygoteSlot;
+use anyhow::{bail, Context, Result};
+use dice_store::{RunInfo, Store};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Judges batches of candidates into the store at `cfg.db`, one batch after another.
+///
+/// ```no_run
+/// # fn judge_all(cfg: dice_eval::EvalConfig, batches: Vec<dice_eval::Batch>) -> anyhow::Result<()> {
+/// let mut judge = dice_eval::Judge::start(cfg, None)?;
+/// for batch in batches {
+///     let summary = judge.evaluate(batch)?;
+///     for record in &summary.records {
+///         println!("{} {}: {}", record.problem_id, record.sample_id, record.verdict);
+///     }
+/// }
+/// judge.shutdown();
+/// # Ok(())
+/// # }
+/// ```
+pub struct Judge {
+    workers: Workers,
+    store: Store,
+    audit: Option<Arc<dyn Audit>>,
+    /// When the judge started, until its first batch takes it as its own start (the interpreter
+    /// check and the fork servers' start-up count in that batch's timeline).
+    started: Option<Instant>,
+}
+
+impl Judge {
+    /// Opens the store, checks the interpreter (torch, ninja; on CUDA the GPUs and nvcc) while
+    /// the devices' fork servers import torch, and records the run's settings: a run resumed with
+    /// other settings is refused unless `cfg.force`. `audit` runs on every finished sample
+    /// before it is stored.
+    pub fn start(cfg: EvalConfig, audit: Option<Arc<dyn Audit>>) -> Result<Judge> {
+        let started = Instant::now();
+        std::fs::create_dir_all(&cfg.build_cache).with_context(|| {
+            format!(
+                "cannot create the build cache {}",
+                cfg.build_cache.display()
+            )
+        })?;
+        let mut store = Store::open(&cfg.db)?;
+        let rt = Arc::new(Runtime::new(cfg.python.as_deref())?);
+        sandbox::prepare(&cfg.build_cache)?;
+        let probe = rt.start_probe(cfg.device == Device::Cuda)?;
+
+        // The fork servers import torch while the interpreter is checked, not after it: each
+        // import takes seconds, and the first candidate needs its device's fork server ready.
+        let zygote_env = vec![("DICE_DEVICE".to_string(), cfg.device.as_str().to_string())];
+        let mut build_env = zygote_env.clone();
+        build_env.push(("CUDA_VISIBLE_DEVICES".to_string(), String::new()));
+        let build_zygote = Arc::new(ZygoteSlot::new(build_env, "zygote-build.log".to_string()));
+        let start_device = |gpu| {
+            let zygote = Arc::new(ZygoteSlot::for_device(&zygote_env, gpu));
+            zygote.start_early(&rt);
+            zygote
+        };
+        let mut device_zygotes = vec![start_device((cfg.device == Device::Cuda).then_some(0))];
+        let info: PythonInfo = probe.output()?;
+        if cfg.device == Device::Cuda {
+            if info.gpus.is_empty() {
+                bail!("--device cuda: no GPU is visible");
+            }
+            device_zygotes.extend((1..info.gpus.len()).map(|gpu| start_device(Some(gpu))));
+        }
+        store.begin_run(&run_info(&cfg, &info), &run_settings(&cfg), cfg.force)?;
+        let env = job_env(&cfg, &info);
+        let workers = Workers {
+            ctx: JobContext::new(cfg, rt.jobs_dir(), env),
+            rt,
+            build_zygote,
+            device_zygotes,
+        };
+        Ok(Judge {
+            workers,
+            store,
+            audit,
+            started: Some(started),
+        })
+    }
+
+    /// Evaluates `batch`, skipping samples already stored unless `cfg.force`; the records of
+    /// those it evaluated are in the summary and in the store.
+    pub fn evaluate(&mut self, batch: Batch) -> Result<Summary> {
+        let started = self.started.take().unwrap_or_else(Instant::now);
+        self.workers
+            .evaluate(&mut self.store, self.audit.as_deref(), batch, started)
+    }
+
+    /// Ends the fork servers (waiting for any still starting) and removes the scratch directory;
+    /// dropping the judge does the same.
+    pub fn shutdown(self) {}
+}
+
+/// Evaluates `samples` against `problems` into the store at `cfg.db` with a judge of its own,
+/// skipping samples already stored unless `cfg.force`.
+pub fn evaluate(
+    cfg: EvalConfig,
+    problems: Vec<EvalProblem>,
+    samples: Vec<EvalSample>,
+    audit: Option<Arc<dyn Audit>>,
+) -> Result<Summary> {
+    let batch = Batch::new(problems, samples)?;
+    Judge::start(cfg, audit)?.evaluate(batch)
+}
+
+fn run_info(cfg: &EvalConfig, info: &PythonInfo) -> RunInfo {
+    let hardware = match cfg.device {
+        Device::Cpu => info.cpu.clone(),
+        Device::Cuda => {
+            let names: Vec<_> = info.gpus.iter().map(|g| g.name.as_str()).collect();
+            names.join(", ")
+        }
+    };
+    RunInfo {
+        device: cfg.device.as_str().to_string(),
+        hardware,
+        torch_version: info.torch.clone(),
+        python_version: info.python.clone(),
+        dice_version: env!("CARGO_PKG_VERSION").to_string(),
+        correctness_trials: cfg.correctness_trials,
+        perf_trials: cfg.perf_trials,
+        atol: cfg.atol,
+        rtol: cfg.rtol,
+        baseline: cfg.baseline.as_str().to_string(),
+        strict: cfg.strict,
+        source: cfg.source.clone(),
+    }
+}
+
+/// Settings outside [`RunInfo`] that still change verdicts or timings.
+fn run_settings(cfg: &EvalConfig) -> serde_json::Value {
+    json!({"precision": cfg.precision.as_str(), "timing rounds": cfg.timing_rounds})
+}
+
+/// The environment of every child: extensions are built for the GPUs of this machine.
+fn job_env(cfg: &EvalConfig, info: &PythonInfo) -> serde_json::Value {
+    let mut env = serde_json::Map::new();
+    if cfg.device == Device::Cuda && std::env::var_os("TORCH_CUDA_ARCH_LIST").is_none() {
+        let mut archs: Vec<_> = info.gpus.iter().map(|g| g.arch.clone()).collect();
+        archs.sort();
+        archs.dedup();
+        env.insert("TORCH_CUDA_ARCH_LIST".to_string(), archs.join(";").into());
+    }
+    serde_json::Value::Object(env)
+}

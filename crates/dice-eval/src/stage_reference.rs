@@ -1,0 +1,225 @@
+//! Reference stage: a problem's reference process (trusted; also the judge), kept alive across
+//! the problem's candidates. It computes the expected outputs, judges the outputs candidates
+//! publish (as plain tensors, never running candidate code) and times the baseline.
+
+use crate::child::{describe_exit, Child, Deadline, Event};
+use crate::clock::StageClock;
+use crate::config::EvalProblem;
+use crate::gate::Access;
+use crate::job::{common_request, times_of, JobContext};
+use crate::zygote::Zygote;
+use dice_store::Verdict;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::Instant;
+
+/// The reference of a problem failed: a problem error, never blamed on the candidate.
+#[derive(Clone, Debug)]
+pub struct ReferenceFailed(pub String);
+
+/// Why a candidate got no outcome.
+#[derive(Debug)]
+pub enum RunError {
+    Reference(ReferenceFailed),
+    /// The evaluator itself failed (e.g. its fork server died): nobody's verdict.
+    Evaluator(anyhow::Error),
+}
+
+impl From<ReferenceFailed> for RunError {
+    fn from(e: ReferenceFailed) -> Self {
+        RunError::Reference(e)
+    }
+}
+
+/// A problem's reference process, kept alive across the problem's candidates.
+pub struct Reference {
+    child: Child,
+    footprint: Option<Footprint>,
+}
+
+/// What a reference process holds on its GPU once all its expected outputs are computed, and
+/// the GPU's size, as it reported them.
+#[derive(Clone, Copy, Debug)]
+pub struct Footprint {
+    pub bytes: u64,
+    pub device_total: u64,
+}
+
+/// A reference process started for a problem, importing it; nothing on the device yet.
+pub struct StartedReference {
+    reference: Reference,
+}
+
+impl StartedReference {
+    /// The model and the timing inputs on the device, under an untimed pass of `access`, once the
+    /// process has imported the problem.
+    pub fn construct(
+        self,
+        ctx: &JobContext,
+        problem: &EvalProblem,
+        access: &Access<'_>,
+    ) -> Result<Reference, RunError> {
+        let mut reference = self.reference;
+        let ready = reference
+            .wait_for(ctx, "loaded", "importing the problem")
+            .and_then(|_| {
+                let _step = access.untimed();
+                reference.request(
+                    ctx,
+                    json!({"op": "construct"}),
+                    "ready",
+                    "running the reference",
+                )
+            });
+        match ready {
+            Ok(ready) => {
+                reference.footprint = ready["device_bytes"]
+                    .as_u64()
+                    .zip(ready["device_total"].as_u64())
+                    .map(|(bytes, device_total)| Footprint {
+                        bytes,
+                        device_total,
+                    });
+                Ok(reference)
+            }
+            Err(failed) => {
+                let (_, log) = reference.child.finish();
+                tracing::warn!(
+                    "the reference of {} failed: {}\n{log}",
+                    problem.name,
+                    failed.0
+                );
+                Err(failed.into())
+            }
+        }
+    }
+}
+
+impl Reference {
+    /// Starts the reference process of `problem` (the process and its imports run outside any
+    /// device pass); [`StartedReference::construct`] makes it ready.
+    pub fn spawn(
+        ctx: &JobContext,
+        zygote: &Zygote,
+        problem: &EvalProblem,
+    ) -> Result<StartedReference, RunError> {
+        let mut request = common_request(ctx);
+        request["problem_path"] = json!("problem.py");
+        request["baseline"] = json!(ctx.cfg.baseline.as_str());
+        request["atol"] = json!(ctx.cfg.atol);
+        request["rtol"] = json!(ctx.cfg.rtol);
+        let files: [(&str, &[u8]); 1] = [("problem.py", &problem.source)];
+        let child = Child::start(zygote, &ctx.jobs_dir, "reference", &files, request)
+            .map_err(RunError::Evaluator)?;
+        Ok(StartedReference {
+            reference: Reference {
+                child,
+                footprint: None,
+            },
+        })
+    }
+
+    /// None on the CPU.
+    pub fn footprint(&self) -> Option<Footprint> {
+        self.footprint
+    }
+
+    fn wait_for(
+        &mut self,
+        ctx: &JobContext,
+        event: &str,
+        doing: &str,
+    ) -> Result<Value, ReferenceFailed> {
+        let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.compile_timeout);
+        loop {
+            match self.child.next_within(&mut deadline) {
+                None => {
+                    return Err(ReferenceFailed(format!(
+                        "{doing} took longer than {} s",
+                        ctx.cfg.timeout.as_secs()
+                    )))
+                }
+                Some(Event::Exited(exit)) => {
+                    return Err(ReferenceFailed(format!(
+                        "{doing}: the reference {}",
+                        describe_exit(exit)
+                    )))
+                }
+                Some(Event::Msg(msg)) if msg["event"] == event => return Ok(msg),
+                Some(Event::Msg(msg)) if msg["event"] == "failed" => {
+                    let why = msg["message"].as_str().unwrap_or("unknown error");
+                    return Err(ReferenceFailed(format!("{doing}: {why}")));
+                }
+                Some(Event::Msg(_)) => {}
+            }
+        }
+    }
+
+    fn request(
+        &mut self,
+        ctx: &JobContext,
+        op: Value,
+        reply: &str,
+        doing: &str,
+    ) -> Result<Value, ReferenceFailed> {
+        if !self.child.send(&op) {
+            return Err(ReferenceFailed(format!(
+                "{doing}: the reference process is gone"
+            )));
+        }
+        self.wait_for(ctx, reply, doing)
+    }
+
+    /// Judges the output the candidate published at `path` against expected output `trial`,
+    /// then deletes it: published outputs can be GBs of RAM (job folders live in /dev/shm).
+    /// An untimed step of its own (the candidate's step that made the output is over), so a
+    /// timer waits for one of the two, never for both.
+    pub fn judge(
+        &mut self,
+        ctx: &JobContext,
+        access: &Access<'_>,
+        clock: &mut StageClock,
+        trial: u32,
+        path: &Path,
+    ) -> Result<Value, ReferenceFailed> {
+        let _step = clock.untimed(access);
+        let judged = self.request(
+            ctx,
+            json!({"op": "judge", "trial": trial, "path": path.to_string_lossy()}),
+            "judged",
+            "judging an output",
+        );
+        let _ = std::fs::remove_file(path);
+        judged
+    }
+
+    /// Timings of `n` calls in ms, and the evaluator-side wall time of the batch.
+    pub fn time(&mut self, ctx: &JobContext, n: u32) -> Result<(Vec<f64>, f64), ReferenceFailed> {
+        let started = Instant::now();
+        let reply = self.request(
+            ctx,
+            json!({"op": "time", "n": n}),
+            "times",
+            "timing the baseline",
+        )?;
+        Ok((times_of(&reply), started.elapsed().as_secs_f64() * 1e3))
+    }
+
+    pub fn close(self) {
+        self.child.send(&json!({"op": "quit"}));
+        self.child.finish();
+    }
+}
+
+/// The verdict and message of a judgement that failed; None when the output was right.
+pub fn judged_failure(judged: &Value) -> Option<(Verdict, String)> {
+    let verdict = match judged["verdict"].as_str() {
+        Some("ok") => return None,
+        Some("shape_mismatch") => Verdict::ShapeMismatch,
+        Some("nan_or_inf") => Verdict::NanOrInf,
+        Some("output_mismatch") => Verdict::OutputMismatch,
+        _ => Verdict::RuntimeError,
+    };
+    let message = judged["message"].as_str().unwrap_or("wrong output");
+    Some((verdict, message.to_string()))
+}

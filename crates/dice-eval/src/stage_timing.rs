@@ -1,0 +1,229 @@
+//! Timing stage of a candidate that passed its correctness trials: rounds that alternate it with
+//! the reference's baseline, the device to itself; its timed outputs judged and its clock checked
+//! after; on CUDA, correctness trial 1 once more under the profiler.
+
+use crate::candidate::{request_candidate, request_candidate_with, Evidence};
+use crate::child::Child;
+use crate::clock::StageClock;
+use crate::config::Device;
+use crate::gate::Access;
+use crate::job::{times_of, JobContext};
+use crate::runtime::{self, Finding};
+use crate::stage_reference::{judged_failure, Reference, ReferenceFailed};
+use dice_audit::Rule;
+use dice_store::Verdict;
+use serde_json::{json, Value};
+use std::time::Instant;
+
+/// A timed candidate's calls and its baseline's, in ms, and the evaluator's wall time of each side.
+pub struct Timings {
+    pub candidate_ms: Vec<f64>,
+    pub baseline_ms: Vec<f64>,
+    pub candidate_wall_ms: f64,
+    pub baseline_wall_ms: f64,
+}
+
+/// Alternates rounds of candidate and baseline calls (the order flips each round), each round
+/// with its own time limit; then judges the candidate's last output on each timing input set and
+/// checks its clock against the evaluator's wall time.
+pub fn time_side_by_side(
+    ctx: &JobContext,
+    access: &Access<'_>,
+    child: &mut Child,
+    reference: &mut Reference,
+    evidence: &mut Evidence,
+    clock: &mut StageClock,
+) -> Result<Result<Timings, (Verdict, String)>, ReferenceFailed> {
+    let mut t = Timings {
+        candidate_ms: Vec::new(),
+        baseline_ms: Vec::new(),
+        candidate_wall_ms: 0.0,
+        baseline_wall_ms: 0.0,
+    };
+    let total = ctx.cfg.perf_trials;
+    if total == 0 {
+        return Ok(Ok(t));
+    }
+    let rounds = ctx.cfg.timing_rounds.clamp(1, total);
+    let mut reused = None;
+    let alone = access.timed();
+    clock.lap("timing wait");
+    for round in 0..rounds {
+        let n = total / rounds + u32::from(round < total % rounds);
+        for side in [round % 2, 1 - round % 2] {
+            if side == 0 {
+                let started = Instant::now();
+                match time_candidate(ctx, child, n) {
+                    Ok((ms, why)) => {
+                        t.candidate_ms.extend(ms);
+                        reused = reused.or(why);
+                    }
+                    Err(failure) => return Ok(Err(failure)),
+                }
+                t.candidate_wall_ms += started.elapsed().as_secs_f64() * 1e3;
+            } else {
+                let (ms, wall) = reference.time(ctx, n)?;
+                t.baseline_ms.extend(ms);
+                t.baseline_wall_ms += wall;
+            }
+        }
+    }
+    drop(alone);
+    clock.lap("timing");
+    if let Some(why) = reused {
+        evidence
+            .findings
+            .push(Finding::error(Rule::OutputReused, why));
+    }
+    evidence.findings.extend(runtime::check_timer(
+        &t.candidate_ms,
+        t.candidate_wall_ms,
+        &t.baseline_ms,
+        t.baseline_wall_ms,
+        rounds,
+    ));
+    let judged = judge_timing_outputs(ctx, access, clock, child, reference)?;
+    clock.lap("judge timing outputs");
+    if let Err(failure) = judged {
+        evidence.findings.push(Finding::error(
+            Rule::TimingOutputMismatch,
+            failure.1.clone(),
+        ));
+        return Ok(Err(failure));
+    }
+    Ok(Ok(t))
+}
+
+/// Has the candidate publish its last timed output of each input set, and judges them like
+/// correctness trials (the reference knows the expected outputs after its correctness trials).
+fn judge_timing_outputs(
+    ctx: &JobContext,
+    access: &Access<'_>,
+    clock: &mut StageClock,
+    child: &mut Child,
+    reference: &mut Reference,
+) -> Result<Result<(), (Verdict, String)>, ReferenceFailed> {
+    let published = {
+        let _step = clock.untimed(access);
+        request_candidate(
+            ctx,
+            child,
+            json!({"op": "publish_timing"}),
+            "timing_outputs",
+        )
+    };
+    let reply = match published {
+        Ok(reply) => reply,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    let sets = reply["sets"].as_u64().unwrap_or(0).min(TIMING_SETS);
+    if sets != TIMING_SETS {
+        return Ok(Err((
+            Verdict::RuntimeError,
+            "the program broke the evaluation protocol".into(),
+        )));
+    }
+    for k in 0..sets as u32 {
+        let path = child.dir().join(format!("timing_{k}.bin"));
+        let index = ctx.cfg.correctness_trials + k;
+        let judged = reference.judge(ctx, access, clock, index, &path)?;
+        if let Some((verdict, message)) = judged_failure(&judged) {
+            let message = format!(
+                "the last timed call on input set {} was wrong: {message}",
+                k + 1
+            );
+            return Ok(Err((verdict, message)));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Input sets the timing loop rotates through (python/protocol.py TIMING_SEEDS).
+const TIMING_SETS: u64 = 2;
+
+/// Timings of `n` calls, and why the candidate's outputs look cached, if they do.
+fn time_candidate(
+    ctx: &JobContext,
+    child: &mut Child,
+    n: u32,
+) -> Result<(Vec<f64>, Option<String>), (Verdict, String)> {
+    let msg = request_candidate(ctx, child, json!({"op": "time", "n": n}), "times")?;
+    let ms = times_of(&msg);
+    if ms.len() != n as usize || ms.iter().any(|x| !x.is_finite() || *x < 0.0) {
+        return Err((
+            Verdict::RuntimeError,
+            "the timing loop returned invalid timings".into(),
+        ));
+    }
+    Ok((ms, msg["reused"].as_str().map(str::to_string)))
+}
+
+/// Where the profiled run's findings go.
+pub struct KernelCheck<'a> {
+    pub custom_names: &'a [String],
+    pub evidence: &'a mut Evidence,
+    pub clock: &'a mut StageClock,
+}
+
+/// On CUDA, the first correctness trial once more under the profiler, after timing (roles.py
+/// `Profiled` says why): which kernels ran, on which streams; its output is judged like any
+/// trial's, so behaving differently under the profiler is wrong output.
+pub fn profile_candidate(
+    ctx: &JobContext,
+    access: &Access<'_>,
+    child: &mut Child,
+    reference: &mut Reference,
+    check: &mut KernelCheck<'_>,
+) -> Result<Result<(), (Verdict, String)>, ReferenceFailed> {
+    if ctx.cfg.device != Device::Cuda {
+        return Ok(Ok(()));
+    }
+    let mut kernels = None;
+    let mut on_event = |msg: &Value| match msg["event"].as_str() {
+        Some("kernels") => kernels = Some(msg.clone()),
+        Some("profile_unavailable") => tracing::warn!(
+            "no kernel profile: {}",
+            msg["message"].as_str().unwrap_or("unknown error")
+        ),
+        _ => {}
+    };
+    let start = json!({"op": "start_profiler"});
+    if let Err(failure) = request_candidate_with(ctx, child, start, "profiler_ready", &mut on_event)
+    {
+        return Ok(Err(failure));
+    }
+    check.clock.lap("profiler start");
+    let step = check.clock.untimed(access);
+    let profiled = request_candidate_with(
+        ctx,
+        child,
+        json!({"op": "profile"}),
+        "profiled",
+        &mut on_event,
+    );
+    drop(step);
+    let judged = match profiled {
+        Ok(_) => {
+            let path = child.dir().join("output_profiled.bin");
+            Ok(reference.judge(ctx, access, check.clock, 0, &path)?)
+        }
+        Err(failure) => Err(failure),
+    };
+    check.clock.lap("profiled trial");
+    if let Some(msg) = kernels {
+        let (profile, findings) = runtime::check_kernels(&msg, check.custom_names, ctx.cfg.strict);
+        check.evidence.kernels = Some(profile);
+        check.evidence.findings.extend(findings);
+    }
+    let judged = match judged {
+        Ok(judged) => judged,
+        Err(failure) => return Ok(Err(failure)),
+    };
+    Ok(match judged_failure(&judged) {
+        Some((verdict, message)) => Err((
+            verdict,
+            format!("correctness trial 1, run again under the profiler, was wrong: {message}"),
+        )),
+        None => Ok(()),
+    })
+}

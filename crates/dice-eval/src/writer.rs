@@ -1,0 +1,163 @@
+//! The store writer of a batch: each finished sample audited, stored in its own transaction and
+//! counted into the batch's [`Summary`], with a progress bar.
+
+use crate::batch::{BatchContext, Report};
+use crate::config::{Audit, EvalSample};
+use crate::job::Outcome;
+use crate::run_queue::ProblemKey;
+use anyhow::{Context, Result};
+use dice_store::{RunTimeline, SampleExtras, SampleRecord, Store, Verdict};
+use indicatif::{ProgressBar, ProgressStyle};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::sync::mpsc::Receiver;
+
+/// What judging a batch did.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Samples evaluated in this batch, per verdict.
+    pub verdicts: BTreeMap<Verdict, usize>,
+    /// The records of the samples evaluated in this batch, as stored, by level, problem and
+    /// sample id.
+    pub records: Vec<SampleRecord>,
+    /// Samples already in the store and not re-evaluated.
+    pub already_done: usize,
+    /// Samples left without a verdict because their problem's reference failed.
+    pub skipped: usize,
+    /// (level, problem_id, why) of problems whose reference failed.
+    pub reference_errors: Vec<(u32, u32, String)>,
+    /// Fork servers started while the batch was judged: none when the judge's were warm and
+    /// stayed alive.
+    pub fork_servers_started: usize,
+    /// Where the batch's wall time went (also stored with the run).
+    pub timeline: RunTimeline,
+}
+
+pub fn progress_bar(show: bool, len: usize) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// Stores each outcome the stages report, in its own transaction, after the audit; counts them
+/// into the batch's summary and on the progress bar.
+pub fn write_reports(
+    store: &mut Store,
+    shared: &BatchContext<'_>,
+    reports: Receiver<Report>,
+    audit: Option<&dyn Audit>,
+    bar: ProgressBar,
+) -> Result<Summary> {
+    let mut summary = Summary::default();
+    let mut failed_problems: BTreeMap<ProblemKey, String> = BTreeMap::new();
+    for report in reports {
+        match report {
+            Report::ReferenceOk(key) => {
+                store.set_reference_error(key.0, key.1, None)?;
+                failed_problems.remove(&key);
+            }
+            Report::ReferenceFailed(i, why) => {
+                let s = &shared.samples[i];
+                store.set_reference_error(s.level, s.problem_id, Some(&why))?;
+                failed_problems.insert((s.level, s.problem_id), why);
+                summary.skipped += 1;
+                bar.inc(1);
+            }
+            Report::Sample(i, outcome) => {
+                let sample = &shared.samples[i];
+                let problem = &shared.problems[&(sample.level, sample.problem_id)];
+                let (mut record, extras) = into_record(sample, *outcome);
+                if let Some(audit) = audit {
+                    audit.audit(problem, sample, &mut record);
+                }
+                store
+                    .put_sample(&record, &extras)
+                    .with_context(|| format!("storing the result of {}", sample.origin))?;
+                *summary.verdicts.entry(record.verdict).or_default() += 1;
+                summary.records.push(record);
+                summary.timeline.last_outcome_s = Some(shared.started.elapsed().as_secs_f64());
+                bar.inc(1);
+            }
+        }
+        bar.set_message(progress_message(&summary));
+    }
+    bar.finish();
+    summary
+        .records
+        .sort_by_key(|r| (r.level, r.problem_id, r.sample_id));
+    summary.reference_errors = failed_problems
+        .into_iter()
+        .map(|((l, p), why)| (l, p, why))
+        .collect();
+    Ok(summary)
+}
+
+fn progress_message(summary: &Summary) -> String {
+    let mut parts: Vec<String> = summary
+        .verdicts
+        .iter()
+        .map(|(v, n)| format!("{v} {n}"))
+        .collect();
+    if summary.skipped > 0 {
+        parts.push(format!("skipped {}", summary.skipped));
+    }
+    parts.join(" · ")
+}
+
+fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) {
+    let speedup = match (&o.candidate_timing, &o.baseline_timing) {
+        (Some(c), Some(b)) if o.verdict == Verdict::Correct && c.mean_ms > 0.0 => {
+            Some(b.mean_ms / c.mean_ms)
+        }
+        _ => None,
+    };
+    let mut flags: Vec<String> = o.findings.iter().map(|f| f.rule.id().to_string()).collect();
+    flags.sort();
+    flags.dedup();
+    let deceptive = o
+        .findings
+        .iter()
+        .any(|f| f.severity == dice_audit::Severity::Error);
+    let mut log = o.log;
+    for f in &o.findings {
+        log.push_str(&format!("\n[dice-eval] {}: {}", f.rule.id(), f.message));
+    }
+    let record = SampleRecord {
+        level: sample.level,
+        problem_id: sample.problem_id,
+        sample_id: sample.sample_id,
+        code_hash: sample.code.as_deref().map(sha256_hex),
+        verdict: o.verdict,
+        message: o.message,
+        max_abs_error: o.max_abs_error,
+        max_rel_error: o.max_rel_error,
+        trials_passed: o.trials_passed,
+        candidate_timing: o.candidate_timing,
+        baseline_timing: o.baseline_timing,
+        speedup,
+        flags,
+        deceptive,
+        log_excerpt: log,
+        wall_s: o.wall_s,
+        stages: o.stages,
+    };
+    let extras = SampleExtras {
+        origin: sample.origin.clone(),
+        candidate_wall_ms: o.candidate_wall_ms,
+        baseline_wall_ms: o.baseline_wall_ms,
+        builds: o.builds,
+        kernels: o.kernels,
+    };
+    (record, extras)
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}

@@ -1,0 +1,31 @@
+//! An open run store, whichever backend keeps it.
+
+use crate::backend::Backend;
+use crate::sqlite::Sqlite;
+use anyhow::Result;
+use std::ops::{Deref, DerefMut};
+use std::path::Path;
+
+/// A run's store: the [`Backend`] operations on the backend it was opened with.
+pub struct Store(Box<dyn Backend>);
+
+impl Store {
+    /// The SQLite store at `path` (`RUN_DIR/dice.db`), created when missing.
+    pub fn open(path: &Path) -> Result<Store> {
+        Ok(Store(Box::new(Sqlite::open(path)?)))
+    }
+}
+
+impl Deref for Store {
+    type Target = dyn Backend;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl DerefMut for Store {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut *self.0
+    }
+}
