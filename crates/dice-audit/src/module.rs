@@ -1,5 +1,7 @@
 //! The shape of a Python module: imports (as an alias table), module-level bindings,
-//! functions and classes, and resolution of dotted names through the aliases.
+//! functions and classes, and resolution of dotted names through the aliases; and the values
+//! of plain string literals, which that resolution needs (`__import__("os")`) and on which the
+//! string evaluation of strings.rs builds.
 
 use std::collections::HashMap;
 
@@ -188,7 +190,7 @@ impl<'t> PyModule<'t> {
                 let argument = named_children(node.child_by_field_name("arguments")?)
                     .into_iter()
                     .next()?;
-                crate::strings::literal(argument, self.source)
+                literal(argument, self.source)
             }
             "parenthesized_expression" => self.resolve(node.named_child(0)?),
             _ => None,
@@ -286,4 +288,67 @@ fn pair_targets<'t>(
         }
         _ => {}
     }
+}
+
+/// A plain (non-f) string literal's value.
+pub(crate) fn literal(node: Node, source: &str) -> Option<String> {
+    if node.kind() != "string" {
+        return None;
+    }
+    let prefix = string_prefix(node, source);
+    if prefix.contains('f') {
+        return None;
+    }
+    let mut value = String::new();
+    for child in named_children(node) {
+        if child.kind() == "string_content" {
+            value.push_str(&decode(text(child, source), prefix.contains('r'), false));
+        }
+    }
+    Some(value)
+}
+
+pub(crate) fn string_prefix(node: Node, source: &str) -> String {
+    node.child(0)
+        .filter(|c| c.kind() == "string_start")
+        .map(|c| {
+            text(c, source)
+                .trim_end_matches(['"', '\''])
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default()
+}
+
+/// Decodes Python escapes (enough for C++ source text) and f-string brace escapes.
+pub(crate) fn decode(content: &str, raw: bool, formatted: bool) -> String {
+    let content = if formatted {
+        content.replace("{{", "{").replace("}}", "}")
+    } else {
+        content.to_string()
+    };
+    if raw {
+        return content;
+    }
+    let mut out = String::with_capacity(content.len());
+    let mut chars = content.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some('0') => out.push('\0'),
+            Some('\n') => {}
+            Some(other @ ('\\' | '\'' | '"')) => out.push(other),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
 }

@@ -4,7 +4,9 @@
 
 use tree_sitter::Node;
 
-use crate::module::PyModule;
+/// The rules evaluate plain literals here, beside every other string expression.
+pub(crate) use crate::module::literal;
+use crate::module::{decode, string_prefix, PyModule};
 use crate::syntax::{named_children, text};
 
 /// A resolved string and a map from its byte offsets back to candidate offsets.
@@ -49,24 +51,6 @@ impl SourceText {
 }
 
 const MAX_DEPTH: usize = 16;
-
-/// A plain (non-f) string literal's value.
-pub(crate) fn literal(node: Node, source: &str) -> Option<String> {
-    if node.kind() != "string" {
-        return None;
-    }
-    let prefix = string_prefix(node, source);
-    if prefix.contains('f') {
-        return None;
-    }
-    let mut value = String::new();
-    for child in named_children(node) {
-        if child.kind() == "string_content" {
-            value.push_str(&decode(text(child, source), prefix.contains('r'), false));
-        }
-    }
-    Some(value)
-}
 
 /// Resolves a string-valued expression.
 pub(crate) fn resolve(module: &PyModule, node: Node) -> SourceText {
@@ -241,49 +225,4 @@ fn interpolated(module: &PyModule, expression: Node, depth: usize) -> Option<Str
     }
     let resolved = resolve_at(module, expression, depth + 1);
     resolved.complete.then_some(resolved.text)
-}
-
-fn string_prefix(node: Node, source: &str) -> String {
-    node.child(0)
-        .filter(|c| c.kind() == "string_start")
-        .map(|c| {
-            text(c, source)
-                .trim_end_matches(['"', '\''])
-                .to_ascii_lowercase()
-        })
-        .unwrap_or_default()
-}
-
-/// Decodes Python escapes (enough for C++ source text) and f-string brace escapes.
-fn decode(content: &str, raw: bool, formatted: bool) -> String {
-    let content = if formatted {
-        content.replace("{{", "{").replace("}}", "}")
-    } else {
-        content.to_string()
-    };
-    if raw {
-        return content;
-    }
-    let mut out = String::with_capacity(content.len());
-    let mut chars = content.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('n') => out.push('\n'),
-            Some('t') => out.push('\t'),
-            Some('r') => out.push('\r'),
-            Some('0') => out.push('\0'),
-            Some('\n') => {}
-            Some(other @ ('\\' | '\'' | '"')) => out.push(other),
-            Some(other) => {
-                out.push('\\');
-                out.push(other);
-            }
-            None => out.push('\\'),
-        }
-    }
-    out
 }
