@@ -27,7 +27,8 @@ enum Command {
     Problems(cmd::problems::ProblemsCommand),
     /// Evaluate candidate kernels: build, check correctness, time against the reference.
     Eval(cmd::eval::EvalArgs),
-    /// Summarise an evaluation run: verdicts, correctness, fast_p, pass@k, speedups.
+    /// Summarise an evaluation run: verdicts, correctness, fast_p, pass@k, speedups; or compare
+    /// runs side by side.
     Report(cmd::report::ReportArgs),
     /// Print a KernelBench end-to-end prompt or a kernel-infilling prompt.
     Prompt(cmd::prompt::PromptArgs),
@@ -38,6 +39,8 @@ enum Command {
     /// Generate kernels (or any text) with a block-diffusion model or an OpenAI-compatible endpoint.
     #[command(after_help = cmd::cuda_decoding_env!())]
     Generate(cmd::generate::GenerateArgs),
+    /// Run a model on KernelBench in one command: generate, judge and report, resumably.
+    Kernelbench(cmd::kernelbench::KernelBenchArgs),
     /// Serve a model over an OpenAI-compatible HTTP API.
     #[command(after_help = cmd::cuda_decoding_env!())]
     Serve(cmd::serve::ServeArgs),
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Command::Tokenize(a) => cmd::tokenize::run_tokenize(a),
         Command::Detokenize(a) => cmd::tokenize::run_detokenize(a),
         Command::Generate(a) => cmd::generate::run(a),
+        Command::Kernelbench(a) => cmd::kernelbench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(c) => cmd::bench::run(c),
         Command::Model(c) => cmd::model::run(c),

@@ -1,17 +1,12 @@
 //! `dice eval` as a user runs it: the examples' wiring, resumption, and bad input.
 //! Builds share the evaluator tests' cache (target/tmp/dice-eval-build-cache).
 
+mod example_runs;
+
 use dice_eval::{Store, Verdict};
-use std::path::{Path, PathBuf};
+use example_runs::{build_cache, examples, problem2_candidates};
+use std::path::Path;
 use std::process::{Command, Output};
-
-fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
-}
-
-fn build_cache() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-eval-build-cache")
-}
 
 fn dice_eval(args: &[&str], run: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dice"))
@@ -30,20 +25,6 @@ fn dice_eval(args: &[&str], run: &Path) -> Output {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// The examples' lines for problem 2 (a correct fused kernel, a raw answer without code, the
-/// renamed reference) as their own JSONL file.
-fn problem2_candidates(dir: &Path) -> PathBuf {
-    let all = std::fs::read_to_string(examples().join("candidates.jsonl")).unwrap();
-    let lines: Vec<&str> = all
-        .lines()
-        .filter(|l| l.contains("\"problem_id\": 2") || l.contains("\"problem_id\":2"))
-        .collect();
-    assert_eq!(lines.len(), 3, "the examples changed");
-    let path = dir.join("problem2.jsonl");
-    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
-    path
 }
 
 #[test]

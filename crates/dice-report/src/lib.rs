@@ -7,6 +7,10 @@
 //! (deceptive samples count as incorrect), as in the DICE paper's Table 6.
 //! [`render`] writes it as Markdown, CSV, JSON or a self-contained HTML page.
 //!
+//! A [`Comparison`] sets runs side by side in the DICE paper's layout (Exec, fast_1 and fast_2
+//! per level, raw and robust: its Tables 2 and 6); [`render_comparison`] writes it as Markdown,
+//! JSON or an HTML page with bar charts.
+//!
 //! Conventions (KernelBench `scripts/benchmark_eval_analysis.py`, `src/score.py`):
 //! * rates are over all problems of the level in the run; only sample 0 of each problem
 //!   counts, and a problem without a sample 0 counts as a failure;
@@ -16,6 +20,7 @@
 //!   candidate, as in KernelBench, where they cannot be solved) and are listed separately
 //!   under `problem_errors` so that they can be told apart from candidate failures.
 
+mod compare;
 mod metrics;
 mod ordered;
 mod pass_at_k;
@@ -23,10 +28,11 @@ pub mod render;
 mod report;
 mod threshold;
 
+pub use compare::{ComparedRun, Comparison, PaperLevel, PaperScores};
 pub use metrics::{Outcome, ProblemOutcomes, Scores};
 pub use ordered::OrderedMap;
 pub use pass_at_k::{k_values, pass_at_k};
-pub use render::{render, Format};
+pub use render::{render, render_comparison, Format};
 pub use report::{
     build_report, read_report, LevelReport, ProblemError, Report, SampleRow, Scoring,
 };

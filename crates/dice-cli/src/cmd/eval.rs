@@ -36,6 +36,16 @@ pub struct EvalArgs {
     /// candidates).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
+    /// Re-evaluate samples already in the store (and accept changed settings).
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub judge: JudgeArgs,
+}
+
+/// How candidates are judged: limits, parallelism, the interpreter, correctness and timing.
+#[derive(Args, Clone, Debug)]
+pub struct JudgeArgs {
     /// Seconds each run of a candidate may take (builds not included).
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub timeout: u64,
@@ -59,9 +69,6 @@ pub struct EvalArgs {
     /// the wall-clock timing, so it is never done there.
     #[arg(long)]
     pub no_look_ahead: bool,
-    /// Re-evaluate samples already in the store (and accept changed settings).
-    #[arg(long)]
-    pub force: bool,
     /// Python with torch and ninja [default: $DICE_PYTHON, else the project's .dice/venv].
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
@@ -137,7 +144,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let cfg = config(&a, source)?;
     let db = cfg.db.clone();
     let batch = Batch::new(eval_problems, samples)?;
-    let audit = Arc::new(StaticAudit { strict: a.strict });
+    let audit = Arc::new(StaticAudit { strict: cfg.strict });
     let mut judge = Judge::start(cfg, Some(audit))?;
     let summary = judge.evaluate(batch)?;
     judge.shutdown();
@@ -179,44 +186,52 @@ fn config(a: &EvalArgs, source: String) -> Result<EvalConfig> {
         DeviceArg::Cpu => Device::Cpu,
         DeviceArg::Cuda => Device::Cuda,
     });
-    cfg.timeout = Duration::from_secs(a.timeout.max(1));
-    cfg.compile_timeout = Duration::from_secs(a.compile_timeout.max(1));
-    if let Some(jobs) = a.jobs {
-        cfg.jobs = jobs.max(1);
-    }
-    if let Some(n) = a.runs_per_device {
-        cfg.runs_per_device = n.max(1);
-    }
-    cfg.look_ahead &= !a.no_look_ahead;
-    cfg.correctness_trials = a.correctness_trials.max(1);
-    cfg.perf_trials = a.perf_trials;
-    cfg.precision = match a.precision {
-        PrecisionArg::Fp32 => Precision::Fp32,
-        PrecisionArg::Fp16 => Precision::Fp16,
-        PrecisionArg::Bf16 => Precision::Bf16,
-    };
-    let tolerance = if a.kernelbench_tolerance {
-        cfg.precision.kernelbench_tolerance()
-    } else {
-        a.tolerance
-    };
-    cfg.atol = tolerance;
-    cfg.rtol = tolerance;
-    cfg.baseline = match a.baseline {
-        BaselineArg::Eager => Baseline::Eager,
-        BaselineArg::TorchCompile => Baseline::TorchCompile,
-    };
-    if let Some(dir) = &a.build_cache {
-        cfg.build_cache = dir.clone();
-    }
-    cfg.python = a.python.clone();
+    a.judge.apply(&mut cfg);
     cfg.force = a.force;
-    cfg.strict = a.strict;
     cfg.progress = true;
     Ok(cfg)
 }
 
-fn print_summary(s: &Summary, db: &Path) {
+impl JudgeArgs {
+    /// Sets these flags' settings on `cfg`, whose device is set already (it decides the
+    /// defaults of --runs-per-device and --no-look-ahead).
+    pub fn apply(&self, cfg: &mut EvalConfig) {
+        cfg.timeout = Duration::from_secs(self.timeout.max(1));
+        cfg.compile_timeout = Duration::from_secs(self.compile_timeout.max(1));
+        if let Some(jobs) = self.jobs {
+            cfg.jobs = jobs.max(1);
+        }
+        if let Some(n) = self.runs_per_device {
+            cfg.runs_per_device = n.max(1);
+        }
+        cfg.look_ahead &= !self.no_look_ahead;
+        cfg.correctness_trials = self.correctness_trials.max(1);
+        cfg.perf_trials = self.perf_trials;
+        cfg.precision = match self.precision {
+            PrecisionArg::Fp32 => Precision::Fp32,
+            PrecisionArg::Fp16 => Precision::Fp16,
+            PrecisionArg::Bf16 => Precision::Bf16,
+        };
+        let tolerance = if self.kernelbench_tolerance {
+            cfg.precision.kernelbench_tolerance()
+        } else {
+            self.tolerance
+        };
+        cfg.atol = tolerance;
+        cfg.rtol = tolerance;
+        cfg.baseline = match self.baseline {
+            BaselineArg::Eager => Baseline::Eager,
+            BaselineArg::TorchCompile => Baseline::TorchCompile,
+        };
+        if let Some(dir) = &self.build_cache {
+            cfg.build_cache = dir.clone();
+        }
+        cfg.python = self.python.clone();
+        cfg.strict = self.strict;
+    }
+}
+
+pub fn print_summary(s: &Summary, db: &Path) {
     let evaluated: usize = s.verdicts.values().sum();
     let counts: Vec<String> = s.verdicts.iter().map(|(v, n)| format!("{v} {n}")).collect();
     println!(

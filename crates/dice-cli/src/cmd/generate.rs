@@ -184,11 +184,30 @@ pub enum OutputFormat {
     Text,
 }
 
-#[derive(Args, Debug)]
-pub struct GenerateArgs {
+/// What answers the prompts: a model folder on this machine or an OpenAI-compatible endpoint.
+#[derive(Args, Clone, Debug)]
+pub struct ModelSourceArgs {
     /// Model folder (config.json, safetensors, tokenizer files).
     #[arg(long, required_unless_present = "endpoint")]
     pub model: Option<PathBuf>,
+    /// OpenAI-compatible API base (e.g. http://127.0.0.1:8000/v1) instead of a local model.
+    #[arg(long, requires = "model_name", conflicts_with = "model")]
+    pub endpoint: Option<String>,
+    /// Model name sent to the endpoint.
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Environment variable holding the endpoint's API key.
+    #[arg(long)]
+    pub api_key_env: Option<String>,
+    /// Requests in flight at once against the endpoint.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub source: ModelSourceArgs,
     /// File holding the user message (rendered with the chat template), read as is.
     #[arg(
         long,
@@ -217,18 +236,6 @@ pub struct GenerateArgs {
     /// json: {"samples": [{token_ids, text, trace, finish_reason}]}; text: the texts only.
     #[arg(long, value_enum, default_value = "json")]
     pub format: OutputFormat,
-    /// OpenAI-compatible API base (e.g. http://127.0.0.1:8000/v1) instead of a local model.
-    #[arg(long, requires = "model_name", conflicts_with = "model")]
-    pub endpoint: Option<String>,
-    /// Model name sent to the endpoint.
-    #[arg(long)]
-    pub model_name: Option<String>,
-    /// Environment variable holding the endpoint's API key.
-    #[arg(long)]
-    pub api_key_env: Option<String>,
-    /// Requests in flight at once against the endpoint.
-    #[arg(long, default_value_t = 4)]
-    pub concurrency: usize,
     #[command(flatten)]
     pub decode: DecodeArgs,
     #[command(flatten)]
@@ -239,8 +246,8 @@ pub struct GenerateArgs {
 
 pub fn run(a: GenerateArgs) -> Result<()> {
     ensure!(a.samples > 0, "--samples must be at least 1");
-    let params = a.decode.params(a.model.as_deref())?;
-    let generator = generator(&a)?;
+    let params = a.decode.params(a.source.model.as_deref())?;
+    let generator = a.source.generator(&a.runtime, &a.engines)?;
     let Some(dir) = &a.kernelbench else {
         ensure!(a.run.is_none(), "--run applies to --kernelbench generation");
         let path = a
@@ -275,37 +282,56 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// The local engines, or the endpoint, the flags name.
-fn generator(a: &GenerateArgs) -> Result<Generator> {
-    let Some(endpoint) = &a.endpoint else {
-        let model_dir = a
-            .model
-            .clone()
-            .context("--model is required without --endpoint")?;
-        return Ok(Generator::Local(LocalEngines {
-            model_dir,
-            dtype: a.runtime.dtype.dtype(),
-            devices: a.runtime.device.all()?,
-            engines: a.engines.engines,
-            max_batch: a.runtime.max_batch,
-        }));
-    };
-    ensure!(a.concurrency > 0, "--concurrency must be at least 1");
-    let api_key =
-        match &a.api_key_env {
+impl ModelSourceArgs {
+    /// The local engines, or the endpoint, the flags name.
+    pub fn generator(&self, runtime: &RuntimeArgs, engines: &EngineArgs) -> Result<Generator> {
+        let Some(endpoint) = &self.endpoint else {
+            let model_dir = self
+                .model
+                .clone()
+                .context("--model is required without --endpoint")?;
+            return Ok(Generator::Local(LocalEngines {
+                model_dir,
+                dtype: runtime.dtype.dtype(),
+                devices: runtime.device.all()?,
+                engines: engines.engines,
+                max_batch: runtime.max_batch,
+            }));
+        };
+        ensure!(self.concurrency > 0, "--concurrency must be at least 1");
+        let api_key = match &self.api_key_env {
             Some(var) => Some(std::env::var(var).with_context(|| {
                 format!("environment variable {var} (--api-key-env) is not set")
             })?),
             None => None,
         };
-    let model_name = a
-        .model_name
-        .as_deref()
-        .context("--endpoint needs --model-name")?;
-    Ok(Generator::Endpoint {
-        client: ApiClient::new(endpoint, model_name, api_key),
-        concurrency: a.concurrency,
-    })
+        Ok(Generator::Endpoint {
+            client: ApiClient::new(endpoint, self.endpoint_model()?, api_key),
+            concurrency: self.concurrency,
+        })
+    }
+
+    /// What reports call the model: the endpoint's model name, or the model folder's name.
+    pub fn name(&self) -> Result<String> {
+        if self.endpoint.is_some() {
+            return Ok(self.endpoint_model()?.to_string());
+        }
+        let dir = self
+            .model
+            .as_deref()
+            .context("--model is required without --endpoint")?;
+        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        Ok(dir.file_name().map_or_else(
+            || dir.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        ))
+    }
+
+    fn endpoint_model(&self) -> Result<&str> {
+        self.model_name
+            .as_deref()
+            .context("--endpoint needs --model-name")
+    }
 }
 
 fn read_prompt(path: &Path) -> Result<String> {
@@ -329,7 +355,7 @@ fn print_answers(answers: &[Answer], format: OutputFormat) -> Result<()> {
 }
 
 /// `1-100`, `3`, `1,5,7-9`.
-fn parse_ids(spec: &str) -> Result<BTreeSet<u32>> {
+pub fn parse_ids(spec: &str) -> Result<BTreeSet<u32>> {
     let mut ids = BTreeSet::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let bad = || format!("`{part}` in --problems is not an id or a range like 1-100");

@@ -20,6 +20,7 @@ mod bench_identity;
 mod bench_profile;
 pub mod eval;
 pub mod generate;
+pub mod kernelbench;
 pub mod golden;
 mod input_sizes;
 pub mod model;

@@ -1,10 +1,13 @@
-//! `dice report`: metrics and reports of an evaluation run.
+//! `dice report`: metrics and reports of an evaluation run, or runs side by side.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dice_report::{parse_thresholds, read_report, render, Format, DEFAULT_FAST_P};
+use dice_report::{
+    parse_thresholds, read_report, render, render_comparison, ComparedRun, Comparison, Format,
+    DEFAULT_FAST_P,
+};
 use dice_store::Store;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Shown after the flags by `dice report --help`.
 const REPORT_MANUAL: &str = "\
@@ -16,29 +19,37 @@ samples per problem). Every metric is shown raw and robust (deceptive samples, i
 count as incorrect). Problems whose reference failed stay in the denominators and are listed
 separately.
 
+Several run folders are compared side by side in the DICE paper's layout (its Tables 2 and 6):
+per level, Exec (compiled and correct), fast_1 and fast_2, raw and robust, a column pair per run;
+as md, json or html (with a bar chart per level and figure).
+
 Examples:
   dice report runs/l1
   dice report runs/l1 --format html --output l1.html
-  dice report runs/l1 --format json --fast-p 0,1,1.5,2 --strict";
+  dice report runs/l1 --format json --fast-p 0,1,1.5,2 --strict
+  dice report runs/sdar runs/dice --format html --output side-by-side.html";
 
 #[derive(Debug, Args)]
 #[command(after_help = REPORT_MANUAL)]
 pub struct ReportArgs {
-    /// The run folder given to `dice eval` (its store is RUN_DIR/dice.db).
-    #[arg(value_name = "RUN_DIR")]
-    pub run_dir: PathBuf,
-    /// Read this store instead of RUN_DIR/dice.db.
+    /// The run folder given to `dice eval` or `dice kernelbench` (its store is
+    /// RUN_DIR/dice.db); several folders are compared side by side.
+    #[arg(value_name = "RUN_DIR", required = true)]
+    pub run_dirs: Vec<PathBuf>,
+    /// Read this store instead of RUN_DIR/dice.db (one run only).
     #[arg(long, value_name = "FILE")]
     pub db: Option<PathBuf>,
     /// Output format: md (Markdown tables), csv (one row per sample), json (everything:
     /// `samples`, `levels`, `problem_errors`, `run`), html (one self-contained page with the
-    /// tables, a speedup histogram and a per-problem strip chart).
+    /// tables, a speedup histogram and a per-problem strip chart). Runs side by side: md, json
+    /// or html.
     #[arg(long, value_name = "FORMAT", default_value = "md", value_parser = parse_format)]
     pub format: Format,
     /// Comma-separated speedup thresholds p for fast_p (correct and speedup > p); reports
-    /// key them as written. Default: KernelBench's 0,0.5,0.8,1,1.5,2. Example: --fast-p 0,1,2
-    #[arg(long, value_name = "LIST", default_value = DEFAULT_FAST_P)]
-    pub fast_p: String,
+    /// key them as written. Default: KernelBench's 0,0.5,0.8,1,1.5,2. Example: --fast-p 0,1,2.
+    /// One run only: runs side by side show the paper's fast_1 and fast_2.
+    #[arg(long, value_name = "LIST")]
+    pub fast_p: Option<String>,
     /// Make the robust metrics (deceptive samples count as incorrect) the headline. Runs
     /// evaluated with --strict are reported this way without this flag.
     #[arg(long)]
@@ -53,30 +64,63 @@ fn parse_format(s: &str) -> Result<Format, String> {
 }
 
 pub fn run(args: ReportArgs) -> Result<()> {
-    let thresholds = parse_thresholds(&args.fast_p)?;
-    let db = args
-        .db
-        .clone()
-        .unwrap_or_else(|| args.run_dir.join("dice.db"));
-    // Opening creates missing databases; a report must never do that.
-    if !db.is_file() {
-        bail!(
-            "no run store at {} (run `dice eval` with this run folder first, or pass --db FILE)",
-            db.display()
-        );
-    }
-    let store = Store::open(&db)?;
-    let Some(report) = read_report(&store, &thresholds, args.strict)? else {
-        bail!(
-            "{} holds no run yet (was `dice eval` interrupted before it started?)",
-            db.display()
-        );
+    let text = match args.run_dirs.as_slice() {
+        [run_dir] => one_run(run_dir, &args)?,
+        run_dirs => side_by_side(run_dirs, &args)?,
     };
-    let text = render(&report, args.format)?;
     match &args.output {
         Some(path) => std::fs::write(path, text)
             .with_context(|| format!("cannot write the report to {}", path.display()))?,
         None => print!("{text}"),
     }
     Ok(())
+}
+
+fn one_run(run_dir: &Path, args: &ReportArgs) -> Result<String> {
+    let thresholds = parse_thresholds(args.fast_p.as_deref().unwrap_or(DEFAULT_FAST_P))?;
+    let db = args.db.clone().unwrap_or_else(|| run_dir.join("dice.db"));
+    let store = open_store(&db, " or pass --db FILE")?;
+    let Some(report) = read_report(&store, &thresholds, args.strict)? else {
+        bail!(no_run_yet(&db));
+    };
+    render(&report, args.format)
+}
+
+fn side_by_side(run_dirs: &[PathBuf], args: &ReportArgs) -> Result<String> {
+    if args.db.is_some() {
+        bail!("--db reads one run's store; runs side by side are read from each RUN_DIR/dice.db");
+    }
+    if args.fast_p.is_some() {
+        bail!("--fast-p applies to one run; runs side by side show the paper's fast_1 and fast_2");
+    }
+    let runs = run_dirs
+        .iter()
+        .map(|dir| {
+            let db = dir.join("dice.db");
+            let store = open_store(&db, "")?;
+            ComparedRun::read(&dir.display().to_string(), &store, args.strict)?
+                .with_context(|| no_run_yet(&db))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    render_comparison(&Comparison { runs }, args.format)
+}
+
+/// The store at `db`, which must exist: opening creates missing databases, and a report must
+/// never do that.
+fn open_store(db: &Path, other_way: &str) -> Result<Store> {
+    if !db.is_file() {
+        bail!(
+            "no run store at {} (run `dice eval` or `dice kernelbench` with this run folder \
+             first{other_way})",
+            db.display()
+        );
+    }
+    Store::open(db)
+}
+
+fn no_run_yet(db: &Path) -> String {
+    format!(
+        "{} holds no run yet (was `dice eval` interrupted before it started?)",
+        db.display()
+    )
 }

@@ -1,7 +1,11 @@
 //! HTML: one self-contained page (inline CSS and SVG, no scripts, no external resources).
 
-use super::svg::{speedup_histogram, strip_chart, Mark};
-use super::{metric_rows, optional_ms, run_settings, speedup};
+use super::svg::{rate_bars, speedup_histogram, strip_chart, Mark, RatePair};
+use super::{
+    compared_run_settings, esc, metric_rows, optional_ms, percent, run_settings, speedup,
+    COMPARED_RUN_COLUMNS, COMPARISON_LEGEND,
+};
+use crate::compare::{Comparison, PaperScores};
 use crate::report::{Report, Scoring};
 use std::fmt::Write;
 
@@ -152,9 +156,88 @@ pub(super) fn render(r: &Report) -> String {
     out
 }
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+pub(super) fn render_comparison(c: &Comparison) -> String {
+    let mut out = format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>dice runs side by side</title><style>{STYLE}.charts{{display:flex;\
+         flex-wrap:wrap;gap:1em}}</style></head><body><h1>dice runs side by side</h1>\
+         <p>{} Shaded: the headline of the run's own report.</p><table><tr>",
+        esc(COMPARISON_LEGEND)
+    );
+    for column in COMPARED_RUN_COLUMNS {
+        let _ = write!(out, "<th>{column}</th>");
+    }
+    out.push_str("</tr>");
+    for run in &c.runs {
+        out.push_str("<tr>");
+        for value in compared_run_settings(run) {
+            let _ = write!(out, "<td>{}</td>", esc(&value));
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</table>");
+
+    for level in c.levels() {
+        let _ = write!(
+            out,
+            "<h2>Level {level}</h2><table><tr><th rowspan=\"2\">metric</th>"
+        );
+        for run in &c.runs {
+            let _ = write!(out, "<th colspan=\"2\">{}</th>", esc(&run.label));
+        }
+        out.push_str("</tr><tr>");
+        for run in &c.runs {
+            for (name, scoring) in [("raw", Scoring::Raw), ("robust", Scoring::Robust)] {
+                let class = if scoring == run.headline {
+                    " class=\"headline\""
+                } else {
+                    ""
+                };
+                let _ = write!(out, "<th{class}>{name}</th>");
+            }
+        }
+        out.push_str("</tr>");
+        for (i, name) in PaperScores::NAMES.iter().enumerate() {
+            let _ = write!(out, "<tr><td>{name}</td>");
+            for run in &c.runs {
+                match run.levels.get(&level) {
+                    Some(l) => {
+                        let _ = write!(
+                            out,
+                            "<td class=\"n\">{}</td><td class=\"n\">{}</td>",
+                            percent(l.raw.values()[i]),
+                            percent(l.robust.values()[i])
+                        );
+                    }
+                    None => out.push_str("<td class=\"n\">–</td><td class=\"n\">–</td>"),
+                }
+            }
+            out.push_str("</tr>");
+        }
+        out.push_str("<tr><td>problems (samples, deceptive)</td>");
+        for run in &c.runs {
+            let counts = run.levels.get(&level).map_or("–".to_string(), |l| {
+                format!("{} ({}, {})", l.problems, l.samples, l.deceptive_samples)
+            });
+            let _ = write!(out, "<td class=\"n\" colspan=\"2\">{counts}</td>");
+        }
+        out.push_str("</tr></table><div class=\"charts\">");
+        for (i, name) in PaperScores::NAMES.iter().enumerate() {
+            let pairs: Vec<RatePair> = c
+                .runs
+                .iter()
+                .map(|run| RatePair {
+                    label: &run.label,
+                    raw_robust: run
+                        .levels
+                        .get(&level)
+                        .map(|l| (l.raw.values()[i], l.robust.values()[i])),
+                })
+                .collect();
+            out.push_str(&rate_bars(&format!("Level {level}: {name}"), &pairs));
+        }
+        out.push_str("</div>");
+    }
+    out.push_str("</body></html>\n");
+    out
 }

@@ -1,6 +1,11 @@
-//! Markdown: run settings, one raw-vs-robust table per level, problem errors, flagged samples.
+//! Markdown: run settings, one raw-vs-robust table per level, problem errors, flagged samples;
+//! or runs side by side, one table per level with a raw and a robust column per run.
 
-use super::{metric_rows, run_settings, speedup};
+use super::{
+    compared_run_settings, metric_rows, percent, run_settings, speedup, COMPARED_RUN_COLUMNS,
+    COMPARISON_LEGEND,
+};
+use crate::compare::{Comparison, PaperScores};
 use crate::report::{Report, Scoring};
 use std::fmt::Write;
 
@@ -102,6 +107,64 @@ pub(super) fn render(r: &Report) -> String {
                 cell(&s.flags.join(", "))
             );
         }
+    }
+    out
+}
+
+pub(super) fn render_comparison(c: &Comparison) -> String {
+    let mut out = format!(
+        "# dice runs side by side\n\n{COMPARISON_LEGEND} **Bold**: the headline of the run's \
+         own report.\n\n| {} |\n|{}\n",
+        COMPARED_RUN_COLUMNS.join(" | "),
+        "---|".repeat(COMPARED_RUN_COLUMNS.len())
+    );
+    for run in &c.runs {
+        let cells: Vec<String> = compared_run_settings(run).iter().map(|v| cell(v)).collect();
+        let _ = writeln!(out, "| {} |", cells.join(" | "));
+    }
+    for level in c.levels() {
+        let _ = write!(out, "\n## Level {level}\n\n| metric |");
+        for run in &c.runs {
+            let (raw, robust) = match run.headline {
+                Scoring::Raw => ("**raw**", "robust"),
+                Scoring::Robust => ("raw", "**robust**"),
+            };
+            let label = cell(&run.label);
+            let _ = write!(out, " {label} {raw} | {label} {robust} |");
+        }
+        let _ = writeln!(out, "\n|---|{}", "---:|".repeat(2 * c.runs.len()));
+        for (i, name) in PaperScores::NAMES.iter().enumerate() {
+            let _ = write!(out, "| {name} |");
+            for run in &c.runs {
+                match run.levels.get(&level) {
+                    Some(l) => {
+                        let (raw, robust) = (l.raw.values()[i], l.robust.values()[i]);
+                        let _ = write!(out, " {} | {} |", percent(raw), percent(robust));
+                    }
+                    None => out.push_str(" – | – |"),
+                }
+            }
+            out.push('\n');
+        }
+        let counts: Vec<String> = c
+            .runs
+            .iter()
+            .map(|run| match run.levels.get(&level) {
+                Some(l) => format!(
+                    "{} {} ({}, {})",
+                    cell(&run.label),
+                    l.problems,
+                    l.samples,
+                    l.deceptive_samples
+                ),
+                None => format!("{} none", cell(&run.label)),
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "\nProblems (samples, deceptive samples): {}.",
+            counts.join("; ")
+        );
     }
     out
 }

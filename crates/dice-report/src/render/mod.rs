@@ -5,6 +5,7 @@ mod html;
 mod markdown;
 mod svg;
 
+use crate::compare::{ComparedRun, Comparison};
 use crate::report::{Report, Scoring};
 use crate::Scores;
 use anyhow::{bail, Result};
@@ -43,6 +44,41 @@ pub fn render(report: &Report, format: Format) -> Result<String> {
         Format::Html => html::render(report),
     })
 }
+
+/// Runs side by side as Markdown, JSON or HTML (CSV is one row per sample of one run).
+pub fn render_comparison(comparison: &Comparison, format: Format) -> Result<String> {
+    Ok(match format {
+        Format::Md => markdown::render_comparison(comparison),
+        Format::Json => serde_json::to_string_pretty(comparison)? + "\n",
+        Format::Html => html::render_comparison(comparison),
+        Format::Csv => {
+            bail!("runs are compared as md, html or json; csv (one row per sample) takes one run")
+        }
+    })
+}
+
+/// What a comparison says about its figures, above the tables.
+const COMPARISON_LEGEND: &str = "Exec: problems whose sample 0 compiles and is correct; fast_p: \
+problems whose sample 0 is correct and more than p times as fast as the baseline (DICE, Tables 2 \
+and 6). Every rate is over all problems of the level in the run. Raw: every sample that passes \
+the correctness trials counts; robust: deceptive samples (reward hacks) count as incorrect.";
+
+/// A compared run's settings: label, device, problems, correctness, timing.
+fn compared_run_settings(r: &ComparedRun) -> [String; 5] {
+    let run = &r.run;
+    [
+        r.label.clone(),
+        format!("{} ({})", run.device, run.hardware),
+        run.source.clone(),
+        format!(
+            "{} trials, atol {}, rtol {}",
+            run.correctness_trials, run.atol, run.rtol
+        ),
+        format!("{} trials, baseline {}", run.perf_trials, run.baseline),
+    ]
+}
+
+const COMPARED_RUN_COLUMNS: [&str; 5] = ["run", "device", "problems", "correctness", "timing"];
 
 /// One metric line of a level table: label, raw value, robust value.
 struct MetricRow {
@@ -126,6 +162,13 @@ fn headline_name(scoring: Scoring) -> &'static str {
         Scoring::Raw => "raw (KernelBench: every sample passing the correctness trials counts)",
         Scoring::Robust => "robust (deceptive samples count as incorrect)",
     }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 fn percent(x: f64) -> String {

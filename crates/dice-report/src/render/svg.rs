@@ -1,5 +1,6 @@
 //! Inline SVG charts (no scripts, no external resources).
 
+use super::esc;
 use std::fmt::Write;
 
 const WIDTH: f64 = 720.0;
@@ -30,10 +31,10 @@ fn log2_clamped(speedup: f64) -> f64 {
     speedup.log2().clamp(-LOG2_LIMIT, LOG2_LIMIT)
 }
 
-fn svg_open(title: &str) -> String {
+fn svg_open(title: &str, width: f64, height: f64) -> String {
     format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" \
-         width=\"{WIDTH}\" height=\"{HEIGHT}\" role=\"img\" aria-label=\"{title}\">\
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {width} {height}\" \
+         width=\"{width}\" height=\"{height}\" role=\"img\" aria-label=\"{title}\">\
          <title>{title}</title>"
     )
 }
@@ -55,7 +56,7 @@ pub(super) fn speedup_histogram(speedups: &[f64]) -> String {
     let max = counts.iter().copied().max().unwrap_or(0).max(1) as f64;
     let bin_w = (WIDTH - 2.0 * MARGIN) / bins as f64;
     let plot_h = HEIGHT - 2.0 * MARGIN;
-    let mut svg = svg_open("Speedup histogram of correct samples");
+    let mut svg = svg_open("Speedup histogram of correct samples", WIDTH, HEIGHT);
     for (i, &c) in counts.iter().enumerate().filter(|(_, c)| **c > 0) {
         let h = c as f64 / max * plot_h;
         let lo = i as f64 / BINS_PER_OCTAVE - LOG2_LIMIT;
@@ -115,7 +116,7 @@ pub(super) fn strip_chart(title: &str, points: &[(u32, Option<f64>, Mark)]) -> S
     let plot_h = HEIGHT - 2.0 * MARGIN;
     let y_of = |log2: f64| MARGIN + (LOG2_LIMIT - log2) / (2.0 * LOG2_LIMIT) * plot_h;
     let x_of_id = |id: u32| MARGIN + id as f64 / max_id * (WIDTH - 2.0 * MARGIN);
-    let mut svg = svg_open(title);
+    let mut svg = svg_open(title, WIDTH, HEIGHT);
     let one = y_of(0.0);
     let _ = write!(
         svg,
@@ -147,4 +148,101 @@ pub(super) fn strip_chart(title: &str, points: &[(u32, Option<f64>, Mark)]) -> S
     }
     svg.push_str("</svg>");
     svg
+}
+
+/// One run's bars in a chart of rates: its raw and robust value, `None` when the run lacks what
+/// the chart shows.
+pub(super) struct RatePair<'a> {
+    pub label: &'a str,
+    pub raw_robust: Option<(f64, f64)>,
+}
+
+const RAW_COLOUR: &str = "#2a9d8f";
+const ROBUST_COLOUR: &str = "#264653";
+
+/// Bars on a 0–100 % axis, a raw and a robust bar per run.
+pub(super) fn rate_bars(title: &str, runs: &[RatePair]) -> String {
+    const W: f64 = 340.0;
+    const H: f64 = 220.0;
+    const LEFT: f64 = 40.0;
+    const TOP: f64 = 36.0;
+    const BOTTOM: f64 = 34.0;
+    let plot_h = H - TOP - BOTTOM;
+    let base = H - BOTTOM;
+    let slot = (W - LEFT - 10.0) / runs.len().max(1) as f64;
+    let bar_w = (slot * 0.35).min(40.0);
+    let title = esc(title);
+    let mut svg = svg_open(&title, W, H);
+    let _ = write!(
+        svg,
+        "<text x=\"{LEFT}\" y=\"14\" font-size=\"12\" font-weight=\"bold\">{title}</text>\
+         <rect x=\"{:.0}\" y=\"5\" width=\"10\" height=\"10\" fill=\"{RAW_COLOUR}\"/>\
+         <text x=\"{:.0}\" y=\"14\" font-size=\"11\">raw</text>\
+         <rect x=\"{:.0}\" y=\"5\" width=\"10\" height=\"10\" fill=\"{ROBUST_COLOUR}\"/>\
+         <text x=\"{:.0}\" y=\"14\" font-size=\"11\">robust</text>",
+        W - 110.0,
+        W - 96.0,
+        W - 60.0,
+        W - 46.0
+    );
+    for percent in [0, 50, 100] {
+        let y = base - f64::from(percent) / 100.0 * plot_h;
+        let _ = write!(
+            svg,
+            "<line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{:.0}\" y2=\"{y:.1}\" stroke=\"#ccc\"/>\
+             <text x=\"{:.0}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\">{percent}%</text>",
+            W - 10.0,
+            LEFT - 4.0,
+            y + 4.0
+        );
+    }
+    for (i, run) in runs.iter().enumerate() {
+        let centre = LEFT + (i as f64 + 0.5) * slot;
+        let label = esc(run.label);
+        let _ = write!(
+            svg,
+            "<text x=\"{centre:.1}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\">\
+             {}</text>",
+            base + 14.0,
+            esc(&tail(run.label, (slot / 6.5) as usize))
+        );
+        let Some((raw, robust)) = run.raw_robust else {
+            let _ = write!(
+                svg,
+                "<text x=\"{centre:.1}\" y=\"{:.0}\" font-size=\"11\" text-anchor=\"middle\">\
+                 not run</text>",
+                base - 4.0
+            );
+            continue;
+        };
+        for (x, value, colour, scoring) in [
+            (centre - bar_w - 1.0, raw, RAW_COLOUR, "raw"),
+            (centre + 1.0, robust, ROBUST_COLOUR, "robust"),
+        ] {
+            let h = value.clamp(0.0, 1.0) * plot_h;
+            let shown = format!("{:.1}%", 100.0 * value);
+            let _ = write!(
+                svg,
+                "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{bar_w:.1}\" height=\"{h:.1}\" \
+                 fill=\"{colour}\"><title>{label} {scoring}: {shown}</title></rect>\
+                 <text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"middle\">{shown}</text>",
+                base - h,
+                x + bar_w / 2.0,
+                base - h - 3.0
+            );
+        }
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// The end of `label` in at most `chars` characters (run labels are often paths; their ends
+/// tell them apart).
+fn tail(label: &str, chars: usize) -> String {
+    let count = label.chars().count();
+    if count <= chars.max(2) {
+        return label.to_string();
+    }
+    let kept: String = label.chars().skip(count + 1 - chars.max(2)).collect();
+    format!("…{kept}")
 }

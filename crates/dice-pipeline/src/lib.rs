@@ -1,0 +1,13 @@
+//! End-to-end runs composed of the libraries.
+//!
+//! [`KernelBenchRun`] is `dice kernelbench`: a model's candidates for KernelBench problems
+//! generated ([`dice_engine`]), judged ([`dice_eval::Judge`]) and reported in the DICE paper's
+//! layout ([`dice_report::Comparison`]) into one run folder, resumable as a whole.
+//!
+//! It is a crate of its own because it is the one place that needs both the model side and the
+//! evaluator: `dice-eval` stays free of candle and the model, `dice-engine` of the sandbox, and
+//! `dice-report` of both.
+
+mod kernelbench;
+
+pub use kernelbench::{Event, Finished, KernelBenchRun, GENERATION_FILE, REPORT_FILES, STORE_FILE};
