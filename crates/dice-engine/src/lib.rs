@@ -8,11 +8,14 @@
 //! [`Generator`] answers batches of prompts with local engines or an endpoint;
 //! [`generate_candidates`] writes KernelBench candidates for `dice eval` with it, resumably.
 //! [`DecodeSettings`] is how decoding parameters are built from what a user sets.
+//! [`throughput`] measures decoding speed on random-weight models of real sizes; [`golden`]
+//! decodes the formula golden's generations on any device and dtype.
 
 mod batch;
 mod candidates;
 mod client;
 mod engine;
+pub mod golden;
 mod greedy;
 mod model;
 mod params;
@@ -25,6 +28,7 @@ mod strategy;
 #[cfg(test)]
 mod test_model;
 mod text;
+pub mod throughput;
 
 pub use batch::{generate_samples, Generator, Job, LocalEngines, PromptStyle};
 pub use candidates::{generate_candidates, CandidateRun, Progress, CANDIDATES_FILE};

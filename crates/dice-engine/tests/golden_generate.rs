@@ -145,3 +145,16 @@ fn same_seed_same_sample_other_seeds_differ() {
     assert_ne!(first, sample(6, 0));
     assert_ne!(first, sample(7, 0));
 }
+
+/// What `dice bench golden` checks of the generations, on the CPU in f32: every case equal.
+#[test]
+fn check_generations_finds_every_case_equal_in_f32() {
+    let checks =
+        dice_engine::golden::check_generations(&golden(), tiny_dir(), DType::F32, &Device::Cpu)
+            .unwrap();
+    assert_eq!(checks.len(), cases().len());
+    for check in &checks {
+        assert_eq!(check.first_difference, None, "case {}", check.name);
+        assert!(check.passes(DType::F32));
+    }
+}

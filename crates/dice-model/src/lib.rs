@@ -1,14 +1,14 @@
 //! SDAR / DICE block-diffusion models in candle: checkpoint loading, the stateless model with
 //! caller-owned KV caches, the two-stream SFT forward and loss (one autograd graph, or
-//! checkpointed layer by layer), synthetic training workloads for benchmarks, the Qwen2
+//! checkpointed layer by layer), the timing of its inference forwards at real sizes, the Qwen2
 //! tokenizer rebuilt from vocab + merges, the chat template, deterministic checkpoints of any
 //! config (formula or seeded random weights) and the checks against the formula golden.
 
-pub mod bench;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod device;
+pub mod forward_timing;
 pub mod golden;
 pub mod init;
 #[cfg(feature = "cuda")]

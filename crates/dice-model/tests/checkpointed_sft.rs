@@ -1,11 +1,9 @@
-//! The checkpointed SFT step against the single-graph path on packed rows of several samples,
-//! and the synthetic benchmark workload.
+//! The checkpointed SFT step against the single-graph path on packed rows of several samples.
 
 mod common;
 
 use candle_core::{DType, Device, Tensor};
 use common::*;
-use dice_model::bench::{synthetic_sft_row, time_sft_step};
 use dice_model::{PackedRow, Sdar, SdarConfig, TwoStreamBatch};
 use std::collections::HashMap;
 
@@ -148,38 +146,6 @@ fn checkpointed_equals_single_graph_with_tied_embeddings() {
         .collect();
     candle_core::safetensors::save(&tensors, dir.path().join("model.safetensors")).unwrap();
     compare_paths(dir.path(), &[9, 17, 12], 0);
-}
-
-#[test]
-fn synthetic_row_is_a_quarter_prompt_and_half_masked_response() {
-    let config = SdarConfig::from_path(tiny_dir()).unwrap();
-    let row = synthetic_sft_row(&config, 4096).unwrap();
-    assert_eq!(row.input_ids.len(), 4096);
-    assert_eq!(row.labels.iter().filter(|&&l| l == -100).count(), 1024);
-    let masked = row.masked_positions.len();
-    assert!((1400..1680).contains(&masked), "{masked} of 3072 masked");
-    assert!(row.masked_positions.iter().all(|&i| i >= 1024));
-    assert!(row
-        .masked_positions
-        .iter()
-        .all(|&i| row.noisy_ids[i] == config.mask_token_id));
-    let again = synthetic_sft_row(&config, 4096).unwrap();
-    assert_eq!(again.masked_positions, row.masked_positions);
-    assert_eq!(again.input_ids, row.input_ids);
-}
-
-#[test]
-fn timed_step_on_random_weights_has_the_uniform_loss() {
-    let config = SdarConfig::from_path(tiny_dir()).unwrap();
-    let timing = time_sft_step(&config, DType::F32, &Device::Cpu, 64, 1).unwrap();
-    assert_eq!(timing.positions, 128);
-    assert!(timing.masked > 0 && timing.seconds > 0.0);
-    // Near-uniform logits: CE ≈ ln V per masked token, and the 1/p weight makes up for the
-    // half of the response that is not masked.
-    let uniform = (config.vocab_size as f32).ln();
-    let expected = uniform * timing.masked as f32 / 0.5 / 48.0;
-    println!("loss {} (ln V {uniform}, expected {expected})", timing.loss);
-    assert!((timing.loss - expected).abs() < 0.05 * expected);
 }
 
 #[test]

@@ -272,3 +272,18 @@ fn stacked_projections_give_the_same_logits() {
         assert_eq!(max_abs_diff(a, b), 0.0);
     }
 }
+
+/// What `dice bench golden` measures on a device: the forward cases and the SFT step of the
+/// checkpoint, every measurement within the README's f32 tolerances on the CPU.
+#[test]
+fn measure_checkpoint_is_within_the_f32_tolerances() {
+    let measurements = golden()
+        .measure_checkpoint(tiny_dir(), DType::F32, &Device::Cpu)
+        .unwrap();
+    let names: Vec<&str> = measurements.iter().map(|m| m.name.as_str()).collect();
+    for name in ["prefill/lse", "decode/argmax", "sft/loss", "sft/grad_norms"] {
+        assert!(names.contains(&name), "no {name} in {names:?}");
+    }
+    assert_within_f32_tolerances(&measurements);
+    assert!(measurements.iter().all(|m| m.passes(DType::F32, 0.0)));
+}

@@ -8,3 +8,4 @@ pub mod noise;
 pub mod optim;
 pub mod rl;
 pub mod schedule;
+pub mod step_timing;

@@ -2,8 +2,10 @@
 //! candidates for `dice eval`), or through an OpenAI-compatible endpoint. The flags map onto
 //! `dice_engine`'s batch generation.
 
+use super::args::DTypeArg;
+// `dice train` still names DeviceKind through this module.
+pub use super::args::DeviceKind;
 use anyhow::{ensure, Context, Result};
-use candle_core::{DType, Device};
 use clap::{Args, ValueEnum};
 use dice_engine::{
     default_stop_ids, generate_candidates, generate_samples, Answer, ApiClient, CandidateRun,
@@ -95,49 +97,6 @@ impl DecodeArgs {
             }),
         };
         settings.over(&DecodeParams::dice_eval(self.max_new_tokens))
-    }
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum DeviceKind {
-    Cpu,
-    Cuda,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum DTypeArg {
-    F32,
-    Bf16,
-    Fp16,
-}
-
-const NO_CUDA: &str =
-    "cannot use CUDA (is this binary built with `--features cuda` and is a GPU visible?)";
-
-impl DeviceKind {
-    pub fn device(self) -> Result<Device> {
-        match self {
-            DeviceKind::Cpu => Ok(Device::Cpu),
-            DeviceKind::Cuda => dice_model::device::cuda_device(0).context(NO_CUDA),
-        }
-    }
-
-    /// The CPU, or every visible GPU.
-    fn all(self) -> Result<Vec<Device>> {
-        match self {
-            DeviceKind::Cpu => Ok(vec![Device::Cpu]),
-            DeviceKind::Cuda => dice_model::device::cuda_devices().context(NO_CUDA),
-        }
-    }
-}
-
-impl DTypeArg {
-    pub fn dtype(self) -> DType {
-        match self {
-            DTypeArg::F32 => DType::F32,
-            DTypeArg::Bf16 => DType::BF16,
-            DTypeArg::Fp16 => DType::F16,
-        }
     }
 }
 

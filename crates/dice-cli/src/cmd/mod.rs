@@ -14,15 +14,11 @@ picks greedy tokens with one kernel over the logits."
 }
 pub(crate) use cuda_decoding_env;
 
+pub mod args;
 pub mod bench;
-pub mod bench_generate;
-mod bench_identity;
-mod bench_profile;
 pub mod eval;
 pub mod generate;
 pub mod kernelbench;
-pub mod golden;
-mod input_sizes;
 pub mod model;
 pub mod problems;
 pub mod prompt;

@@ -1,13 +1,28 @@
 //! `dice bench identity`: identity candidates (each reference with `Model` renamed `ModelNew`)
-//! for the timing-precision benchmark, taken among the problems whose inputs fit a budget.
+//! for the timing-precision benchmark, among the problems whose inputs fit a budget
+//! ([`dice_bench::pick_identity_problems`]).
 
-use super::bench::gib;
-use super::input_sizes::{self, InputSize};
+use super::format::gib;
 use anyhow::{ensure, Context, Result};
 use clap::Args;
-use dice_bench::{identity_candidate, KernelBench, Problem};
+use dice_bench::{
+    identity_candidates_jsonl, input_sizes_command, pick_identity_problems, InputSize, KernelBench,
+    LevelPick, Skip,
+};
+use dice_eval::python::json_output;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+pub const AFTER_HELP: &str = "\
+For each level, in problem-id order, takes the first N problems whose inputs fit the budget: the
+tensors returned by get_inputs(), measured once for all problems by the project's Python on
+torch's meta device (nothing is allocated). A problem over the budget, or whose inputs cannot be
+measured, is skipped and the next one is taken instead. Writes JSONL lines
+{level, problem_id, sample_id: 0, code}, the candidates `dice eval` reads; prints to stderr the
+problems taken per level and every problem skipped, with its input size or the error.
+
+Example (the evaluator's timing-precision benchmark):
+  dice bench identity --kernelbench KernelBench/ --out identity.jsonl";
 
 #[derive(Args)]
 pub struct IdentityArgs {
@@ -41,19 +56,6 @@ pub struct IdentityArgs {
     pub out: Option<PathBuf>,
 }
 
-/// Why a problem was passed over.
-enum Skip {
-    TooLarge(u64),
-    Unmeasured(String),
-}
-
-/// One level's outcome: the problems taken, and those skipped before the last one taken.
-struct LevelPick<'a> {
-    level: u32,
-    taken: Vec<&'a Problem>,
-    skipped: Vec<(&'a Problem, Skip)>,
-}
-
 pub fn run(args: IdentityArgs) -> Result<()> {
     ensure!(args.first > 0, "--first must be at least 1");
     ensure!(
@@ -78,26 +80,15 @@ pub fn run(args: IdentityArgs) -> Result<()> {
         .flat_map(|(_, ps)| ps.iter().map(|p| p.path.as_path()))
         .collect();
     let python = dice_eval::python::locate(args.python.as_deref())?;
-    let mut sizes = input_sizes::measure(&python, &paths)?.into_iter();
-    let picks: Vec<LevelPick> = problems
-        .iter()
-        .map(|(level, ps)| {
-            let level_sizes = sizes.by_ref().take(ps.len()).collect::<Vec<_>>();
-            pick(*level, ps, level_sizes, args.first, max_bytes)
-        })
-        .collect();
+    let sizes: Vec<InputSize> = json_output(
+        &mut input_sizes_command(&python, &paths),
+        &python,
+        "measure problem inputs",
+    )?;
+    let picks = pick_identity_problems(problems, sizes, args.first, max_bytes)
+        .with_context(|| format!("{} measured the wrong problems", python.display()))?;
 
-    let taken: Vec<&Problem> = picks.iter().flat_map(|p| p.taken.iter().copied()).collect();
-    let mut jsonl = String::new();
-    for problem in &taken {
-        let line = serde_json::json!({
-            "level": problem.level,
-            "problem_id": problem.problem_id,
-            "sample_id": 0,
-            "code": identity_candidate(problem.source_text()?),
-        });
-        jsonl.push_str(&format!("{line}\n"));
-    }
+    let jsonl = identity_candidates_jsonl(&picks)?;
     match &args.out {
         Some(path) => std::fs::write(path, &jsonl)
             .with_context(|| format!("cannot write {}", path.display()))?,
@@ -108,39 +99,10 @@ pub fn run(args: IdentityArgs) -> Result<()> {
     }
     print_summary(&picks, args.first, args.max_input_gib);
     if let Some(path) = &args.out {
-        eprintln!(
-            "wrote {} identity candidates to {}",
-            taken.len(),
-            path.display()
-        );
+        let taken: usize = picks.iter().map(|p| p.taken.len()).sum();
+        eprintln!("wrote {taken} identity candidates to {}", path.display());
     }
     Ok(())
-}
-
-/// The first `first` problems (in id order) whose size is at most `max_bytes`.
-fn pick<'a>(
-    level: u32,
-    problems: &'a [Problem],
-    sizes: Vec<InputSize>,
-    first: usize,
-    max_bytes: u64,
-) -> LevelPick<'a> {
-    let mut result = LevelPick {
-        level,
-        taken: Vec::new(),
-        skipped: Vec::new(),
-    };
-    for (problem, size) in problems.iter().zip(sizes) {
-        if result.taken.len() == first {
-            break;
-        }
-        match size {
-            InputSize::Bytes(bytes) if bytes <= max_bytes => result.taken.push(problem),
-            InputSize::Bytes(bytes) => result.skipped.push((problem, Skip::TooLarge(bytes))),
-            InputSize::Error(why) => result.skipped.push((problem, Skip::Unmeasured(why))),
-        }
-    }
-    result
 }
 
 fn print_summary(picks: &[LevelPick], first: usize, max_input_gib: f64) {

@@ -1,11 +1,12 @@
-//! Synthetic training workloads for speed and memory measurements of the real model sizes.
+//! One timed SFT step of a real model size with random weights on a synthetic packed row: the
+//! speed and peak memory of training at that size, without a dataset.
 
-use crate::config::SdarConfig;
-use crate::init::splitmix64_mix;
-use crate::sdar::{Sdar, QUERY_CHUNK};
-use crate::sft::{PackedRow, TwoStreamBatch};
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device};
+use dice_model::init::splitmix64_mix;
+use dice_model::memory::PeakMemory;
+use dice_model::sdar::QUERY_CHUNK;
+use dice_model::{PackedRow, Sdar, SdarConfig, TwoStreamBatch};
 use std::time::Instant;
 
 /// Masking probability of every response token of [`synthetic_sft_row`].
@@ -73,6 +74,9 @@ pub struct SftStepTiming {
     pub positions: usize,
     /// Masked (loss-bearing) positions.
     pub masked: usize,
+    /// Highest device memory in use from the model's build to the last step's end; `None` on
+    /// the CPU.
+    pub peak_bytes: Option<u64>,
 }
 
 /// Random weights of `config` in `dtype` on `device`, [`synthetic_sft_row`] of `tokens` tokens,
@@ -87,6 +91,7 @@ pub fn time_sft_step(
     steps: usize,
 ) -> Result<SftStepTiming> {
     ensure!(steps > 0, "time at least one SFT step");
+    let peak = PeakMemory::start(device)?;
     let batch = TwoStreamBatch::new(&[synthetic_sft_row(config, tokens)?])?;
     let model = Sdar::random(config, dtype, device)?;
     for _ in 1..steps {
@@ -96,10 +101,12 @@ pub fn time_sft_step(
     let start = Instant::now();
     let step = model.sft_loss_and_grads(&batch, QUERY_CHUNK)?;
     device.synchronize()?;
+    let seconds = start.elapsed().as_secs_f64();
     Ok(SftStepTiming {
         loss: step.loss,
-        seconds: start.elapsed().as_secs_f64(),
+        seconds,
         positions: batch.tokens().len(),
         masked: batch.selected().len(),
+        peak_bytes: peak.finish(),
     })
 }

@@ -1,0 +1,156 @@
+//! `dice bench golden`: the reference implementation's outputs on the formula golden
+//! (`tests/data/sdar/golden/formula`), recomputed here on any device and dtype, with the
+//! differences ([`dice_model::golden`] measures the forward passes and the SFT step,
+//! [`dice_engine::golden`] the greedy generations). The golden stores no weights: its checkpoint
+//! is generated from the formula ([`dice_model::init`]) into a temporary folder, unless `--model`
+//! names one. This is how CUDA numerics are checked on a GPU machine, where the test suite
+//! (CPU-only) does not run.
+
+use crate::cmd::args::{DTypeArg, DeviceKind};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use dice_engine::golden::check_generations;
+use dice_model::golden::{low_precision_tolerance, FormulaGolden};
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(Args)]
+#[command(after_help = "\
+Checks, on the chosen device and dtype, as the golden's README says: the block-causal prefill
+and one cached decode step (store_kv=false) against each row's stored logsumexp, sum and sum of
+squares, the logits at the reference's top-32 indices, our own 32 largest values, the logits at
+512 fixed columns and the argmax; the four greedy generations (token for token); the two-stream
+SFT loss, the stored gradient rows and every gradient norm. Prints each check's largest
+difference beside its f32 tolerance (README: 1e-4 on logits, loss and gradients, 1e-2 on a
+row's sum, 1e-5 relative on its sum of squares, 1e-3 relative on gradient norms, argmax and
+generations exact). Exits non-zero when a check fails: in f32 its tolerance; in bf16/fp16 the
+difference relative to the reference's magnitude must stay within --low-precision-tol, while
+argmax and generations are reported, not required (a near-tie may legitimately flip under
+rounding).
+
+Examples:
+  dice bench golden --golden tests/data/sdar/golden/formula
+  dice bench golden --golden tests/data/sdar/golden/formula --device cuda --dtype f32")]
+pub struct GoldenArgs {
+    /// The formula golden folder: config.json, cases.json, expected.safetensors.
+    #[arg(long, value_name = "DIR")]
+    pub golden: PathBuf,
+    /// A checkpoint of the golden's formula weights to check (e.g. written by `dice model init
+    /// --weights formula`) [default: one generated into a temporary folder].
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// Where to run (cuda needs a binary built with `--features cuda`).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: DeviceKind,
+    /// Weight and activation dtype; the README's tolerances hold for f32.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: DTypeArg,
+    /// Tolerance of bf16/fp16 differences, relative to the reference's magnitude of the same
+    /// quantity [default: 5e-2 for bf16, 1e-2 for fp16: about 13 and 20 units of their rounding
+    /// (2^-8 and 2^-11 relative), the spread that dozens of roundings through a forward and
+    /// backward pass leave].
+    #[arg(long, value_name = "TOL")]
+    pub low_precision_tol: Option<f64>,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Check {
+    name: String,
+    /// Largest difference (see `Measurement::max_diff`), or the index of the first differing
+    /// token of a generation.
+    max_diff: Option<f64>,
+    /// The bound in f32.
+    tolerance: Option<f64>,
+    /// `max_diff` over the reference's magnitude.
+    relative: Option<f64>,
+    tokens_equal: Option<bool>,
+    passed: bool,
+}
+
+pub fn run(args: GoldenArgs) -> Result<()> {
+    let golden = FormulaGolden::open(&args.golden)?;
+    let device = args.device.device()?;
+    let dtype = args.dtype.dtype();
+    let low_precision_tol = args
+        .low_precision_tol
+        .unwrap_or_else(|| low_precision_tolerance(dtype));
+    let generated;
+    let model_dir = match &args.model {
+        Some(dir) => dir.as_path(),
+        None => {
+            generated = tempfile::tempdir().context("cannot create a temporary folder")?;
+            golden.write_checkpoint(generated.path(), None)?;
+            generated.path()
+        }
+    };
+
+    let mut checks: Vec<Check> = golden
+        .measure_checkpoint(model_dir, dtype, &device)?
+        .into_iter()
+        .map(|m| Check {
+            passed: m.passes(dtype, low_precision_tol),
+            relative: m.relative(),
+            max_diff: Some(m.max_diff),
+            tolerance: Some(m.tolerance),
+            tokens_equal: None,
+            name: m.name,
+        })
+        .collect();
+    for case in check_generations(&golden, model_dir, dtype, &device)? {
+        checks.push(Check {
+            passed: case.passes(dtype),
+            name: format!("generate/{}", case.name),
+            max_diff: case.first_difference.map(|i| i as f64),
+            tolerance: None,
+            relative: None,
+            tokens_equal: Some(case.first_difference.is_none()),
+        });
+    }
+
+    println!(
+        "golden checks on {:?} in {dtype:?} ({}, weights {})",
+        device.location(),
+        args.golden.display(),
+        args.model
+            .as_ref()
+            .map_or("generated from the formula".to_string(), |d| d
+                .display()
+                .to_string())
+    );
+    println!("| check | max diff / first differing token | f32 tolerance | relative | result |");
+    println!("| --- | ---: | ---: | ---: | --- |");
+    for c in &checks {
+        let value = match (c.tokens_equal, c.max_diff) {
+            (Some(true), _) => "tokens equal".to_string(),
+            (Some(false), Some(i)) => format!("differs at token {i}"),
+            (_, Some(v)) => format!("{v:.3e}"),
+            _ => "-".into(),
+        };
+        let tolerance = match c.tolerance {
+            Some(t) if t > 0.0 => format!("{t:.0e}"),
+            _ => "exact".to_string(),
+        };
+        let relative = c.relative.map_or("-".to_string(), |r| format!("{r:.2e}"));
+        let result = if c.passed { "pass" } else { "FAIL" };
+        println!(
+            "| {} | {value} | {tolerance} | {relative} | {result} |",
+            c.name
+        );
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&checks)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| c.name.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("golden checks failed: {}", failed.join(", "));
+    }
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! `dice bench train`: one timed checkpointed SFT step of a random-weight model
+//! ([`dice_train::step_timing`]), beside the peak-memory bound of `bench/targets.toml`.
+
+use super::format::gib;
+use super::targets::Targets;
+use crate::cmd::args::RandomModelArgs;
+use anyhow::{Context, Result};
+use clap::Args;
+use dice_train::step_timing::time_sft_step;
+use serde::Serialize;
+use std::path::PathBuf;
+
+pub const AFTER_HELP: &str = "\
+Builds a model of CONFIG's real shapes with random weights, packs one synthetic sample of TOKENS
+tokens (a quarter prompt, the response masked with p = 0.5), and runs STEPS checkpointed
+training steps (forward and backward of the two-stream loss over 2 x TOKENS positions). Prints
+the last step's wall time and the peak device memory, beside the bound (--bound-gib, by default
+the target of bench/targets.toml).
+
+Example (H200): dice bench train --config sdar-1.7b.json --device cuda --tokens 4096";
+
+#[derive(Args)]
+pub struct TrainBenchArgs {
+    #[command(flatten)]
+    pub model: RandomModelArgs,
+    /// Tokens of the packed row (the step sees twice as many positions).
+    #[arg(long, default_value_t = 4096)]
+    pub tokens: usize,
+    /// Steps to run; all but the last are warm-up.
+    #[arg(long, default_value_t = 2)]
+    pub steps: usize,
+    /// The peak-memory bound to check against, in GiB.
+    #[arg(long, default_value_t = peak_memory_target_gib())]
+    pub bound_gib: f64,
+    /// Also write the result as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// The peak-memory target of the benchmark `dice bench train` measures.
+fn peak_memory_target_gib() -> f64 {
+    Targets::get()
+        .measured_by("bench train")
+        .next()
+        .expect("bench/targets.toml has the benchmark of `dice bench train` (a unit test checks)")
+        .target
+}
+
+#[derive(Serialize)]
+struct TrainBench {
+    config: String,
+    dtype: String,
+    tokens: usize,
+    positions: usize,
+    masked: usize,
+    loss: f32,
+    step_s: f64,
+    peak_bytes: Option<u64>,
+    bound_bytes: u64,
+}
+
+pub fn run(args: TrainBenchArgs) -> Result<()> {
+    let (config, device, dtype) = args.model.resolve()?;
+    let step = time_sft_step(&config, dtype, &device, args.tokens, args.steps)?;
+    let result = TrainBench {
+        config: args.model.config_name(),
+        dtype: format!("{dtype:?}"),
+        tokens: args.tokens,
+        positions: step.positions,
+        masked: step.masked,
+        loss: step.loss,
+        step_s: step.seconds,
+        peak_bytes: step.peak_bytes,
+        bound_bytes: (args.bound_gib * (1u64 << 30) as f64) as u64,
+    };
+    let check = match result.peak_bytes {
+        Some(p) if p <= result.bound_bytes => "met",
+        Some(_) => "NOT met",
+        None => "not measured on the CPU",
+    };
+    println!(
+        "sft step of {} ({}): {} tokens, {} positions, {} masked; loss {:.4}; {:.2} s; peak {} (bound {}: {check})",
+        result.config,
+        result.dtype,
+        result.tokens,
+        result.positions,
+        result.masked,
+        result.loss,
+        result.step_s,
+        result.peak_bytes.map_or("-".to_string(), gib),
+        gib(result.bound_bytes),
+    );
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_targets_hold_the_peak_memory_bound_in_gib() {
+        let bounds: Vec<_> = Targets::get().measured_by("bench train").collect();
+        assert_eq!(bounds.len(), 1);
+        assert_eq!(bounds[0].unit, "GiB");
+        assert_eq!(peak_memory_target_gib(), bounds[0].target);
+    }
+}
