@@ -28,14 +28,12 @@
 //! reader sees either the old file or the complete new one.
 
 use crate::config::SdarConfig;
+use crate::shards::{write_atomically, write_weights, IndexFile, StoredDType, StoredTensor};
 use crate::tokenizer::SdarTokenizer;
 use anyhow::{bail, Context, Result};
 use half::bf16;
-use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::Write;
+use std::path::Path;
 
 /// Shards start past this many bytes of weights (4 GiB), as Hugging Face checkpoints do.
 pub const DEFAULT_MAX_SHARD_BYTES: u64 = 4 << 30;
@@ -211,38 +209,24 @@ impl<'a> ModelInit<'a> {
         }
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
 
-        let shards = self.plan_shards();
-        let mut files = Vec::new();
-        let mut weight_bytes = 0;
-        let mut weight_map = BTreeMap::new();
-        for (k, shard) in shards.iter().enumerate() {
-            let file = if shards.len() == 1 {
-                "model.safetensors".to_string()
-            } else {
-                format!("model-{:05}-of-{:05}.safetensors", k + 1, shards.len())
-            };
-            weight_bytes +=
-                write_atomically(&out.join(&file), |w| self.write_safetensors(w, shard))?;
-            for (name, _) in shard {
-                weight_map.insert(name.clone(), file.clone());
-            }
-            files.push(file);
-        }
-        if shards.len() > 1 {
-            let total_size: usize = self.config.num_parameters() * 2;
-            let index = serde_json::json!({
-                "metadata": {"total_size": total_size},
-                "weight_map": weight_map,
-            });
-            let file = "model.safetensors.index.json".to_string();
-            write_atomically(&out.join(&file), |w| {
-                serde_json::to_writer_pretty(&mut *w, &index)?;
-                writeln!(w)?;
-                Ok(())
-            })?;
-            files.push(file);
-        }
-        remove_stale_weights(out, &files)?;
+        let tensors: Vec<StoredTensor> = self
+            .config
+            .tensor_shapes()
+            .into_iter()
+            .map(|(name, shape)| StoredTensor {
+                name,
+                shape,
+                dtype: StoredDType::BF16,
+            })
+            .collect();
+        let weights = write_weights(
+            out,
+            &tensors,
+            self.max_shard_bytes,
+            IndexFile::WhenSharded,
+            |tensor, w| self.write_values(tensor, w),
+        )?;
+        let mut files = weights.files;
 
         let mut config = serde_json::to_value(self.config)?;
         config["torch_dtype"] = "bfloat16".into();
@@ -254,85 +238,49 @@ impl<'a> ModelInit<'a> {
         files.push("config.json".to_string());
 
         if let Some(dir) = self.tokenizer {
-            for name in TOKENIZER_FILES {
-                let source = dir.join(name);
-                if !source.exists() {
-                    continue;
-                }
-                let bytes = std::fs::read(&source)
-                    .with_context(|| format!("cannot read {}", source.display()))?;
-                write_atomically(&out.join(name), |w| Ok(w.write_all(&bytes)?))?;
-                files.push(name.to_string());
-            }
+            files.extend(copy_tokenizer_files(dir, out)?);
         }
         Ok(WrittenModel {
             files,
-            weight_bytes,
+            weight_bytes: weights.bytes,
             parameters: self.config.num_parameters(),
         })
     }
 
-    /// The tensors of each shard in the config's order (as Hugging Face splits a state dict):
-    /// a shard closes when the next tensor would take it past `max_shard_bytes`.
-    fn plan_shards(&self) -> Vec<Vec<(String, Vec<usize>)>> {
-        let mut shards = Vec::new();
-        let (mut current, mut bytes) = (Vec::new(), 0u64);
-        for (name, shape) in self.config.tensor_shapes() {
-            let size = 2 * shape.iter().product::<usize>() as u64;
-            if !current.is_empty() && bytes + size > self.max_shard_bytes {
-                shards.push(std::mem::take(&mut current));
-                bytes = 0;
-            }
-            current.push((name, shape));
-            bytes += size;
+    /// The bf16 little-endian bytes of one tensor, generated a chunk at a time.
+    fn write_values(&self, tensor: &StoredTensor, w: &mut dyn Write) -> Result<()> {
+        let source = TensorValues::new(self.weights, self.config, &tensor.name);
+        let len = tensor.shape.iter().product::<usize>() as u64;
+        let mut values = vec![bf16::ZERO; (len as usize).min(CHUNK_ELEMENTS)];
+        let mut bytes = Vec::with_capacity(2 * values.len());
+        let mut first = 0;
+        while first < len {
+            let chunk = &mut values[..(len - first).min(CHUNK_ELEMENTS as u64) as usize];
+            source.fill(first, chunk);
+            bytes.clear();
+            bytes.extend(chunk.iter().flat_map(|v| v.to_le_bytes()));
+            w.write_all(&bytes)?;
+            first += chunk.len() as u64;
         }
-        shards.push(current);
-        shards
+        Ok(())
     }
+}
 
-    /// One safetensors file, byte for byte what `safetensors.torch.save_file(…, metadata=
-    /// {"format": "pt"})` writes: the tensors sorted by name, a compact JSON header padded with
-    /// spaces to a multiple of 8 bytes, bf16 little-endian data. Returns the bytes written.
-    fn write_safetensors(
-        &self,
-        w: &mut dyn Write,
-        tensors: &[(String, Vec<usize>)],
-    ) -> Result<u64> {
-        let mut tensors = tensors.to_vec();
-        tensors.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut header = String::from(r#"{"__metadata__":{"format":"pt"}"#);
-        let mut offset = 0u64;
-        for (name, shape) in &tensors {
-            let end = offset + 2 * shape.iter().product::<usize>() as u64;
-            header += &format!(
-                r#",{}:{{"dtype":"BF16","shape":{},"data_offsets":[{offset},{end}]}}"#,
-                serde_json::to_string(name)?,
-                serde_json::to_string(shape)?,
-            );
-            offset = end;
+/// Copies the [`TOKENIZER_FILES`] that `from` has into `to`, each renamed into place; returns
+/// their names.
+pub fn copy_tokenizer_files(from: &Path, to: &Path) -> Result<Vec<String>> {
+    let mut copied = Vec::new();
+    for name in TOKENIZER_FILES {
+        let source = from.join(name);
+        if !source.exists() {
+            continue;
         }
-        header.push('}');
-        header.extend(std::iter::repeat_n(' ', (8 - header.len() % 8) % 8));
-        w.write_all(&(header.len() as u64).to_le_bytes())?;
-        w.write_all(header.as_bytes())?;
-
-        let mut values = vec![bf16::ZERO; CHUNK_ELEMENTS];
-        let mut bytes = Vec::with_capacity(2 * CHUNK_ELEMENTS);
-        for (name, shape) in &tensors {
-            let source = TensorValues::new(self.weights, self.config, name);
-            let len = shape.iter().product::<usize>() as u64;
-            let mut first = 0;
-            while first < len {
-                let chunk = &mut values[..(len - first).min(CHUNK_ELEMENTS as u64) as usize];
-                source.fill(first, chunk);
-                bytes.clear();
-                bytes.extend(chunk.iter().flat_map(|v| v.to_le_bytes()));
-                w.write_all(&bytes)?;
-                first += chunk.len() as u64;
-            }
-        }
-        Ok(8 + header.len() as u64 + offset)
+        let bytes =
+            std::fs::read(&source).with_context(|| format!("cannot read {}", source.display()))?;
+        write_atomically(&to.join(name), |w| Ok(w.write_all(&bytes)?))?;
+        copied.push(name.to_string());
     }
+    Ok(copied)
 }
 
 fn folder_has_entries(dir: &Path) -> Result<bool> {
@@ -341,50 +289,4 @@ fn folder_has_entries(dir: &Path) -> Result<bool> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e).with_context(|| format!("cannot read {}", dir.display())),
     }
-}
-
-/// Removes weight files of an earlier layout (a single file replaced by shards, shards of
-/// another count, an index a single file replaces), which the loader would otherwise read.
-fn remove_stale_weights(dir: &Path, written: &[String]) -> Result<()> {
-    let single = "model.safetensors";
-    let index = "model.safetensors.index.json";
-    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
-        let shard = name.starts_with("model-") && name.ends_with(".safetensors");
-        let weights = shard || name == single || name == index;
-        if weights && !written.contains(&name) {
-            let path = dir.join(&name);
-            std::fs::remove_file(&path)
-                .with_context(|| format!("cannot remove the stale {}", path.display()))?;
-        }
-    }
-    Ok(())
-}
-
-/// Writes `path` through `write` under a temporary name beside it, then renames it into place.
-fn write_atomically<T>(path: &Path, write: impl FnOnce(&mut dyn Write) -> Result<T>) -> Result<T> {
-    static WRITES: AtomicU64 = AtomicU64::new(0);
-    let file_name = path
-        .file_name()
-        .with_context(|| format!("{} names no file", path.display()))?
-        .to_string_lossy();
-    let temporary: PathBuf = path.with_file_name(format!(
-        ".{file_name}.{}-{}.tmp",
-        std::process::id(),
-        WRITES.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result: Result<T> = (|| {
-        let file = File::create(&temporary)
-            .with_context(|| format!("cannot create {}", temporary.display()))?;
-        let mut writer = BufWriter::new(file);
-        let value = write(&mut writer)?;
-        let file = writer.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&temporary, path)?;
-        Ok(value)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    result.with_context(|| format!("cannot write {}", path.display()))
 }

@@ -17,6 +17,7 @@ pub mod masks;
 pub mod memory;
 pub mod sdar;
 pub mod sft;
+pub mod shards;
 pub mod tokenizer;
 
 pub use chat::ChatTemplate;

@@ -403,15 +403,60 @@ impl Sdar {
     ) -> anyhow::Result<Vec<f32>> {
         ensure!(chunk_rows > 0, "chunk_rows must be positive");
         sequence.check()?;
-        let device = self.device();
         let layout = Layout::masked(self, sequence)?;
-        let last = self.frozen_forward(&layout, &sequence.tokens, chunk_rows, None)?;
-        let rows = Tensor::new(sequence.rows.as_slice(), device)?;
-        let labels = Tensor::new(sequence.labels.as_slice(), device)?;
-        let picked = last.squeeze(0)?.index_select(&rows, 0)?;
+        self.frozen_label_log_probs(
+            &layout,
+            &sequence.tokens,
+            &sequence.rows,
+            &sequence.labels,
+            chunk_rows,
+        )
+    }
+
+    /// The SFT loss of [`Sdar::sft_loss_and_grads`] without autograd (an evaluation loss):
+    /// the same forward, `chunk_rows` (> 0) query rows and head rows at a time, keeping no
+    /// activations; Σ −log π(label) / p over the selected positions, summed in f64, divided by
+    /// `batch.num_loss_tokens()`.
+    pub fn sft_loss_value(&self, batch: &TwoStreamBatch, chunk_rows: usize) -> anyhow::Result<f32> {
+        ensure!(chunk_rows > 0, "chunk_rows must be positive");
+        ensure!(
+            !batch.tokens().is_empty(),
+            "the SFT batch has no tokens: pass at least one non-empty packed row"
+        );
+        let layout = Layout::two_stream(self, batch)?;
+        let log_probs = self.frozen_label_log_probs(
+            &layout,
+            batch.tokens(),
+            batch.selected(),
+            batch.selected_labels(),
+            chunk_rows,
+        )?;
+        let sum: f64 = log_probs
+            .iter()
+            .zip(batch.selected_p())
+            .map(|(&lp, &p)| -f64::from(lp) / f64::from(p))
+            .sum();
+        Ok((sum / batch.num_loss_tokens().max(1) as f64) as f32)
+    }
+
+    /// log π(label) of the scored `rows` of a forward without autograd (f32, in row order).
+    fn frozen_label_log_probs(
+        &self,
+        layout: &Layout,
+        tokens: &[u32],
+        rows: &[u32],
+        labels: &[u32],
+        chunk_rows: usize,
+    ) -> anyhow::Result<Vec<f32>> {
+        let device = self.device();
+        let last = self.frozen_forward(layout, tokens, chunk_rows, None)?;
+        let picked = last
+            .squeeze(0)?
+            .index_select(&Tensor::new(rows, device)?, 0)?;
+        let labels = Tensor::new(labels, device)?;
         let (norm, lm_head) = (self.norm.detach(), self.lm_head.detach());
-        let mut log_probs = Vec::with_capacity(sequence.rows.len());
-        for (start, len) in row_chunks(sequence.rows.len(), chunk_rows) {
+        let mut log_probs = Vec::with_capacity(rows.len());
+        for (start, len) in row_chunks(rows.len(), chunk_rows) {
             let normed = rms_norm(
                 &picked.narrow(0, start, len)?,
                 &norm,
