@@ -1,4 +1,4 @@
-//! `dice generate --kernelbench` writes `candidates.jsonl` lines that dice-bench reads, and a
+//! `dice generate --kernelbench` writes `candidates.jsonl` lines that dice-kernelbench reads, and a
 //! second run only adds what is missing.
 
 mod common;
@@ -62,7 +62,7 @@ fn kernelbench_candidates_are_written_and_resumed() {
         assert!(ids.len() >= 6);
         assert_eq!(line["trace"].as_array().unwrap().len(), ids.len());
     }
-    let candidates = dice_bench::load_candidates(&[run.join("candidates.jsonl")]).unwrap();
+    let candidates = dice_kernelbench::load_candidates(&[run.join("candidates.jsonl")]).unwrap();
     assert_eq!(candidates.len(), 2);
 
     generate(&run, "2", &[]);

@@ -5,8 +5,8 @@
 use crate::batch::{Generator, Job, PromptStyle};
 use crate::params::DecodeParams;
 use anyhow::{ensure, Context, Result};
-use dice_bench::prompt::problem_prompt;
-use dice_bench::{read_candidate_records, CandidateBody, CandidateRecord, KernelBench};
+use dice_kernelbench::prompt::problem_prompt;
+use dice_kernelbench::{read_candidate_records, CandidateBody, CandidateRecord, KernelBench};
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 //! What to evaluate and how: the evaluator's inputs and settings.
 
-use dice_bench::{Candidate, InvalidProblem, Problem};
+use dice_kernelbench::{Candidate, InvalidProblem, Problem};
 use dice_store::SampleRecord;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! again, and the report is written anew from the store.
 
 use anyhow::{bail, ensure, Context, Result};
-use dice_bench::{load_candidates, KernelBench};
+use dice_kernelbench::{load_candidates, KernelBench};
 use dice_engine::{
     generate_candidates, CandidateRun, DecodeParams, Generator, Progress, CANDIDATES_FILE,
 };

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use dice_bench::{load_candidates, load_pairs, Candidate, InvalidProblem, KernelBench, Problem};
+use dice_kernelbench::{load_candidates, load_pairs, Candidate, InvalidProblem, KernelBench, Problem};
 use dice_eval::{
     Baseline, Batch, Device, EvalConfig, EvalProblem, EvalSample, Judge, Precision, StaticAudit,
     Summary,

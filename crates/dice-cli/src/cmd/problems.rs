@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
-use dice_bench::KernelBench;
+use dice_kernelbench::KernelBench;
 use std::io::Write;
 use std::path::PathBuf;
 

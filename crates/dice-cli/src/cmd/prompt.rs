@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dice_bench::prompt::{infilling_prompt, load_infilling_tasks, problem_prompt};
-use dice_bench::KernelBench;
+use dice_kernelbench::prompt::{infilling_prompt, load_infilling_tasks, problem_prompt};
+use dice_kernelbench::KernelBench;
 use dice_model::chat::ChatMessage;
 use dice_model::ChatTemplate;
 use std::io::Write;

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use dice_bench::{load_candidates, KernelBench};
+use dice_kernelbench::{load_candidates, KernelBench};
 use dice_eval::{EvalConfig, EvalProblem, EvalSample, Verdict};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

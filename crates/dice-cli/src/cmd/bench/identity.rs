@@ -1,11 +1,11 @@
 //! `dice bench identity`: identity candidates (each reference with `Model` renamed `ModelNew`)
 //! for the timing-precision benchmark, among the problems whose inputs fit a budget
-//! ([`dice_bench::pick_identity_problems`]).
+//! ([`dice_kernelbench::pick_identity_problems`]).
 
 use super::format::gib;
 use anyhow::{ensure, Context, Result};
 use clap::Args;
-use dice_bench::{
+use dice_kernelbench::{
     identity_candidates_jsonl, input_sizes_command, pick_identity_problems, InputSize, KernelBench,
     LevelPick, Skip,
 };

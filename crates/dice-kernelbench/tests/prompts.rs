@@ -1,9 +1,9 @@
 mod common;
 
-use dice_bench::prompt::{
+use dice_kernelbench::prompt::{
     assemble_infilled, infilling_prompt, load_infilling_tasks, problem_prompt,
 };
-use dice_bench::KernelBench;
+use dice_kernelbench::KernelBench;
 use serde_json::Value;
 use std::fs;
 

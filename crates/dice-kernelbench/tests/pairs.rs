@@ -1,6 +1,6 @@
 mod common;
 
-use dice_bench::{load_pairs, PAIRS_LEVEL};
+use dice_kernelbench::{load_pairs, PAIRS_LEVEL};
 use serde_json::Value;
 use std::fs;
 

@@ -1,6 +1,6 @@
 mod common;
 
-use dice_bench::KernelBench;
+use dice_kernelbench::KernelBench;
 use std::fs;
 
 #[test]

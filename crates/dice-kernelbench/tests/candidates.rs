@@ -1,4 +1,4 @@
-use dice_bench::{load_candidates, Candidate};
+use dice_kernelbench::{load_candidates, Candidate};
 use std::fs;
 use std::path::{Path, PathBuf};
 
