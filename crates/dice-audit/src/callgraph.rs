@@ -265,7 +265,7 @@ impl<'m, 't> CallGraph<'m, 't> {
         };
         let class = caller.class.as_deref();
         let push_value = |value: Value, stack: &mut Vec<_>, calls: &mut Vec<Call<'t>>| {
-            self.call_value(value, call, stack, calls)
+            self.call_value(value, call, stack, calls);
         };
         match function.kind() {
             "identifier" => {
@@ -413,11 +413,8 @@ impl<'m, 't> CallGraph<'m, 't> {
                 if !matches!(inner.kind(), "identifier" | "attribute") {
                     continue;
                 }
-                match self.value_of(inner, id.class.as_deref()) {
-                    Some(Value::Extension(i)) | Some(Value::ExtensionFunction(i, _)) => {
-                        out.insert(i);
-                    }
-                    _ => {}
+                if let Some(Value::Extension(i) | Value::ExtensionFunction(i, _)) = self.value_of(inner, id.class.as_deref()) {
+                    out.insert(i);
                 }
             }
         }

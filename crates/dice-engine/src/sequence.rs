@@ -66,7 +66,7 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
-    pub fn new(prompt: &[u32], params: DecodeParams, mask_token_id: u32) -> Self {
+    pub(crate) fn new(prompt: &[u32], params: DecodeParams, mask_token_id: u32) -> Self {
         let b = params.block_length;
         let prompt_len = prompt.len();
         let prefill_len = prompt_len / b * b;
@@ -95,24 +95,24 @@ impl Sequence {
         sequence
     }
 
-    pub fn block_length(&self) -> usize {
+    pub(crate) fn block_length(&self) -> usize {
         self.params.block_length
     }
 
-    pub fn committed(&self) -> &[u32] {
+    pub(crate) fn committed(&self) -> &[u32] {
         &self.committed
     }
 
-    pub fn block(&self) -> &[u32] {
+    pub(crate) fn block(&self) -> &[u32] {
         &self.block
     }
 
     /// The last committed block (prompt tail included): the one a store pass writes.
-    pub fn last_committed_block(&self) -> &[u32] {
+    pub(crate) fn last_committed_block(&self) -> &[u32] {
         &self.committed[self.committed.len() - self.params.block_length..]
     }
 
-    pub fn prefilled(&mut self) {
+    pub(crate) fn prefilled(&mut self) {
         self.phase = Phase::Denoise;
     }
 
@@ -126,14 +126,14 @@ impl Sequence {
         self.block_step = 0;
     }
 
-    pub fn sampling(&self) -> &SamplingParams {
+    pub(crate) fn sampling(&self) -> &SamplingParams {
         &self.params.sampling
     }
 
     /// The block positions whose candidates the next denoising step asks for, ascending: the
     /// masked ones, or all of them with [`Overflow::Reference`] (its surplus picks rewrite
     /// unmasked positions). [`Sequence::denoise_step`] asks for no other.
-    pub fn logit_positions(&self) -> Vec<usize> {
+    pub(crate) fn logit_positions(&self) -> Vec<usize> {
         (0..self.block.len()).filter(|&i| self.listed(i)).collect()
     }
 
@@ -156,7 +156,7 @@ impl Sequence {
 
     /// One denoising step from the candidates of the positions [`Sequence::logit_positions`]
     /// lists, in its order.
-    pub fn denoise_listed(&mut self, candidates: &[Candidate]) {
+    pub(crate) fn denoise_listed(&mut self, candidates: &[Candidate]) {
         let rank = self.listed_ranks();
         self.denoise_step(|i| candidates[rank[i]]);
     }
@@ -164,7 +164,7 @@ impl Sequence {
     /// One denoising step from the f32 logits (`vocab` each) of the positions
     /// [`Sequence::logit_positions`] lists, in its order, drawing every position's uniform
     /// number first (the order seeded outputs rely on).
-    pub fn denoise_sampled(&mut self, logits: &[f32], vocab: usize) {
+    pub(crate) fn denoise_sampled(&mut self, logits: &[f32], vocab: usize) {
         let uniforms: Vec<f64> = (0..self.params.block_length)
             .map(|_| self.rng.random::<f64>())
             .collect();
@@ -226,7 +226,7 @@ impl Sequence {
 
     /// Appends the clean block and applies the stopping rules; a sequence that goes on starts
     /// its next block.
-    pub fn commit_block(&mut self) -> Committed {
+    pub(crate) fn commit_block(&mut self) -> Committed {
         let block_start = self.committed.len();
         self.committed.extend_from_slice(&self.block);
         let first_generated = self.prompt_len.saturating_sub(block_start);
@@ -258,11 +258,11 @@ impl Sequence {
         Committed { tokens, finished }
     }
 
-    pub fn prompt_len(&self) -> usize {
+    pub(crate) fn prompt_len(&self) -> usize {
         self.prompt_len
     }
 
-    pub fn into_output(self) -> (Vec<u32>, Vec<u32>) {
+    pub(crate) fn into_output(self) -> (Vec<u32>, Vec<u32>) {
         (self.output, self.trace)
     }
 }

@@ -8,16 +8,16 @@ use anyhow::{ensure, Result};
 use candle_core::{Device, Tensor};
 use std::cell::RefCell;
 
-pub const VOCAB: usize = 64;
-pub const MASK: u32 = 63;
+pub(crate) const VOCAB: usize = 64;
+pub(crate) const MASK: u32 = 63;
 
-pub struct SlotCache {
+pub(crate) struct SlotCache {
     slots: Vec<Vec<u32>>,
     capacity: usize,
 }
 
 #[derive(Default)]
-pub struct HashModel {
+pub(crate) struct HashModel {
     /// Every forward as ("forward", rows), ("store", rows storing a block), ("merged", rows
     /// storing a block and denoising the next); every prefill as ("prefill", rows).
     pub calls: RefCell<Vec<(&'static str, usize)>>,
@@ -38,7 +38,7 @@ fn mix(mut h: u64, x: u64) -> u64 {
 }
 
 impl HashModel {
-    pub fn block_logits(committed: &[u32], block: &[u32]) -> Vec<f32> {
+    pub(crate) fn block_logits(committed: &[u32], block: &[u32]) -> Vec<f32> {
         let context = committed.iter().fold(17u64, |h, &t| mix(h, u64::from(t)));
         let visible = block
             .iter()

@@ -40,7 +40,7 @@ impl Batch {
 
 /// What the compile stage, the run slots and the store writer of one batch share: the judge's
 /// job context and interpreter, the batch's problems, and its samples still to evaluate.
-pub struct BatchContext<'j> {
+pub(crate) struct BatchContext<'j> {
     pub ctx: &'j JobContext,
     pub rt: &'j Arc<Runtime>,
     pub problems: HashMap<ProblemKey, EvalProblem>,
@@ -52,7 +52,7 @@ pub struct BatchContext<'j> {
 
 impl BatchContext<'_> {
     /// A sample's problem key, its problem, and its code (run samples always have code).
-    pub fn problem_and_code<'s>(
+    pub(crate) fn problem_and_code<'s>(
         &'s self,
         sample: &'s EvalSample,
     ) -> (ProblemKey, &'s EvalProblem, &'s [u8]) {
@@ -66,14 +66,14 @@ impl BatchContext<'_> {
 }
 
 /// What the stages tell the store writer, about the batch's sample at an index.
-pub enum Report {
+pub(crate) enum Report {
     Sample(usize, Box<Outcome>),
     ReferenceOk(ProblemKey),
     ReferenceFailed(usize, String),
 }
 
 /// A sample ready for the run stage, with what its compile stage left.
-pub struct RunItem {
+pub(crate) struct RunItem {
     pub sample: usize,
     pub compiled: Compiled,
 }

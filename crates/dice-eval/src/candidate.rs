@@ -14,13 +14,13 @@ use std::time::Duration;
 
 /// What the run stage learnt about a candidate besides its verdict.
 #[derive(Default)]
-pub struct Evidence {
+pub(crate) struct Evidence {
     pub findings: Vec<Finding>,
     pub kernels: Option<KernelProfile>,
 }
 
 /// A candidate process started for a problem, before its reference is ready.
-pub struct CandidateRun {
+pub(crate) struct CandidateRun {
     pub child: Child,
     pub custom_names: Vec<String>,
     pub clock: StageClock,
@@ -29,13 +29,13 @@ pub struct CandidateRun {
 impl CandidateRun {
     /// The candidate's stages are counted from now: it was started ahead, while the run slot
     /// was busy with the previous candidate, and only the wait left is its own.
-    pub fn restart_clock(&mut self) {
+    pub(crate) fn restart_clock(&mut self) {
         self.clock = StageClock::start();
     }
 }
 
 /// Starts the candidate process, as the next sandbox user, after its compile stage.
-pub fn spawn_candidate(
+pub(crate) fn spawn_candidate(
     ctx: &JobContext,
     zygote: &Zygote,
     problem: &EvalProblem,
@@ -60,7 +60,7 @@ pub fn spawn_candidate(
 }
 
 /// Sends `op` to the candidate and waits (within one run timeout) for the `reply` event.
-pub fn request_candidate(
+pub(crate) fn request_candidate(
     ctx: &JobContext,
     child: &mut Child,
     op: Value,
@@ -70,7 +70,7 @@ pub fn request_candidate(
 }
 
 /// [`request_candidate`], handing every other event to `other`.
-pub fn request_candidate_with(
+pub(crate) fn request_candidate_with(
     ctx: &JobContext,
     child: &mut Child,
     op: Value,
@@ -100,7 +100,7 @@ pub fn request_candidate_with(
     }
 }
 
-pub fn timed_out(ctx: &JobContext, deadline: &Deadline, phase: &str) -> (Verdict, String) {
+pub(crate) fn timed_out(ctx: &JobContext, deadline: &Deadline, phase: &str) -> (Verdict, String) {
     if deadline.building() {
         let secs = ctx.cfg.compile_timeout.as_secs();
         (
@@ -119,7 +119,7 @@ pub fn timed_out(ctx: &JobContext, deadline: &Deadline, phase: &str) -> (Verdict
 }
 
 /// A failure the candidate process reported about itself; it can only ever make itself worse.
-pub fn failure_of(msg: &Value) -> (Verdict, String) {
+pub(crate) fn failure_of(msg: &Value) -> (Verdict, String) {
     let verdict = match msg["verdict"].as_str().and_then(|v| v.parse().ok()) {
         Some(v @ (Verdict::LoadError | Verdict::CompileError | Verdict::Crashed)) => v,
         _ => Verdict::RuntimeError,

@@ -1,6 +1,9 @@
 //! One forked job: its private directory, its drained stdout/stderr, its control socket, its
 //! deadline, and the kill of its whole process group.
 
+// Process control (fork, setuid, signals, process groups) goes through libc.
+#![allow(unsafe_code)]
+
 use crate::excerpt::Excerpt;
 use crate::zygote::{Exit, Zygote};
 use anyhow::{Context, Result};
@@ -28,7 +31,7 @@ const MAX_LINE: u64 = 8 << 20;
 const GRACE: Duration = Duration::from_secs(3);
 
 #[derive(Debug)]
-pub enum Event {
+pub(crate) enum Event {
     Msg(Value),
     Exited(Exit),
 }
@@ -40,14 +43,14 @@ enum Wire {
 
 /// Run time left to a child, not counting time spent in extension builds, which have their own
 /// limit per build.
-pub struct Deadline {
+pub(crate) struct Deadline {
     pub run_left: Duration,
     pub compile_limit: Duration,
     building_since: Option<Instant>,
 }
 
 impl Deadline {
-    pub fn new(run: Duration, compile: Duration) -> Self {
+    pub(crate) fn new(run: Duration, compile: Duration) -> Self {
         Deadline {
             run_left: run,
             compile_limit: compile,
@@ -55,12 +58,12 @@ impl Deadline {
         }
     }
 
-    pub fn building(&self) -> bool {
+    pub(crate) fn building(&self) -> bool {
         self.building_since.is_some()
     }
 }
 
-pub struct Child {
+pub(crate) struct Child {
     pub pid: i32,
     dir: PathBuf,
     wire: Receiver<Wire>,
@@ -75,7 +78,7 @@ pub struct Child {
 
 impl Child {
     /// Creates the job directory with `files`, and forks a child of `role` with `request`.
-    pub fn start(
+    pub(crate) fn start(
         zygote: &Zygote,
         jobs_dir: &Path,
         role: &str,
@@ -153,12 +156,12 @@ impl Child {
         Ok(child)
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// Sends one operation; false when the child is not (or no longer) listening.
-    pub fn send(&self, op: &Value) -> bool {
+    pub(crate) fn send(&self, op: &Value) -> bool {
         let mut writer = self.writer.lock().unwrap();
         match writer.as_mut() {
             Some(stream) => stream.write_all(format!("{op}\n").as_bytes()).is_ok(),
@@ -168,7 +171,7 @@ impl Child {
 
     /// The next message or exit, or None when the deadline passed. Extension builds announced
     /// by the child (`build_start` … `build`) are charged to the compile limit, not the run time.
-    pub fn next_within(&mut self, deadline: &mut Deadline) -> Option<Event> {
+    pub(crate) fn next_within(&mut self, deadline: &mut Deadline) -> Option<Event> {
         loop {
             if let Some(event) = self.pending.pop_front() {
                 if let Event::Msg(msg) = &event {
@@ -225,7 +228,7 @@ impl Child {
             {
                 Ok(Wire::Msg(msg)) => return vec![Event::Msg(msg)],
                 Ok(Wire::Closed) | Err(RecvTimeoutError::Disconnected) => {
-                    std::thread::sleep(Duration::from_millis(5).min(until - now))
+                    std::thread::sleep(Duration::from_millis(5).min(until - now));
                 }
                 Err(RecvTimeoutError::Timeout) => {}
             }
@@ -257,7 +260,7 @@ impl Child {
 
     /// Kills the child and everything it started, waits for its exit, and returns its output
     /// excerpt. The job directory is removed.
-    pub fn finish(mut self) -> (Option<Exit>, String) {
+    pub(crate) fn finish(mut self) -> (Option<Exit>, String) {
         self.kill_group();
         if self.exited.is_none() {
             if let Ok(exit) = self.exit.recv_timeout(GRACE) {
@@ -288,7 +291,7 @@ impl Drop for Child {
 }
 
 /// How a child ended, as a verdict's message says it.
-pub fn describe_exit(exit: Exit) -> String {
+pub(crate) fn describe_exit(exit: Exit) -> String {
     match exit {
         Exit::Signal(sig) => format!("was killed by signal {sig} ({})", signal_name(sig)),
         Exit::Code(code) => format!("exited with status {code}"),
@@ -358,7 +361,7 @@ fn serve_socket(
         match listener.accept() {
             Ok((stream, _)) => break stream,
             Err(e) if e.kind() == ErrorKind::WouldBlock && !stop.load(Ordering::SeqCst) => {
-                std::thread::sleep(Duration::from_millis(5))
+                std::thread::sleep(Duration::from_millis(5));
             }
             Err(_) => {
                 let _ = wire.send(Wire::Closed);

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 /// Wall time of a candidate's stages, as the evaluator saw them, in seconds; time spent waiting
 /// for an untimed pass is also summed apart (`pass wait`).
-pub struct StageClock {
+pub(crate) struct StageClock {
     started: Instant,
     last: Instant,
     stages: Vec<(String, f64)>,
@@ -13,7 +13,7 @@ pub struct StageClock {
 }
 
 impl StageClock {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let now = Instant::now();
         StageClock {
             started: now,
@@ -24,28 +24,28 @@ impl StageClock {
     }
 
     /// A pass of `access` for one untimed step; the wait for it counts as `pass wait`.
-    pub fn untimed<'a>(&mut self, access: &Access<'a>) -> Option<SharedPass<'a>> {
+    pub(crate) fn untimed<'a>(&mut self, access: &Access<'a>) -> Option<SharedPass<'a>> {
         let asked = Instant::now();
         let pass = access.untimed();
         self.pass_wait_s += asked.elapsed().as_secs_f64();
         pass
     }
 
-    pub fn into_stages(mut self) -> Vec<(String, f64)> {
+    pub(crate) fn into_stages(mut self) -> Vec<(String, f64)> {
         self.stages
             .push(("pass wait".to_string(), self.pass_wait_s));
         self.stages
     }
 
     /// Ends the stage `name`, which began when the previous one ended.
-    pub fn lap(&mut self, name: &str) {
+    pub(crate) fn lap(&mut self, name: &str) {
         let now = Instant::now();
         self.stages
             .push((name.to_string(), (now - self.last).as_secs_f64()));
         self.last = now;
     }
 
-    pub fn total_s(&self) -> f64 {
+    pub(crate) fn total_s(&self) -> f64 {
         self.started.elapsed().as_secs_f64()
     }
 }

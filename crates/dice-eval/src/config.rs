@@ -181,7 +181,7 @@ impl EvalConfig {
             device: Device::Cpu,
             timeout: Duration::from_secs(120),
             compile_timeout: Duration::from_secs(900),
-            jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            jobs: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
             runs_per_device: 1,
             look_ahead: false,
             correctness_trials: 5,

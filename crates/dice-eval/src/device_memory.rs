@@ -16,7 +16,7 @@ use std::sync::{Condvar, Mutex};
 const USABLE_SHARE: f64 = 0.9;
 
 #[derive(Default)]
-pub struct DeviceMemory {
+pub(crate) struct DeviceMemory {
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -40,7 +40,7 @@ impl State {
 }
 
 /// Bytes held for one problem in flight; given back when dropped.
-pub struct Reservation<'a> {
+pub(crate) struct Reservation<'a> {
     memory: &'a DeviceMemory,
     bytes: u64,
 }
@@ -55,11 +55,11 @@ impl Drop for Reservation<'_> {
 
 impl DeviceMemory {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Records the device's size (every process of a device reports the same).
-    pub fn set_device_total(&self, total: u64) {
+    pub(crate) fn set_device_total(&self, total: u64) {
         let mut state = self.lock();
         if state.capacity.is_none() {
             state.capacity = Some((total as f64 * USABLE_SHARE) as u64);
@@ -68,7 +68,7 @@ impl DeviceMemory {
     }
 
     /// `bytes` now, if nobody waits before us and they fit.
-    pub fn try_reserve(&self, bytes: u64) -> Option<Reservation<'_>> {
+    pub(crate) fn try_reserve(&self, bytes: u64) -> Option<Reservation<'_>> {
         let mut state = self.lock();
         if !state.waiting.is_empty() || !state.fits(bytes) {
             return None;
@@ -81,13 +81,13 @@ impl DeviceMemory {
     }
 
     /// `bytes` once every earlier asker was served and they fit (`u64::MAX`: the device alone).
-    pub fn reserve(&self, bytes: u64) -> Reservation<'_> {
+    pub(crate) fn reserve(&self, bytes: u64) -> Reservation<'_> {
         let mut state = self.lock();
         let ticket = state.next_ticket;
         state.next_ticket += 1;
         state.waiting.push_back(ticket);
         while state.waiting.front() != Some(&ticket) || !state.fits(bytes) {
-            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+            state = self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
         }
         state.waiting.pop_front();
         state.reserved += bytes;
@@ -99,7 +99,7 @@ impl DeviceMemory {
     }
 
     /// Whether someone waits for memory: holders give theirs back at their next sample.
-    pub fn has_waiters(&self) -> bool {
+    pub(crate) fn has_waiters(&self) -> bool {
         !self.lock().waiting.is_empty()
     }
 }

@@ -3,8 +3,8 @@
 use std::collections::VecDeque;
 
 /// Bytes kept from each end of a stream.
-pub const EXCERPT_HEAD: usize = 16 * 1024;
-pub const EXCERPT_TAIL: usize = 16 * 1024;
+pub(crate) const EXCERPT_HEAD: usize = 16 * 1024;
+pub(crate) const EXCERPT_TAIL: usize = 16 * 1024;
 
 #[derive(Debug)]
 pub struct Excerpt {

@@ -15,7 +15,7 @@ use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
-pub struct DeviceGate {
+pub(crate) struct DeviceGate {
     lock: RwLock<()>,
     record: Mutex<Record>,
 }
@@ -32,7 +32,7 @@ struct Record {
 /// How the gate was used: what the run's wall time gave to timing, its queue, and the untimed
 /// steps a timer waits for.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct GateUse {
+pub(crate) struct GateUse {
     /// Exclusive windows (one per timed candidate, or per evaluation alone).
     pub windows: u32,
     /// Time inside them.
@@ -52,7 +52,7 @@ pub struct GateUse {
 
 impl GateUse {
     /// Adds another device's use.
-    pub fn add(&mut self, other: &GateUse) {
+    pub(crate) fn add(&mut self, other: &GateUse) {
         self.windows += other.windows;
         self.held += other.held;
         self.waited += other.waited;
@@ -64,7 +64,7 @@ impl GateUse {
     }
 
     /// Sets the gate's fields of a run's timeline (in seconds).
-    pub fn write_to(&self, timeline: &mut RunTimeline) {
+    pub(crate) fn write_to(&self, timeline: &mut RunTimeline) {
         timeline.exclusive_windows = self.windows;
         timeline.exclusive_s = self.held.as_secs_f64();
         timeline.exclusive_wait_s = self.waited.as_secs_f64();
@@ -77,17 +77,17 @@ impl GateUse {
 }
 
 impl DeviceGate {
-    pub fn usage(&self) -> GateUse {
+    pub(crate) fn usage(&self) -> GateUse {
         self.lock_record().used
     }
 
     fn lock_record(&self) -> std::sync::MutexGuard<'_, Record> {
-        self.record.lock().unwrap_or_else(|p| p.into_inner())
+        self.record.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn shared(&self) -> SharedPass<'_> {
         let asked = Instant::now();
-        let guard = self.lock.read().unwrap_or_else(|p| p.into_inner());
+        let guard = self.lock.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         let since = Instant::now();
         self.lock_record().used.step_waited += since - asked;
         SharedPass {
@@ -104,7 +104,7 @@ impl DeviceGate {
             r.wanted += 1;
             r.closed_since.get_or_insert(asked);
         }
-        let guard = self.lock.write().unwrap_or_else(|p| p.into_inner());
+        let guard = self.lock.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         let since = Instant::now();
         self.lock_record().used.waited += since - asked;
         Exclusive {
@@ -116,7 +116,7 @@ impl DeviceGate {
 }
 
 /// The device alone; its use is recorded when given back.
-pub struct Exclusive<'a> {
+pub(crate) struct Exclusive<'a> {
     gate: &'a DeviceGate,
     since: Instant,
     _guard: RwLockWriteGuard<'a, ()>,
@@ -138,7 +138,7 @@ impl Drop for Exclusive<'_> {
 }
 
 /// A pass for one untimed step; its use is recorded when given back.
-pub struct SharedPass<'a> {
+pub(crate) struct SharedPass<'a> {
     gate: &'a DeviceGate,
     since: Instant,
     _guard: RwLockReadGuard<'a, ()>,
@@ -155,7 +155,7 @@ impl Drop for SharedPass<'_> {
 }
 
 /// How one evaluation reaches its device.
-pub enum Access<'a> {
+pub(crate) enum Access<'a> {
     /// Beside other evaluations: a shared pass per untimed step, the exclusive one to time.
     Shared(&'a DeviceGate),
     /// The device to itself for the whole evaluation (a retry after running out of device
@@ -164,7 +164,7 @@ pub enum Access<'a> {
 }
 
 impl<'a> Access<'a> {
-    pub fn new(gate: &'a DeviceGate, alone: bool) -> Self {
+    pub(crate) fn new(gate: &'a DeviceGate, alone: bool) -> Self {
         if alone {
             Access::Alone(gate.exclusive())
         } else {
@@ -173,7 +173,7 @@ impl<'a> Access<'a> {
     }
 
     /// A pass for one untimed step (None: the whole evaluation is already alone).
-    pub fn untimed(&self) -> Option<SharedPass<'a>> {
+    pub(crate) fn untimed(&self) -> Option<SharedPass<'a>> {
         match self {
             Access::Shared(gate) => Some(gate.shared()),
             Access::Alone(_) => None,
@@ -181,7 +181,7 @@ impl<'a> Access<'a> {
     }
 
     /// The device alone, for timing.
-    pub fn timed(&self) -> Option<Exclusive<'a>> {
+    pub(crate) fn timed(&self) -> Option<Exclusive<'a>> {
         match self {
             Access::Shared(gate) => Some(gate.exclusive()),
             Access::Alone(_) => None,

@@ -7,7 +7,7 @@ use dice_store::{BuildRecord, KernelProfile, TimingStats, Verdict};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
-pub struct JobContext {
+pub(crate) struct JobContext {
     pub cfg: EvalConfig,
     pub jobs_dir: PathBuf,
     /// Resource limits applied in every child before it runs anything it was handed.
@@ -24,7 +24,7 @@ pub struct JobContext {
 }
 
 impl JobContext {
-    pub fn new(cfg: EvalConfig, jobs_dir: PathBuf, env: Value) -> JobContext {
+    pub(crate) fn new(cfg: EvalConfig, jobs_dir: PathBuf, env: Value) -> JobContext {
         let limits = child_limits(&cfg);
         let cores = match cfg.device {
             crate::config::Device::Cuda => timing_cores(&usable_cores()),
@@ -42,6 +42,7 @@ impl JobContext {
 }
 
 /// The cores this process may run on.
+#[allow(unsafe_code)] // sched_getaffinity through libc
 fn usable_cores() -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is a valid empty set, filled in by sched_getaffinity.
     unsafe {
@@ -68,7 +69,7 @@ fn timing_cores(cores: &[usize]) -> Value {
 /// CPU seconds (all threads) as a backstop to the wall-clock limits, bounded file size, and on the
 /// CPU an address-space bound of the machine's RAM (CUDA needs huge virtual mappings, so not there).
 fn child_limits(cfg: &EvalConfig) -> Value {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as u64;
     let wall = cfg.compile_timeout + cfg.timeout * (cfg.timing_rounds + 1);
     let mut limits = json!({
         "RLIMIT_CPU": wall.as_secs().saturating_mul(cores).max(60),
@@ -82,6 +83,7 @@ fn child_limits(cfg: &EvalConfig) -> Value {
     limits
 }
 
+#[allow(unsafe_code)] // sysconf through libc
 fn physical_memory() -> Option<u64> {
     // SAFETY: sysconf has no preconditions.
     let (pages, size) = unsafe {
@@ -94,7 +96,7 @@ fn physical_memory() -> Option<u64> {
 }
 
 /// The fields of every request to a run-stage child (reference or candidate).
-pub fn common_request(ctx: &JobContext) -> Value {
+pub(crate) fn common_request(ctx: &JobContext) -> Value {
     json!({
         "device": ctx.cfg.device.as_str(),
         "precision": ctx.cfg.precision.as_str(),
@@ -106,7 +108,7 @@ pub fn common_request(ctx: &JobContext) -> Value {
 }
 
 /// The milliseconds of a `times` reply.
-pub fn times_of(reply: &Value) -> Vec<f64> {
+pub(crate) fn times_of(reply: &Value) -> Vec<f64> {
     reply["ms"]
         .as_array()
         .map(|a| a.iter().filter_map(Value::as_f64).collect())
@@ -115,14 +117,14 @@ pub fn times_of(reply: &Value) -> Vec<f64> {
 
 /// What the compile stage leaves for the run stage.
 #[derive(Clone, Debug, Default)]
-pub struct Compiled {
+pub(crate) struct Compiled {
     pub builds: Vec<BuildRecord>,
     pub wall_s: f64,
 }
 
 /// The evaluation of one candidate, before it becomes a stored record.
 #[derive(Clone, Debug)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub verdict: Verdict,
     pub message: Option<String>,
     pub max_abs_error: Option<f64>,
@@ -145,7 +147,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    pub fn failed(
+    pub(crate) fn failed(
         verdict: Verdict,
         message: String,
         log: String,
@@ -173,7 +175,7 @@ impl Outcome {
 }
 
 /// A `build` event of a child as a record.
-pub fn build_record(msg: &Value) -> BuildRecord {
+pub(crate) fn build_record(msg: &Value) -> BuildRecord {
     BuildRecord {
         key: msg["key"].as_str().unwrap_or_default().to_string(),
         name: msg["name"].as_str().unwrap_or_default().to_string(),

@@ -10,7 +10,7 @@ use crate::stage_reference::StartedReference;
 use crate::zygote::{Zygote, ZygoteSlot};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub struct Lane {
+pub(crate) struct Lane {
     pub zygote: Arc<ZygoteSlot>,
     pub gate: DeviceGate,
     pub memory: DeviceMemory,
@@ -18,7 +18,7 @@ pub struct Lane {
 }
 
 /// A run slot's next sample, taken from the queue while its current one runs (or taken now).
-pub struct Ahead {
+pub(crate) struct Ahead {
     pub item: RunItem,
     /// None when it was taken straight from the queue or they could not be started (they start
     /// in its turn).
@@ -27,14 +27,14 @@ pub struct Ahead {
 
 /// Processes started ahead for a sample, on the fork server `zygote`: its candidate, and its
 /// problem's reference when that differs from the problem the slot was on.
-pub struct Started {
+pub(crate) struct Started {
     pub zygote: Arc<Zygote>,
     pub candidate: CandidateRun,
     pub reference: Option<StartedReference>,
 }
 
 impl Lane {
-    pub fn new(zygote: Arc<ZygoteSlot>, slots: usize) -> Self {
+    pub(crate) fn new(zygote: Arc<ZygoteSlot>, slots: usize) -> Self {
         Lane {
             zygote,
             gate: DeviceGate::default(),
@@ -44,17 +44,17 @@ impl Lane {
     }
 
     /// Run slots of the device.
-    pub fn slots(&self) -> usize {
+    pub(crate) fn slots(&self) -> usize {
         self.aheads.len()
     }
 
     /// Run slot `index`'s sample taken ahead.
-    pub fn ahead(&self, index: usize) -> MutexGuard<'_, Option<Ahead>> {
-        self.aheads[index].lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn ahead(&self, index: usize) -> MutexGuard<'_, Option<Ahead>> {
+        self.aheads[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A sample another slot took ahead and has not begun.
-    pub fn steal(&self) -> Option<Ahead> {
+    pub(crate) fn steal(&self) -> Option<Ahead> {
         (0..self.aheads.len()).find_map(|i| self.ahead(i).take())
     }
 }

@@ -28,7 +28,7 @@ use std::time::Instant;
 
 /// What stays up from one batch to the next: the job context, the interpreter's scratch
 /// directory, and the fork servers (each imported torch once).
-pub struct Workers {
+pub(crate) struct Workers {
     pub ctx: JobContext,
     pub rt: Arc<Runtime>,
     /// The compile stage's, with CUDA hidden; started once a batch has something to build.
@@ -40,7 +40,7 @@ pub struct Workers {
 impl Workers {
     /// Evaluates `batch` into `store`, skipping samples already stored unless `force`; its
     /// timeline counts from `started`.
-    pub fn evaluate(
+    pub(crate) fn evaluate(
         &self,
         store: &mut Store,
         audit: Option<&dyn Audit>,

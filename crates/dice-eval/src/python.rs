@@ -146,6 +146,7 @@ fn scratch_dir() -> Result<tempfile::TempDir> {
     Ok(dir)
 }
 
+#[allow(unsafe_code)] // kill(pid, 0) through libc
 fn remove_orphans(parent: &Path) {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;

@@ -4,9 +4,9 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 
-pub type ProblemKey = (u32, u32);
+pub(crate) type ProblemKey = (u32, u32);
 
-pub struct RunQueue<T> {
+pub(crate) struct RunQueue<T> {
     state: Mutex<State<T>>,
     changed: Condvar,
 }
@@ -19,13 +19,13 @@ struct State<T> {
 }
 
 /// A handle that may add items; the queue ends when every producer is dropped and it is empty.
-pub struct Producer<T> {
+pub(crate) struct Producer<T> {
     queue: Arc<RunQueue<T>>,
 }
 
 impl<T> RunQueue<T> {
     /// A queue with one producer, returned beside it.
-    pub fn new() -> (Arc<RunQueue<T>>, Producer<T>) {
+    pub(crate) fn new() -> (Arc<RunQueue<T>>, Producer<T>) {
         let queue = Arc::new(RunQueue {
             state: Mutex::new(State {
                 items: VecDeque::new(),
@@ -42,8 +42,8 @@ impl<T> RunQueue<T> {
 
     /// The oldest item of `prefer`'s problem, else the oldest item; waits while producers remain.
     /// None once the queue is empty and closed.
-    pub fn take(&self, prefer: Option<ProblemKey>) -> Option<T> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+    pub(crate) fn take(&self, prefer: Option<ProblemKey>) -> Option<T> {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         loop {
             if let Some(item) = state.pop(prefer) {
                 return Some(item);
@@ -52,23 +52,23 @@ impl<T> RunQueue<T> {
                 return None;
             }
             state.waiting += 1;
-            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+            state = self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
             state.waiting -= 1;
         }
     }
 
     /// What [`RunQueue::take`] would return at once, without waiting for producers.
-    pub fn take_ready(&self, prefer: Option<ProblemKey>) -> Option<T> {
+    pub(crate) fn take_ready(&self, prefer: Option<ProblemKey>) -> Option<T> {
         self.state
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .pop(prefer)
     }
 
     /// An item for later, taken now (a run slot's look-ahead): like [`RunQueue::take`] without
     /// waiting, and None while another taker waits, since an idle slot should run it first.
-    pub fn try_take(&self, prefer: Option<ProblemKey>) -> Option<T> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+    pub(crate) fn try_take(&self, prefer: Option<ProblemKey>) -> Option<T> {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if state.waiting > 0 {
             return None;
         }
@@ -86,8 +86,8 @@ impl<T> State<T> {
 }
 
 impl<T> Producer<T> {
-    pub fn push(&self, key: ProblemKey, item: T) {
-        let mut state = self.queue.state.lock().unwrap_or_else(|p| p.into_inner());
+    pub(crate) fn push(&self, key: ProblemKey, item: T) {
+        let mut state = self.queue.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         state.items.push_back((key, item));
         self.queue.changed.notify_all();
     }
@@ -95,7 +95,7 @@ impl<T> Producer<T> {
 
 impl<T> Clone for Producer<T> {
     fn clone(&self) -> Self {
-        let mut state = self.queue.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.queue.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         state.producers += 1;
         Producer {
             queue: self.queue.clone(),
@@ -105,7 +105,7 @@ impl<T> Clone for Producer<T> {
 
 impl<T> Drop for Producer<T> {
     fn drop(&mut self) {
-        let mut state = self.queue.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.queue.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         state.producers -= 1;
         self.queue.changed.notify_all();
     }

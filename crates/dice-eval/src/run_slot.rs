@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::thread::Scope;
 use std::time::Instant;
 
-pub fn run_slot(
+pub(crate) fn run_slot(
     shared: &BatchContext<'_>,
     lane: &Lane,
     index: usize,

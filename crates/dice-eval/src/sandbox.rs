@@ -2,6 +2,9 @@
 //! isolates): user ids, process limits, and the permissions that let compile-stage users write
 //! the build cache while run-stage users may only read it.
 
+// Process control (fork, setuid, signals, process groups) goes through libc.
+#![allow(unsafe_code)]
+
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use std::os::unix::fs::PermissionsExt;

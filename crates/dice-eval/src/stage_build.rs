@@ -11,7 +11,7 @@ use dice_store::Verdict;
 use serde_json::json;
 
 /// What the compile stage decided about one candidate.
-pub enum Built {
+pub(crate) enum Built {
     /// Go on to the run stage (its builds, if any, are cached).
     Ready(Compiled),
     /// The build failed or ran out of time.
@@ -19,13 +19,13 @@ pub enum Built {
 }
 
 /// Whether a program could build an extension at all; others skip the compile stage.
-pub fn may_build(code: &[u8]) -> bool {
+pub(crate) fn may_build(code: &[u8]) -> bool {
     let has = |needle: &[u8]| code.windows(needle.len()).any(|w| w == needle);
     has(b"cpp_extension") || has(b"load_inline")
 }
 
 /// Err only when the evaluator itself failed (the sandbox could not be set up).
-pub fn build(ctx: &JobContext, zygote: &Zygote, sample: &EvalSample, code: &[u8]) -> Result<Built> {
+pub(crate) fn build(ctx: &JobContext, zygote: &Zygote, sample: &EvalSample, code: &[u8]) -> Result<Built> {
     let started = std::time::Instant::now();
     let request = json!({
         "cache_dir": ctx.cfg.build_cache,

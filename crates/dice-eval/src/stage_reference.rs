@@ -15,11 +15,11 @@ use std::time::Instant;
 
 /// The reference of a problem failed: a problem error, never blamed on the candidate.
 #[derive(Clone, Debug)]
-pub struct ReferenceFailed(pub String);
+pub(crate) struct ReferenceFailed(pub String);
 
 /// Why a candidate got no outcome.
 #[derive(Debug)]
-pub enum RunError {
+pub(crate) enum RunError {
     Reference(ReferenceFailed),
     /// The evaluator itself failed (e.g. its fork server died): nobody's verdict.
     Evaluator(anyhow::Error),
@@ -32,7 +32,7 @@ impl From<ReferenceFailed> for RunError {
 }
 
 /// A problem's reference process, kept alive across the problem's candidates.
-pub struct Reference {
+pub(crate) struct Reference {
     child: Child,
     footprint: Option<Footprint>,
 }
@@ -40,20 +40,20 @@ pub struct Reference {
 /// What a reference process holds on its GPU once all its expected outputs are computed, and
 /// the GPU's size, as it reported them.
 #[derive(Clone, Copy, Debug)]
-pub struct Footprint {
+pub(crate) struct Footprint {
     pub bytes: u64,
     pub device_total: u64,
 }
 
 /// A reference process started for a problem, importing it; nothing on the device yet.
-pub struct StartedReference {
+pub(crate) struct StartedReference {
     reference: Reference,
 }
 
 impl StartedReference {
     /// The model and the timing inputs on the device, under an untimed pass of `access`, once the
     /// process has imported the problem.
-    pub fn construct(
+    pub(crate) fn construct(
         self,
         ctx: &JobContext,
         problem: &EvalProblem,
@@ -98,7 +98,7 @@ impl StartedReference {
 impl Reference {
     /// Starts the reference process of `problem` (the process and its imports run outside any
     /// device pass); [`StartedReference::construct`] makes it ready.
-    pub fn spawn(
+    pub(crate) fn spawn(
         ctx: &JobContext,
         zygote: &Zygote,
         problem: &EvalProblem,
@@ -120,7 +120,7 @@ impl Reference {
     }
 
     /// None on the CPU.
-    pub fn footprint(&self) -> Option<Footprint> {
+    pub(crate) fn footprint(&self) -> Option<Footprint> {
         self.footprint
     }
 
@@ -174,7 +174,7 @@ impl Reference {
     /// then deletes it: published outputs can be GBs of RAM (job folders live in /dev/shm).
     /// An untimed step of its own (the candidate's step that made the output is over), so a
     /// timer waits for one of the two, never for both.
-    pub fn judge(
+    pub(crate) fn judge(
         &mut self,
         ctx: &JobContext,
         access: &Access<'_>,
@@ -194,7 +194,7 @@ impl Reference {
     }
 
     /// Timings of `n` calls in ms, and the evaluator-side wall time of the batch.
-    pub fn time(&mut self, ctx: &JobContext, n: u32) -> Result<(Vec<f64>, f64), ReferenceFailed> {
+    pub(crate) fn time(&mut self, ctx: &JobContext, n: u32) -> Result<(Vec<f64>, f64), ReferenceFailed> {
         let started = Instant::now();
         let reply = self.request(
             ctx,
@@ -205,14 +205,14 @@ impl Reference {
         Ok((times_of(&reply), started.elapsed().as_secs_f64() * 1e3))
     }
 
-    pub fn close(self) {
+    pub(crate) fn close(self) {
         self.child.send(&json!({"op": "quit"}));
         self.child.finish();
     }
 }
 
 /// The verdict and message of a judgement that failed; None when the output was right.
-pub fn judged_failure(judged: &Value) -> Option<(Verdict, String)> {
+pub(crate) fn judged_failure(judged: &Value) -> Option<(Verdict, String)> {
     let verdict = match judged["verdict"].as_str() {
         Some("ok") => return None,
         Some("shape_mismatch") => Verdict::ShapeMismatch,

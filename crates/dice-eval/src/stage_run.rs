@@ -47,7 +47,7 @@ impl Trials {
 /// Runs a started candidate against `reference`: construction, each correctness trial and each
 /// judgement under an untimed pass of `access` apiece; when correct, timing's inputs made under
 /// one more, the timed calls with the device to itself, then on CUDA the profiled rerun of trial 1.
-pub fn run_candidate(
+pub(crate) fn run_candidate(
     ctx: &JobContext,
     access: &Access<'_>,
     reference: &mut Reference,
@@ -77,7 +77,7 @@ pub fn run_candidate(
                 verdict = Some((
                     Verdict::Crashed,
                     format!("{} while {phase}", describe_exit(exit)),
-                ))
+                ));
             }
             Some(Event::Msg(msg)) => match msg["event"].as_str().unwrap_or_default() {
                 "sandbox_error" => {
@@ -150,7 +150,7 @@ pub fn run_candidate(
                         verdict = Some((
                             Verdict::RuntimeError,
                             "fewer outputs than correctness trials".into(),
-                        ))
+                        ));
                     }
                     None => {
                         // Given back first: the exclusive pass waits for every shared one.
@@ -214,7 +214,7 @@ pub fn run_candidate(
 
 /// A candidate's outcome while its process exits: a process with a CUDA context takes about
 /// half a second to die, which its run slot need not wait for.
-pub struct Unsettled {
+pub(crate) struct Unsettled {
     /// Complete but for the process's output excerpt (`log`).
     pub outcome: Outcome,
     child: Child,
@@ -222,7 +222,7 @@ pub struct Unsettled {
 
 impl Unsettled {
     /// The whole outcome, once the process has exited.
-    pub fn settle(self) -> Outcome {
+    pub(crate) fn settle(self) -> Outcome {
         let (_, log) = self.child.finish();
         Outcome {
             log,

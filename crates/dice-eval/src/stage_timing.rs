@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use std::time::Instant;
 
 /// A timed candidate's calls and its baseline's, in ms, and the evaluator's wall time of each side.
-pub struct Timings {
+pub(crate) struct Timings {
     pub candidate_ms: Vec<f64>,
     pub baseline_ms: Vec<f64>,
     pub candidate_wall_ms: f64,
@@ -26,7 +26,7 @@ pub struct Timings {
 /// Alternates rounds of candidate and baseline calls (the order flips each round), each round
 /// with its own time limit; then judges the candidate's last output on each timing input set and
 /// checks its clock against the evaluator's wall time.
-pub fn time_side_by_side(
+pub(crate) fn time_side_by_side(
     ctx: &JobContext,
     access: &Access<'_>,
     child: &mut Child,
@@ -159,7 +159,7 @@ fn time_candidate(
 }
 
 /// Where the profiled run's findings go.
-pub struct KernelCheck<'a> {
+pub(crate) struct KernelCheck<'a> {
     pub custom_names: &'a [String],
     pub evidence: &'a mut Evidence,
     pub clock: &'a mut StageClock,
@@ -168,7 +168,7 @@ pub struct KernelCheck<'a> {
 /// On CUDA, the first correctness trial once more under the profiler, after timing (roles.py
 /// `Profiled` says why): which kernels ran, on which streams; its output is judged like any
 /// trial's, so behaving differently under the profiler is wrong output.
-pub fn profile_candidate(
+pub(crate) fn profile_candidate(
     ctx: &JobContext,
     access: &Access<'_>,
     child: &mut Child,

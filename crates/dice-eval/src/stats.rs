@@ -3,7 +3,7 @@
 use dice_store::TimingStats;
 
 /// Mean, median, population standard deviation, min and max of `ms`; None when empty.
-pub fn timing_stats(ms: &[f64]) -> Option<TimingStats> {
+pub(crate) fn timing_stats(ms: &[f64]) -> Option<TimingStats> {
     if ms.is_empty() {
         return None;
     }

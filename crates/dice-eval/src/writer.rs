@@ -33,7 +33,7 @@ pub struct Summary {
     pub timeline: RunTimeline,
 }
 
-pub fn progress_bar(show: bool, len: usize) -> ProgressBar {
+pub(crate) fn progress_bar(show: bool, len: usize) -> ProgressBar {
     if !show {
         return ProgressBar::hidden();
     }
@@ -48,7 +48,7 @@ pub fn progress_bar(show: bool, len: usize) -> ProgressBar {
 
 /// Stores each outcome the stages report, in its own transaction, after the audit; counts them
 /// into the batch's summary and on the progress bar.
-pub fn write_reports(
+pub(crate) fn write_reports(
     store: &mut Store,
     shared: &BatchContext<'_>,
     reports: Receiver<Report>,
@@ -158,6 +158,6 @@ fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) 
     (record, extras)
 }
 
-pub fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }

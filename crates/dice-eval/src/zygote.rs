@@ -16,7 +16,7 @@ use std::time::Duration;
 
 /// How a child ended, as the zygote saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Exit {
+pub(crate) enum Exit {
     Code(i32),
     Signal(i32),
     /// The zygote itself went away, taking the child with it.
@@ -30,7 +30,7 @@ struct Route {
 
 type Routes = Arc<Mutex<HashMap<u64, Route>>>;
 
-pub struct Zygote {
+pub(crate) struct Zygote {
     stdin: Mutex<ChildStdin>,
     routes: Routes,
     alive: Arc<AtomicBool>,
@@ -42,7 +42,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(300);
 impl Zygote {
     /// Starts the fork server with extra environment (e.g. CUDA_VISIBLE_DEVICES) and waits until
     /// torch is imported.
-    pub fn start(rt: &Runtime, env: &[(String, String)], log_name: &str) -> Result<Zygote> {
+    pub(crate) fn start(rt: &Runtime, env: &[(String, String)], log_name: &str) -> Result<Zygote> {
         let log = std::fs::File::create(rt.dir.path().join(log_name))?;
         let mut cmd = Command::new(&rt.python);
         cmd.arg(rt.script("zygote.py"))
@@ -65,7 +65,7 @@ impl Zygote {
             let routes = routes.clone();
             let alive = alive.clone();
             std::thread::spawn(move || {
-                route_events(BufReader::new(stdout), routes, alive, ready_tx)
+                route_events(BufReader::new(stdout), routes, alive, ready_tx);
             });
         }
         match ready_rx.recv_timeout(READY_TIMEOUT) {
@@ -86,13 +86,13 @@ impl Zygote {
         })
     }
 
-    pub fn is_alive(&self) -> bool {
+    pub(crate) fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
     }
 
     /// Forks a child for `request` (which must carry `job`); returns its pid and where its exit
     /// status will arrive.
-    pub fn spawn(&self, job: u64, request: &Value) -> Result<(i32, Receiver<Exit>)> {
+    pub(crate) fn spawn(&self, job: u64, request: &Value) -> Result<(i32, Receiver<Exit>)> {
         let (pid_tx, pid_rx) = mpsc::channel();
         let (exit_tx, exit_rx) = mpsc::channel();
         self.routes.lock().unwrap().insert(
@@ -127,7 +127,7 @@ impl Drop for Zygote {
 }
 
 /// A fork server started on first use, and again once it died or was given up.
-pub struct ZygoteSlot {
+pub(crate) struct ZygoteSlot {
     env: Vec<(String, String)>,
     log_name: String,
     current: Mutex<Option<Arc<Zygote>>>,
@@ -138,7 +138,7 @@ pub struct ZygoteSlot {
 }
 
 impl ZygoteSlot {
-    pub fn new(env: Vec<(String, String)>, log_name: String) -> Self {
+    pub(crate) fn new(env: Vec<(String, String)>, log_name: String) -> Self {
         ZygoteSlot {
             env,
             log_name,
@@ -149,7 +149,7 @@ impl ZygoteSlot {
     }
 
     /// The slot of a device's fork server: the CPU's, or GPU `gpu`'s (the only one it sees).
-    pub fn for_device(env: &[(String, String)], gpu: Option<usize>) -> Self {
+    pub(crate) fn for_device(env: &[(String, String)], gpu: Option<usize>) -> Self {
         let mut env = env.to_vec();
         let log_name = match gpu {
             Some(i) => {
@@ -161,7 +161,7 @@ impl ZygoteSlot {
         ZygoteSlot::new(env, log_name)
     }
 
-    pub fn get(&self, rt: &Runtime) -> Result<Arc<Zygote>> {
+    pub(crate) fn get(&self, rt: &Runtime) -> Result<Arc<Zygote>> {
         let mut current = self.current();
         if let Some(z) = current.as_ref().filter(|z| z.is_alive()) {
             return Ok(z.clone());
@@ -174,8 +174,8 @@ impl ZygoteSlot {
 
     /// Starts the fork server now, in the background, so that it is ready (or being started)
     /// when first needed; a start that fails is tried again, and reported, by that `get`.
-    pub fn start_early(self: &Arc<Self>, rt: &Arc<Runtime>) {
-        let mut early = self.early.lock().unwrap_or_else(|p| p.into_inner());
+    pub(crate) fn start_early(self: &Arc<Self>, rt: &Arc<Runtime>) {
+        let mut early = self.early.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if early.as_ref().is_some_and(|start| !start.is_finished()) {
             return;
         }
@@ -186,21 +186,21 @@ impl ZygoteSlot {
     }
 
     /// The next `get` starts a fresh fork server, unless another caller already replaced `z`.
-    pub fn discard(&self, z: &Arc<Zygote>) {
+    pub(crate) fn discard(&self, z: &Arc<Zygote>) {
         let mut current = self.current();
         if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, z)) {
             *current = None;
         }
     }
 
-    pub fn starts(&self) -> usize {
+    pub(crate) fn starts(&self) -> usize {
         self.starts.load(Ordering::SeqCst)
     }
 
     /// Ends the fork server, once a start in the background has finished: no fork server, nor
     /// the scratch directory its start holds, outlives the evaluator.
-    pub fn stop(&self) {
-        let early = self.early.lock().unwrap_or_else(|p| p.into_inner()).take();
+    pub(crate) fn stop(&self) {
+        let early = self.early.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
         if let Some(start) = early {
             let _ = start.join();
         }
@@ -208,7 +208,7 @@ impl ZygoteSlot {
     }
 
     fn current(&self) -> MutexGuard<'_, Option<Arc<Zygote>>> {
-        self.current.lock().unwrap_or_else(|p| p.into_inner())
+        self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -221,7 +221,7 @@ fn warn_about_sandbox(ready: &Value) {
                 "this machine does not let the evaluator create namespaces: candidates run \
                  without network, PID and mount isolation, so a process a candidate detaches \
                  may outlive it (see crates/dice-eval/SANDBOX.md)"
-            )
+            );
         });
     }
 }

@@ -11,7 +11,7 @@ pub(crate) struct Record {
 }
 
 impl Record {
-    pub fn u32_field(&self, key: &str) -> Result<Option<u32>> {
+    pub(crate) fn u32_field(&self, key: &str) -> Result<Option<u32>> {
         match self.fields.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
@@ -24,7 +24,7 @@ impl Record {
         }
     }
 
-    pub fn u32_list(&self, key: &str) -> Result<Option<Vec<u32>>> {
+    pub(crate) fn u32_list(&self, key: &str) -> Result<Option<Vec<u32>>> {
         let list = match self.fields.get(key) {
             None | Some(Value::Null) => return Ok(None),
             Some(Value::Array(items)) => items
@@ -41,12 +41,12 @@ impl Record {
         })
     }
 
-    pub fn required_u32(&self, key: &str) -> Result<u32> {
+    pub(crate) fn required_u32(&self, key: &str) -> Result<u32> {
         self.u32_field(key)?
             .with_context(|| format!("{}: missing `{key}`", self.origin))
     }
 
-    pub fn str_field(&self, key: &str) -> Result<Option<&str>> {
+    pub(crate) fn str_field(&self, key: &str) -> Result<Option<&str>> {
         match self.fields.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
@@ -58,7 +58,7 @@ impl Record {
         }
     }
 
-    pub fn required_str(&self, key: &str) -> Result<&str> {
+    pub(crate) fn required_str(&self, key: &str) -> Result<&str> {
         self.str_field(key)?
             .with_context(|| format!("{}: missing `{key}`", self.origin))
     }

@@ -79,7 +79,7 @@ fn first_error(node: Node) -> Option<Node> {
     let children: Vec<Node> = node.children(&mut cursor).collect();
     children
         .into_iter()
-        .filter(|c| c.has_error())
+        .filter(tree_sitter::Node::has_error)
         .find_map(first_error)
 }
 

@@ -56,6 +56,7 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Opens the checkpoint files memory-mapped and checks that every tensor the config needs is
 /// present with the right shape and a supported dtype.
+#[allow(unsafe_code)] // memory-mapped checkpoint files
 fn open_checked(dir: &Path, config: &SdarConfig) -> Result<(Vec<PathBuf>, MmapedSafetensors)> {
     let files = safetensors_files(dir)?;
     // SAFETY: the files are mapped read-only; modifying them while the model is loaded is
@@ -93,6 +94,7 @@ fn open_checked(dir: &Path, config: &SdarConfig) -> Result<(Vec<PathBuf>, Mmaped
 /// A `VarBuilder` over the memory-mapped checkpoint: each tensor is read from the mapping and
 /// converted on the target device to `dtype` when first requested (an 8B bf16 checkpoint
 /// loaded in bf16 never passes through an f32 copy).
+#[allow(unsafe_code)] // memory-mapped checkpoint files
 pub fn mmaped_var_builder(
     dir: &Path,
     config: &SdarConfig,

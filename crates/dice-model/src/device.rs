@@ -31,6 +31,7 @@ pub fn cuda_devices() -> Result<Vec<Device>> {
 /// destroyed with every allocation, that only synchronize once the context runs several
 /// streams; candle's device runs one and dice never adds another, so they are pure overhead.
 #[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // candle's switch of the event tracking is unsafe by its contract
 pub fn set_cuda_event_tracking(device: &Device, on: bool) {
     if let Device::Cuda(cuda) = device {
         // SAFETY: with a single stream no buffer is ever used across streams, the only case

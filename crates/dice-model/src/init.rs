@@ -142,7 +142,7 @@ impl TensorValues {
 
     /// Elements `first..first + out.len()`, computed on every core.
     pub fn fill(&self, first: u64, out: &mut [bf16]) {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let per_thread = out.len().div_ceil(threads).max(1 << 16);
         std::thread::scope(|scope| {
             for (part, values) in out.chunks_mut(per_thread).enumerate() {

@@ -525,7 +525,7 @@ impl KvCache {
     }
 
     pub fn dtype(&self) -> DType {
-        self.keys.first().map_or(DType::F32, |k| k.dtype())
+        self.keys.first().map_or(DType::F32, candle_core::Tensor::dtype)
     }
 
     /// Bytes held by the cache tensors.
@@ -779,8 +779,8 @@ impl Sdar {
             + self
                 .layers
                 .iter()
-                .flat_map(|l| l.tensors())
-                .map(|t| t.elem_count())
+                .flat_map(DecoderLayer::tensors)
+                .map(candle_core::Tensor::elem_count)
                 .sum::<usize>()
     }
 

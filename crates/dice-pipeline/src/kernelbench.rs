@@ -115,7 +115,7 @@ impl KernelBenchRun {
                 run: self.dir.clone(),
             };
             generate_candidates(generator, params, &candidates, |p| {
-                progress(Event::Generating { level, progress: p })
+                progress(Event::Generating { level, progress: p });
             })?;
         }
         let judged = self.judge(&levels, &mut progress)?;

@@ -5,16 +5,16 @@
 use std::path::PathBuf;
 
 /// The workspace's `tests/data` (KernelBench problems, DICE data files, goldens).
-pub fn test_data() -> PathBuf {
+pub(crate) fn test_data() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data")
 }
 
-pub fn adversarial_dir() -> PathBuf {
+pub(crate) fn adversarial_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/adversarial")
 }
 
 /// The source of KernelBench problem `level`/`id` from the test data.
-pub fn problem_source(level: u32, id: u32) -> anyhow::Result<String> {
+pub(crate) fn problem_source(level: u32, id: u32) -> anyhow::Result<String> {
     use anyhow::Context;
     let dir = test_data().join(format!("kernelbench/level{level}"));
     let prefix = format!("{id}_");
@@ -31,7 +31,7 @@ pub fn problem_source(level: u32, id: u32) -> anyhow::Result<String> {
 
 /// The DICE/KernelBench one-shot example as the prompt shows it: the add `Model` and the
 /// elementwise-add `ModelNew`, cut out of the golden level-1 prompt.
-pub fn prompt_example() -> anyhow::Result<(String, String)> {
+pub(crate) fn prompt_example() -> anyhow::Result<(String, String)> {
     let path = test_data().join("sdar/golden/prompts/kernelbench_level1_1.user.txt");
     let prompt = std::fs::read_to_string(&path)?;
     let problem = fenced_after(&prompt, "The example given architecture is:")?;

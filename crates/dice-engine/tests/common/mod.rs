@@ -9,13 +9,13 @@ fn data_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data")
 }
 
-pub fn golden() -> FormulaGolden {
+pub(crate) fn golden() -> FormulaGolden {
     FormulaGolden::open(&data_dir().join("sdar/golden/formula")).unwrap()
 }
 
 /// The golden's checkpoint with the SDAR tokenizer, written once per test binary into the
 /// build's temporary folder (the same bytes from every binary, each file renamed into place).
-pub fn tiny_dir() -> &'static Path {
+pub(crate) fn tiny_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("formula-golden-tiny");

@@ -9,16 +9,16 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub fn examples_dir() -> PathBuf {
+pub(crate) fn examples_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
 }
 
 /// Shared by every test binary, so each distinct extension is compiled once per checkout.
-pub fn build_cache() -> PathBuf {
+pub(crate) fn build_cache() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-eval-build-cache")
 }
 
-pub fn kernelbench_problems(dir: &Path) -> Vec<EvalProblem> {
+pub(crate) fn kernelbench_problems(dir: &Path) -> Vec<EvalProblem> {
     let scan = KernelBench::open(dir).unwrap().scan(None).unwrap();
     scan.problems
         .into_iter()
@@ -32,11 +32,11 @@ pub fn kernelbench_problems(dir: &Path) -> Vec<EvalProblem> {
         .collect()
 }
 
-pub fn example_problems() -> Vec<EvalProblem> {
+pub(crate) fn example_problems() -> Vec<EvalProblem> {
     kernelbench_problems(&examples_dir().join("kernelbench"))
 }
 
-pub fn example_samples() -> Vec<EvalSample> {
+pub(crate) fn example_samples() -> Vec<EvalSample> {
     load_candidates(&[examples_dir().join("candidates.jsonl")])
         .unwrap()
         .into_iter()
@@ -51,7 +51,7 @@ pub fn example_samples() -> Vec<EvalSample> {
 }
 
 /// The example whose code is the correct ReLU (its shared C++ source is every example's).
-pub fn example(problem_id: u32, sample_id: u32) -> EvalSample {
+pub(crate) fn example(problem_id: u32, sample_id: u32) -> EvalSample {
     example_samples()
         .into_iter()
         .find(|s| s.problem_id == problem_id && s.sample_id == sample_id)
@@ -59,7 +59,7 @@ pub fn example(problem_id: u32, sample_id: u32) -> EvalSample {
 }
 
 /// Settings for tests: short timeouts, few timed trials, the shared cache.
-pub fn test_config(run_dir: &Path) -> EvalConfig {
+pub(crate) fn test_config(run_dir: &Path) -> EvalConfig {
     let mut cfg = EvalConfig::new(run_dir.join("dice.db"), "kernelbench:examples".into());
     cfg.build_cache = build_cache();
     cfg.timeout = Duration::from_secs(20);
@@ -69,7 +69,7 @@ pub fn test_config(run_dir: &Path) -> EvalConfig {
 }
 
 /// (problem_id, sample_id) → verdict, as the examples' README documents them.
-pub fn documented_verdicts() -> BTreeMap<(u32, u32), Verdict> {
+pub(crate) fn documented_verdicts() -> BTreeMap<(u32, u32), Verdict> {
     let readme = std::fs::read_to_string(examples_dir().join("README.md")).unwrap();
     let mut expected = BTreeMap::new();
     let mut problem = 0;

@@ -1,6 +1,10 @@
 //! Hand-written CUDA kernels, compiled at run time with NVRTC (the `cuda` feature): the fused
 //! decoding forward's building blocks (`crate::sdar`'s `fused` module).
 
+// Launching NVRTC kernels through cudarc's raw API and handing it device addresses is unsafe by
+// nature; each launch states its contract where it happens.
+#![allow(unsafe_code)]
+
 mod block_attention;
 pub(crate) mod decode_ops;
 mod device_ptr;

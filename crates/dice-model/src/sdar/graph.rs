@@ -38,6 +38,7 @@ pub struct DecodeGraph {
 // SAFETY: a CUDA graph may be used from any thread as long as no two threads use it at once
 // (cuGraph* objects are not internally synchronized); `DecodeGraph` only hands out `&self`
 // methods that launch it on its stream from the calling thread, and it is not `Sync`.
+#[allow(unsafe_code)]
 unsafe impl Send for DecodeGraph {}
 
 impl Sdar {

@@ -8,22 +8,22 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// `tests/data` of the workspace.
-pub fn data_dir() -> PathBuf {
+pub(crate) fn data_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data")
 }
 
-pub fn golden_dir() -> PathBuf {
+pub(crate) fn golden_dir() -> PathBuf {
     data_dir().join("sdar/golden/formula")
 }
 
-pub fn golden() -> FormulaGolden {
+pub(crate) fn golden() -> FormulaGolden {
     FormulaGolden::open(&golden_dir()).unwrap()
 }
 
 /// The formula golden's tiny checkpoint (with the SDAR tokenizer), written once per test binary
 /// into the build's temporary folder. Every test binary writes the same bytes, each file under a
 /// temporary name renamed into place, so binaries running at once cannot see a partial file.
-pub fn tiny_dir() -> &'static Path {
+pub(crate) fn tiny_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("formula-golden-tiny");
@@ -35,7 +35,7 @@ pub fn tiny_dir() -> &'static Path {
 }
 
 /// Prints every measurement and asserts that each is within its f32 tolerance.
-pub fn assert_within_f32_tolerances(measurements: &[Measurement]) {
+pub(crate) fn assert_within_f32_tolerances(measurements: &[Measurement]) {
     for m in measurements {
         println!(
             "{}: max diff {:.3e} (tolerance {:.0e})",
@@ -55,7 +55,7 @@ pub fn assert_within_f32_tolerances(measurements: &[Measurement]) {
 
 /// The optional large data folder named by `DICE_SHARED`; `None` (with a note saying what was
 /// skipped) when it is not set or lacks `relative`.
-pub fn dice_shared(relative: &str, skipped: &str) -> Option<PathBuf> {
+pub(crate) fn dice_shared(relative: &str, skipped: &str) -> Option<PathBuf> {
     let Some(root) = std::env::var_os("DICE_SHARED") else {
         println!("DICE_SHARED is not set: skipped {skipped}");
         return None;
@@ -68,12 +68,12 @@ pub fn dice_shared(relative: &str, skipped: &str) -> Option<PathBuf> {
     Some(path)
 }
 
-pub fn read_json(path: &std::path::Path) -> serde_json::Value {
+pub(crate) fn read_json(path: &std::path::Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()
 }
 
-pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims(), "shape mismatch");
     (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
         .unwrap()
@@ -87,7 +87,7 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
-pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
+pub(crate) fn u32s(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
         .iter()
@@ -99,7 +99,7 @@ pub fn u32s(v: &serde_json::Value) -> Vec<u32> {
 /// emulation of CUDA) with the extra compiler `defines`, runs it and asserts that it exits 0;
 /// prints its report. Needs a C++20 compiler (`$CXX`, else `g++`): without one it says so and
 /// returns.
-pub fn run_emulated_kernel_check(harness: &str, defines: &[String]) {
+pub(crate) fn run_emulated_kernel_check(harness: &str, defines: &[String]) {
     use std::process::Command;
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".to_string());
     if Command::new(&compiler).arg("--version").output().is_err() {
