@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on CPU: sets up the pinned Python environment the evaluator's
-# workers use (first time only), then every Rust test of the workspace.
+# workers use (first time only), checks formatting and the workspace's lints, then runs every
+# Rust test of the workspace. Arguments go to `cargo test`.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -13,5 +14,7 @@ if named=$(git grep -n -I -E -e '(\.\.|/work)/shared' -- ':!*.md' 2>/dev/null); 
   exit 1
 fi
 scripts/setup-python.sh
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
 export DICE_CACHE=${DICE_CACHE:-$root/.dice/cache}
 cargo test --workspace --locked "$@"
