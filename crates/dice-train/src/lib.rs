@@ -1,11 +1,16 @@
 //! Training SDAR / DICE block-diffusion models: supervised fine-tuning data packed as the
 //! reference packs it (LlamaFactory's formats, the qwen3 template, block padding, greedy
 //! knapsack rows), the per-sample noising of the block-diffusion objective, the optimizer and
-//! its schedules, and the RL objective.
+//! its schedules, the SFT trainer with its checkpoints and metrics, the collective operations
+//! data parallelism goes through, and the RL objective.
 
+pub mod checkpoint;
+pub mod collective;
 pub mod data;
+pub mod metrics;
 pub mod noise;
 pub mod optim;
 pub mod rl;
 pub mod schedule;
+pub mod sft;
 pub mod step_timing;

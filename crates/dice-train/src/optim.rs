@@ -18,6 +18,7 @@ const NORM_CHUNK: usize = 1 << 24;
 
 /// AdamW hyper-parameters; the learning rate comes with each step (from the schedule).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AdamWConfig {
     pub beta1: f64,
     pub beta2: f64,
@@ -90,6 +91,78 @@ impl Param {
     }
 }
 
+/// The f32 scalars of one AdamW step, as the element-wise update receives them.
+struct StepScalars {
+    /// `1 − lr·wd`, when there is weight decay.
+    decay: Option<f32>,
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    bias_correction2_sqrt: f32,
+    eps: f32,
+    neg_step_size: f32,
+}
+
+impl Param {
+    /// The update of [`AdamW::step`] in tensor operations, on the weight's device.
+    fn step_with_tensors(&mut self, grad: &Tensor, s: &StepScalars) -> Result<()> {
+        let mut p = self.master();
+        if let Some(decay) = s.decay {
+            p = (p * f64::from(decay))?;
+        }
+        let exp_avg = (&self.exp_avg + ((grad - &self.exp_avg)? * f64::from(s.one_minus_beta1))?)?;
+        let exp_avg_sq = ((&self.exp_avg_sq * f64::from(s.beta2))?
+            + ((grad * f64::from(s.one_minus_beta2))? * grad)?)?;
+        // A true division (candle's `Tensor / f64` multiplies by the reciprocal).
+        let bias_correction2_sqrt = Tensor::new(s.bias_correction2_sqrt, grad.device())?;
+        let denom = (exp_avg_sq.sqrt()?.broadcast_div(&bias_correction2_sqrt)? + f64::from(s.eps))?;
+        let p = (p + ((&exp_avg * f64::from(s.neg_step_size))? / denom)?)?;
+        self.set_master(p)?;
+        self.exp_avg = exp_avg;
+        self.exp_avg_sq = exp_avg_sq;
+        Ok(())
+    }
+
+    /// The update of [`AdamW::step`] for a CPU weight in one pass over host buffers, on every
+    /// core: the same f32 operations in the same order as the tensor form (candle's scalar
+    /// `affine` is `x·a + b`, kept here with its `+ 0`), so the results are identical, without
+    /// the dozen full-size temporaries the tensor form allocates.
+    fn step_on_host(&mut self, grad: &Tensor, s: &StepScalars) -> Result<()> {
+        let shape = self.weight.shape().clone();
+        let device = self.weight.device().clone();
+        let host = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+        let g = host(grad)?;
+        let mut p = host(&self.master())?;
+        let mut m = host(&self.exp_avg)?;
+        let mut v = host(&self.exp_avg_sq)?;
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let chunk = g.len().div_ceil(threads).max(1 << 16);
+        std::thread::scope(|scope| {
+            let parts = p
+                .chunks_mut(chunk)
+                .zip(m.chunks_mut(chunk))
+                .zip(v.chunks_mut(chunk))
+                .zip(g.chunks(chunk));
+            for (((p, m), v), g) in parts {
+                scope.spawn(move || {
+                    for (((p, m), v), &g) in p.iter_mut().zip(m).zip(v).zip(g) {
+                        if let Some(decay) = s.decay {
+                            *p = *p * decay + 0.0;
+                        }
+                        *m += (g - *m) * s.one_minus_beta1 + 0.0;
+                        *v = (*v * s.beta2 + 0.0) + (g * s.one_minus_beta2 + 0.0) * g;
+                        let denom = (v.sqrt() / s.bias_correction2_sqrt) * 1.0 + s.eps;
+                        *p += (*m * s.neg_step_size + 0.0) / denom;
+                    }
+                });
+            }
+        });
+        self.exp_avg = Tensor::from_vec(m, &shape, &device)?;
+        self.exp_avg_sq = Tensor::from_vec(v, &shape, &device)?;
+        self.set_master(Tensor::from_vec(p, &shape, &device)?)
+    }
+}
+
 /// AdamW exactly as torch 2.11 runs it on CPU (`torch.optim.AdamW`, the single-tensor path,
 /// amsgrad off). At step t (from 1), for every tensor, with m and v starting at zero:
 ///
@@ -156,6 +229,12 @@ impl AdamW {
         &self.config
     }
 
+    /// The f32 weights of every optimized tensor, sorted by name: what a checkpoint stores
+    /// (the compute weights are these, rounded when they are narrower).
+    pub fn master_weights(&self) -> impl Iterator<Item = (&str, Tensor)> + '_ {
+        self.params.iter().map(|p| (p.name.as_str(), p.master()))
+    }
+
     /// Updates taken so far (torch's `state["step"]`).
     pub fn steps(&self) -> u64 {
         self.steps
@@ -199,22 +278,22 @@ impl AdamW {
                 Ok(grad)
             })
             .collect::<Result<Vec<_>>>()?;
+        let scalars = StepScalars {
+            decay: (weight_decay != 0.0).then_some((1.0 - lr * weight_decay) as f32),
+            one_minus_beta1: (1.0 - beta1) as f32,
+            beta2: beta2 as f32,
+            one_minus_beta2: (1.0 - beta2) as f32,
+            bias_correction2_sqrt: bias_correction2_sqrt as f32,
+            eps: eps as f32,
+            neg_step_size: -step_size as f32,
+        };
         for (param, grad) in self.params.iter_mut().zip(grads) {
             let grad = grad.to_dtype(DType::F32)?;
-            let device = param.weight.device();
-            let mut p = param.master();
-            if weight_decay != 0.0 {
-                p = (p * (1.0 - lr * weight_decay))?;
+            if param.weight.device().is_cpu() {
+                param.step_on_host(&grad, &scalars)?;
+            } else {
+                param.step_with_tensors(&grad, &scalars)?;
             }
-            let exp_avg = (&param.exp_avg + ((&grad - &param.exp_avg)? * (1.0 - beta1))?)?;
-            let exp_avg_sq = ((&param.exp_avg_sq * beta2)? + ((&grad * (1.0 - beta2))? * &grad)?)?;
-            // A true division (candle's `Tensor / f64` multiplies by the reciprocal).
-            let bias_correction2_sqrt = Tensor::new(bias_correction2_sqrt as f32, device)?;
-            let denom = (exp_avg_sq.sqrt()?.broadcast_div(&bias_correction2_sqrt)? + eps)?;
-            let p = (p + ((&exp_avg * -step_size)? / denom)?)?;
-            param.set_master(p)?;
-            param.exp_avg = exp_avg;
-            param.exp_avg_sq = exp_avg_sq;
         }
         self.steps += 1;
         Ok(())
@@ -332,9 +411,13 @@ pub fn clip_grad_norm(grads: &mut HashMap<String, Tensor>, max_norm: f64) -> Res
     Ok(total)
 }
 
-/// Σ x² of a tensor in f64, a slice at a time.
+/// Σ x² of a tensor in f64, a slice at a time (on the CPU, straight from the host buffer).
 fn squared_norm(tensor: &Tensor) -> Result<f64> {
     let flat = tensor.flatten_all()?;
+    if tensor.device().is_cpu() {
+        let values = flat.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        return Ok(values.iter().map(|&x| f64::from(x) * f64::from(x)).sum());
+    }
     let len = flat.elem_count();
     let mut sum = 0.0;
     for start in (0..len).step_by(NORM_CHUNK) {
@@ -584,6 +667,49 @@ mod tests {
             error.contains("`exp_avg.a.weight` is F32 [3, 5], expected F32 [5, 3]"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn the_host_update_equals_the_tensor_update_bit_for_bit() {
+        for decay in [None, Some(0.999_9_f32)] {
+            let scalars = StepScalars {
+                decay,
+                one_minus_beta1: 0.1,
+                beta2: 0.999,
+                one_minus_beta2: 1e-3,
+                bias_correction2_sqrt: 0.0447,
+                eps: 1e-8,
+                neg_step_size: -0.0137,
+            };
+            let [host, tensors] = [0, 1].map(|path| {
+                let (name, weight) = weights(DType::F32).remove(0);
+                let mut param = Param {
+                    name,
+                    exp_avg: (weight.as_detached_tensor() * 0.3).unwrap(),
+                    exp_avg_sq: weight.as_detached_tensor().sqr().unwrap(),
+                    weight,
+                    master: None,
+                };
+                let grad = (param.weight.as_detached_tensor().cos().unwrap() * 0.7).unwrap();
+                for _ in 0..3 {
+                    if path == 0 {
+                        param.step_on_host(&grad, &scalars).unwrap();
+                    } else {
+                        param.step_with_tensors(&grad, &scalars).unwrap();
+                    }
+                }
+                [param.master(), param.exp_avg, param.exp_avg_sq].map(|t| {
+                    t.flatten_all()
+                        .unwrap()
+                        .to_vec1::<f32>()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect::<Vec<_>>()
+                })
+            });
+            assert_eq!(host, tensors);
+        }
     }
 
     #[test]
