@@ -1,12 +1,15 @@
-//! `dice train`: block-diffusion fine-tuning.
+//! `dice train`: block-diffusion fine-tuning. The flags map onto `dice_train`'s settings and
+//! trainer.
 
 use super::generate::DeviceKind;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
 use dice_model::SdarTokenizer;
-use dice_train::data::{
-    model_block_length, select_datasets, PackOptions, PackedDataset, Qwen3Encoder,
-};
+use dice_train::collective::SingleProcess;
+use dice_train::data::{model_block_length, select_datasets, PackedDataset, Qwen3Encoder};
+use dice_train::schedule::ScheduleKind;
+use dice_train::sft::config::{self, ComputeDType, SaveDType};
+use dice_train::sft::{Resume, RunOptions, SftConfig, SftTrainer};
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -17,6 +20,44 @@ pub enum TrainCommand {
 }
 
 const SFT_MANUAL: &str = "\
+What a step does. The packed rows of the step are noised (one noise level per sample, spec
+§6.2; the draw of row r at step s depends only on --seed, s and r), the two-stream loss and its
+gradients are computed one micro-batch of --batch-size rows at a time with activation
+checkpointing, the gradients of --gradient-accumulation-steps micro-batches are summed (each
+micro-batch's loss is normalised by its own loss tokens, as the reference does), clipped to a
+global norm of --max-grad-norm, and AdamW (f32 master weights and moments; betas 0.9/0.999, eps
+1e-8, weight decay --weight-decay) applies the schedule's learning rate: linear warmup over
+--warmup-ratio of the steps, then constant (constant_with_warmup, the reference) or a half
+cosine to 0 (cosine). Each epoch visits the packed rows in an order shuffled by the seed.
+
+Settings. Defaults are DICE's SFT recipe (spec §6.5): lr 1e-5, 3 epochs, constant_with_warmup
+with warmup ratio 0.03, 1 row per micro-batch, no accumulation, clipping at 1.0, seed 42, rows of
+6144 tokens, bf16 on CUDA (f32 on the CPU). --config F reads them from a TOML file (sections
+[model] [data] [training] [optimizer] [checkpoint] [eval] [metrics], the keys of OUT/config.toml);
+flags override the file. Every run writes its resolved settings to OUT/config.toml, so
+`dice train sft --config OUT/config.toml --out OUT` runs it again.
+
+Output folder.
+  checkpoint-STEP/  every --save-steps steps and at the end; the newest --save-total-limit kept
+  final/            the finished model
+  config.toml       the run's settings
+  metrics.jsonl     one JSON object per optimizer step: step, epoch, loss, lr, grad_norm,
+                    tokens, tokens_per_s, tflops, mfu, memory (peak bytes: the GPU's during the
+                    step, the process's resident peak on the CPU), step_time_s; and one per
+                    evaluation: step, epoch, eval_loss, eval_rows
+  metrics.html      loss and learning-rate curves (inline SVG), refreshed at every save
+A checkpoint is a Hugging Face model folder, loadable by dice generate, dice serve and
+transformers: model-0000N-of-0000M.safetensors + model.safetensors.index.json under the SDAR key
+names (bf16 by default, --save-dtype), the base model's config.json, tokenizer files, chat
+template, generation_config.json and *.py files; checkpoint-STEP/ adds optimizer.safetensors and
+trainer_state.json. Folders are written under a temporary name and renamed when complete.
+
+Resuming. Run the same command again: it continues from the newest complete checkpoint in
+--out (or from --resume DIR) with its f32 weights, optimizer moments, schedule step, data order
+and noise, and ends with exactly the weights of an uninterrupted run on the same device. A run
+with other settings or other data is refused. MFU counts the model FLOPs of both streams
+(dice_train::metrics documents the formula) against --peak-tflops.
+
 Data. Records are LlamaFactory's: --dataset-info names a dataset_info.json (or the folder holding
 it) whose --dataset entries give file_name (relative to that folder; a folder means its files in
 name order), formatting (alpaca | sharegpt), columns (alpaca: prompt, query, response, history,
@@ -46,8 +87,14 @@ one extra sample.
 tokens, fill ratio) without loading a model; --model (or --tokenizer) only provides the
 tokenizer and the block size (config.json's block_size, 4 without one).
 
-Example:
-  dice train sft --model SDAR-4B-Chat/ --dataset-info data/ --dataset cuke --out runs/sft --dry-run";
+Logs: RUST_LOG=info prints every step, evaluation and save on stderr.
+
+Examples:
+  dice train sft --model SDAR-4B-Chat/ --dataset-info data/ --dataset cuke --out runs/sft --dry-run
+  dice train sft --model SDAR-4B-Chat/ --dataset-info data/ --dataset cuke --out runs/sft \\
+      --device cuda --save-steps 200 --save-total-limit 3 --val-ratio 0.01 --eval-steps 100
+  dice train sft --model tiny/ --data chats.jsonl --out runs/tiny --max-steps 20 --lr 1e-3 \\
+      --row-tokens 256";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum TrainDType {
@@ -57,12 +104,27 @@ pub enum TrainDType {
     Bf16,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SaveDTypeArg {
+    /// The f32 masters rounded to bf16 (the SDAR checkpoints' dtype).
+    Bf16,
+    /// The f32 masters as they are.
+    F32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SchedulerArg {
+    /// Linear warmup, then the peak learning rate to the end (the reference).
+    ConstantWithWarmup,
+    /// Linear warmup, then half a cosine down to 0 at the last step.
+    Cosine,
+}
+
 #[derive(Args, Debug)]
-#[command(group = clap::ArgGroup::new("input").required(true).multiple(true).args(["data", "dataset"]))]
 pub struct SftArgs {
     /// Base model folder (config.json, safetensors, tokenizer files, chat template).
     #[arg(long, value_name = "DIR")]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Folder with the tokenizer files, when not the model folder.
     #[arg(long, value_name = "DIR")]
     pub tokenizer: Option<PathBuf>,
@@ -75,13 +137,17 @@ pub struct SftArgs {
     /// Datasets of --dataset-info to train on, mixed in the order given.
     #[arg(long, value_name = "NAME", num_args = 1.., requires = "dataset_info")]
     pub dataset: Vec<String>,
-    /// Output folder: checkpoints (checkpoint-STEP/, final/), metrics.jsonl, the run's config.
+    /// Output folder: checkpoints (checkpoint-STEP/, final/), config.toml, metrics.jsonl,
+    /// metrics.html.
     #[arg(long, value_name = "DIR", required_unless_present = "dry_run")]
     pub out: Option<PathBuf>,
     /// TOML file with the training settings; flags given on the command line override it.
     #[arg(long, value_name = "F")]
     pub config: Option<PathBuf>,
-    /// Passes over the data [default: 3, the DICE recipe].
+    /// Resume from this checkpoint folder [default: the newest complete checkpoint in --out].
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Passes over the data, fractions allowed [default: 3, the DICE recipe].
     #[arg(long, value_name = "E", conflicts_with = "max_steps")]
     pub epochs: Option<f64>,
     /// Stop after this many optimizer steps instead of counting epochs.
@@ -90,15 +156,59 @@ pub struct SftArgs {
     /// Peak learning rate [default: 1e-5, the DICE recipe].
     #[arg(long, value_name = "X")]
     pub lr: Option<f64>,
-    /// Where the model trains; cuda needs a binary built with `--features cuda`.
-    #[arg(long, value_enum, default_value = "cpu")]
-    pub device: DeviceKind,
+    /// Learning-rate schedule after the warmup [default: constant-with-warmup].
+    #[arg(long, value_enum)]
+    pub lr_scheduler: Option<SchedulerArg>,
+    /// Share of the steps spent warming up, rounded up to whole steps [default: 0.03].
+    #[arg(long, value_name = "R")]
+    pub warmup_ratio: Option<f64>,
+    /// Packed rows per micro-batch (one forward and backward) [default: 1].
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<usize>,
+    /// Micro-batches whose gradients make one optimizer step [default: 1].
+    #[arg(long, value_name = "N")]
+    pub gradient_accumulation_steps: Option<usize>,
+    /// AdamW's decoupled weight decay [default: 0].
+    #[arg(long, value_name = "X")]
+    pub weight_decay: Option<f64>,
+    /// Global gradient-norm clipping [default: 1.0].
+    #[arg(long, value_name = "X")]
+    pub max_grad_norm: Option<f64>,
+    /// Where the model trains [default: cpu]; cuda needs a binary built with `--features cuda`.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceKind>,
     /// Compute dtype [default: f32 on the CPU, bf16 on CUDA].
     #[arg(long, value_enum)]
     pub dtype: Option<TrainDType>,
-    /// Seed of the data order, the noise and any random initialisation [default: 42].
+    /// Seed of the data order, the noise and the validation split [default: 42].
     #[arg(long, value_name = "S")]
     pub seed: Option<u64>,
+    /// Save a checkpoint every N optimizer steps (and at the end) [default: 500].
+    #[arg(long, value_name = "N")]
+    pub save_steps: Option<u64>,
+    /// Keep only the newest K checkpoints [default: all].
+    #[arg(long, value_name = "K")]
+    pub save_total_limit: Option<usize>,
+    /// Dtype of the checkpoint weights [default: bf16].
+    #[arg(long, value_enum)]
+    pub save_dtype: Option<SaveDTypeArg>,
+    /// Hold out this share of the packed rows (chosen by the seed) for evaluation [default: 0].
+    #[arg(long, value_name = "R", conflicts_with = "val_data")]
+    pub val_ratio: Option<f64>,
+    /// Evaluate on the packed rows of these files instead of a held-out share.
+    #[arg(long, value_name = "FILE", num_args = 1..)]
+    pub val_data: Vec<PathBuf>,
+    /// Evaluate the held-out rows every N steps (and at the end) [default: 500].
+    #[arg(long, value_name = "N")]
+    pub eval_steps: Option<u64>,
+    /// Peak dense TFLOP/s of one device, for the MFU [default: 989 (H100/H200 bf16) on CUDA;
+    /// no MFU on the CPU].
+    #[arg(long, value_name = "T")]
+    pub peak_tflops: Option<f64>,
+    /// Query and head rows per chunk of the checkpointed forward and backward: memory against
+    /// speed, the same results [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub chunk_rows: Option<usize>,
     /// Print the packing statistics and exit, without loading the model.
     #[arg(long)]
     pub dry_run: bool,
@@ -106,17 +216,18 @@ pub struct SftArgs {
     /// LlamaFactory's cutoff_len: 6144 means with packing].
     #[arg(long, value_name = "N")]
     pub cutoff_len: Option<usize>,
-    /// Tokens per packed row.
-    #[arg(long, value_name = "N", default_value_t = 6144)]
-    pub row_tokens: usize,
+    /// Tokens per packed row [default: 6144].
+    #[arg(long, value_name = "N")]
+    pub row_tokens: Option<usize>,
     /// Records per preprocessing batch; the packing only combines samples of one batch
-    /// (LlamaFactory's preprocessing_batch_size).
-    #[arg(long, value_name = "N", default_value_t = 1000)]
-    pub preprocessing_batch_size: usize,
+    /// (LlamaFactory's preprocessing_batch_size) [default: 1000].
+    #[arg(long, value_name = "N")]
+    pub preprocessing_batch_size: Option<usize>,
     /// Contiguous shards the records are split into before batching (LlamaFactory's
-    /// preprocessing_num_workers; set it to the reference run's value to pack its rows).
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub preprocessing_num_workers: usize,
+    /// preprocessing_num_workers; set it to the reference run's value to pack its rows)
+    /// [default: 1].
+    #[arg(long, value_name = "N")]
+    pub preprocessing_num_workers: Option<usize>,
 }
 
 pub fn run(command: TrainCommand) -> Result<()> {
@@ -125,21 +236,146 @@ pub fn run(command: TrainCommand) -> Result<()> {
     }
 }
 
-fn run_sft(a: SftArgs) -> Result<()> {
-    if !a.dry_run {
-        bail!("dice train sft: only --dry-run is available in this build");
-    }
-    let tokenizer = SdarTokenizer::from_dir(a.tokenizer.as_ref().unwrap_or(&a.model))?;
-    let encoder = Qwen3Encoder::new(&tokenizer)?;
-    let datasets = select_datasets(&a.data, a.dataset_info.as_deref(), &a.dataset)?;
-    let options = PackOptions {
-        row_tokens: a.row_tokens,
-        cutoff_len: a.cutoff_len.unwrap_or(a.row_tokens.saturating_sub(1)),
-        block_length: model_block_length(&a.model)?,
-        preprocessing_batch_size: a.preprocessing_batch_size,
-        preprocessing_num_workers: a.preprocessing_num_workers,
+/// The settings file (or the defaults) with the flags on top.
+fn settings(a: &SftArgs) -> Result<SftConfig> {
+    let mut c = match &a.config {
+        Some(path) => SftConfig::read(path)?,
+        None => SftConfig::default(),
     };
-    let packed = PackedDataset::build(&datasets, &encoder, &options)?;
-    print!("{}", packed.stats());
+    fn set<T: Clone>(field: &mut T, flag: &Option<T>) {
+        if let Some(value) = flag {
+            *field = value.clone();
+        }
+    }
+    if a.model.is_some() {
+        c.model.path = a.model.clone();
+    }
+    if a.tokenizer.is_some() {
+        c.model.tokenizer = a.tokenizer.clone();
+    }
+    if !a.data.is_empty() || !a.dataset.is_empty() {
+        c.data.files = a.data.clone();
+        c.data.dataset_info = a.dataset_info.clone();
+        c.data.datasets = a.dataset.clone();
+    }
+    if !a.val_data.is_empty() {
+        c.data.val_files = a.val_data.clone();
+        c.data.val_ratio = 0.0;
+    }
+    set(&mut c.data.val_ratio, &a.val_ratio);
+    if a.val_ratio.is_some() {
+        c.data.val_files.clear();
+    }
+    set(&mut c.data.row_tokens, &a.row_tokens);
+    if a.cutoff_len.is_some() {
+        c.data.cutoff_len = a.cutoff_len;
+    }
+    set(
+        &mut c.data.preprocessing_batch_size,
+        &a.preprocessing_batch_size,
+    );
+    set(
+        &mut c.data.preprocessing_num_workers,
+        &a.preprocessing_num_workers,
+    );
+
+    let t = &mut c.training;
+    if let Some(epochs) = a.epochs {
+        t.epochs = epochs;
+        t.max_steps = None;
+    }
+    if a.max_steps.is_some() {
+        t.max_steps = a.max_steps;
+    }
+    set(&mut t.learning_rate, &a.lr);
+    set(
+        &mut t.lr_scheduler,
+        &a.lr_scheduler.map(|s| match s {
+            SchedulerArg::ConstantWithWarmup => ScheduleKind::ConstantWithWarmup,
+            SchedulerArg::Cosine => ScheduleKind::Cosine,
+        }),
+    );
+    set(&mut t.warmup_ratio, &a.warmup_ratio);
+    set(&mut t.per_device_train_batch_size, &a.batch_size);
+    set(
+        &mut t.gradient_accumulation_steps,
+        &a.gradient_accumulation_steps,
+    );
+    set(&mut t.max_grad_norm, &a.max_grad_norm);
+    set(&mut t.seed, &a.seed);
+    set(&mut t.chunk_rows, &a.chunk_rows);
+    set(
+        &mut t.device,
+        &a.device.map(|d| match d {
+            DeviceKind::Cpu => config::DeviceKind::Cpu,
+            DeviceKind::Cuda => config::DeviceKind::Cuda,
+        }),
+    );
+    if let Some(dtype) = a.dtype {
+        t.dtype = Some(match dtype {
+            TrainDType::F32 => ComputeDType::F32,
+            TrainDType::Bf16 => ComputeDType::Bf16,
+        });
+    }
+    set(&mut c.optimizer.weight_decay, &a.weight_decay);
+    set(&mut c.checkpoint.save_steps, &a.save_steps);
+    if a.save_total_limit.is_some() {
+        c.checkpoint.save_total_limit = a.save_total_limit;
+    }
+    set(
+        &mut c.checkpoint.save_dtype,
+        &a.save_dtype.map(|d| match d {
+            SaveDTypeArg::Bf16 => SaveDType::Bf16,
+            SaveDTypeArg::F32 => SaveDType::F32,
+        }),
+    );
+    set(&mut c.eval.eval_steps, &a.eval_steps);
+    if a.peak_tflops.is_some() {
+        c.metrics.peak_tflops = a.peak_tflops;
+    }
+    Ok(c)
+}
+
+fn run_sft(a: SftArgs) -> Result<()> {
+    let config = settings(&a)?.resolve()?;
+    if a.dry_run {
+        let tokenizer = SdarTokenizer::from_dir(config.tokenizer_dir())?;
+        let encoder = Qwen3Encoder::new(&tokenizer)?;
+        let datasets = select_datasets(
+            &config.data.files,
+            config.data.dataset_info.as_deref(),
+            &config.data.datasets,
+        )?;
+        let options = config.pack_options(model_block_length(config.model_dir())?);
+        print!(
+            "{}",
+            PackedDataset::build(&datasets, &encoder, &options)?.stats()
+        );
+        return Ok(());
+    }
+    let options = RunOptions {
+        out: a.out.expect("clap requires --out without --dry-run"),
+        resume: a.resume.map_or(Resume::Auto, Resume::From),
+        progress: true,
+    };
+    let out = options.out.clone();
+    let mut trainer = SftTrainer::new(config, options, Box::new(SingleProcess))?;
+    let summary = trainer.train()?;
+    if summary.steps_run == 0 {
+        eprintln!(
+            "the run in {} is already complete ({} steps): the model is in {}",
+            out.display(),
+            summary.total_steps,
+            summary.final_dir.display()
+        );
+    } else {
+        eprintln!(
+            "trained {} of {} steps (last loss {:.4}); the model is in {}",
+            summary.steps_run,
+            summary.total_steps,
+            summary.last_loss.unwrap_or(f64::NAN),
+            summary.final_dir.display()
+        );
+    }
     Ok(())
 }

@@ -239,7 +239,8 @@ impl SftConfig {
     }
 
     /// The settings a run uses: defaults that depend on other settings filled in (dtype,
-    /// cutoff, peak TFLOP/s), paths made absolute, and every value checked.
+    /// cutoff, peak TFLOP/s), paths made absolute (so the written settings work from any
+    /// folder), and every value checked.
     pub fn resolve(mut self) -> Result<Self> {
         let Some(model) = &self.model.path else {
             bail!("no model: pass --model DIR (or set [model] path in the settings file)");
@@ -401,9 +402,12 @@ pub fn resume_key_difference(
     walk("", recorded, asked)
 }
 
+/// `path` made absolute (as given otherwise, so messages name it as the user wrote it), when it
+/// exists.
 fn existing(path: &Path, what: &str) -> Result<PathBuf> {
-    std::fs::canonicalize(path)
-        .with_context(|| format!("cannot find the {what} {}", path.display()))
+    ensure!(path.exists(), "cannot find the {what} {}", path.display());
+    std::path::absolute(path)
+        .with_context(|| format!("cannot resolve the {what} {}", path.display()))
 }
 
 fn absolute_all(paths: &[PathBuf], what: &str) -> Result<Vec<PathBuf>> {
