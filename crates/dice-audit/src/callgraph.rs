@@ -413,7 +413,9 @@ impl<'m, 't> CallGraph<'m, 't> {
                 if !matches!(inner.kind(), "identifier" | "attribute") {
                     continue;
                 }
-                if let Some(Value::Extension(i) | Value::ExtensionFunction(i, _)) = self.value_of(inner, id.class.as_deref()) {
+                if let Some(Value::Extension(i) | Value::ExtensionFunction(i, _)) =
+                    self.value_of(inner, id.class.as_deref())
+                {
                     out.insert(i);
                 }
             }

@@ -55,7 +55,9 @@ impl Drop for Reservation<'_> {
 
 impl DeviceMemory {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Records the device's size (every process of a device reports the same).
@@ -87,7 +89,10 @@ impl DeviceMemory {
         state.next_ticket += 1;
         state.waiting.push_back(ticket);
         while state.waiting.front() != Some(&ticket) || !state.fits(bytes) {
-            state = self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
         state.waiting.pop_front();
         state.reserved += bytes;

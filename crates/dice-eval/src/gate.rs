@@ -82,12 +82,17 @@ impl DeviceGate {
     }
 
     fn lock_record(&self) -> std::sync::MutexGuard<'_, Record> {
-        self.record.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.record
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn shared(&self) -> SharedPass<'_> {
         let asked = Instant::now();
-        let guard = self.lock.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let guard = self
+            .lock
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let since = Instant::now();
         self.lock_record().used.step_waited += since - asked;
         SharedPass {
@@ -104,7 +109,10 @@ impl DeviceGate {
             r.wanted += 1;
             r.closed_since.get_or_insert(asked);
         }
-        let guard = self.lock.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let guard = self
+            .lock
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let since = Instant::now();
         self.lock_record().used.waited += since - asked;
         Exclusive {

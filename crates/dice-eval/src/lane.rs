@@ -50,7 +50,9 @@ impl Lane {
 
     /// Run slot `index`'s sample taken ahead.
     pub(crate) fn ahead(&self, index: usize) -> MutexGuard<'_, Option<Ahead>> {
-        self.aheads[index].lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.aheads[index]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A sample another slot took ahead and has not begun.

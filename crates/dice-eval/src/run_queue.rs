@@ -43,7 +43,10 @@ impl<T> RunQueue<T> {
     /// The oldest item of `prefer`'s problem, else the oldest item; waits while producers remain.
     /// None once the queue is empty and closed.
     pub(crate) fn take(&self, prefer: Option<ProblemKey>) -> Option<T> {
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         loop {
             if let Some(item) = state.pop(prefer) {
                 return Some(item);
@@ -52,7 +55,10 @@ impl<T> RunQueue<T> {
                 return None;
             }
             state.waiting += 1;
-            state = self.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             state.waiting -= 1;
         }
     }
@@ -68,7 +74,10 @@ impl<T> RunQueue<T> {
     /// An item for later, taken now (a run slot's look-ahead): like [`RunQueue::take`] without
     /// waiting, and None while another taker waits, since an idle slot should run it first.
     pub(crate) fn try_take(&self, prefer: Option<ProblemKey>) -> Option<T> {
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if state.waiting > 0 {
             return None;
         }
@@ -87,7 +96,11 @@ impl<T> State<T> {
 
 impl<T> Producer<T> {
     pub(crate) fn push(&self, key: ProblemKey, item: T) {
-        let mut state = self.queue.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self
+            .queue
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         state.items.push_back((key, item));
         self.queue.changed.notify_all();
     }
@@ -95,7 +108,11 @@ impl<T> Producer<T> {
 
 impl<T> Clone for Producer<T> {
     fn clone(&self) -> Self {
-        let mut state = self.queue.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self
+            .queue
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         state.producers += 1;
         Producer {
             queue: self.queue.clone(),
@@ -105,7 +122,11 @@ impl<T> Clone for Producer<T> {
 
 impl<T> Drop for Producer<T> {
     fn drop(&mut self) {
-        let mut state = self.queue.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut state = self
+            .queue
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         state.producers -= 1;
         self.queue.changed.notify_all();
     }

@@ -25,7 +25,12 @@ pub(crate) fn may_build(code: &[u8]) -> bool {
 }
 
 /// Err only when the evaluator itself failed (the sandbox could not be set up).
-pub(crate) fn build(ctx: &JobContext, zygote: &Zygote, sample: &EvalSample, code: &[u8]) -> Result<Built> {
+pub(crate) fn build(
+    ctx: &JobContext,
+    zygote: &Zygote,
+    sample: &EvalSample,
+    code: &[u8],
+) -> Result<Built> {
     let started = std::time::Instant::now();
     let request = json!({
         "cache_dir": ctx.cfg.build_cache,

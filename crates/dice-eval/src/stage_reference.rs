@@ -194,7 +194,11 @@ impl Reference {
     }
 
     /// Timings of `n` calls in ms, and the evaluator-side wall time of the batch.
-    pub(crate) fn time(&mut self, ctx: &JobContext, n: u32) -> Result<(Vec<f64>, f64), ReferenceFailed> {
+    pub(crate) fn time(
+        &mut self,
+        ctx: &JobContext,
+        n: u32,
+    ) -> Result<(Vec<f64>, f64), ReferenceFailed> {
         let started = Instant::now();
         let reply = self.request(
             ctx,

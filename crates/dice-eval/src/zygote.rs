@@ -175,7 +175,10 @@ impl ZygoteSlot {
     /// Starts the fork server now, in the background, so that it is ready (or being started)
     /// when first needed; a start that fails is tried again, and reported, by that `get`.
     pub(crate) fn start_early(self: &Arc<Self>, rt: &Arc<Runtime>) {
-        let mut early = self.early.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut early = self
+            .early
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if early.as_ref().is_some_and(|start| !start.is_finished()) {
             return;
         }
@@ -200,7 +203,11 @@ impl ZygoteSlot {
     /// Ends the fork server, once a start in the background has finished: no fork server, nor
     /// the scratch directory its start holds, outlives the evaluator.
     pub(crate) fn stop(&self) {
-        let early = self.early.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let early = self
+            .early
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
         if let Some(start) = early {
             let _ = start.join();
         }
@@ -208,7 +215,9 @@ impl ZygoteSlot {
     }
 
     fn current(&self) -> MutexGuard<'_, Option<Arc<Zygote>>> {
-        self.current.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

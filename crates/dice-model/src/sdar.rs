@@ -525,7 +525,9 @@ impl KvCache {
     }
 
     pub fn dtype(&self) -> DType {
-        self.keys.first().map_or(DType::F32, candle_core::Tensor::dtype)
+        self.keys
+            .first()
+            .map_or(DType::F32, candle_core::Tensor::dtype)
     }
 
     /// Bytes held by the cache tensors.

@@ -236,7 +236,9 @@ pub fn write_atomically<T>(
             .with_context(|| format!("cannot create {}", temporary.display()))?;
         let mut writer = BufWriter::new(file);
         let value = write(&mut writer)?;
-        let file = writer.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+        let file = writer
+            .into_inner()
+            .map_err(std::io::IntoInnerError::into_error)?;
         file.sync_all()?;
         std::fs::rename(&temporary, path)?;
         Ok(value)

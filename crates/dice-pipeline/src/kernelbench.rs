@@ -4,11 +4,11 @@
 //! again, and the report is written anew from the store.
 
 use anyhow::{bail, ensure, Context, Result};
-use dice_kernelbench::{load_candidates, KernelBench};
 use dice_engine::{
     generate_candidates, CandidateRun, DecodeParams, Generator, Progress, CANDIDATES_FILE,
 };
 use dice_eval::{Batch, EvalConfig, EvalProblem, EvalSample, Judge, StaticAudit, Store, Summary};
+use dice_kernelbench::{load_candidates, KernelBench};
 use dice_report::{render_comparison, ComparedRun, Comparison, Format};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;

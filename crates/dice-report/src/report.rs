@@ -174,7 +174,9 @@ pub fn build_report(
     let mut rows: Vec<SampleRow> = samples
         .iter()
         .map(|s| {
-            let name = names.get(&(s.level, s.problem_id)).map(std::string::ToString::to_string);
+            let name = names
+                .get(&(s.level, s.problem_id))
+                .map(std::string::ToString::to_string);
             SampleRow::from_record(s, name)
         })
         .collect();

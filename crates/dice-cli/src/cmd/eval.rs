@@ -2,10 +2,12 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use dice_kernelbench::{load_candidates, load_pairs, Candidate, InvalidProblem, KernelBench, Problem};
 use dice_eval::{
     Baseline, Batch, Device, EvalConfig, EvalProblem, EvalSample, Judge, Precision, StaticAudit,
     Summary,
+};
+use dice_kernelbench::{
+    load_candidates, load_pairs, Candidate, InvalidProblem, KernelBench, Problem,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,8 +3,8 @@
 
 #![allow(dead_code)]
 
-use dice_kernelbench::{load_candidates, KernelBench};
 use dice_eval::{EvalConfig, EvalProblem, EvalSample, Verdict};
+use dice_kernelbench::{load_candidates, KernelBench};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -5,11 +5,11 @@
 use super::format::gib;
 use anyhow::{ensure, Context, Result};
 use clap::Args;
+use dice_eval::python::json_output;
 use dice_kernelbench::{
     identity_candidates_jsonl, input_sizes_command, pick_identity_problems, InputSize, KernelBench,
     LevelPick, Skip,
 };
-use dice_eval::python::json_output;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
