@@ -7,13 +7,13 @@ use dice_model::SdarConfig;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum DeviceKind {
+pub(crate) enum DeviceKind {
     Cpu,
     Cuda,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum DTypeArg {
+pub(crate) enum DTypeArg {
     F32,
     Bf16,
     Fp16,
@@ -23,7 +23,7 @@ const NO_CUDA: &str =
     "cannot use CUDA (is this binary built with `--features cuda` and is a GPU visible?)";
 
 impl DeviceKind {
-    pub fn device(self) -> Result<Device> {
+    pub(crate) fn device(self) -> Result<Device> {
         match self {
             DeviceKind::Cpu => Ok(Device::Cpu),
             DeviceKind::Cuda => dice_model::device::cuda_device(0).context(NO_CUDA),
@@ -31,7 +31,7 @@ impl DeviceKind {
     }
 
     /// The CPU, or every visible GPU.
-    pub fn all(self) -> Result<Vec<Device>> {
+    pub(crate) fn all(self) -> Result<Vec<Device>> {
         match self {
             DeviceKind::Cpu => Ok(vec![Device::Cpu]),
             DeviceKind::Cuda => dice_model::device::cuda_devices().context(NO_CUDA),
@@ -40,7 +40,7 @@ impl DeviceKind {
 }
 
 impl DTypeArg {
-    pub fn dtype(self) -> DType {
+    pub(crate) fn dtype(self) -> DType {
         match self {
             DTypeArg::F32 => DType::F32,
             DTypeArg::Bf16 => DType::BF16,
@@ -49,7 +49,7 @@ impl DTypeArg {
     }
 
     /// The name the flag takes (`bf16`).
-    pub fn name(self) -> String {
+    pub(crate) fn name(self) -> String {
         self.to_possible_value()
             .expect("every dtype is a possible value")
             .get_name()
@@ -59,7 +59,7 @@ impl DTypeArg {
 
 /// The model a benchmark builds: a real config's shapes with random weights.
 #[derive(Args)]
-pub struct RandomModelArgs {
+pub(crate) struct RandomModelArgs {
     /// A model config.json (e.g. tests/data/sdar/configs/sdar-4b.json); weights are random.
     #[arg(long)]
     pub config: PathBuf,
@@ -72,7 +72,7 @@ pub struct RandomModelArgs {
 }
 
 impl RandomModelArgs {
-    pub fn resolve(&self) -> Result<(SdarConfig, Device, DType)> {
+    pub(crate) fn resolve(&self) -> Result<(SdarConfig, Device, DType)> {
         Ok((
             SdarConfig::from_path(&self.config)?,
             self.device.device()?,
@@ -80,7 +80,7 @@ impl RandomModelArgs {
         ))
     }
 
-    pub fn config_name(&self) -> String {
+    pub(crate) fn config_name(&self) -> String {
         self.config.display().to_string()
     }
 }

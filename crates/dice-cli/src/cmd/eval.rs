@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Args, Debug)]
-pub struct EvalArgs {
+pub(crate) struct EvalArgs {
     /// Candidate files, folders of `level_L_problem_ID_sample_S_kernel.py` files, or JSONL files.
     pub candidates: Vec<PathBuf>,
     /// The KernelBench problem tree (the folder holding level1/ … level4/).
@@ -47,7 +47,7 @@ pub struct EvalArgs {
 
 /// How candidates are judged: limits, parallelism, the interpreter, correctness and timing.
 #[derive(Args, Clone, Debug)]
-pub struct JudgeArgs {
+pub(crate) struct JudgeArgs {
     /// Seconds each run of a candidate may take (builds not included).
     #[arg(long, value_name = "SECS", default_value_t = 120)]
     pub timeout: u64,
@@ -110,25 +110,25 @@ pub struct JudgeArgs {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum DeviceArg {
+pub(crate) enum DeviceArg {
     Cpu,
     Cuda,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum PrecisionArg {
+pub(crate) enum PrecisionArg {
     Fp32,
     Fp16,
     Bf16,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum BaselineArg {
+pub(crate) enum BaselineArg {
     Eager,
     TorchCompile,
 }
 
-pub fn run(a: EvalArgs) -> Result<()> {
+pub(crate) fn run(a: EvalArgs) -> Result<()> {
     let (problems, invalid, candidates, source) = load_inputs(&a)?;
     for bad in &invalid {
         eprintln!(
@@ -197,7 +197,7 @@ fn config(a: &EvalArgs, source: String) -> Result<EvalConfig> {
 impl JudgeArgs {
     /// Sets these flags' settings on `cfg`, whose device is set already (it decides the
     /// defaults of --runs-per-device and --no-look-ahead).
-    pub fn apply(&self, cfg: &mut EvalConfig) {
+    pub(crate) fn apply(&self, cfg: &mut EvalConfig) {
         cfg.timeout = Duration::from_secs(self.timeout.max(1));
         cfg.compile_timeout = Duration::from_secs(self.compile_timeout.max(1));
         if let Some(jobs) = self.jobs {
@@ -233,7 +233,7 @@ impl JudgeArgs {
     }
 }
 
-pub fn print_summary(s: &Summary, db: &Path) {
+pub(crate) fn print_summary(s: &Summary, db: &Path) {
     let evaluated: usize = s.verdicts.values().sum();
     let counts: Vec<String> = s.verdicts.iter().map(|(v, n)| format!("{v} {n}")).collect();
     println!(

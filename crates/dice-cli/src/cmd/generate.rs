@@ -4,7 +4,7 @@
 
 use super::args::DTypeArg;
 // `dice train` still names DeviceKind through this module.
-pub use super::args::DeviceKind;
+pub(crate) use super::args::DeviceKind;
 use anyhow::{ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use dice_engine::{
@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 /// Decoding settings; the defaults are DICE's KernelBench evaluation (spec §4.7).
 #[derive(Args, Clone, Debug)]
-pub struct DecodeArgs {
+pub(crate) struct DecodeArgs {
     /// Remasking strategy: which masked positions of a block take their token in a step.
     #[arg(long, value_enum, default_value_t = Strategy::LowConfidenceStatic)]
     pub strategy: Strategy,
@@ -67,7 +67,7 @@ pub struct DecodeArgs {
 
 impl DecodeArgs {
     /// The decoding parameters; stop ids default to the model folder's eos ids.
-    pub fn params(&self, model_dir: Option<&Path>) -> Result<DecodeParams> {
+    pub(crate) fn params(&self, model_dir: Option<&Path>) -> Result<DecodeParams> {
         let stop_ids = if self.no_stop {
             Vec::new()
         } else if !self.stop_ids.is_empty() {
@@ -102,7 +102,7 @@ impl DecodeArgs {
 
 /// Where the model runs.
 #[derive(Args, Clone, Debug)]
-pub struct RuntimeArgs {
+pub(crate) struct RuntimeArgs {
     /// Where the model runs; cuda needs a binary built with `--features cuda`.
     #[arg(long, value_enum, default_value = "cpu")]
     pub device: DeviceKind,
@@ -116,7 +116,7 @@ pub struct RuntimeArgs {
 
 /// How many engines decode a batch job, and where.
 #[derive(Args, Clone, Debug)]
-pub struct EngineArgs {
+pub(crate) struct EngineArgs {
     /// Decoding engines, each with its own copy of the model, dealt requests in turn [default:
     /// one per visible GPU with --device cuda, one on the CPU]. More engines than GPUs share the
     /// GPUs in turn. Outputs do not depend on it: every request decodes with its own seed.
@@ -126,7 +126,7 @@ pub struct EngineArgs {
 
 impl RuntimeArgs {
     /// The model of `dir` set up for `block_length`, with its tokenizer and chat template.
-    pub fn load(&self, dir: &Path, block_length: usize) -> Result<(SdarDecoder, TextCodec)> {
+    pub(crate) fn load(&self, dir: &Path, block_length: usize) -> Result<(SdarDecoder, TextCodec)> {
         let model = SdarDecoder::load(
             dir,
             self.dtype.dtype(),
@@ -138,14 +138,14 @@ impl RuntimeArgs {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     Json,
     Text,
 }
 
 /// What answers the prompts: a model folder on this machine or an OpenAI-compatible endpoint.
 #[derive(Args, Clone, Debug)]
-pub struct ModelSourceArgs {
+pub(crate) struct ModelSourceArgs {
     /// Model folder (config.json, safetensors, tokenizer files).
     #[arg(long, required_unless_present = "endpoint")]
     pub model: Option<PathBuf>,
@@ -164,7 +164,7 @@ pub struct ModelSourceArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct GenerateArgs {
+pub(crate) struct GenerateArgs {
     #[command(flatten)]
     pub source: ModelSourceArgs,
     /// File holding the user message (rendered with the chat template), read as is.
@@ -203,7 +203,7 @@ pub struct GenerateArgs {
     pub engines: EngineArgs,
 }
 
-pub fn run(a: GenerateArgs) -> Result<()> {
+pub(crate) fn run(a: GenerateArgs) -> Result<()> {
     ensure!(a.samples > 0, "--samples must be at least 1");
     let params = a.decode.params(a.source.model.as_deref())?;
     let generator = a.source.generator(&a.runtime, &a.engines)?;
@@ -232,7 +232,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let progress = ProgressBar::no_length();
     generate_candidates(&generator, &params, &run, |event| match event {
         Progress::Planned(0) => {
-            eprintln!("nothing to generate: every candidate is already in the run folder")
+            eprintln!("nothing to generate: every candidate is already in the run folder");
         }
         Progress::Planned(count) => progress.set_length(count as u64),
         Progress::Stored => progress.inc(1),
@@ -243,7 +243,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
 
 impl ModelSourceArgs {
     /// The local engines, or the endpoint, the flags name.
-    pub fn generator(&self, runtime: &RuntimeArgs, engines: &EngineArgs) -> Result<Generator> {
+    pub(crate) fn generator(
+        &self,
+        runtime: &RuntimeArgs,
+        engines: &EngineArgs,
+    ) -> Result<Generator> {
         let Some(endpoint) = &self.endpoint else {
             let model_dir = self
                 .model
@@ -271,7 +275,7 @@ impl ModelSourceArgs {
     }
 
     /// What reports call the model: the endpoint's model name, or the model folder's name.
-    pub fn name(&self) -> Result<String> {
+    pub(crate) fn name(&self) -> Result<String> {
         if self.endpoint.is_some() {
             return Ok(self.endpoint_model()?.to_string());
         }
@@ -314,7 +318,7 @@ fn print_answers(answers: &[Answer], format: OutputFormat) -> Result<()> {
 }
 
 /// `1-100`, `3`, `1,5,7-9`.
-pub fn parse_ids(spec: &str) -> Result<BTreeSet<u32>> {
+pub(crate) fn parse_ids(spec: &str) -> Result<BTreeSet<u32>> {
     let mut ids = BTreeSet::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let bad = || format!("`{part}` in --problems is not an id or a range like 1-100");

@@ -41,7 +41,7 @@ Examples:
 
 #[derive(Args, Debug)]
 #[command(after_help = KERNELBENCH_MANUAL)]
-pub struct KernelBenchArgs {
+pub(crate) struct KernelBenchArgs {
     #[command(flatten)]
     pub source: ModelSourceArgs,
     /// The KernelBench problem tree (the folder holding level1/ … level4/).
@@ -74,7 +74,7 @@ pub struct KernelBenchArgs {
     pub judge: JudgeArgs,
 }
 
-pub fn run(a: KernelBenchArgs) -> Result<()> {
+pub(crate) fn run(a: KernelBenchArgs) -> Result<()> {
     let params = a.decode.params(a.source.model.as_deref())?;
     let generator = a.source.generator(&a.runtime, &a.engines)?;
     let mut run = KernelBenchRun::new(

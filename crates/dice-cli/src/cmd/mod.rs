@@ -14,15 +14,15 @@ picks greedy tokens with one kernel over the logits."
 }
 pub(crate) use cuda_decoding_env;
 
-pub mod args;
-pub mod bench;
-pub mod eval;
-pub mod generate;
-pub mod kernelbench;
-pub mod model;
-pub mod problems;
-pub mod prompt;
-pub mod report;
-pub mod serve;
-pub mod tokenize;
-pub mod train;
+pub(crate) mod args;
+pub(crate) mod bench;
+pub(crate) mod eval;
+pub(crate) mod generate;
+pub(crate) mod kernelbench;
+pub(crate) mod model;
+pub(crate) mod problems;
+pub(crate) mod prompt;
+pub(crate) mod report;
+pub(crate) mod serve;
+pub(crate) mod tokenize;
+pub(crate) mod train;

@@ -8,7 +8,7 @@ use dice_model::SdarConfig;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
-pub enum ModelCommand {
+pub(crate) enum ModelCommand {
     /// Write a complete bf16 model folder of a config, with formula or seeded random weights.
     #[command(after_help = "\
 Writes into OUT: config.json (CONFIG's architecture, torch_dtype bfloat16), the weights in bf16
@@ -33,7 +33,7 @@ Examples:
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum WeightsArg {
+pub(crate) enum WeightsArg {
     /// The formula golden's weights (a function of tensor name and element index).
     Formula,
     /// Normal(0, initializer_range) matrices and unit norm weights, seeded by --seed.
@@ -41,7 +41,7 @@ pub enum WeightsArg {
 }
 
 #[derive(Args)]
-pub struct InitArgs {
+pub(crate) struct InitArgs {
     /// The model's config.json (an SDAR config: model_type "sdar").
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
@@ -63,7 +63,7 @@ pub struct InitArgs {
     pub force: bool,
 }
 
-pub fn run(command: ModelCommand) -> Result<()> {
+pub(crate) fn run(command: ModelCommand) -> Result<()> {
     match command {
         ModelCommand::Init(args) => init(args),
     }

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(Debug, Subcommand)]
-pub enum ProblemsCommand {
+pub(crate) enum ProblemsCommand {
     /// List the problems of a KernelBench tree (level, id, name, path), sorted by level and id.
     ///
     /// Every file `levelL/ID_Name.py` is read and checked on a Python parse tree: it must
@@ -23,7 +23,7 @@ pub enum ProblemsCommand {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ListFormat {
+pub(crate) enum ListFormat {
     /// One line per problem: `level  id  name  path` (tab-separated).
     Text,
     /// A JSON array of `{level, problem_id, name, path}` (stdout stays a clean array).
@@ -31,7 +31,7 @@ pub enum ListFormat {
 }
 
 #[derive(Debug, Args)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     /// The KernelBench problem folder: the one holding level1/ … level4/ (a KernelBench
     /// clone's root works too). Example: --kernelbench ~/KernelBench/KernelBench
     #[arg(long, value_name = "DIR")]
@@ -45,7 +45,7 @@ pub struct ListArgs {
     pub format: ListFormat,
 }
 
-pub fn run(command: ProblemsCommand) -> Result<()> {
+pub(crate) fn run(command: ProblemsCommand) -> Result<()> {
     match command {
         ProblemsCommand::List(args) => list(args),
     }

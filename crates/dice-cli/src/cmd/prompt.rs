@@ -28,7 +28,7 @@ Examples:
 
 #[derive(Debug, Args)]
 #[command(after_help = PROMPT_MANUAL)]
-pub struct PromptArgs {
+pub(crate) struct PromptArgs {
     /// The KernelBench problem folder (holding level1/ … level4/). End-to-end prompts only.
     #[arg(
         long,
@@ -64,7 +64,7 @@ pub struct PromptArgs {
     pub index: Option<usize>,
 }
 
-pub fn run(args: PromptArgs) -> Result<()> {
+pub(crate) fn run(args: PromptArgs) -> Result<()> {
     let prompt = if args.infill {
         infill(&args)?
     } else {

@@ -31,7 +31,7 @@ Examples:
 
 #[derive(Debug, Args)]
 #[command(after_help = REPORT_MANUAL)]
-pub struct ReportArgs {
+pub(crate) struct ReportArgs {
     /// The run folder given to `dice eval` or `dice kernelbench` (its store is
     /// RUN_DIR/dice.db); several folders are compared side by side.
     #[arg(value_name = "RUN_DIR", required = true)]
@@ -63,7 +63,7 @@ fn parse_format(s: &str) -> Result<Format, String> {
     s.parse().map_err(|e: anyhow::Error| e.to_string())
 }
 
-pub fn run(args: ReportArgs) -> Result<()> {
+pub(crate) fn run(args: ReportArgs) -> Result<()> {
     let text = match args.run_dirs.as_slice() {
         [run_dir] => one_run(run_dir, &args)?,
         run_dirs => side_by_side(run_dirs, &args)?,

@@ -7,7 +7,7 @@ use dice_engine::{serve, Engine, EngineConfig, ServeOptions};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Model folder (config.json, safetensors, tokenizer files).
     #[arg(long)]
     pub model: PathBuf,
@@ -34,7 +34,7 @@ pub struct ServeArgs {
     pub runtime: RuntimeArgs,
 }
 
-pub fn run(a: ServeArgs) -> Result<()> {
+pub(crate) fn run(a: ServeArgs) -> Result<()> {
     let defaults = a.decode.params(Some(&a.model))?;
     let (model, codec) = a.runtime.load(&a.model, defaults.block_length)?;
     let config = EngineConfig {

@@ -9,7 +9,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     /// Token ids separated by commas.
     Plain,
     /// `{"text": <the exact text tokenized>, "ids": [...]}`.
@@ -18,7 +18,7 @@ pub enum OutputFormat {
 
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("input").required(true).args(["text", "text_file"]))]
-pub struct TokenizeArgs {
+pub(crate) struct TokenizeArgs {
     /// Model directory with tokenizer.json, or vocab.json + merges.txt + tokenizer_config.json
     /// (and chat_template.jinja or a chat_template in tokenizer_config.json for --chat).
     #[arg(long, value_name = "DIR")]
@@ -46,7 +46,7 @@ pub struct TokenizeArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct DetokenizeArgs {
+pub(crate) struct DetokenizeArgs {
     /// Model directory with the tokenizer files (as for `dice tokenize`).
     #[arg(long, value_name = "DIR")]
     pub model: PathBuf,
@@ -99,7 +99,7 @@ fn chat_text(a: &TokenizeArgs, user: &str) -> Result<String> {
     template.render(&messages, true, &kwargs)
 }
 
-pub fn run_tokenize(a: TokenizeArgs) -> Result<()> {
+pub(crate) fn run_tokenize(a: TokenizeArgs) -> Result<()> {
     let tokenizer = SdarTokenizer::from_dir(&a.model)?;
     let text = read_text(&a)?;
     let text = if a.chat { chat_text(&a, &text)? } else { text };
@@ -116,7 +116,7 @@ pub fn run_tokenize(a: TokenizeArgs) -> Result<()> {
 }
 
 /// Prints the decoded text exactly, without a trailing newline.
-pub fn run_detokenize(a: DetokenizeArgs) -> Result<()> {
+pub(crate) fn run_detokenize(a: DetokenizeArgs) -> Result<()> {
     let tokenizer = SdarTokenizer::from_dir(&a.model)?;
     let text = tokenizer.decode(&a.ids, a.skip_special)?;
     let mut stdout = std::io::stdout().lock();

@@ -13,7 +13,7 @@ use dice_train::sft::{Resume, RunOptions, SftConfig, SftTrainer};
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
-pub enum TrainCommand {
+pub(crate) enum TrainCommand {
     /// Supervised block-diffusion fine-tuning (the DICE recipe) on chat data.
     #[command(after_help = SFT_MANUAL)]
     Sft(SftArgs),
@@ -97,7 +97,7 @@ Examples:
       --row-tokens 256";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum TrainDType {
+pub(crate) enum TrainDType {
     /// float32 weights and compute (the CPU default).
     F32,
     /// bfloat16 compute with float32 master weights and optimizer moments (the reference).
@@ -105,7 +105,7 @@ pub enum TrainDType {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum SaveDTypeArg {
+pub(crate) enum SaveDTypeArg {
     /// The f32 masters rounded to bf16 (the SDAR checkpoints' dtype).
     Bf16,
     /// The f32 masters as they are.
@@ -113,7 +113,7 @@ pub enum SaveDTypeArg {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum SchedulerArg {
+pub(crate) enum SchedulerArg {
     /// Linear warmup, then the peak learning rate to the end (the reference).
     ConstantWithWarmup,
     /// Linear warmup, then half a cosine down to 0 at the last step.
@@ -121,7 +121,7 @@ pub enum SchedulerArg {
 }
 
 #[derive(Args, Debug)]
-pub struct SftArgs {
+pub(crate) struct SftArgs {
     /// Base model folder (config.json, safetensors, tokenizer files, chat template).
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
@@ -230,7 +230,7 @@ pub struct SftArgs {
     pub preprocessing_num_workers: Option<usize>,
 }
 
-pub fn run(command: TrainCommand) -> Result<()> {
+pub(crate) fn run(command: TrainCommand) -> Result<()> {
     match command {
         TrainCommand::Sft(a) => run_sft(a),
     }

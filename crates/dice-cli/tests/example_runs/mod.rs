@@ -3,17 +3,17 @@
 
 use std::path::{Path, PathBuf};
 
-pub fn examples() -> PathBuf {
+pub(crate) fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
 }
 
-pub fn build_cache() -> PathBuf {
+pub(crate) fn build_cache() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-eval-build-cache")
 }
 
 /// The examples' lines for problem 2 (a correct fused kernel, a raw answer without code, the
 /// renamed reference) as their own JSONL file.
-pub fn problem2_candidates(dir: &Path) -> PathBuf {
+pub(crate) fn problem2_candidates(dir: &Path) -> PathBuf {
     let all = std::fs::read_to_string(examples().join("candidates.jsonl")).unwrap();
     let lines: Vec<&str> = all
         .lines()

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-pub fn golden_dir() -> PathBuf {
+pub(crate) fn golden_dir() -> PathBuf {
     test_data().join("sdar/golden/formula")
 }
 
-pub fn tiny_model() -> &'static Path {
+pub(crate) fn tiny_model() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("formula-golden-tiny-cli");

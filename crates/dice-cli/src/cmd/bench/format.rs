@@ -1,10 +1,10 @@
 //! How the benchmark tables write sizes and counts.
 
-pub fn gib(bytes: u64) -> String {
+pub(super) fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
 /// A count, or `-` where it was not measured.
-pub fn count(n: Option<u64>) -> String {
+pub(super) fn count(n: Option<u64>) -> String {
     n.map_or("-".to_string(), |n| n.to_string())
 }

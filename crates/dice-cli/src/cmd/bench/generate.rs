@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 #[derive(Args)]
-pub struct GenerateBenchArgs {
+pub(crate) struct GenerateBenchArgs {
     #[command(flatten)]
     pub model: RandomModelArgs,
     /// Batch sizes to measure (sequences decoded at once), comma-separated.
@@ -60,7 +60,7 @@ pub struct GenerateBenchArgs {
 /// The metrics of the benchmarks this command measures.
 const METRICS: [&str; 2] = ["ms_per_forward", "tokens_per_s"];
 
-pub fn after_help() -> String {
+pub(super) fn after_help() -> String {
     let benchmarks: Vec<&Benchmark> = Targets::get().measured_by("bench generate").collect();
     let mut compared = String::new();
     for b in &benchmarks {
@@ -140,7 +140,7 @@ struct RunSettings<'a> {
     stop: bool,
 }
 
-pub fn run(args: GenerateBenchArgs) -> Result<()> {
+pub(super) fn run(args: GenerateBenchArgs) -> Result<()> {
     ensure!(
         !args.batch.is_empty() && args.batch.iter().all(|&b| b > 0),
         "--batch needs batch sizes of at least 1"

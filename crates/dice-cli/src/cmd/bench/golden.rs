@@ -31,7 +31,7 @@ rounding).
 Examples:
   dice bench golden --golden tests/data/sdar/golden/formula
   dice bench golden --golden tests/data/sdar/golden/formula --device cuda --dtype f32")]
-pub struct GoldenArgs {
+pub(crate) struct GoldenArgs {
     /// The formula golden folder: config.json, cases.json, expected.safetensors.
     #[arg(long, value_name = "DIR")]
     pub golden: PathBuf,
@@ -70,7 +70,7 @@ struct Check {
     passed: bool,
 }
 
-pub fn run(args: GoldenArgs) -> Result<()> {
+pub(super) fn run(args: GoldenArgs) -> Result<()> {
     let golden = FormulaGolden::open(&args.golden)?;
     let device = args.device.device()?;
     let dtype = args.dtype.dtype();

@@ -13,7 +13,7 @@ use dice_kernelbench::{
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-pub const AFTER_HELP: &str = "\
+pub(super) const AFTER_HELP: &str = "\
 For each level, in problem-id order, takes the first N problems whose inputs fit the budget: the
 tensors returned by get_inputs(), measured once for all problems by the project's Python on
 torch's meta device (nothing is allocated). A problem over the budget, or whose inputs cannot be
@@ -25,7 +25,7 @@ Example (the evaluator's timing-precision benchmark):
   dice bench identity --kernelbench KernelBench/ --out identity.jsonl";
 
 #[derive(Args)]
-pub struct IdentityArgs {
+pub(crate) struct IdentityArgs {
     /// The KernelBench problem folder: the one holding level1/ … level4/ (a KernelBench
     /// clone's root works too).
     #[arg(long, value_name = "DIR")]
@@ -56,7 +56,7 @@ pub struct IdentityArgs {
     pub out: Option<PathBuf>,
 }
 
-pub fn run(args: IdentityArgs) -> Result<()> {
+pub(super) fn run(args: IdentityArgs) -> Result<()> {
     ensure!(args.first > 0, "--first must be at least 1");
     ensure!(
         args.max_input_gib.is_finite() && args.max_input_gib > 0.0,

@@ -16,7 +16,7 @@ use anyhow::Result;
 use clap::Subcommand;
 
 #[derive(Subcommand)]
-pub enum BenchCommand {
+pub(crate) enum BenchCommand {
     /// Load, prefill and cached block-decoding speed and peak memory of a random-weight model.
     #[command(after_help = model::after_help())]
     Model(model::ModelBenchArgs),
@@ -33,7 +33,7 @@ pub enum BenchCommand {
     Identity(identity::IdentityArgs),
 }
 
-pub fn run(command: BenchCommand) -> Result<()> {
+pub(crate) fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Model(args) => model::run(args),
         BenchCommand::Golden(args) => golden::run(args),

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 const METRIC: &str = "peak_over_weights_and_kv_cache";
 
 #[derive(Args)]
-pub struct ModelBenchArgs {
+pub(crate) struct ModelBenchArgs {
     #[command(flatten)]
     pub model: RandomModelArgs,
     /// Batch sizes to measure, comma-separated.
@@ -31,7 +31,7 @@ pub struct ModelBenchArgs {
     pub json: Option<PathBuf>,
 }
 
-pub fn after_help() -> String {
+pub(super) fn after_help() -> String {
     let bounds: String = memory_bounds()
         .map(|b| {
             format!(
@@ -73,7 +73,7 @@ struct ModelBench {
     timing: ModelTiming,
 }
 
-pub fn run(args: ModelBenchArgs) -> Result<()> {
+pub(super) fn run(args: ModelBenchArgs) -> Result<()> {
     let (config, device, dtype) = args.model.resolve()?;
     let timing = time_random_model(
         &config,

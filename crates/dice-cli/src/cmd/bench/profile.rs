@@ -4,7 +4,7 @@
 use super::format::count;
 use dice_model::sdar::ForwardProfile;
 
-pub fn print_profile(p: &ForwardProfile) {
+pub(super) fn print_profile(p: &ForwardProfile) {
     let sum = p.components_ms();
     println!();
     println!(

@@ -12,7 +12,7 @@ const TARGETS_TOML: &str = include_str!(concat!(
 
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct Targets {
+pub(super) struct Targets {
     pub machine: Machine,
     pub benchmark: Vec<Benchmark>,
 }
@@ -20,7 +20,7 @@ pub struct Targets {
 /// The machine the targets are set for.
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct Machine {
+pub(super) struct Machine {
     pub name: String,
     pub memory_bandwidth_bytes_per_s: f64,
     pub source: String,
@@ -28,7 +28,7 @@ pub struct Machine {
 
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct Benchmark {
+pub(super) struct Benchmark {
     pub name: String,
     /// The command that measures it: `dice bench generate …`.
     pub command: String,
@@ -47,7 +47,7 @@ pub struct Benchmark {
 
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct ModelShape {
+pub(super) struct ModelShape {
     pub name: String,
     pub hidden_size: usize,
     pub num_hidden_layers: usize,
@@ -56,7 +56,7 @@ pub struct ModelShape {
 /// The figure a result is compared with.
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct Anchor {
+pub(super) struct Anchor {
     /// The short label a table prints.
     pub name: Option<String>,
     /// Absent where no such figure exists.
@@ -71,7 +71,7 @@ pub struct Anchor {
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Direction {
+pub(super) enum Direction {
     Higher,
     Lower,
 }
@@ -79,7 +79,7 @@ pub enum Direction {
 impl Targets {
     /// The embedded `bench/targets.toml`, as it was when the binary was built (a unit test
     /// parses it).
-    pub fn get() -> &'static Targets {
+    pub(super) fn get() -> &'static Targets {
         static TARGETS: OnceLock<Targets> = OnceLock::new();
         TARGETS.get_or_init(|| {
             toml::from_str(TARGETS_TOML).expect("bench/targets.toml parses (a unit test checks)")
@@ -87,7 +87,10 @@ impl Targets {
     }
 
     /// The benchmarks that `dice SUBCOMMAND` measures (e.g. `bench generate`).
-    pub fn measured_by<'a>(&'a self, subcommand: &'a str) -> impl Iterator<Item = &'a Benchmark> {
+    pub(super) fn measured_by<'a>(
+        &'a self,
+        subcommand: &'a str,
+    ) -> impl Iterator<Item = &'a Benchmark> {
         self.benchmark.iter().filter(move |b| {
             b.command
                 .strip_prefix("dice ")
@@ -99,21 +102,21 @@ impl Targets {
 
 impl Benchmark {
     /// Whether `config` has the architecture the figures were measured on.
-    pub fn fits_model(&self, config: &SdarConfig) -> bool {
+    pub(super) fn fits_model(&self, config: &SdarConfig) -> bool {
         self.model.as_ref().is_some_and(|m| {
             m.hidden_size == config.hidden_size && m.num_hidden_layers == config.num_hidden_layers
         })
     }
 
     /// The keys of [`Benchmark::settings`] that `run` does not have, or has with another value.
-    pub fn differing<'a>(&'a self, run: &'a toml::Table) -> impl Iterator<Item = &'a str> {
+    pub(super) fn differing<'a>(&'a self, run: &'a toml::Table) -> impl Iterator<Item = &'a str> {
         self.settings
             .iter()
             .filter(|(key, value)| run.get(*key) != Some(value))
             .map(|(key, _)| key.as_str())
     }
 
-    pub fn met(&self, value: f64) -> bool {
+    pub(super) fn met(&self, value: f64) -> bool {
         match self.direction {
             Direction::Higher => value >= self.target,
             Direction::Lower => value <= self.target,
@@ -121,7 +124,7 @@ impl Benchmark {
     }
 
     /// `<= 4.2 ms/forward`.
-    pub fn describe_target(&self) -> String {
+    pub(super) fn describe_target(&self) -> String {
         let at = match self.direction {
             Direction::Higher => ">=",
             Direction::Lower => "<=",
@@ -131,7 +134,7 @@ impl Benchmark {
 
     /// `reference Python …: 18.8 tok/s, 42.4 ms/forward`, or the source where there is no
     /// figure.
-    pub fn describe_anchor(&self) -> String {
+    pub(super) fn describe_anchor(&self) -> String {
         let anchor = &self.anchor;
         let Some(value) = anchor.value else {
             return anchor.source.clone();
@@ -153,7 +156,7 @@ impl Benchmark {
 
 /// `block_length = 4, dtype = "bf16"`: settings as the TOML file writes them, but for those
 /// named in `except`.
-pub fn describe_settings(settings: &toml::Table, except: &[&str]) -> String {
+pub(super) fn describe_settings(settings: &toml::Table, except: &[&str]) -> String {
     settings
         .iter()
         .filter(|(key, _)| !except.contains(&key.as_str()))

@@ -10,7 +10,7 @@ use dice_train::step_timing::time_sft_step;
 use serde::Serialize;
 use std::path::PathBuf;
 
-pub const AFTER_HELP: &str = "\
+pub(super) const AFTER_HELP: &str = "\
 Builds a model of CONFIG's real shapes with random weights, packs one synthetic sample of TOKENS
 tokens (a quarter prompt, the response masked with p = 0.5), and runs STEPS checkpointed
 training steps (forward and backward of the two-stream loss over 2 x TOKENS positions). Prints
@@ -20,7 +20,7 @@ the target of bench/targets.toml).
 Example (H200): dice bench train --config sdar-1.7b.json --device cuda --tokens 4096";
 
 #[derive(Args)]
-pub struct TrainBenchArgs {
+pub(crate) struct TrainBenchArgs {
     #[command(flatten)]
     pub model: RandomModelArgs,
     /// Tokens of the packed row (the step sees twice as many positions).
@@ -59,7 +59,7 @@ struct TrainBench {
     bound_bytes: u64,
 }
 
-pub fn run(args: TrainBenchArgs) -> Result<()> {
+pub(super) fn run(args: TrainBenchArgs) -> Result<()> {
     let (config, device, dtype) = args.model.resolve()?;
     let step = time_sft_step(&config, dtype, &device, args.tokens, args.steps)?;
     let result = TrainBench {
