@@ -9,7 +9,9 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::safetensors::MmapedSafetensors;
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{
+    CpuStorage, DType, Device, InplaceOp2, InplaceOp3, Layout, Storage, Tensor, Var,
+};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -123,43 +125,121 @@ impl Param {
         Ok(())
     }
 
-    /// The update of [`AdamW::step`] for a CPU weight in one pass over host buffers, on every
-    /// core: the same f32 operations in the same order as the tensor form (candle's scalar
-    /// `affine` is `x·a + b`, kept here with its `+ 0`), so the results are identical, without
-    /// the dozen full-size temporaries the tensor form allocates.
+    /// The update of [`AdamW::step`] for a CPU weight, in place: three passes over the host
+    /// buffers of m, v and the f32 weights with the same f32 operations in the same order as
+    /// the tensor form (candle's scalar `affine` is `x·a + b`, kept here with its `+ 0`), so the
+    /// results are identical, without the dozen full-size temporaries the tensor form allocates.
     fn step_on_host(&mut self, grad: &Tensor, s: &StepScalars) -> Result<()> {
-        let shape = self.weight.shape().clone();
-        let device = self.weight.device().clone();
-        let host = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
-        let g = host(grad)?;
-        let mut p = host(&self.master())?;
-        let mut m = host(&self.exp_avg)?;
-        let mut v = host(&self.exp_avg_sq)?;
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let chunk = g.len().div_ceil(threads).max(1 << 16);
-        std::thread::scope(|scope| {
-            let parts = p
-                .chunks_mut(chunk)
-                .zip(m.chunks_mut(chunk))
-                .zip(v.chunks_mut(chunk))
-                .zip(g.chunks(chunk));
-            for (((p, m), v), g) in parts {
-                scope.spawn(move || {
-                    for (((p, m), v), &g) in p.iter_mut().zip(m).zip(v).zip(g) {
-                        if let Some(decay) = s.decay {
-                            *p = *p * decay + 0.0;
-                        }
-                        *m += (g - *m) * s.one_minus_beta1 + 0.0;
-                        *v = (*v * s.beta2 + 0.0) + (g * s.one_minus_beta2 + 0.0) * g;
-                        let denom = (v.sqrt() / s.bias_correction2_sqrt) * 1.0 + s.eps;
-                        *p += (*m * s.neg_step_size + 0.0) / denom;
-                    }
-                });
+        let grad = grad.contiguous()?;
+        self.exp_avg.inplace_op2(&grad, &FirstMoment(s))?;
+        self.exp_avg_sq.inplace_op2(&grad, &SecondMoment(s))?;
+        let master = self.master();
+        master.inplace_op3(&self.exp_avg, &self.exp_avg_sq, &WeightUpdate(s))?;
+        if self.master.is_some() {
+            self.weight.set(&master.to_dtype(self.weight.dtype())?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The f32 values of a contiguous CPU tensor's storage.
+fn host_values<'s>(storage: &'s CpuStorage, layout: &Layout) -> candle_core::Result<&'s [f32]> {
+    match (storage, layout.contiguous_offsets()) {
+        (CpuStorage::F32(values), Some((start, end))) => Ok(&values[start..end]),
+        _ => candle_core::bail!("internal error: the optimizer expects contiguous f32 tensors"),
+    }
+}
+
+fn host_values_mut<'s>(
+    storage: &'s mut CpuStorage,
+    layout: &Layout,
+) -> candle_core::Result<&'s mut [f32]> {
+    match (storage, layout.contiguous_offsets()) {
+        (CpuStorage::F32(values), Some((start, end))) => Ok(&mut values[start..end]),
+        _ => candle_core::bail!("internal error: the optimizer expects contiguous f32 tensors"),
+    }
+}
+
+/// m ← m + ((g − m)·(1 − β1) + 0), in place on m.
+struct FirstMoment<'a>(&'a StepScalars);
+
+impl InplaceOp2 for FirstMoment<'_> {
+    fn name(&self) -> &'static str {
+        "adamw-first-moment"
+    }
+
+    fn cpu_fwd(
+        &self,
+        m: &mut CpuStorage,
+        m_layout: &Layout,
+        g: &CpuStorage,
+        g_layout: &Layout,
+    ) -> candle_core::Result<()> {
+        let c = self.0.one_minus_beta1;
+        let g = host_values(g, g_layout)?;
+        for (m, &g) in host_values_mut(m, m_layout)?.iter_mut().zip(g) {
+            *m += (g - *m) * c + 0.0;
+        }
+        Ok(())
+    }
+}
+
+/// v ← (v·β2 + 0) + (g·(1 − β2) + 0)·g, in place on v.
+struct SecondMoment<'a>(&'a StepScalars);
+
+impl InplaceOp2 for SecondMoment<'_> {
+    fn name(&self) -> &'static str {
+        "adamw-second-moment"
+    }
+
+    fn cpu_fwd(
+        &self,
+        v: &mut CpuStorage,
+        v_layout: &Layout,
+        g: &CpuStorage,
+        g_layout: &Layout,
+    ) -> candle_core::Result<()> {
+        let StepScalars {
+            beta2,
+            one_minus_beta2,
+            ..
+        } = *self.0;
+        let g = host_values(g, g_layout)?;
+        for (v, &g) in host_values_mut(v, v_layout)?.iter_mut().zip(g) {
+            *v = (*v * beta2 + 0.0) + (g * one_minus_beta2 + 0.0) * g;
+        }
+        Ok(())
+    }
+}
+
+/// p ← p·decay + 0 (with weight decay), then p ← p + (m·(−step) + 0) / ((√v / bc2)·1 + ε), in
+/// place on p.
+struct WeightUpdate<'a>(&'a StepScalars);
+
+impl InplaceOp3 for WeightUpdate<'_> {
+    fn name(&self) -> &'static str {
+        "adamw-weight-update"
+    }
+
+    fn cpu_fwd(
+        &self,
+        p: &mut CpuStorage,
+        p_layout: &Layout,
+        m: &CpuStorage,
+        m_layout: &Layout,
+        v: &CpuStorage,
+        v_layout: &Layout,
+    ) -> candle_core::Result<()> {
+        let s = self.0;
+        let (m, v) = (host_values(m, m_layout)?, host_values(v, v_layout)?);
+        for ((p, &m), &v) in host_values_mut(p, p_layout)?.iter_mut().zip(m).zip(v) {
+            if let Some(decay) = s.decay {
+                *p = *p * decay + 0.0;
             }
-        });
-        self.exp_avg = Tensor::from_vec(m, &shape, &device)?;
-        self.exp_avg_sq = Tensor::from_vec(v, &shape, &device)?;
-        self.set_master(Tensor::from_vec(p, &shape, &device)?)
+            let denom = (v.sqrt() / s.bias_correction2_sqrt) * 1.0 + s.eps;
+            *p += (m * s.neg_step_size + 0.0) / denom;
+        }
+        Ok(())
     }
 }
 
@@ -204,13 +284,14 @@ impl AdamW {
                     DType::F32 => None,
                     _ => Some(weight.as_detached_tensor().to_dtype(DType::F32)?),
                 };
-                let zeros = Tensor::zeros(weight.shape(), DType::F32, weight.device())?;
+                // Two allocations: the CPU update writes each moment in place.
+                let zeros = || Tensor::zeros(weight.shape(), DType::F32, weight.device());
                 Ok(Param {
                     name,
-                    weight,
                     master,
-                    exp_avg: zeros.clone(),
-                    exp_avg_sq: zeros,
+                    exp_avg: zeros()?,
+                    exp_avg_sq: zeros()?,
+                    weight,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -415,7 +496,12 @@ pub fn clip_grad_norm(grads: &mut HashMap<String, Tensor>, max_norm: f64) -> Res
 fn squared_norm(tensor: &Tensor) -> Result<f64> {
     let flat = tensor.flatten_all()?;
     if tensor.device().is_cpu() {
-        let values = flat.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+        let flat = flat.to_dtype(DType::F32)?.contiguous()?;
+        let (storage, layout) = flat.storage_and_layout();
+        let Storage::Cpu(storage) = &*storage else {
+            bail!("internal error: a CPU tensor without CPU storage");
+        };
+        let values = host_values(storage, layout)?;
         return Ok(values.iter().map(|&x| f64::from(x) * f64::from(x)).sum());
     }
     let len = flat.elem_count();

@@ -75,12 +75,12 @@ fn sixteen_samples_are_overfit() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let out = dir.path().join("run");
-    run(settings(&model, 26, 1e-2), &out);
+    run(settings(&model, 20, 1e-2), &out);
     let losses: Vec<f64> = metrics(&out)
         .iter()
         .map(|m| m["loss"].as_f64().unwrap())
         .collect();
-    assert_eq!(losses.len(), 26);
+    assert_eq!(losses.len(), 20);
     let first = losses[0];
     let last = losses[losses.len() - 3..].iter().sum::<f64>() / 3.0;
     assert!(last < 0.05 * first, "from {first} to {last}: {losses:?}");
