@@ -323,15 +323,11 @@ impl SftTrainer {
         let training = &self.config.training;
         let rows = self.plan.step_rows(step);
         let world = self.collective.world_size();
-        let mine = rank_share(rows.len(), self.collective.rank(), world);
+        let mine: Vec<usize> = rank_share(rows.len(), self.collective.rank(), world).collect();
 
         let mut accumulator = GradientAccumulator::default();
         let (mut loss_sum, mut tokens, mut flops) = (0f64, 0usize, 0f64);
-        for micro in mine
-            .clone()
-            .collect::<Vec<_>>()
-            .chunks(training.per_device_train_batch_size)
-        {
+        for micro in mine.chunks(training.per_device_train_batch_size) {
             let noised: Vec<PackedRow> = micro
                 .iter()
                 .map(|&k| self.noiser.noise(self.data.row(rows[k]), step, k as u64))
@@ -364,10 +360,7 @@ impl SftTrainer {
             flops as f32,
         ];
         self.collective.all_reduce_sum_f32(&mut totals)?;
-        if world > 1 {
-            (loss_sum, flops) = (f64::from(totals[0]), f64::from(totals[3]));
-            tokens = totals[2] as usize;
-        }
+        let [loss_sum, micro_batches, tokens, flops] = totals.map(f64::from);
         let grad_norm = clip_grad_norm(&mut grads, training.max_grad_norm)?;
         if !grad_norm.is_finite() {
             bail!(
@@ -387,11 +380,11 @@ impl SftTrainer {
         Ok(StepMetrics {
             step: self.step,
             epoch: self.plan.epoch(self.step),
-            loss: loss_sum / f64::from(totals[1]).max(1.0),
+            loss: loss_sum / micro_batches.max(1.0),
             lr,
             grad_norm: f64::from(grad_norm),
             tokens: tokens as u64,
-            tokens_per_s: tokens as f64 / seconds,
+            tokens_per_s: tokens / seconds,
             tflops: flops / seconds / 1e12,
             mfu: peak_flops.map(|peak| flops / (seconds * peak * world as f64)),
             memory: peak.finish().or_else(process_peak_rss),
