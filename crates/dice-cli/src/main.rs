@@ -12,7 +12,7 @@ use std::process::ExitCode;
     about = "Evaluate, generate and train CUDA kernels written by block-diffusion language models",
     long_about = "dice evaluates candidate kernels on KernelBench (compile, correctness, speedup, fast_p, \
 reward-hack detection), generates kernels with SDAR / DICE block-diffusion models or any \
-OpenAI-compatible endpoint. Training (block-diffusion SFT, BiC-RL) is planned.\n\n\
+OpenAI-compatible endpoint, and fine-tunes them with block-diffusion SFT (BiC-RL is planned).\n\n\
 Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug, or RUST_LOG=dice_eval=debug) for more detail."
 )]
 struct Cli {
