@@ -74,7 +74,7 @@ fn noise_row(clean: CleanRow, mask_token_id: u32, mut draw: impl FnMut() -> f32)
     let mut masked = Vec::new();
     if !eligible.is_empty() {
         for _ in 0..MAX_TRIES {
-            for p in p.iter_mut() {
+            for p in &mut p {
                 *p = (1.0 - NOISE_EPS) * draw() + NOISE_EPS;
             }
             masked = eligible

@@ -411,6 +411,7 @@ impl AdamW {
 
     /// Restores a state written by [`AdamW::save_state`] for the same weights: the moments, the
     /// step count, and the f32 weights (the model's weights are overwritten with them).
+    #[allow(unsafe_code)] // the state file is memory-mapped (12 bytes per parameter)
     pub fn load_state(&mut self, path: &Path) -> Result<()> {
         let what = || format!("the optimizer state {}", path.display());
         // SAFETY: the file is mapped read-only while it is read here; like every checkpoint
