@@ -1,45 +1,11 @@
 //! Runs side by side in the paper's layout: Exec, fast_1 and fast_2 per level, raw and robust.
 
+mod common;
+
+use common::{problem, run, timing};
 use dice_report::{render_comparison, ComparedRun, Comparison, Format, PaperScores};
-use dice_store::{ProblemRecord, RunInfo, SampleRecord, TimingStats, Verdict};
+use dice_store::{SampleRecord, Verdict};
 use serde_json::Value;
-
-fn run(strict: bool) -> RunInfo {
-    RunInfo {
-        device: "cuda".into(),
-        hardware: "NVIDIA H200".into(),
-        torch_version: "2.11.0".into(),
-        python_version: "3.12".into(),
-        dice_version: "0.1.0".into(),
-        correctness_trials: 5,
-        perf_trials: 100,
-        atol: 1e-2,
-        rtol: 1e-2,
-        baseline: "eager".into(),
-        strict,
-        source: "kernelbench".into(),
-    }
-}
-
-fn problem(level: u32, problem_id: u32) -> ProblemRecord {
-    ProblemRecord {
-        level,
-        problem_id,
-        name: format!("{problem_id}_P"),
-        reference_error: None,
-    }
-}
-
-fn timing(mean_ms: f64) -> TimingStats {
-    TimingStats {
-        mean_ms,
-        median_ms: mean_ms,
-        std_ms: 0.0,
-        min_ms: mean_ms,
-        max_ms: mean_ms,
-        trials: 100,
-    }
-}
 
 /// Sample 0 of a problem; `speedup` for correct ones, `deceptive` flags it as a reward hack.
 fn sample(level: u32, pid: u32, speedup: Option<f64>, deceptive: bool) -> SampleRecord {

@@ -1,43 +1,12 @@
+mod common;
+
+use common::{problem, run, timing};
 use dice_report::{build_report, parse_thresholds, render, Format, Report, Scoring};
-use dice_store::{ProblemRecord, RunInfo, SampleRecord, TimingStats, Verdict};
+use dice_store::{ProblemRecord, SampleRecord, TimingStats, Verdict};
 use serde_json::Value;
 
-fn run(strict: bool) -> RunInfo {
-    RunInfo {
-        device: "cuda".into(),
-        hardware: "NVIDIA H200".into(),
-        torch_version: "2.11.0".into(),
-        python_version: "3.12".into(),
-        dice_version: "0.1.0".into(),
-        correctness_trials: 5,
-        perf_trials: 100,
-        atol: 1e-2,
-        rtol: 1e-2,
-        baseline: "eager".into(),
-        strict,
-        source: "kernelbench".into(),
-    }
-}
-
 fn problems(level: u32, ids: std::ops::RangeInclusive<u32>) -> Vec<ProblemRecord> {
-    ids.map(|problem_id| ProblemRecord {
-        level,
-        problem_id,
-        name: format!("{problem_id}_P"),
-        reference_error: None,
-    })
-    .collect()
-}
-
-fn timing(mean_ms: f64) -> TimingStats {
-    TimingStats {
-        mean_ms,
-        median_ms: mean_ms,
-        std_ms: 0.0,
-        min_ms: mean_ms,
-        max_ms: mean_ms,
-        trials: 100,
-    }
+    ids.map(|problem_id| problem(level, problem_id)).collect()
 }
 
 /// A sample; `speedup` is given for correct ones (timings are derived from it).
