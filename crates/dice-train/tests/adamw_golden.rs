@@ -4,16 +4,17 @@
 //! norms and the updated weights must match torch 2.11's within the README's tolerances, and
 //! the rows that get no gradient must move by exactly the decay.
 
+mod common;
+
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
+use common::TrainingGolden;
 use dice_model::golden::FormulaGolden;
-use dice_model::init::{InitWeights, ModelInit};
 use dice_model::sdar::QUERY_CHUNK;
 use dice_model::{Sdar, TwoStreamBatch};
 use dice_train::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use serde_json::Value;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 const LOSS_TOL: f64 = 1e-4;
 const GRAD_NORM_REL_TOL: f64 = 1e-4;
@@ -31,10 +32,6 @@ const NORM: &str = "model.norm.weight";
 /// Embedding rows whose gradient is exactly zero at every step: rows 0 and 151935 are not in
 /// the batch, and no masked row sees the clean-stream positions of 42, 43 and 62–66.
 const ZERO_GRADIENT_ROWS: [u32; 9] = [0, 151935, 42, 43, 62, 63, 64, 65, 66];
-
-fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/sdar/golden/formula")
-}
 
 fn number(v: &Value, what: &str) -> Result<f64> {
     v.as_f64()
@@ -66,13 +63,12 @@ struct Case {
 
 impl Case {
     fn open() -> Result<Self> {
-        let dir = golden_dir();
-        let golden = FormulaGolden::open(&dir)?;
+        let TrainingGolden {
+            golden,
+            model_dir,
+            expected,
+        } = TrainingGolden::open()?;
         let batch = golden.sft_batch()?;
-        let model_dir = tempfile::tempdir()?;
-        ModelInit::new(golden.config(), InitWeights::Formula).write(model_dir.path())?;
-        let expected =
-            candle_core::safetensors::load(dir.join("expected_train.safetensors"), &Device::Cpu)?;
         Ok(Self {
             golden,
             batch,

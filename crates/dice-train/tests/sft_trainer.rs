@@ -48,13 +48,18 @@ fn settings(model: &Path, steps: u64, lr: f64) -> SftConfig {
     config
 }
 
-fn run(config: SftConfig, out: &Path) -> SftTrainer {
+/// A single-process trainer writing to `out`, resuming whatever run it finds there.
+fn open_trainer(config: SftConfig, out: &Path) -> anyhow::Result<SftTrainer> {
     let options = RunOptions {
         out: out.to_path_buf(),
         resume: Resume::Auto,
         progress: false,
     };
-    let mut trainer = SftTrainer::new(config, options, Box::new(SingleProcess)).unwrap();
+    SftTrainer::new(config, options, Box::new(SingleProcess))
+}
+
+fn run(config: SftConfig, out: &Path) -> SftTrainer {
+    let mut trainer = open_trainer(config, out).unwrap();
     trainer.train().unwrap();
     trainer
 }
@@ -209,16 +214,7 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
     let straight_state = read(&out.join("checkpoint-4/optimizer.safetensors"));
     std::fs::remove_dir_all(out.join("checkpoint-4")).unwrap();
     std::fs::remove_dir_all(&final_dir).unwrap();
-    let mut resumed = SftTrainer::new(
-        settings_again,
-        RunOptions {
-            out: out.clone(),
-            resume: Resume::Auto,
-            progress: false,
-        },
-        Box::new(SingleProcess),
-    )
-    .unwrap();
+    let mut resumed = open_trainer(settings_again, &out).unwrap();
     assert_eq!(resumed.step(), 2);
     let summary = resumed.train().unwrap();
     assert_eq!(summary.steps_run, 2);
@@ -240,31 +236,11 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
     // A finished run does nothing when run again; other settings are refused.
     let mut config = resumed.config().clone();
     drop(resumed);
-    let mut done = SftTrainer::new(
-        config.clone(),
-        RunOptions {
-            out: out.clone(),
-            resume: Resume::Auto,
-            progress: false,
-        },
-        Box::new(SingleProcess),
-    )
-    .unwrap();
+    let mut done = open_trainer(config.clone(), &out).unwrap();
     assert_eq!(done.train().unwrap().steps_run, 0);
     drop(done);
     config.training.learning_rate = 2e-3;
-    let refused = SftTrainer::new(
-        config,
-        RunOptions {
-            out: out.clone(),
-            resume: Resume::Auto,
-            progress: false,
-        },
-        Box::new(SingleProcess),
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let refused = open_trainer(config, &out).err().unwrap().to_string();
     assert!(
         refused
             .contains("was trained with training.learning_rate = 0.001, this run asks for 0.002"),

@@ -6,10 +6,12 @@
 //! ratio 1 and after an SGD step θ − 0.01·g with our own g (with its clipped tokens and
 //! ratios), and the gradients at both points.
 
+mod common;
+
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
+use common::TrainingGolden;
 use dice_model::golden::FormulaGolden;
-use dice_model::init::{InitWeights, ModelInit};
 use dice_model::Sdar;
 use dice_train::rl::advantage::{group_advantages, z_scores};
 use dice_train::rl::{
@@ -18,16 +20,11 @@ use dice_train::rl::{
 };
 use serde_json::Value;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 
 /// Old log-probabilities, ratios, losses and gradient entries, absolute.
 const TOL: f64 = 1e-4;
 /// Each parameter's gradient norm, relative.
 const GRAD_NORM_REL_TOL: f64 = 1e-3;
-
-fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/sdar/golden/formula")
-}
 
 fn f64s(v: &Value, what: &str) -> Result<Vec<f64>> {
     v.as_array()
@@ -72,12 +69,11 @@ struct Case {
 
 impl Case {
     fn open() -> Result<Self> {
-        let dir = golden_dir();
-        let golden = FormulaGolden::open(&dir)?;
-        let model_dir = tempfile::tempdir()?;
-        ModelInit::new(golden.config(), InitWeights::Formula).write(model_dir.path())?;
-        let expected =
-            candle_core::safetensors::load(dir.join("expected_train.safetensors"), &Device::Cpu)?;
+        let TrainingGolden {
+            golden,
+            model_dir,
+            expected,
+        } = TrainingGolden::open()?;
         Ok(Self {
             golden,
             model_dir,

@@ -1,8 +1,13 @@
-//! The SDAR tokenizer and this crate's fixture files.
+//! The SDAR tokenizer, this crate's fixture files and the formula golden's training cases.
 
 #![allow(dead_code)]
 
+use anyhow::Result;
+use candle_core::{Device, Tensor};
+use dice_model::golden::FormulaGolden;
+use dice_model::init::{InitWeights, ModelInit};
 use dice_model::SdarTokenizer;
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// The SDAR tokenizer of the workspace's `tests/data/sdar`.
@@ -44,4 +49,30 @@ pub(crate) fn assistant_turn(content: &[u32]) -> Vec<u32> {
     let mut ids = content.to_vec();
     ids.extend([IM_END, NEWLINE]);
     ids
+}
+
+/// The formula golden (tests/data/sdar/golden/formula) as its training cases read it: the
+/// cases, a checkpoint of the formula weights in a temporary folder, and the tensors torch
+/// computed (`expected_train.safetensors`).
+pub(crate) struct TrainingGolden {
+    pub(crate) golden: FormulaGolden,
+    pub(crate) model_dir: tempfile::TempDir,
+    pub(crate) expected: HashMap<String, Tensor>,
+}
+
+impl TrainingGolden {
+    pub(crate) fn open() -> Result<Self> {
+        let dir =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/sdar/golden/formula");
+        let golden = FormulaGolden::open(&dir)?;
+        let model_dir = tempfile::tempdir()?;
+        ModelInit::new(golden.config(), InitWeights::Formula).write(model_dir.path())?;
+        let expected =
+            candle_core::safetensors::load(dir.join("expected_train.safetensors"), &Device::Cpu)?;
+        Ok(Self {
+            golden,
+            model_dir,
+            expected,
+        })
+    }
 }
