@@ -2,27 +2,12 @@
 
 mod common;
 
+use common::{dice, path_arg, stderr};
 use dice_eval::store::{SampleExtras, Store};
 use dice_eval::{ProblemRecord, RunInfo, SampleRecord, TimingStats, Verdict};
 use serde_json::Value;
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn dice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dice"))
-        .args(args)
-        .output()
-        .expect("the dice binary runs")
-}
-
-fn path_arg(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 #[test]
 fn problems_list_json_counts_every_level() {

@@ -2,23 +2,12 @@
 
 mod common;
 
+use common::{dice, stderr};
 use serde_json::Value;
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
 fn tiny_config() -> PathBuf {
     common::test_data().join("sdar/golden/formula/config.json")
-}
-
-fn dice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dice"))
-        .args(args)
-        .output()
-        .expect("the dice binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[test]

@@ -6,23 +6,13 @@ mod common;
 mod example_runs;
 mod tiny_model;
 
+use common::{dice, path_arg};
 use dice_eval::Store;
 use example_runs::{build_cache, examples, problem2_candidates};
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use tiny_model::tiny_model;
-
-fn dice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dice"))
-        .args(args)
-        .output()
-        .expect("the dice binary runs")
-}
-
-fn path_arg(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

@@ -3,25 +3,9 @@
 mod common;
 mod tiny_model;
 
-use common::test_data;
-use std::path::Path;
-use std::process::{Command, Output};
+use common::{dice, path_arg, stderr, test_data};
+use std::process::Output;
 use tiny_model::{golden_dir, tiny_model};
-
-fn dice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dice"))
-        .args(args)
-        .output()
-        .expect("the dice binary runs")
-}
-
-fn path_arg(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 #[test]
 fn a_non_empty_folder_needs_force_and_seeds_are_for_random_weights() {
