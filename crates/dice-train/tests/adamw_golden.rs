@@ -9,7 +9,6 @@ mod common;
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use common::TrainingGolden;
-use dice_model::golden::FormulaGolden;
 use dice_model::sdar::QUERY_CHUNK;
 use dice_model::{Sdar, TwoStreamBatch};
 use dice_train::optim::{clip_grad_norm, AdamW, AdamWConfig};
@@ -55,30 +54,19 @@ fn values(t: &Tensor) -> Result<Vec<f32>> {
 }
 
 struct Case {
-    golden: FormulaGolden,
+    training: TrainingGolden,
     batch: TwoStreamBatch,
-    model_dir: tempfile::TempDir,
-    expected: HashMap<String, Tensor>,
 }
 
 impl Case {
     fn open() -> Result<Self> {
-        let TrainingGolden {
-            golden,
-            model_dir,
-            expected,
-        } = TrainingGolden::open()?;
-        let batch = golden.sft_batch()?;
-        Ok(Self {
-            golden,
-            batch,
-            model_dir,
-            expected,
-        })
+        let training = TrainingGolden::open()?;
+        let batch = training.golden.sft_batch()?;
+        Ok(Self { training, batch })
     }
 
     fn adamw(&self) -> &Value {
-        &self.golden.cases()["adamw"]
+        &self.training.golden.cases()["adamw"]
     }
 
     /// The stored rows of our weights under the golden's key names (without the prefix).
@@ -126,7 +114,8 @@ impl Case {
             "the golden's betas and eps are not AdamWConfig's defaults"
         );
 
-        let (model, vars) = Sdar::load_trainable(self.model_dir.path(), DType::F32, &Device::Cpu)?;
+        let (model, vars) =
+            Sdar::load_trainable(self.training.model_dir.path(), DType::F32, &Device::Cpu)?;
         let weights: HashMap<String, Var> = vars.data().lock().expect("not poisoned").clone();
         let embed = weights[EMBED].as_detached_tensor();
         let zero_rows = Tensor::new(&ZERO_GRADIENT_ROWS, &Device::Cpu)?;
@@ -184,6 +173,7 @@ impl Case {
         for (key, ours) in self.stored_views(&weights)? {
             let name = format!("{prefix}_{key}");
             let reference = self
+                .training
                 .expected
                 .get(&name)
                 .with_context(|| format!("expected_train.safetensors has no `{name}`"))?;
@@ -239,7 +229,7 @@ impl Case {
 
     /// Row-major indices in the layer-0 q_proj of `adamw.loose_elements`.
     fn loose_indices(&self) -> Result<Vec<usize>> {
-        let q_proj_cols = self.golden.config().hidden_size;
+        let q_proj_cols = self.training.golden.config().hidden_size;
         self.adamw()["loose_elements"]
             .as_array()
             .context("cases.json: adamw loose_elements is not a list")?

@@ -11,7 +11,6 @@ mod common;
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use common::TrainingGolden;
-use dice_model::golden::FormulaGolden;
 use dice_model::Sdar;
 use dice_train::rl::advantage::{group_advantages, z_scores};
 use dice_train::rl::{
@@ -62,32 +61,24 @@ struct Run {
 }
 
 struct Case {
-    golden: FormulaGolden,
-    model_dir: tempfile::TempDir,
-    expected: HashMap<String, Tensor>,
+    training: TrainingGolden,
 }
 
 impl Case {
     fn open() -> Result<Self> {
-        let TrainingGolden {
-            golden,
-            model_dir,
-            expected,
-        } = TrainingGolden::open()?;
         Ok(Self {
-            golden,
-            model_dir,
-            expected,
+            training: TrainingGolden::open()?,
         })
     }
 
     fn tracerl(&self) -> &Value {
-        &self.golden.cases()["tracerl"]
+        &self.training.golden.cases()["tracerl"]
     }
 
     fn tensor(&self, prefix: &str, key: &str) -> Result<&Tensor> {
         let name = format!("{prefix}_{key}");
-        self.expected
+        self.training
+            .expected
             .get(&name)
             .with_context(|| format!("expected_train.safetensors has no `{name}`"))
     }
@@ -453,7 +444,8 @@ impl Case {
         ensure!(replay.dropped.is_empty(), "no prompt is too long here");
         self.check_replay(run, &replay)?;
 
-        let (model, vars) = Sdar::load_trainable(self.model_dir.path(), DType::F32, &Device::Cpu)?;
+        let (model, vars) =
+            Sdar::load_trainable(self.training.model_dir.path(), DType::F32, &Device::Cpu)?;
         let json = self.run_json(run);
         let prefix = json["tensor_prefix"].as_str().context("tensor_prefix")?;
         let old = old_log_probs(&model, &replay)?;
