@@ -2,9 +2,7 @@
 //! candidates for `dice eval`), or through an OpenAI-compatible endpoint. The flags map onto
 //! `dice_engine`'s batch generation.
 
-use super::args::DTypeArg;
-// `dice train` still names DeviceKind through this module.
-pub(crate) use super::args::DeviceKind;
+use super::args::{DTypeArg, DeviceKind};
 use anyhow::{ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use dice_engine::{

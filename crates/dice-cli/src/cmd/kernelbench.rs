@@ -2,10 +2,9 @@
 //! `dice_pipeline::KernelBenchRun`; generation takes the flags of `dice generate`, judging those
 //! of `dice eval`.
 
+use super::args::DeviceKind;
 use super::eval::{print_summary, JudgeArgs};
-use super::generate::{
-    parse_ids, DecodeArgs, DeviceKind, EngineArgs, ModelSourceArgs, RuntimeArgs,
-};
+use super::generate::{parse_ids, DecodeArgs, EngineArgs, ModelSourceArgs, RuntimeArgs};
 use anyhow::Result;
 use clap::Args;
 use dice_engine::Progress;

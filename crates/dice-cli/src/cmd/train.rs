@@ -1,7 +1,7 @@
 //! `dice train`: block-diffusion fine-tuning. The flags map onto `dice_train`'s settings and
 //! trainer.
 
-use super::generate::DeviceKind;
+use super::args::DeviceKind;
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
 use dice_model::SdarTokenizer;
