@@ -1,0 +1,30 @@
+"""Writes a pairs file that holds every pair of PAIRS and, after them, one identity candidate per
+pair (its own PyTorch program with `Model` renamed `ModelNew`, id + OFFSET): timed in the same
+cold batch as the real kernels, the identity candidates show how far the batch's load moves a
+speedup that must be 1.
+
+    python3 bench/eval/pairs_with_identity.py PAIRS.json OUT.json
+"""
+
+import json
+import re
+import sys
+
+OFFSET = 1_000_000
+
+
+def identity(pair):
+    code = re.sub(r"\bModel\b", "ModelNew", pair["pytorch_code"])
+    return {"id": pair["id"] + OFFSET, "pytorch_code": pair["pytorch_code"], "cuda_code": code}
+
+
+def main(src, dst):
+    pairs = json.load(open(src))
+    out = [{"id": p["id"], "pytorch_code": p["pytorch_code"], "cuda_code": p["cuda_code"]} for p in pairs]
+    out += [identity(p) for p in pairs]
+    json.dump(out, open(dst, "w"))
+    print(f"{len(pairs)} pairs + {len(pairs)} identity candidates -> {dst}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
