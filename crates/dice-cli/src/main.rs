@@ -51,6 +51,9 @@ enum Command {
     /// Model folders: write a deterministic checkpoint of any config (formula or random weights).
     #[command(subcommand)]
     Model(cmd::model::ModelCommand),
+    /// Curate training data from PyTorch→CUDA pairs: kernel-infilling splits.
+    #[command(subcommand)]
+    Curate(cmd::curate::CurateCommand),
     /// Fine-tune a block-diffusion model: supervised (SFT) on chat data.
     #[command(subcommand)]
     Train(cmd::train::TrainCommand),
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Bench(c) => cmd::bench::run(c),
         Command::Model(c) => cmd::model::run(c),
+        Command::Curate(c) => cmd::curate::run(c),
         Command::Train(c) => cmd::train::run(c),
     };
     match result {

@@ -7,6 +7,7 @@
 //! * [`identity_candidate`] turns a reference into its own candidate (`Model` → `ModelNew`);
 //!   [`pick_identity_problems`] chooses the problems for them among those whose inputs, measured
 //!   with [`input_sizes_command`], fit a budget.
+//! * [`read_records`] reads the objects of a JSON array or JSONL file, each with its origin.
 //! * [`extract_first_code`] pulls the program out of a raw model answer, as KernelBench does.
 //! * [`prompt`] builds the KernelBench one-shot prompt and the DICE kernel-infilling prompt.
 
@@ -30,4 +31,5 @@ pub use identity::{
 pub use input_sizes::{input_sizes_command, InputSize};
 pub use pairs::{load_pairs, PairSet, PAIRS_LEVEL};
 pub use problem::{InvalidProblem, KernelBench, Problem, ProblemScan};
+pub use records::{read_records, Record};
 pub use validate::validate_problem_source;

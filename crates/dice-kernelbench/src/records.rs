@@ -5,13 +5,13 @@ use serde_json::{Map, Value};
 use std::path::Path;
 
 /// One object of a records file, with `file:line` (JSONL) or `file#index` (JSON array).
-pub(crate) struct Record {
+pub struct Record {
     pub origin: String,
     pub fields: Map<String, Value>,
 }
 
 impl Record {
-    pub(crate) fn u32_field(&self, key: &str) -> Result<Option<u32>> {
+    pub fn u32_field(&self, key: &str) -> Result<Option<u32>> {
         match self.fields.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
@@ -46,7 +46,7 @@ impl Record {
             .with_context(|| format!("{}: missing `{key}`", self.origin))
     }
 
-    pub(crate) fn str_field(&self, key: &str) -> Result<Option<&str>> {
+    pub fn str_field(&self, key: &str) -> Result<Option<&str>> {
         match self.fields.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
@@ -58,7 +58,7 @@ impl Record {
         }
     }
 
-    pub(crate) fn required_str(&self, key: &str) -> Result<&str> {
+    pub fn required_str(&self, key: &str) -> Result<&str> {
         self.str_field(key)?
             .with_context(|| format!("{}: missing `{key}`", self.origin))
     }
@@ -77,7 +77,7 @@ fn json_type(v: &Value) -> &'static str {
 
 /// Reads `path` as a JSON array of objects when its first non-blank character is `[`,
 /// otherwise as JSONL (one object per non-blank line).
-pub(crate) fn read_records(path: &Path) -> Result<Vec<Record>> {
+pub fn read_records(path: &Path) -> Result<Vec<Record>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read {} as UTF-8 text", path.display()))?;
     if text.trim_start().starts_with('[') {

@@ -16,6 +16,7 @@ pub(crate) use cuda_decoding_env;
 
 pub(crate) mod args;
 pub(crate) mod bench;
+pub(crate) mod curate;
 pub(crate) mod eval;
 pub(crate) mod generate;
 pub(crate) mod kernelbench;
