@@ -1,6 +1,7 @@
 //! The Python call graph from `ModelNew.forward`: helper methods, module-level wrappers,
-//! submodules, `autograd.Function.apply`, `functools.partial`, and calls into extension
-//! functions and PyTorch.
+//! submodules (also kept in `nn.ModuleList`/`nn.ModuleDict`/`nn.Sequential`, lists and dicts,
+//! added in loops with `.append`, `setattr` or `add_module`), `autograd.Function.apply`,
+//! `functools.partial`, lambdas, and calls into extension functions and PyTorch.
 
 use std::collections::{HashMap, HashSet};
 
@@ -18,14 +19,55 @@ pub(crate) struct FnId {
 }
 
 /// What a name or expression holds, as far as the analysis can tell.
-#[derive(Debug, Clone)]
-enum Value {
+#[derive(Debug, Clone, PartialEq)]
+enum Value<'t> {
     Extension(usize),
     ExtensionFunction(usize, String),
     Instance(String),
     Layer(String),
-    Composite(Vec<Value>),
+    /// A module-level function or a method (`Fn.apply` is its class's `forward`).
+    Function(FnId),
+    /// A lambda, with the class whose method defines it (for `self` in its body).
+    Lambda(Option<String>, Node<'t>),
+    /// Any of several values: the items of a container, or every binding of a name.
+    Composite(Vec<Value<'t>>),
 }
+
+impl<'t> Value<'t> {
+    /// `self` and `other` as one value; containers are flattened, duplicates dropped.
+    fn merge(self, other: Value<'t>) -> Value<'t> {
+        let mut parts = self.into_parts();
+        for part in other.into_parts() {
+            if !parts.contains(&part) {
+                parts.push(part);
+            }
+        }
+        if parts.len() == 1 {
+            parts.pop().expect("one part")
+        } else {
+            Value::Composite(parts)
+        }
+    }
+
+    fn into_parts(self) -> Vec<Value<'t>> {
+        match self {
+            Value::Composite(parts) => parts.into_iter().flat_map(Value::into_parts).collect(),
+            other => vec![other],
+        }
+    }
+
+    fn extensions(&self) -> Vec<usize> {
+        match self {
+            Value::Extension(i) | Value::ExtensionFunction(i, _) => vec![*i],
+            Value::Composite(parts) => parts.iter().flat_map(Value::extensions).collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The attribute key under which values stored with a computed name are kept
+/// (`setattr(self, f"layer{i}", ...)`, `self.add_module(name, ...)`).
+const DYNAMIC_ATTRIBUTE: &str = "*";
 
 /// A call site on forward's path.
 pub(crate) struct Call<'t> {
@@ -45,8 +87,10 @@ pub(crate) enum CallKind {
 
 pub(crate) struct CallGraph<'m, 't> {
     module: &'m PyModule<'t>,
-    globals: HashMap<String, Value>,
-    attributes: HashMap<(String, String), Value>,
+    globals: HashMap<String, Value<'t>>,
+    /// `self.<attr>` of each class: the extension bindings, then every value stored there.
+    extension_attributes: HashMap<(String, String), Value<'t>>,
+    attributes: HashMap<(String, String), Value<'t>>,
 }
 
 /// Everything reachable from an entry point.
@@ -61,6 +105,7 @@ impl<'m, 't> CallGraph<'m, 't> {
         let mut graph = CallGraph {
             module,
             globals: HashMap::new(),
+            extension_attributes: HashMap::new(),
             attributes: HashMap::new(),
         };
         for (index, ext) in extensions.iter().enumerate() {
@@ -71,15 +116,17 @@ impl<'m, 't> CallGraph<'m, 't> {
                     }
                     Binding::Attribute { class, attr } => {
                         graph
-                            .attributes
+                            .extension_attributes
                             .insert((class.clone(), attr.clone()), Value::Extension(index));
                     }
                 }
             }
         }
-        // Two passes so that `f = ext.f` after `ext = load_inline(...)` and attributes that
-        // refer to globals both resolve regardless of order.
-        for _ in 0..2 {
+        graph.attributes = graph.extension_attributes.clone();
+        // Several passes so that `f = ext.f` after `ext = load_inline(...)`, attributes that
+        // refer to globals and containers of submodules that hold extensions all resolve
+        // regardless of order.
+        for _ in 0..3 {
             graph.bind_globals();
             graph.bind_attributes();
         }
@@ -99,90 +146,234 @@ impl<'m, 't> CallGraph<'m, 't> {
         }
     }
 
-    /// Class-body assignments (`ext = my_ext`) and `self.<attr> = ...` in methods.
+    /// Class-body assignments (`ext = my_ext`) and what methods store on `self`:
+    /// `self.<attr> = ...`, `self.<attr>[key] = ...`, `self.<attr>.append/extend/insert(...)`,
+    /// `setattr(self, name, ...)`, `self.add_module(name, ...)`.
     fn bind_attributes(&mut self) {
-        let mut found = Vec::new();
+        let mut found: Vec<(String, String, Value<'t>)> = Vec::new();
         for (class_name, class) in &self.module.classes {
+            let mut store = |attr: &str, value: Option<Value<'t>>| {
+                if let Some(value) = value {
+                    found.push((class_name.clone(), attr.to_string(), value));
+                }
+            };
             if let Some(body) = class.node.child_by_field_name("body") {
                 for statement in named_children(body) {
                     if statement.kind() == "expression_statement" {
                         for (name, value) in assigned_names(statement, self.module.source) {
-                            found.push((class_name.clone(), name, value));
+                            store(&name, self.value_of(value, Some(class_name)));
                         }
                     }
                 }
             }
             for method in class.methods.values() {
                 for (left, right) in assignments(*method) {
-                    if let Some(attr) = self_attribute(self.module, left) {
-                        found.push((class_name.clone(), attr.to_string(), right));
+                    let target = match left.kind() {
+                        "subscript" => left.child_by_field_name("value"),
+                        _ => Some(left),
+                    };
+                    if let Some(attr) = target.and_then(|t| self_attribute(self.module, t)) {
+                        store(attr, self.value_of(right, Some(class_name)));
+                    }
+                }
+                for call in descendants(*method)
+                    .into_iter()
+                    .filter(|n| n.kind() == "call")
+                {
+                    if let Some((attr, value)) = self.stored_by_call(call, class_name) {
+                        store(&attr, Some(value));
                     }
                 }
             }
         }
+        let mut attributes = self.extension_attributes.clone();
         for (class, attr, value) in found {
             let key = (class, attr);
-            if matches!(self.attributes.get(&key), Some(Value::Extension(_))) {
+            if self.extension_attributes.contains_key(&key) {
                 continue;
             }
-            if let Some(v) = self.value_of(value, Some(&key.0)) {
-                self.attributes.insert(key, v);
-            }
+            let merged = match attributes.remove(&key) {
+                Some(old) => old.merge(value),
+                None => value,
+            };
+            attributes.insert(key, merged);
         }
+        self.attributes = attributes;
     }
 
-    fn value_of(&self, node: Node, class: Option<&str>) -> Option<Value> {
+    /// The attribute and value a call in a method of `class` stores on `self`.
+    fn stored_by_call(&self, call: Node<'t>, class: &str) -> Option<(String, Value<'t>)> {
+        let function = call.child_by_field_name("function")?;
+        let args: Vec<Node> = named_children(call.child_by_field_name("arguments")?)
+            .into_iter()
+            .filter(|a| a.kind() != "keyword_argument")
+            .collect();
+        let named = |name: Node| {
+            crate::strings::literal(name, self.module.source)
+                .unwrap_or_else(|| DYNAMIC_ATTRIBUTE.to_string())
+        };
+        if function.kind() == "attribute" {
+            let object = function.child_by_field_name("object")?;
+            let method = self.module.text(function.child_by_field_name("attribute")?);
+            if self.module.text(object) == "self"
+                && matches!(method, "add_module" | "register_module")
+            {
+                return Some((
+                    named(*args.first()?),
+                    self.value_of(*args.get(1)?, Some(class))?,
+                ));
+            }
+            let attr = self_attribute(self.module, object)?;
+            let value = match method {
+                "append" | "add" => self.value_of(*args.first()?, Some(class))?,
+                "insert" => self.value_of(*args.get(1)?, Some(class))?,
+                "extend" | "update" => self.value_of(*args.first()?, Some(class))?,
+                _ => return None,
+            };
+            return Some((attr.to_string(), value));
+        }
+        let callee = self.module.resolve(function)?;
+        let is_self = args.first().is_some_and(|a| self.module.text(*a) == "self");
+        if matches!(callee.as_str(), "setattr" | "builtins.setattr") && is_self {
+            return Some((
+                named(*args.get(1)?),
+                self.value_of(*args.get(2)?, Some(class))?,
+            ));
+        }
+        None
+    }
+
+    fn value_of(&self, node: Node<'t>, class: Option<&str>) -> Option<Value<'t>> {
         match node.kind() {
-            "identifier" => self.globals.get(self.module.text(node)).cloned(),
+            "identifier" => {
+                let name = self.module.text(node);
+                self.globals.get(name).cloned().or_else(|| {
+                    self.module.functions.contains_key(name).then(|| {
+                        Value::Function(FnId {
+                            class: None,
+                            name: name.to_string(),
+                        })
+                    })
+                })
+            }
             "attribute" => {
                 if let Some(attr) = self_attribute(self.module, node) {
-                    return self.attribute_value(class?, attr);
+                    return self.class_member(class?, attr);
                 }
                 let object = node.child_by_field_name("object")?;
                 let name = self.module.text(node.child_by_field_name("attribute")?);
-                match self.value_of(object, class)? {
-                    Value::Extension(i) => Some(Value::ExtensionFunction(i, name.to_string())),
-                    _ => None,
+                let object_text = self.module.text(object);
+                if self.module.classes.contains_key(object_text) {
+                    let target = if name == "apply" { "forward" } else { name };
+                    return self
+                        .method(object_text, target)
+                        .map(|(id, _)| Value::Function(id));
                 }
+                self.member(self.value_of(object, class)?, name)
             }
-            "call" => {
-                let function = node.child_by_field_name("function")?;
-                let dotted = self.module.resolve(function)?;
-                if dotted == "functools.partial" {
-                    // Calling the partial calls its first argument.
-                    let target = named_children(node.child_by_field_name("arguments")?)
-                        .into_iter()
-                        .next()?;
-                    return self.value_of(target, class);
-                }
-                if dotted == "torch.nn.Sequential" {
-                    let parts = named_children(node.child_by_field_name("arguments")?)
-                        .into_iter()
-                        .filter_map(|a| self.value_of(a, class))
-                        .collect();
-                    return Some(Value::Composite(parts));
-                }
-                if torch_ops::is_nn_layer(&dotted) {
-                    return Some(Value::Layer(dotted));
-                }
-                self.module
-                    .classes
-                    .contains_key(&dotted)
-                    .then_some(Value::Instance(dotted))
+            "call" => self.call_result(node, class),
+            "subscript" => {
+                // Any item of a container may be the one taken.
+                self.value_of(node.child_by_field_name("value")?, class)
             }
+            "parenthesized_expression" => self.value_of(node.named_child(0)?, class),
+            "list" | "tuple" | "set" | "dictionary" | "expression_list" => {
+                let items = named_children(node).into_iter().filter_map(|item| {
+                    let item = match item.kind() {
+                        "pair" => item.child_by_field_name("value")?,
+                        _ => item,
+                    };
+                    self.value_of(item, class)
+                });
+                items.reduce(Value::merge)
+            }
+            "list_comprehension" | "generator_expression" | "set_comprehension" => {
+                self.value_of(node.child_by_field_name("body")?, class)
+            }
+            "dictionary_comprehension" => {
+                let pair = node.child_by_field_name("body")?;
+                self.value_of(pair.child_by_field_name("value")?, class)
+            }
+            "lambda" => Some(Value::Lambda(class.map(str::to_string), node)),
             _ => None,
         }
     }
 
-    fn attribute_value(&self, class: &str, attr: &str) -> Option<Value> {
+    /// `value.name`: an extension's function, an instance's attribute or method.
+    fn member(&self, value: Value<'t>, name: &str) -> Option<Value<'t>> {
+        match value {
+            Value::Extension(i) => Some(Value::ExtensionFunction(i, name.to_string())),
+            Value::Instance(class) => self.class_member(&class, name),
+            Value::Composite(parts) => parts
+                .into_iter()
+                .filter_map(|p| self.member(p, name))
+                .reduce(Value::merge),
+            _ => None,
+        }
+    }
+
+    /// What calling `call` returns, where it is a value the graph follows.
+    fn call_result(&self, node: Node<'t>, class: Option<&str>) -> Option<Value<'t>> {
+        let function = node.child_by_field_name("function")?;
+        let args = named_children(node.child_by_field_name("arguments")?);
+        let positional: Vec<Node> = args
+            .iter()
+            .copied()
+            .filter(|a| a.kind() != "keyword_argument")
+            .collect();
+        let dotted = self.module.resolve(function)?;
+        match dotted.as_str() {
+            // Calling the partial calls its first argument.
+            "functools.partial" => self.value_of(*positional.first()?, class),
+            "torch.nn.Sequential" => positional
+                .iter()
+                .filter_map(|a| self.value_of(*a, class))
+                .reduce(Value::merge),
+            "torch.nn.ModuleList" | "torch.nn.ModuleDict" => {
+                self.value_of(*positional.first()?, class)
+            }
+            "getattr" | "builtins.getattr" => {
+                let object = *positional.first()?;
+                let name = positional.get(1)?;
+                let name = crate::strings::literal(*name, self.module.source);
+                if self.module.text(object) == "self" {
+                    return self.class_member(class?, name.as_deref().unwrap_or(DYNAMIC_ATTRIBUTE));
+                }
+                self.member(self.value_of(object, class)?, &name?)
+            }
+            _ if torch_ops::is_nn_layer(&dotted) => Some(Value::Layer(dotted)),
+            _ => self
+                .module
+                .classes
+                .contains_key(&dotted)
+                .then_some(Value::Instance(dotted)),
+        }
+    }
+
+    /// `self.<attr>` of an instance of `class`: what is stored there (also by its bases), else
+    /// its method; values stored under computed names stand for any other attribute.
+    fn class_member(&self, class: &str, attr: &str) -> Option<Value<'t>> {
+        self.stored_attribute(class, attr, 0)
+            .or_else(|| self.method(class, attr).map(|(id, _)| Value::Function(id)))
+            .or_else(|| {
+                (attr != DYNAMIC_ATTRIBUTE)
+                    .then(|| self.stored_attribute(class, DYNAMIC_ATTRIBUTE, 0))
+                    .flatten()
+            })
+    }
+
+    fn stored_attribute(&self, class: &str, attr: &str, depth: usize) -> Option<Value<'t>> {
         if let Some(v) = self.attributes.get(&(class.to_string(), attr.to_string())) {
             return Some(v.clone());
         }
         let info = self.module.classes.get(class)?;
+        if depth > 8 {
+            return None;
+        }
         info.bases
             .iter()
             .filter(|b| b.as_str() != class)
-            .find_map(|b| self.attribute_value(b, attr))
+            .find_map(|b| self.stored_attribute(b, attr, depth + 1))
     }
 
     /// A method of `class` or of its bases defined in the candidate.
@@ -239,23 +430,81 @@ impl<'m, 't> CallGraph<'m, 't> {
         out
     }
 
-    /// `fn = self.ext.fn`-style local names inside one function.
-    fn local_values(&self, function: Node, class: Option<&str>) -> HashMap<String, Value> {
-        let mut locals = HashMap::new();
-        for (left, right) in assignments(function) {
-            if left.kind() == "identifier" {
-                if let Some(value) = self.value_of(right, class) {
-                    locals.insert(self.module.text(left).to_string(), value);
-                }
+    /// Local names inside one function: `fn = self.ext.fn`, and loop variables over containers
+    /// (`for layer in self.layers`, `enumerate`, `zip`, `.items()`, `.values()`, comprehensions).
+    fn local_values(&self, function: Node<'t>, class: Option<&str>) -> HashMap<String, Value<'t>> {
+        let mut bound: Vec<(Node<'t>, Node<'t>)> = Vec::new();
+        for node in descendants(function) {
+            let (Some(left), Some(right)) = (
+                node.child_by_field_name("left"),
+                node.child_by_field_name("right"),
+            ) else {
+                continue;
+            };
+            match node.kind() {
+                "assignment" => bound.push((left, right)),
+                "for_statement" | "for_in_clause" => bound.extend(self.loop_items(left, right)),
+                _ => {}
+            }
+        }
+        let mut locals: HashMap<String, Value<'t>> = HashMap::new();
+        for (target, value) in bound {
+            if target.kind() != "identifier" {
+                continue;
+            }
+            if let Some(value) = self.value_of(value, class) {
+                let name = self.module.text(target).to_string();
+                let merged = match locals.remove(&name) {
+                    Some(old) => old.merge(value),
+                    None => value,
+                };
+                locals.insert(name, merged);
             }
         }
         locals
     }
 
+    /// Loop targets paired with the container whose items they take.
+    fn loop_items(&self, target: Node<'t>, iterable: Node<'t>) -> Vec<(Node<'t>, Node<'t>)> {
+        let targets = match target.kind() {
+            "pattern_list" | "tuple_pattern" | "list_pattern" | "tuple" | "list" => {
+                named_children(target)
+            }
+            _ => vec![target],
+        };
+        let last = targets.last().copied();
+        let call = (iterable.kind() == "call")
+            .then(|| {
+                let function = iterable.child_by_field_name("function")?;
+                let args = named_children(iterable.child_by_field_name("arguments")?);
+                Some((function, args))
+            })
+            .flatten();
+        let Some((function, args)) = call else {
+            return targets.into_iter().map(|t| (t, iterable)).collect();
+        };
+        let method = (function.kind() == "attribute")
+            .then(|| {
+                let object = function.child_by_field_name("object")?;
+                let name = self.module.text(function.child_by_field_name("attribute")?);
+                Some((object, name))
+            })
+            .flatten();
+        match (self.module.resolve(function).as_deref(), method) {
+            (Some("enumerate"), _) => last.zip(args.first().copied()).into_iter().collect(),
+            (Some("zip"), _) => targets.into_iter().zip(args).collect(),
+            (_, Some((object, "items"))) => last.map(|t| (t, object)).into_iter().collect(),
+            (_, Some((object, "values" | "children" | "modules"))) => {
+                targets.into_iter().map(|t| (t, object)).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     fn visit_call(
         &self,
         caller: &FnId,
-        locals: &HashMap<String, Value>,
+        locals: &HashMap<String, Value<'t>>,
         call: Node<'t>,
         stack: &mut Vec<(FnId, Node<'t>)>,
         calls: &mut Vec<Call<'t>>,
@@ -264,7 +513,7 @@ impl<'m, 't> CallGraph<'m, 't> {
             return;
         };
         let class = caller.class.as_deref();
-        let push_value = |value: Value, stack: &mut Vec<_>, calls: &mut Vec<Call<'t>>| {
+        let push_value = |value: Value<'t>, stack: &mut Vec<_>, calls: &mut Vec<Call<'t>>| {
             self.call_value(value, call, stack, calls);
         };
         match function.kind() {
@@ -299,8 +548,8 @@ impl<'m, 't> CallGraph<'m, 't> {
                     }
                 }
             }
-            "attribute" => self.visit_attribute_call(class, call, function, stack, calls),
-            "call" => {
+            "attribute" => self.visit_attribute_call(class, locals, call, function, stack, calls),
+            "call" | "subscript" | "parenthesized_expression" => {
                 if let Some(value) = self.value_of(function, class) {
                     push_value(value, stack, calls);
                 }
@@ -312,6 +561,7 @@ impl<'m, 't> CallGraph<'m, 't> {
     fn visit_attribute_call(
         &self,
         class: Option<&str>,
+        locals: &HashMap<String, Value<'t>>,
         call: Node<'t>,
         function: Node<'t>,
         stack: &mut Vec<(FnId, Node<'t>)>,
@@ -324,16 +574,14 @@ impl<'m, 't> CallGraph<'m, 't> {
             return;
         };
         let attr = self.module.text(attr);
-        if let Some(value) = self.value_of(function, class) {
+        let object_text = self.module.text(object);
+        let value = self.value_of(function, class).or_else(|| {
+            let local = locals.get(object_text).cloned()?;
+            self.member(local, attr)
+        });
+        if let Some(value) = value {
             self.call_value(value, call, stack, calls);
             return;
-        }
-        let object_text = self.module.text(object);
-        if object_text == "self" {
-            if let Some(found) = class.and_then(|c| self.method(c, attr)) {
-                stack.push(found);
-                return;
-            }
         }
         if object.kind() == "call" && object_text.starts_with("super(") {
             let bases = class
@@ -352,15 +600,11 @@ impl<'m, 't> CallGraph<'m, 't> {
             }
             return;
         }
-        if self.module.classes.contains_key(object_text) {
-            let target = if attr == "apply" { "forward" } else { attr };
-            stack.extend(self.method(object_text, target));
-            return;
-        }
-        if let Some(value) = self.value_of(object, class) {
-            if let Value::Instance(instance_class) = value {
-                stack.extend(self.method(&instance_class, attr));
-            }
+        // Other members of the candidate's own objects are not PyTorch compute.
+        if self.module.classes.contains_key(object_text)
+            || locals.contains_key(object_text)
+            || self.value_of(object, class).is_some()
+        {
             return;
         }
         let dotted = self.module.resolve(function);
@@ -378,7 +622,7 @@ impl<'m, 't> CallGraph<'m, 't> {
 
     fn call_value(
         &self,
-        value: Value,
+        value: Value<'t>,
         call: Node<'t>,
         stack: &mut Vec<(FnId, Node<'t>)>,
         calls: &mut Vec<Call<'t>>,
@@ -396,6 +640,20 @@ impl<'m, 't> CallGraph<'m, 't> {
                 stack.extend(self.method(&class, "forward"));
                 stack.extend(self.method(&class, "__call__"));
             }
+            Value::Function(id) => {
+                let node = match &id.class {
+                    Some(class) => self.method(class, &id.name).map(|(_, node)| node),
+                    None => self.module.functions.get(&id.name).copied(),
+                };
+                stack.extend(node.map(|node| (id, node)));
+            }
+            Value::Lambda(class, node) => stack.push((
+                FnId {
+                    class,
+                    name: format!("<lambda>@{}", node.start_byte()),
+                },
+                node,
+            )),
             Value::Composite(parts) => {
                 for part in parts {
                     self.call_value(part, call, stack, calls);
@@ -413,14 +671,31 @@ impl<'m, 't> CallGraph<'m, 't> {
                 if !matches!(inner.kind(), "identifier" | "attribute") {
                     continue;
                 }
-                if let Some(Value::Extension(i) | Value::ExtensionFunction(i, _)) =
-                    self.value_of(inner, id.class.as_deref())
-                {
-                    out.insert(i);
+                if let Some(value) = self.value_of(inner, id.class.as_deref()) {
+                    out.extend(value.extensions());
                 }
             }
         }
         out
+    }
+
+    /// Classes of the candidate's objects that `class` keeps in its attributes (submodules,
+    /// also in containers).
+    pub(crate) fn held_classes(&self, class: &str) -> Vec<String> {
+        let mut held: Vec<String> = Vec::new();
+        for ((c, _), value) in &self.attributes {
+            if c != class {
+                continue;
+            }
+            for part in value.clone().into_parts() {
+                if let Value::Instance(name) = part {
+                    if !held.contains(&name) {
+                        held.push(name);
+                    }
+                }
+            }
+        }
+        held
     }
 
     /// Whether `self.<attr> = load_inline(...)` happens inside `class`.
@@ -428,10 +703,7 @@ impl<'m, 't> CallGraph<'m, 't> {
         self.attributes
             .iter()
             .filter(|((c, _), _)| c == class)
-            .filter_map(|(_, v)| match v {
-                Value::Extension(i) | Value::ExtensionFunction(i, _) => Some(*i),
-                _ => None,
-            })
+            .flat_map(|(_, v)| v.extensions())
             .collect()
     }
 }

@@ -3,20 +3,19 @@
 
 mod common;
 
-use dice_audit::{audit, AuditOptions};
+use dice_audit::{audit, AuditOptions, Rule, Severity};
 
 /// Entries (by `id`) whose error findings were investigated; each is a real instance of
-/// the rule, not a parsing or resolution mistake:
+/// the rule, not a parsing or resolution mistake (KernelBench's own static checker, which
+/// requires a `__global__` kernel, rejects both too):
 /// - 2193: `fused_linear_relu_cuda` is a cuBLASLt GEMM with a ReLU/bias epilogue; no
 ///   `__global__` kernel exists, so no custom kernel runs (the rule's definition).
 /// - 6936: `conv_cuda` calls cuDNN's `cudnnConvolutionForward`; likewise no custom kernel.
-/// - 8204: redefines the problem's `get_inputs` with a different body (it adds `.cuda()`);
-///   in a shared namespace the candidate's input generator replaces the problem's.
-const KNOWN_DECEPTIVE: &[(u64, &str)] = &[
-    (2193, "no_custom_kernel"),
-    (6936, "no_custom_kernel"),
-    (8204, "problem_constant_redefined"),
-];
+const KNOWN_DECEPTIVE: &[(u64, &str)] = &[(2193, "no_custom_kernel"), (6936, "no_custom_kernel")];
+
+/// Entries that redefine a problem name: a warning, since only a harness sharing the problem's
+/// namespace would use the candidate's version (8204 adds `.cuda()` to `get_inputs`).
+const REDEFINES_PROBLEM_NAMES: &[u64] = &[8204];
 
 #[test]
 fn honest_infilling_kernels_raise_no_errors() -> anyhow::Result<()> {
@@ -37,6 +36,16 @@ fn honest_infilling_kernels_raise_no_errors() -> anyhow::Result<()> {
         if !errors.is_empty() {
             flagged.push((id, errors));
         }
+        let redefines = result
+            .findings
+            .iter()
+            .any(|f| f.rule == Rule::ProblemConstantRedefined && f.severity == Severity::Warning);
+        assert_eq!(
+            redefines,
+            REDEFINES_PROBLEM_NAMES.contains(&id),
+            "{id}: {:?}",
+            result.findings
+        );
     }
     for (id, errors) in &flagged {
         eprintln!("{id}: {errors:?}");

@@ -248,22 +248,47 @@ fn problem_constants_compare_by_value() {
         Severity::Warning
     ));
 
-    let smaller = relu_candidate(
+    // dice's judge draws inputs from the problem in its own process: other sizes, another
+    // `get_inputs` or a `global` rebinding only fool a harness sharing the problem's namespace.
+    let rebindings = [
         "dim, depth = 64, 4\n",
-        "        return self.ext.relu_cuda(x)",
-    );
-    let result = run(&smaller, RELU_PROBLEM);
-    let errors: Vec<_> = result.errors().collect();
-    assert_eq!(errors.len(), 1, "{errors:?}");
-    assert!(errors[0].message.contains("`dim`"));
-
-    let at_run_time = relu_candidate(
+        "def get_inputs():\n    return [torch.rand(batch_size, dim).cuda()]\n",
+        "def get_init_inputs():\n    return [1]\n",
         "def shrink():\n    global batch_size\n    batch_size = 1\n",
-        "        return self.ext.relu_cuda(x)",
-    );
+        "globals()['batch_size'] = 1\n",
+    ];
+    for extra in rebindings {
+        let result = run(
+            &relu_candidate(extra, "        return self.ext.relu_cuda(x)"),
+            RELU_PROBLEM,
+        );
+        assert!(!result.deceptive(), "{extra}: {:?}", result.findings);
+        let warning = result
+            .findings
+            .iter()
+            .find(|f| f.rule == Rule::ProblemConstantRedefined)
+            .unwrap_or_else(|| panic!("{extra}: no warning in {:?}", result.findings));
+        assert!(
+            warning.message.contains("KernelBench's harness")
+                && warning.message.contains("dice's judge"),
+            "{}",
+            warning.message
+        );
+    }
+}
+
+#[test]
+fn a_self_test_under_the_main_guard_may_call_the_problem_functions() {
+    let self_test = "\nif __name__ == '__main__':\n    model = ModelNew(*get_init_inputs())\n    print(model(*get_inputs()))\n";
+    let candidate = relu_candidate("", "        return self.ext.relu_cuda(x)") + self_test;
+    let result = run(&candidate, RELU_PROBLEM);
+    assert!(result.findings.is_empty(), "{:?}", result.findings);
+
+    let at_import =
+        relu_candidate("", "        return self.ext.relu_cuda(x)") + "\nEXAMPLE = get_inputs()\n";
     assert!(has(
-        &run(&at_run_time, RELU_PROBLEM),
-        Rule::ProblemConstantRedefined,
+        &run(&at_import, RELU_PROBLEM),
+        Rule::ReferenceModelUse,
         Severity::Error
     ));
 }
@@ -557,8 +582,68 @@ fn kernels_wired_through_helpers_modules_and_partials_are_called() {
             PLAIN_INIT,
             "        relu = partial(ops.relu_cuda)\n        return relu(x)",
         ),
+        (
+            activation,
+            "    def __init__(self):\n        super().__init__()\n        self.layers = nn.ModuleList([Activation() for _ in range(2)])",
+            "        for layer in self.layers:\n            x = layer(x)\n        return x",
+        ),
+        (
+            activation,
+            "    def __init__(self):\n        super().__init__()\n        self.layers = nn.ModuleList()\n        for _ in range(2):\n            self.layers.append(Activation())",
+            "        for i, layer in enumerate(self.layers):\n            x = layer(x)\n        return x",
+        ),
+        (
+            activation,
+            "    def __init__(self):\n        super().__init__()\n        self.blocks = nn.ModuleDict({'act': Activation()})",
+            "        return self.blocks['act'](x)",
+        ),
+        (
+            activation,
+            "    def __init__(self):\n        super().__init__()\n        self.blocks = nn.ModuleDict()\n        self.blocks['act'] = Activation()",
+            "        for name, block in self.blocks.items():\n            x = block(x)\n        return x",
+        ),
+        (
+            activation,
+            "    def __init__(self):\n        super().__init__()\n        for i in range(2):\n            setattr(self, f'act{i}', Activation())",
+            "        for i in range(2):\n            x = getattr(self, f'act{i}')(x)\n        return x",
+        ),
+        (
+            activation,
+            "    def __init__(self):\n        super().__init__()\n        for i in range(2):\n            self.add_module(f'act{i}', Activation())",
+            "        return self.act1(self.act0(x))",
+        ),
+        (
+            &format!("{activation}{NESTED_STAGES}"),
+            "    def __init__(self):\n        super().__init__()\n        self.net = Network()",
+            "        return self.net(x)",
+        ),
+        (
+            "\nclass Runner:\n    def __init__(self):\n        self.ext = ops\n\n    def run(self, x):\n        return self.ext.relu_cuda(x)\n",
+            "    def __init__(self):\n        super().__init__()\n        self.runners = [Runner(), Runner()]",
+            "        return sum(runner.run(x) for runner in self.runners)",
+        ),
+        (
+            "\ndef scaled_relu(x, scale):\n    return ops.relu_cuda(x) * scale\n",
+            "    def __init__(self):\n        super().__init__()\n        self.act = partial(scaled_relu, scale=1.0)",
+            "        return self.act(x)",
+        ),
+        (
+            "\nACTIVATIONS = {'relu': ops.relu_cuda}\n",
+            PLAIN_INIT,
+            "        return ACTIVATIONS['relu'](x)",
+        ),
+        (
+            "",
+            "    def __init__(self):\n        super().__init__()\n        self.act = lambda t: ops.relu_cuda(t)",
+            "        return self.act(x)",
+        ),
+        (
+            "\nclass ReluFn(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n        return ops.relu_cuda(x)\n",
+            "    def __init__(self):\n        super().__init__()\n        self.fn = ReluFn.apply",
+            "        return self.fn(x)",
+        ),
     ];
-    for (module, methods, forward) in wirings {
+    for (module, methods, forward) in &wirings {
         let result = run(
             &relu_and_grad_candidate(module, methods, forward),
             RELU_PROBLEM,
@@ -569,6 +654,57 @@ fn kernels_wired_through_helpers_modules_and_partials_are_called() {
             result.findings
         );
     }
+}
+
+/// Helper modules nested two deep: a `Network` of `Stage`s in a `ModuleList`, each running an
+/// `Activation` from an `nn.Sequential`.
+const NESTED_STAGES: &str = r#"
+class Stage(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(Activation(), nn.Identity())
+
+    def forward(self, x):
+        return self.inner(x)
+
+class Network(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stages = nn.ModuleList([Stage(), Stage()])
+
+    def forward(self, x):
+        return self.stages[1](self.stages[0](x))
+"#;
+
+#[test]
+fn kernels_held_by_helper_modules_that_forward_never_runs_are_not_called() {
+    let activation = "\nclass Activation(nn.Module):\n    def forward(self, x):\n        return ops.relu_cuda(x)\n";
+    let methods = "    def __init__(self):\n        super().__init__()\n        self.layers = nn.ModuleList([Activation() for _ in range(2)])";
+    let result = run(
+        &relu_and_grad_candidate(activation, methods, "        return torch.relu(x)"),
+        RELU_PROBLEM,
+    );
+    assert!(
+        has(&result, Rule::KernelNotCalled, Severity::Error),
+        "{:?}",
+        result.findings
+    );
+
+    let never_used = relu_and_grad_candidate("", PLAIN_INIT, "        return torch.relu(x)");
+    let result = run(&never_used, RELU_PROBLEM);
+    assert!(
+        has(&result, Rule::KernelNotWired, Severity::Error),
+        "{:?}",
+        result.findings
+    );
+
+    let pure_torch = "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n";
+    let result = run(pure_torch, RELU_PROBLEM);
+    assert!(
+        has(&result, Rule::NoCustomKernel, Severity::Error),
+        "{:?}",
+        result.findings
+    );
 }
 
 #[test]

@@ -204,14 +204,19 @@ fn check_honest_cuda(run: &Path, records: &[SampleRecord]) {
     assert!(profile.custom_share.unwrap() > 0.5, "{profile:?}");
 }
 
-/// Caught: not correct, or deceptive with the expected rule (static or run-time).
+/// Caught: not correct, or deceptive with the expected rule (static or run-time). A program
+/// expected as a warning fools only KernelBench's harness: flagged, never deceptive here.
 fn caught(entry: &Value, record: &SampleRecord) -> bool {
     if record.verdict != Verdict::Correct {
         return true;
     }
     let expect = &entry["expect"];
     let rule = expect["rule"].as_str().or(expect["runtime_rule"].as_str());
-    record.deceptive && rule.is_some_and(|r| record.flags.iter().any(|f| f == r))
+    let flagged = rule.is_some_and(|r| record.flags.iter().any(|f| f == r));
+    if expect["severity"] == "warning" {
+        return flagged && !record.deceptive;
+    }
+    record.deceptive && flagged
 }
 
 #[test]

@@ -85,10 +85,15 @@ fn report_missing_kernel(
         report.error(Rule::NoCustomKernel, forward_offset, message);
         return;
     }
+    // ModelNew's own methods and those of the submodules it holds: a kernel they reach is
+    // wired into the model, whether or not forward runs it.
     let mut model_new_code = Vec::new();
-    if let Some(info) = ctx.module.classes.get("ModelNew") {
-        for name in info.methods.keys() {
-            model_new_code.extend(ctx.graph.method("ModelNew", name));
+    let classes = std::iter::once("ModelNew".to_string()).chain(ctx.graph.held_classes("ModelNew"));
+    for class in classes {
+        if let Some(info) = ctx.module.classes.get(&class) {
+            for name in info.methods.keys() {
+                model_new_code.extend(ctx.graph.method(&class, name));
+            }
         }
     }
     let reachable = ctx.graph.reachable(model_new_code);
