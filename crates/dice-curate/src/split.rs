@@ -13,12 +13,11 @@
 //!   of the last one: comments above the statement stay in the prefix, the line break after it
 //!   starts the suffix.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use dice_kernelbench::read_records;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::path::Path;
 use thiserror::Error;
 use tree_sitter::{Node, Parser, Tree};
@@ -410,15 +409,7 @@ pub fn split_file(path: &Path) -> Result<SplitRun> {
 
 /// Writes one JSON object per split program.
 pub fn write_splits(records: &[SplitRecord], out: &Path) -> Result<()> {
-    let mut file = std::io::BufWriter::new(
-        std::fs::File::create(out).with_context(|| format!("cannot create {}", out.display()))?,
-    );
-    for record in records {
-        serde_json::to_writer(&mut file, record)?;
-        file.write_all(b"\n")?;
-    }
-    file.flush()
-        .with_context(|| format!("cannot write {}", out.display()))
+    crate::run::write_jsonl(out, records)
 }
 
 #[cfg(test)]

@@ -1,14 +1,17 @@
 //! What every store backend does: the operations the evaluator and the reports need, the same
 //! for a SQLite file and any database added later.
 
+use crate::claim::{Claimed, SampleKey, WorkerId};
 use crate::record::{
     BuildRecord, KernelProfile, ProblemRecord, RunInfo, RunTimeline, SampleExtras, SampleRecord,
 };
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use std::collections::HashSet;
+use std::time::Duration;
 
 /// A run's storage. Each finished sample is stored atomically, so a run killed at any moment
-/// resumes from what was stored.
+/// resumes from what was stored. Several workers (evaluating processes, on one host or many)
+/// share a run through claims on its samples ([`Backend::claim`]).
 pub trait Backend: Send {
     /// The run's settings as [`RunInfo`] and the others (`settings`), once a run has begun.
     fn run(&self) -> Result<Option<(RunInfo, serde_json::Value)>>;
@@ -35,6 +38,43 @@ pub trait Backend: Send {
 
     /// Stores one finished sample and its builds atomically, replacing an earlier result.
     fn put_sample(&mut self, sample: &SampleRecord, extras: &SampleExtras) -> Result<()>;
+
+    /// Claims up to `n` of `wanted` for `worker` until `lease` from now, in the order given:
+    /// samples without a stored result whose claim is free, `worker`'s own, or expired (taken
+    /// over). Samples other workers hold are passed over, never waited for (a database server
+    /// does this with `SELECT … FOR UPDATE SKIP LOCKED`).
+    fn claim(
+        &mut self,
+        worker: &WorkerId,
+        wanted: &[SampleKey],
+        n: usize,
+        lease: Duration,
+    ) -> Result<Claimed>;
+
+    /// Extends every claim `worker` holds to `lease` from now (its heartbeat); returns how many
+    /// it holds.
+    fn renew_claims(&mut self, worker: &WorkerId, lease: Duration) -> Result<usize>;
+
+    /// Gives up `worker`'s claim on `sample`, or all its claims, to the next worker that asks.
+    fn release_claims(&mut self, worker: &WorkerId, sample: Option<SampleKey>) -> Result<()>;
+
+    /// Stores a claimed sample's result and its builds and ends the claim, atomically. Stores
+    /// nothing and returns false unless `worker` still holds the claim and the sample has no
+    /// result yet: each result is written once, by the holder of its sample's claim.
+    fn put_claimed_sample(
+        &mut self,
+        worker: &WorkerId,
+        sample: &SampleRecord,
+        extras: &SampleExtras,
+    ) -> Result<bool>;
+
+    /// The workers holding unexpired claims on the run.
+    fn claim_holders(&self) -> Result<Vec<WorkerId>>;
+
+    /// Deletes the results of `samples` and their builds, so that they are judged again.
+    /// Refused while a worker other than `worker` holds unexpired claims: it is judging this
+    /// run, and its results would be judged twice.
+    fn forget_samples(&mut self, worker: &WorkerId, samples: &[SampleKey]) -> Result<()>;
 
     /// Every finished sample, by level, problem and sample id.
     fn samples(&self) -> Result<Vec<SampleRecord>>;
@@ -77,6 +117,11 @@ pub trait Backend: Send {
                     changed.push(name.clone());
                 }
             }
+            if !changed.is_empty() && replace {
+                if let Some(holder) = self.claim_holders()?.first() {
+                    return Err(judged_elsewhere(holder));
+                }
+            }
             if !changed.is_empty() && !replace {
                 bail!(
                     "this run was started with different settings ({}); use --force to re-evaluate \
@@ -87,6 +132,14 @@ pub trait Backend: Send {
         }
         self.set_run(info, settings)
     }
+}
+
+/// Why a worker may not redo what another is judging now.
+pub(crate) fn judged_elsewhere(holder: &WorkerId) -> anyhow::Error {
+    anyhow!(
+        "another dice eval (worker {holder}) is judging this run now; let it finish, or stop it, \
+         before re-evaluating with --force"
+    )
 }
 
 /// Names of the settings that differ; hardware and versions are descriptive, not settings.

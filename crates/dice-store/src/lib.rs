@@ -4,14 +4,21 @@
 //! builds and timelines; reports (dice-report) read them. Both go through [`Store`], which holds
 //! one [`Backend`]: today a SQLite file per run (`RUN_DIR/dice.db`). Another database is another
 //! `Backend` implementation and a way to open it; the records and the callers stay as they are.
+//!
+//! Several workers (evaluating processes) may judge one run together: each claims samples before
+//! judging them, under a lease its heartbeat renews, and stores each result once
+//! ([`Backend::claim`], [`Backend::put_claimed_sample`]). Reports open the store read-only
+//! ([`Store::open_read_only`]).
 
 mod backend;
+mod claim;
 mod record;
 mod sqlite;
 mod store;
 mod verdict;
 
 pub use backend::Backend;
+pub use claim::{Claimed, SampleKey, WorkerId};
 pub use record::{
     BuildRecord, KernelProfile, LaunchedKernel, ProblemRecord, RunInfo, RunTimeline, SampleExtras,
     SampleRecord, TimingStats,

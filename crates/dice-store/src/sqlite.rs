@@ -1,14 +1,16 @@
 //! The SQLite backend: one file holding the run's settings, its problems, every finished sample
 //! and every extension build. Each finished sample is one transaction.
 
-use crate::backend::Backend;
+use crate::backend::{judged_elsewhere, Backend};
+use crate::claim::{unix_time, Claimed, SampleKey, WorkerId};
 use crate::record::{
     BuildRecord, KernelProfile, ProblemRecord, RunInfo, RunTimeline, SampleExtras, SampleRecord,
     TimingStats,
 };
 use crate::verdict::Verdict;
-use anyhow::{Context, Result};
-use rusqlite::{params, Connection, OptionalExtension};
+use anyhow::{anyhow, bail, Context, Result};
+use rusqlite::backup::Backup;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
@@ -71,7 +73,19 @@ CREATE TABLE IF NOT EXISTS invocations (
     at TEXT NOT NULL DEFAULT (datetime('now')),
     timeline TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS claims (
+    level INTEGER NOT NULL,
+    problem_id INTEGER NOT NULL,
+    sample_id INTEGER NOT NULL,
+    worker TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (level, problem_id, sample_id)
+);
 ";
+
+/// The tables reports read: a store that lacks one (or a column of [`ADDED_SAMPLE_COLUMNS`]) is
+/// from an earlier release.
+const READ_TABLES: [&str; 5] = ["run", "problems", "samples", "builds", "invocations"];
 
 /// Columns added after the first release, with their types, for stores made before them.
 const ADDED_SAMPLE_COLUMNS: [(&str, &str); 3] = [
@@ -117,9 +131,12 @@ impl Sqlite {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create the run directory {}", dir.display()))?;
         }
-        let conn = Connection::open(path)
+        let mut conn = Connection::open(path)
             .with_context(|| format!("cannot open the run database {}", path.display()))?;
         conn.busy_timeout(Duration::from_secs(30))?;
+        // Workers sharing the run write through short transactions that take the write lock at
+        // once, so that none fails halfway waiting for another.
+        conn.set_transaction_behavior(TransactionBehavior::Immediate);
         conn.pragma_update(None, "journal_mode", "WAL")
             .and_then(|_| conn.pragma_update(None, "synchronous", "NORMAL"))
             .and_then(|_| conn.execute_batch(SCHEMA))
@@ -128,6 +145,99 @@ impl Sqlite {
             .with_context(|| format!("cannot upgrade the run database {}", path.display()))?;
         Ok(Sqlite { conn })
     }
+
+    /// Opens the store at `path` to read it only: nothing is created or changed, so reports
+    /// work on run folders they may not write. A store of an earlier release is copied into
+    /// memory and upgraded there.
+    pub fn open_read_only(path: &Path) -> Result<Sqlite> {
+        let run = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            Some(dir) => dir.display().to_string(),
+            None => ".".to_string(),
+        };
+        let no_results =
+            |why: String| anyhow!("{run} has no dice results ({why}): run `dice eval` first");
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(no_results(format!("no {}", path.display())));
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot read {}", path.display()));
+            }
+            Ok(meta) if meta.len() == 0 => {
+                return Err(no_results(format!("{} is empty", path.display())));
+            }
+            Ok(_) => {}
+        }
+        let conn = open_read_only(path)?;
+        let tables = table_names(&conn)
+            .with_context(|| format!("{} is not a dice run database", path.display()))?;
+        if !tables.contains("run") || !tables.contains("samples") {
+            return Err(no_results(format!(
+                "{} is not a dice run database",
+                path.display()
+            )));
+        }
+        let current = READ_TABLES.iter().all(|t| tables.contains(*t))
+            && missing_sample_columns(&conn)?.is_empty();
+        if current {
+            return Ok(Sqlite { conn });
+        }
+        let mut memory = Connection::open_in_memory()?;
+        Backup::new(&conn, &mut memory)?
+            .run_to_completion(1024, Duration::ZERO, None)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        memory.execute_batch(SCHEMA)?;
+        add_missing_columns(&memory)?;
+        Ok(Sqlite { conn: memory })
+    }
+}
+
+/// A read-only connection to `path`. Reading a WAL store needs its `-shm` index, which SQLite
+/// cannot make in a folder it may not write: there (and in any folder without write permission,
+/// where the evaluator is not writing either), the file is read as immutable, which is exact
+/// unless a `-wal` file holds results not yet merged into it (a run killed in a folder made
+/// read-only afterwards), an error then.
+fn open_read_only(path: &Path) -> Result<Connection> {
+    let cannot_open = || format!("cannot open the run database {}", path.display());
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let folder = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let folder_read_only = std::fs::metadata(folder.unwrap_or(Path::new(".")))
+        .is_ok_and(|meta| meta.permissions().readonly());
+    if !folder_read_only {
+        let conn = Connection::open_with_flags(path, flags).with_context(cannot_open)?;
+        let readable = conn.query_row("SELECT count(*) FROM sqlite_master", [], |r| {
+            r.get::<_, i64>(0)
+        });
+        if readable.is_ok() {
+            return Ok(conn);
+        }
+    }
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
+        bail!(
+            "{} holds results not yet merged into {}, which needs write access to the folder: \
+             make it writable, or copy the run folder, and report again",
+            Path::new(&wal).display(),
+            path.display()
+        );
+    }
+    let uri = format!("file:{}?immutable=1", uri_path(path));
+    Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI).with_context(cannot_open)
+}
+
+/// `path` as the path of a `file:` URI.
+fn uri_path(path: &Path) -> String {
+    path.to_string_lossy()
+        .replace('%', "%25")
+        .replace('?', "%3f")
+        .replace('#', "%23")
+}
+
+fn table_names(conn: &Connection) -> Result<HashSet<String>> {
+    let mut stmt = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
+    let names = stmt.query_map([], |r| r.get(0))?;
+    names.collect::<rusqlite::Result<_>>().map_err(Into::into)
 }
 
 impl Backend for Sqlite {
@@ -210,7 +320,8 @@ impl Backend for Sqlite {
     }
 
     fn put_sample(&mut self, s: &SampleRecord, extras: &SampleExtras) -> Result<()> {
-        let tx = self.conn.transaction()?;
+        // A savepoint, so that a claimed sample is stored inside its claim's transaction.
+        let tx = self.conn.savepoint()?;
         let key = params![s.level, s.problem_id, s.sample_id];
         tx.execute(
             "DELETE FROM builds WHERE level = ?1 AND problem_id = ?2 AND sample_id = ?3",
@@ -364,19 +475,196 @@ impl Backend for Sqlite {
             .map(|t| serde_json::from_str(t).context("corrupt invocation timeline in the store"))
             .collect()
     }
+
+    fn claim(
+        &mut self,
+        worker: &WorkerId,
+        wanted: &[SampleKey],
+        n: usize,
+        lease: Duration,
+    ) -> Result<Claimed> {
+        let now = unix_time().as_secs_f64();
+        let tx = self.conn.transaction()?;
+        let mut claimed = Claimed::default();
+        {
+            let mut stored = tx.prepare(
+                "SELECT 1 FROM samples WHERE level = ?1 AND problem_id = ?2 AND sample_id = ?3",
+            )?;
+            let mut holder = tx.prepare(
+                "SELECT worker, expires_at FROM claims
+                 WHERE level = ?1 AND problem_id = ?2 AND sample_id = ?3",
+            )?;
+            let mut take = tx.prepare(
+                "INSERT INTO claims (level, problem_id, sample_id, worker, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (level, problem_id, sample_id) DO UPDATE
+                   SET worker = excluded.worker, expires_at = excluded.expires_at",
+            )?;
+            for &key in wanted {
+                if claimed.samples.len() >= n {
+                    break;
+                }
+                let (level, problem_id, sample_id) = key;
+                if stored.exists(params![level, problem_id, sample_id])? {
+                    claimed.finished.push(key);
+                    continue;
+                }
+                let held: Option<(String, f64)> = holder
+                    .query_row(params![level, problem_id, sample_id], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                    .optional()?;
+                let taken_over = match held {
+                    Some((other, expires_at)) if other != worker.as_str() => {
+                        if expires_at > now {
+                            continue;
+                        }
+                        Some(WorkerId::from_name(other))
+                    }
+                    _ => None,
+                };
+                let expires_at = now + lease.as_secs_f64();
+                take.execute(params![
+                    level,
+                    problem_id,
+                    sample_id,
+                    worker.as_str(),
+                    expires_at
+                ])?;
+                claimed.samples.push((key, taken_over));
+            }
+        }
+        tx.commit()?;
+        Ok(claimed)
+    }
+
+    fn renew_claims(&mut self, worker: &WorkerId, lease: Duration) -> Result<usize> {
+        let expires_at = unix_time().as_secs_f64() + lease.as_secs_f64();
+        let held = self.conn.execute(
+            "UPDATE claims SET expires_at = ?2 WHERE worker = ?1",
+            params![worker.as_str(), expires_at],
+        )?;
+        Ok(held)
+    }
+
+    fn release_claims(&mut self, worker: &WorkerId, sample: Option<SampleKey>) -> Result<()> {
+        match sample {
+            Some((level, problem_id, sample_id)) => self.conn.execute(
+                "DELETE FROM claims
+                 WHERE worker = ?1 AND level = ?2 AND problem_id = ?3 AND sample_id = ?4",
+                params![worker.as_str(), level, problem_id, sample_id],
+            )?,
+            None => self.conn.execute(
+                "DELETE FROM claims WHERE worker = ?1",
+                params![worker.as_str()],
+            )?,
+        };
+        Ok(())
+    }
+
+    fn put_claimed_sample(
+        &mut self,
+        worker: &WorkerId,
+        s: &SampleRecord,
+        extras: &SampleExtras,
+    ) -> Result<bool> {
+        // One transaction: the claim ends where the result is stored (put_sample's savepoint
+        // nests in it).
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let stored = self.end_claim_and_store(worker, s, extras);
+        let end = if matches!(stored, Ok(true)) {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        };
+        self.conn.execute_batch(end)?;
+        stored
+    }
+
+    fn claim_holders(&self) -> Result<Vec<WorkerId>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT DISTINCT worker FROM claims WHERE expires_at > ?1 ORDER BY worker")?;
+        let names = stmt.query_map(params![unix_time().as_secs_f64()], |r| {
+            r.get::<_, String>(0)
+        })?;
+        let names = names.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(names.into_iter().map(WorkerId::from_name).collect())
+    }
+
+    fn forget_samples(&mut self, worker: &WorkerId, samples: &[SampleKey]) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        let other: Option<String> = tx
+            .query_row(
+                "SELECT worker FROM claims WHERE worker != ?1 AND expires_at > ?2 LIMIT 1",
+                params![worker.as_str(), unix_time().as_secs_f64()],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if let Some(other) = other {
+            return Err(judged_elsewhere(&WorkerId::from_name(other)));
+        }
+        for &(level, problem_id, sample_id) in samples {
+            let key = params![level, problem_id, sample_id];
+            tx.execute(
+                "DELETE FROM samples WHERE level = ?1 AND problem_id = ?2 AND sample_id = ?3",
+                key,
+            )?;
+            tx.execute(
+                "DELETE FROM builds WHERE level = ?1 AND problem_id = ?2 AND sample_id = ?3",
+                key,
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+impl Sqlite {
+    /// Inside a transaction: ends `worker`'s claim on the sample and stores its result, unless
+    /// the claim is not `worker`'s (anymore) or the sample has a result (false).
+    fn end_claim_and_store(
+        &mut self,
+        worker: &WorkerId,
+        s: &SampleRecord,
+        extras: &SampleExtras,
+    ) -> Result<bool> {
+        let key = params![s.level, s.problem_id, s.sample_id];
+        let held = self.conn.execute(
+            "DELETE FROM claims
+             WHERE level = ?1 AND problem_id = ?2 AND sample_id = ?3 AND worker = ?4",
+            params![s.level, s.problem_id, s.sample_id, worker.as_str()],
+        )?;
+        let stored = self
+            .conn
+            .prepare_cached(
+                "SELECT 1 FROM samples WHERE level = ?1 AND problem_id = ?2 AND sample_id = ?3",
+            )?
+            .exists(key)?;
+        if held == 0 || stored {
+            return Ok(false);
+        }
+        self.put_sample(s, extras)?;
+        Ok(true)
+    }
 }
 
 fn add_missing_columns(conn: &Connection) -> Result<()> {
+    for (name, kind) in missing_sample_columns(conn)? {
+        conn.execute_batch(&format!("ALTER TABLE samples ADD COLUMN {name} {kind}"))?;
+    }
+    Ok(())
+}
+
+fn missing_sample_columns(conn: &Connection) -> Result<Vec<(&'static str, &'static str)>> {
     let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('samples')")?;
     let present: HashSet<String> = stmt
         .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
-    for (name, kind) in ADDED_SAMPLE_COLUMNS {
-        if !present.contains(name) {
-            conn.execute_batch(&format!("ALTER TABLE samples ADD COLUMN {name} {kind}"))?;
-        }
-    }
-    Ok(())
+    Ok(ADDED_SAMPLE_COLUMNS
+        .into_iter()
+        .filter(|(name, _)| !present.contains(*name))
+        .collect())
 }
 
 fn timing_json(t: &Option<TimingStats>) -> Result<Option<String>> {

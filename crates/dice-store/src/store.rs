@@ -14,6 +14,12 @@ impl Store {
     pub fn open(path: &Path) -> Result<Store> {
         Ok(Store(Box::new(Sqlite::open(path)?)))
     }
+
+    /// The SQLite store at `path`, to read only: never created, changed or upgraded on disk (a
+    /// missing or empty file is an error that says to run `dice eval` first).
+    pub fn open_read_only(path: &Path) -> Result<Store> {
+        Ok(Store(Box::new(Sqlite::open_read_only(path)?)))
+    }
 }
 
 impl Deref for Store {

@@ -4,8 +4,11 @@ use dice_store::{
     BuildRecord, KernelProfile, LaunchedKernel, ProblemRecord, RunInfo, RunTimeline, SampleExtras,
     SampleRecord, Store, TimingStats, Verdict,
 };
+use dice_store::{SampleKey, WorkerId};
 use serde_json::json;
 use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
 
 fn info() -> RunInfo {
     RunInfo {
@@ -152,4 +155,182 @@ fn a_run_resumed_with_other_settings_is_refused_unless_replaced() {
     );
     store.begin_run(&looser, &other, true).unwrap();
     assert_eq!(store.run_info().unwrap(), Some(looser));
+}
+
+
+fn sample_key(sample_id: u32) -> SampleKey {
+    (1, 1, sample_id)
+}
+
+fn sample(sample_id: u32) -> SampleRecord {
+    SampleRecord {
+        sample_id,
+        ..correct_sample()
+    }
+}
+
+/// Two workers on one run judge disjoint samples; a result is stored once, by its claim's
+/// holder; an expired lease is taken over, a renewed one is not.
+#[test]
+fn workers_share_a_run_through_claims() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dice.db");
+    let (mut a, mut b) = (Store::open(&path).unwrap(), Store::open(&path).unwrap());
+    let (alice, bob) = (WorkerId::new(), WorkerId::new());
+    let lease = Duration::from_secs(60);
+    let wanted: Vec<SampleKey> = (0..3).map(sample_key).collect();
+
+    let first = a.claim(&alice, &wanted, 2, lease).unwrap();
+    assert_eq!(
+        first.samples,
+        [(sample_key(0), None), (sample_key(1), None)]
+    );
+    let second = b.claim(&bob, &wanted, 3, lease).unwrap();
+    assert_eq!(second.samples, [(sample_key(2), None)]);
+    assert_eq!(b.claim_holders().unwrap().len(), 2);
+
+    let extras = SampleExtras::default();
+    assert!(!b.put_claimed_sample(&bob, &sample(0), &extras).unwrap());
+    assert!(a.put_claimed_sample(&alice, &sample(0), &extras).unwrap());
+    assert!(!a.put_claimed_sample(&alice, &sample(0), &extras).unwrap());
+    let later = b.claim(&bob, &wanted, 3, lease).unwrap();
+    assert_eq!(later.finished, [sample_key(0)]);
+    assert_eq!(later.samples, [(sample_key(2), None)], "only its own");
+
+    // Alice stops renewing (killed): her claim on sample 1 expires and Bob takes it over.
+    assert_eq!(a.renew_claims(&alice, Duration::ZERO).unwrap(), 1);
+    let taken = b.claim(&bob, &wanted, 3, lease).unwrap();
+    assert_eq!(
+        taken.samples,
+        [(sample_key(1), Some(alice.clone())), (sample_key(2), None)]
+    );
+    assert!(!a.put_claimed_sample(&alice, &sample(1), &extras).unwrap());
+    assert!(b.put_claimed_sample(&bob, &sample(1), &extras).unwrap());
+    assert_eq!(b.renew_claims(&bob, lease).unwrap(), 1);
+    assert!(a
+        .claim(&alice, &wanted, 3, lease)
+        .unwrap()
+        .samples
+        .is_empty());
+
+    b.release_claims(&bob, None).unwrap();
+    assert!(b.claim_holders().unwrap().is_empty());
+    let ids: Vec<u32> = a.samples().unwrap().iter().map(|s| s.sample_id).collect();
+    assert_eq!(ids, [0, 1]);
+}
+
+/// --force forgets results, but never while another worker is judging the run, and settings are
+/// not replaced under it either.
+#[test]
+fn results_are_not_forgotten_under_another_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dice.db");
+    let mut store = Store::open(&path).unwrap();
+    let settings = json!({"precision": "fp32"});
+    store.begin_run(&info(), &settings, false).unwrap();
+    store
+        .put_sample(&sample(0), &SampleExtras::default())
+        .unwrap();
+    let (alice, bob) = (WorkerId::new(), WorkerId::new());
+    let lease = Duration::from_secs(60);
+    store.claim(&alice, &[sample_key(1)], 1, lease).unwrap();
+
+    let err = store.forget_samples(&bob, &[sample_key(0)]).unwrap_err();
+    let expected = format!(
+        "another dice eval (worker {alice}) is judging this run now; let it finish, or stop it, \
+         before re-evaluating with --force"
+    );
+    assert_eq!(err.to_string(), expected);
+    let looser = RunInfo {
+        atol: 0.5,
+        ..info()
+    };
+    let err = store.begin_run(&looser, &settings, true).unwrap_err();
+    assert_eq!(err.to_string(), expected);
+    store.forget_samples(&alice, &[sample_key(0)]).unwrap();
+    assert!(store.samples().unwrap().is_empty());
+    store.release_claims(&alice, Some(sample_key(1))).unwrap();
+    store.begin_run(&looser, &settings, true).unwrap();
+}
+
+/// Reports open stores read-only: a missing or empty store is an error that says what to do
+/// (and stays empty), a store of an earlier release is read without being upgraded on disk,
+/// and a store whose WAL index cannot be made (a read-only folder) is still read.
+#[test]
+fn stores_are_read_without_being_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let path = run.join("dice.db");
+    let no_results = |why: &str| {
+        format!(
+            "{} has no dice results ({why}): run `dice eval` first",
+            run.display()
+        )
+    };
+    let err = Store::open_read_only(&path).err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        no_results(&format!("no {}", path.display()))
+    );
+    std::fs::write(&path, b"").unwrap();
+    let err = Store::open_read_only(&path).err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        no_results(&format!("{} is empty", path.display()))
+    );
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+    std::fs::remove_file(&path).unwrap();
+
+    let mut store = Store::open(&path).unwrap();
+    store.begin_run(&info(), &json!({}), false).unwrap();
+    store
+        .put_sample(&sample(0), &SampleExtras::default())
+        .unwrap();
+    drop(store);
+    let old = rusqlite::Connection::open(&path).unwrap();
+    old.execute_batch("ALTER TABLE samples DROP COLUMN stages; DROP TABLE invocations")
+        .unwrap();
+    drop(old);
+    let before = std::fs::read(&path).unwrap();
+    let store = Store::open_read_only(&path).unwrap();
+    let read = store.samples().unwrap();
+    assert_eq!(read[0].stages, []);
+    assert_eq!(read[0].verdict, Verdict::Correct);
+    assert!(store.timelines().unwrap().is_empty());
+    assert!(store.claim_holders().is_ok());
+    drop(store);
+    assert_eq!(std::fs::read(&path).unwrap(), before, "the file changed");
+
+    // A folder without write permission: SQLite could not make its WAL index there (root
+    // could, and must not either).
+    let index = run.join("dice.db-shm");
+    if index.exists() {
+        std::fs::remove_file(&index).unwrap();
+    }
+    let listing = || {
+        let mut names: Vec<_> = std::fs::read_dir(&run)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let files = listing();
+    let writable = std::fs::metadata(&run).unwrap().permissions();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let read = Store::open_read_only(&path).map(|store| store.samples().unwrap().len());
+    assert_eq!(listing(), files);
+    std::fs::set_permissions(&run, writable.clone()).unwrap();
+    assert_eq!(read.unwrap(), 1);
+
+    // Results still in the write-ahead log cannot be read there.
+    std::fs::write(run.join("dice.db-wal"), b"frames").unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let err = Store::open_read_only(&path).err();
+    std::fs::set_permissions(&run, writable).unwrap();
+    assert!(
+        err.unwrap().to_string().contains("not yet merged"),
+        "the log was ignored"
+    );
 }

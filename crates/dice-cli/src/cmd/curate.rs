@@ -2,15 +2,42 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use dice_curate::RunDir;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub(crate) enum CurateCommand {
+    /// Read pairs (DICE JSON, LlamaFactory SFT files, folders of kernel files) into a run
+    /// folder, normalised, with content ids, without exact and near duplicates.
+    #[command(after_help = INGEST_MANUAL)]
+    Ingest(IngestArgs),
     /// Split each program into the prefix, core and suffix of a kernel-infilling task.
     #[command(after_help = SPLIT_MANUAL)]
     Split(SplitArgs),
 }
+
+const INGEST_MANUAL: &str = "\
+Inputs, told apart per record or by being a folder:
+  pairs      JSON array / JSONL of {pytorch_code, cuda_code} (DICE, KernelBench style); an empty
+             cuda_code is a problem-only record (DICE's end-to-end RL tasks); `level` is kept
+  alpaca     {instruction, input, output} or {prompt, response}: the program is the response's
+             first fenced block, the problem the prompt's last fenced block with `class Model`
+  sharegpt   {conversations: [{from, value}]} or {messages: [{role, content}]}, read alike
+  folder     NAME*.py files defining `class ModelNew` beside NAME.py defining `class Model`;
+             a problem file without kernels is a problem-only record
+Programs are normalised (LF line ends, no trailing white space, no blank lines at the ends) and
+get the first 16 hex digits of the SHA-256 of their content as id. Exact duplicates have the
+same tokens once comments and layout are ignored; near duplicates a Jaccard similarity of
+5-token shingles of at least --near-threshold (candidates found by MinHash with 16 bands of 8
+rows, every candidate checked exactly). The first of a group is kept.
+
+The run folder then holds pairs.jsonl (kept), ingest-dropped.jsonl (each record left out and
+why, with the pair it duplicates) and ingest.json (counts and duplicate clusters). Ingesting the
+same inputs again writes the same files.
+
+Example:
+  dice curate ingest --run runs/cuke kernel_infilling_evaluation.json sft.json kernels/";
 
 const SPLIT_MANUAL: &str = "\
 The core is the kernel source load_inline receives (cuda_sources; cpp_sources when there are no
@@ -34,10 +61,41 @@ pub(crate) struct SplitArgs {
     pub out: PathBuf,
 }
 
+#[derive(Args, Debug)]
+pub(crate) struct IngestArgs {
+    /// Input files (JSON array or JSONL) and folders of kernel files, read in this order.
+    #[arg(value_name = "INPUT", required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// The curate run folder (created).
+    #[arg(long, value_name = "RUN_DIR")]
+    pub run: PathBuf,
+    /// Jaccard similarity of token shingles from which two pairs are near duplicates.
+    #[arg(long, value_name = "J", default_value_t = dice_curate::dedup::DEFAULT_THRESHOLD)]
+    pub near_threshold: f64,
+}
+
 pub(crate) fn run(command: CurateCommand) -> Result<()> {
     match command {
+        CurateCommand::Ingest(a) => ingest(&a),
         CurateCommand::Split(a) => split(&a),
     }
+}
+
+fn ingest(a: &IngestArgs) -> Result<()> {
+    let run = RunDir::new(&a.run);
+    let s = dice_curate::ingest(&run, &a.inputs, a.near_threshold)?;
+    let read: Vec<String> = s.read.iter().map(|(f, n)| format!("{f} {n}")).collect();
+    println!("read: {}", read.join(", "));
+    println!(
+        "kept {} ({} problem-only); dropped {} exact and {} near duplicates (J >= {}), {} unreadable",
+        s.kept, s.problem_only, s.exact_duplicates, s.near_duplicates, s.threshold, s.rejected
+    );
+    println!(
+        "{} duplicate clusters; {} lists every record left out",
+        s.clusters.len(),
+        run.ingest_dropped().display()
+    );
+    Ok(())
 }
 
 fn split(a: &SplitArgs) -> Result<()> {
