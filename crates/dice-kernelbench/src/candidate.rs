@@ -106,7 +106,8 @@ pub fn read_candidate_records(path: &Path) -> Result<Vec<CandidateRecord>> {
 /// Loads candidates from files and folders, sorted by (level, problem, sample).
 ///
 /// * a file named `level_{L}_problem_{ID}_sample_{S}_kernel.py` (KernelBench run layout);
-/// * a folder: its files with that name pattern (others are ignored; none at all is an error);
+/// * a folder: its files with that name pattern (none at all is an error); its other Python files
+///   are listed in a warning and not evaluated;
 /// * a `.jsonl` file: lines `{level, problem_id, sample_id, code}` or
 ///   `{level, problem_id, sample_id, completion}` (a raw answer, extracted with
 ///   [`extract_first_code`]).
@@ -152,6 +153,7 @@ fn load_path(path: &Path) -> Result<Vec<Candidate>> {
 
 fn load_folder(dir: &Path) -> Result<Vec<Candidate>> {
     let mut candidates = Vec::new();
+    let mut misnamed = Vec::new();
     let entries =
         std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
     for entry in entries {
@@ -160,16 +162,55 @@ fn load_folder(dir: &Path) -> Result<Vec<Candidate>> {
             .path();
         match kernel_file_key(&path).filter(|_| path.is_file()) {
             Some(key) => candidates.push(read_kernel_file(&path, key)?),
+            None if path.extension().is_some_and(|e| e == "py") && path.is_file() => {
+                misnamed.push(
+                    path.file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
             None => tracing::debug!("ignoring {} (not a candidate kernel file)", path.display()),
         }
     }
+    misnamed.sort();
     if candidates.is_empty() {
+        let beside = if misnamed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", misnamed_files(&misnamed))
+        };
         bail!(
-            "folder `{}` holds no `level_L_problem_ID_sample_S_kernel.py` files",
+            "folder `{}` holds no `level_L_problem_ID_sample_S_kernel.py` files{beside}",
             dir.display()
         );
     }
+    if !misnamed.is_empty() {
+        tracing::warn!(
+            "{}: {}; they are not evaluated",
+            dir.display(),
+            misnamed_files(&misnamed)
+        );
+    }
     Ok(candidates)
+}
+
+/// How many Python files of a candidate folder do not follow the name pattern, and the first
+/// few (sorted) names.
+fn misnamed_files(names: &[String]) -> String {
+    const SHOWN: usize = 3;
+    let mut shown = names[..names.len().min(SHOWN)].join(", ");
+    if names.len() > SHOWN {
+        shown.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    let (count, verb) = match names.len() {
+        1 => ("1 Python file".to_string(), "does"),
+        n => (format!("{n} Python files"), "do"),
+    };
+    format!(
+        "{count} {verb} not follow the candidate name pattern \
+         `level_L_problem_ID_sample_S_kernel.py`: {shown}"
+    )
 }
 
 fn kernel_file_key(path: &Path) -> Option<(u32, u32, u32)> {
@@ -221,6 +262,39 @@ fn load_jsonl(path: &Path) -> Result<Vec<Candidate>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Python files of a candidate folder that do not follow the pattern are counted and the
+    /// first few named; a folder of only such files says so in its error.
+    #[test]
+    fn misnamed_candidate_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str| std::fs::write(dir.path().join(name), "x = 1\n").unwrap();
+        for name in ["level_1_problem_2_sample_0.py", "kernel.py"] {
+            write(name);
+        }
+        std::fs::write(dir.path().join("notes.txt"), "").unwrap();
+        let err = load_folder(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.ends_with(
+                "holds no `level_L_problem_ID_sample_S_kernel.py` files (2 Python files do not \
+                 follow the candidate name pattern `level_L_problem_ID_sample_S_kernel.py`: \
+                 kernel.py, level_1_problem_2_sample_0.py)"
+            ),
+            "{err}"
+        );
+
+        write("level_1_problem_2_sample_1_kernel.py");
+        for name in ["a.py", "b.py"] {
+            write(name);
+        }
+        let loaded = load_folder(dir.path()).unwrap();
+        assert_eq!(loaded.len(), 1);
+        let names: Vec<String> = ["a.py", "b.py", "kernel.py", "level_1_problem_2_sample_0.py"]
+            .map(String::from)
+            .to_vec();
+        assert!(misnamed_files(&names).ends_with(": a.py, b.py, kernel.py and 1 more"));
+        assert!(misnamed_files(&names[..1]).starts_with("1 Python file does not follow"));
+    }
 
     #[test]
     fn a_written_record_reads_back_as_itself() {
