@@ -196,6 +196,14 @@ impl Unit<'_> {
                 .hazards
                 .push((rule, offset, format!("C++ calls `{path}`")));
         }
+        let args_text: Vec<&str> = args.iter().map(|a| text(*a, self.text)).collect();
+        if keeps_lines_in_l2(last, &args_text.concat()) {
+            analysis.hazards.push((
+                Rule::PersistingL2Cache,
+                offset,
+                format!("C++ calls `{path}` to keep data persisting in L2, out of reach of the flush before each timed call"),
+            ));
+        }
         if last == "fopen" || last == "freopen" {
             let writes = args
                 .get(1)
@@ -256,6 +264,23 @@ fn hazard_call(last: &str, path: &str) -> Option<Rule> {
         | "posix_spawn" | "posix_spawnp" => Some(Rule::Subprocess),
         "socket" | "connect" => Some(Rule::Socket),
         _ => None,
+    }
+}
+
+/// Whether a call with these arguments reserves L2 for persisting lines or marks memory
+/// persisting (an access-policy window).
+fn keeps_lines_in_l2(last: &str, args: &str) -> bool {
+    let names = |needles: [&str; 2]| needles.iter().any(|n| args.contains(n));
+    match last {
+        "cudaDeviceSetLimit" | "cuCtxSetLimit" => names([
+            "cudaLimitPersistingL2CacheSize",
+            "CU_LIMIT_PERSISTING_L2_CACHE_SIZE",
+        ]),
+        "cudaStreamSetAttribute"
+        | "cuStreamSetAttribute"
+        | "cudaGraphKernelNodeSetAttribute"
+        | "cuGraphKernelNodeSetAttribute" => names(["AccessPolicyWindow", "ACCESS_POLICY_WINDOW"]),
+        _ => false,
     }
 }
 

@@ -26,6 +26,7 @@ pub enum Rule {
     DynamicCode,
     UnresolvedSource,
     TorchComputeInForward,
+    PersistingL2Cache,
     // Run-time rules: reported by the evaluator (dice-eval) while running a candidate.
     InputMutation,
     OutputReused,
@@ -34,10 +35,11 @@ pub enum Rule {
     CustomKernelNotLaunched,
     NonDefaultStream,
     LowCustomKernelShare,
+    L2PersistingWindow,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 27] = [
+    pub const ALL: [Rule; 29] = [
         Rule::NoCustomKernel,
         Rule::ExampleKernelCopied,
         Rule::KernelNotWired,
@@ -58,6 +60,7 @@ impl Rule {
         Rule::DynamicCode,
         Rule::UnresolvedSource,
         Rule::TorchComputeInForward,
+        Rule::PersistingL2Cache,
         Rule::InputMutation,
         Rule::OutputReused,
         Rule::TimingOutputMismatch,
@@ -65,6 +68,7 @@ impl Rule {
         Rule::CustomKernelNotLaunched,
         Rule::NonDefaultStream,
         Rule::LowCustomKernelShare,
+        Rule::L2PersistingWindow,
     ];
 
     pub fn id(self) -> &'static str {
@@ -89,6 +93,7 @@ impl Rule {
             Rule::DynamicCode => "dynamic_code",
             Rule::UnresolvedSource => "unresolved_source",
             Rule::TorchComputeInForward => "torch_compute_in_forward",
+            Rule::PersistingL2Cache => "persisting_l2_cache",
             Rule::InputMutation => "input_mutation",
             Rule::OutputReused => "output_reused",
             Rule::TimingOutputMismatch => "timing_output_mismatch",
@@ -96,6 +101,7 @@ impl Rule {
             Rule::CustomKernelNotLaunched => "custom_kernel_not_launched",
             Rule::NonDefaultStream => "non_default_stream",
             Rule::LowCustomKernelShare => "low_custom_kernel_share",
+            Rule::L2PersistingWindow => "l2_persisting_window",
         }
     }
 
