@@ -51,8 +51,8 @@ enum Command {
     /// Model folders: write a deterministic checkpoint of any config (formula or random weights).
     #[command(subcommand)]
     Model(cmd::model::ModelCommand),
-    /// Curate training data from PyTorch→CUDA pairs: ingest and deduplicate, split for
-    /// kernel infilling.
+    /// Curate training data from PyTorch→CUDA pairs: ingest and deduplicate, verify speedups,
+    /// split for kernel infilling.
     #[command(subcommand)]
     Curate(cmd::curate::CurateCommand),
     /// Fine-tune a block-diffusion model: supervised (SFT) on chat data.

@@ -4,6 +4,8 @@
 //! * [`ingest`] reads pairs from DICE-style JSON, LlamaFactory SFT files and folders of kernel
 //!   files, normalises them, gives them content ids and drops exact and near duplicates
 //!   ([`dedup`] says how).
+//! * [`verify`] judges every pair in strict mode and keeps those faster than their reference
+//!   with confidence (the lower end of a bootstrap interval of the speedup).
 //! * [`split`] cuts a program into the prefix, core and suffix of a kernel-infilling task, on
 //!   its parse tree.
 
@@ -11,7 +13,9 @@ pub mod dedup;
 pub mod ingest;
 pub mod run;
 pub mod split;
+pub mod verify;
 
 pub use ingest::{ingest, normalize, Cluster, DroppedRecord, IngestSummary, Pair};
 pub use run::RunDir;
 pub use split::{split_file, split_program, write_splits, Agreement, Split, SplitError, SplitRun};
+pub use verify::{verify, VerifiedPair, VerifySummary, DEFAULT_MIN_SPEEDUP};

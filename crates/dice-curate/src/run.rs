@@ -43,6 +43,19 @@ impl RunDir {
         self.dir.join("verified.jsonl")
     }
 
+    /// What verify decided for each pair, with a clear error when verify has not run.
+    pub fn read_verified(&self) -> Result<Vec<crate::VerifiedPair>> {
+        let path = self.verified();
+        if !path.exists() {
+            anyhow::bail!(
+                "{} holds no verified.jsonl: run `dice curate verify --run {}` first",
+                self.dir.display(),
+                self.dir.display()
+            );
+        }
+        read_jsonl(&path)
+    }
+
     /// The evaluator's store of the judged pairs.
     pub fn judge_store(&self) -> PathBuf {
         self.dir.join("dice.db")

@@ -1,8 +1,11 @@
 //! `dice curate`: training data from PyTorch→CUDA pairs. The flags map onto `dice_curate`.
 
+use super::args::DeviceKind;
+use super::eval::JudgeArgs;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use dice_curate::RunDir;
+use dice_eval::{Device, EvalConfig};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -12,6 +15,10 @@ pub(crate) enum CurateCommand {
     /// folder, normalised, with content ids, without exact and near duplicates.
     #[command(after_help = INGEST_MANUAL)]
     Ingest(IngestArgs),
+    /// Judge every pair in strict mode; keep those correct, not deceptive and faster than the
+    /// threshold with confidence.
+    #[command(after_help = VERIFY_MANUAL)]
+    Verify(VerifyArgs),
     /// Split each program into the prefix, core and suffix of a kernel-infilling task.
     #[command(after_help = SPLIT_MANUAL)]
     Split(SplitArgs),
@@ -38,6 +45,21 @@ same inputs again writes the same files.
 
 Example:
   dice curate ingest --run runs/cuke kernel_infilling_evaluation.json sft.json kernels/";
+
+const VERIFY_MANUAL: &str = "\
+Each pair of RUN_DIR/pairs.jsonl with a kernel is judged by the evaluator in strict mode (a
+deceptive program is incorrect) and kept when it is correct, no reward-hack rule fired, and the
+lower end of the 95 % confidence interval of its speedup is at least --min-speedup. The interval
+is a bootstrap over the timed rounds, then over the calls within each drawn round, of candidate
+and baseline together (crates/dice-eval/src/stats.rs). Problem-only records are not judged.
+
+The verdicts go to RUN_DIR/dice.db, which skips what it has judged: after any interruption
+(kill -9 included) the same command continues, and changes nothing already judged. Then
+RUN_DIR/verified.jsonl holds one line per pair (verdict, speedup, its interval, flags, kept or
+the reason it was dropped) and RUN_DIR/verify.json the counts.
+
+Example:
+  dice curate verify --run runs/cuke --device cuda";
 
 const SPLIT_MANUAL: &str = "\
 The core is the kernel source load_inline receives (cuda_sources; cpp_sources when there are no
@@ -74,8 +96,24 @@ pub(crate) struct IngestArgs {
     pub near_threshold: f64,
 }
 
+#[derive(Args, Debug)]
+pub(crate) struct VerifyArgs {
+    /// The curate run folder (after `dice curate ingest`).
+    #[arg(long, value_name = "RUN_DIR")]
+    pub run: PathBuf,
+    /// Where pairs are judged (cuda: torch with CUDA, and nvcc on PATH).
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
+    /// Keep a pair only when the lower end of its speedup's 95 % interval reaches this.
+    #[arg(long, value_name = "X", default_value_t = dice_curate::DEFAULT_MIN_SPEEDUP)]
+    pub min_speedup: f64,
+    #[command(flatten)]
+    pub judge: JudgeArgs,
+}
+
 pub(crate) fn run(command: CurateCommand) -> Result<()> {
     match command {
+        CurateCommand::Verify(a) => verify(&a),
         CurateCommand::Ingest(a) => ingest(&a),
         CurateCommand::Split(a) => split(&a),
     }
@@ -95,6 +133,27 @@ fn ingest(a: &IngestArgs) -> Result<()> {
         s.clusters.len(),
         run.ingest_dropped().display()
     );
+    Ok(())
+}
+
+fn verify(a: &VerifyArgs) -> Result<()> {
+    let run = RunDir::new(&a.run);
+    let mut judging = EvalConfig::new(run.judge_store(), String::new());
+    judging.set_device(match a.device {
+        DeviceKind::Cpu => Device::Cpu,
+        DeviceKind::Cuda => Device::Cuda,
+    });
+    a.judge.apply(&mut judging);
+    judging.progress = true;
+    let s = dice_curate::verify(&run, judging, a.min_speedup)?;
+    println!(
+        "kept {} of {} pairs (speedup's lower bound >= {}x)",
+        s.kept, s.pairs, s.min_speedup
+    );
+    for (reason, n) in &s.dropped {
+        println!("dropped {n}: {reason}");
+    }
+    println!("{} lists every pair", run.verified().display());
     Ok(())
 }
 
