@@ -229,6 +229,7 @@ fn make_run(dir: &Path) {
         atol: 1e-2,
         rtol: 1e-2,
         baseline: "eager".into(),
+        timing: "dice".into(),
         strict: false,
         source: "kernelbench".into(),
     };

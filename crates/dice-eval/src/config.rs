@@ -36,6 +36,59 @@ impl Baseline {
     }
 }
 
+/// How timed calls are made and summarised (crates/dice-eval/TIMING.md compares them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// dice's own: candidate and baseline rounds interleaved, input sets rotated through fixed
+    /// buffers, the L2 flushed before every call, garbage collection paused.
+    Dice,
+    /// KernelBench HEAD's `cuda_event` harness (KB spec §3): the candidate's calls, then the
+    /// baseline's as `measure_ref_program_time` makes them; one input set; means to 3
+    /// significant digits.
+    KernelBench,
+    /// KernelBench v0.1's loop, used for DICE's paper: no L2 flush, no synchronisation before
+    /// a call, nothing discarded.
+    KernelBenchV01,
+}
+
+impl Timing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Timing::Dice => "dice",
+            Timing::KernelBench => "kernelbench",
+            Timing::KernelBenchV01 => "kernelbench-v0.1",
+        }
+    }
+
+    /// Whether the candidate's and the baseline's rounds alternate; KernelBench's methods time
+    /// all of the candidate's calls, then all of the baseline's.
+    pub fn interleaves(self) -> bool {
+        self == Timing::Dice
+    }
+
+    /// Whether dispersed calls are measured again; KernelBench's harness measures once.
+    pub fn remeasures(self) -> bool {
+        self == Timing::Dice
+    }
+
+    /// Calls the candidate's timer makes before its first timed one: the warm-ups, and the
+    /// trial KernelBench HEAD discards.
+    pub fn untimed_first_calls(self) -> u32 {
+        match self {
+            Timing::Dice | Timing::KernelBenchV01 => 3,
+            Timing::KernelBench => 4,
+        }
+    }
+
+    /// The timed input sets whose last outputs are judged after timing.
+    pub fn input_sets(self) -> u64 {
+        match self {
+            Timing::Dice => 2,
+            Timing::KernelBench | Timing::KernelBenchV01 => 1,
+        }
+    }
+}
+
 /// Floating-point tensors (inputs, parameters) are cast to this precision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Precision {
@@ -163,6 +216,10 @@ pub struct EvalConfig {
     pub rtol: f64,
     pub precision: Precision,
     pub baseline: Baseline,
+    pub timing: Timing,
+    /// The candidate's module starts with the problem module's globals, as KernelBench's
+    /// harness execs both into one namespace; by default it sees only its own.
+    pub kernelbench_namespace: bool,
     pub build_cache: PathBuf,
     pub python: Option<PathBuf>,
     pub db: PathBuf,
@@ -191,6 +248,8 @@ impl EvalConfig {
             rtol: 1e-2,
             precision: Precision::Fp32,
             baseline: Baseline::Eager,
+            timing: Timing::Dice,
+            kernelbench_namespace: false,
             build_cache: default_build_cache(),
             python: None,
             db,

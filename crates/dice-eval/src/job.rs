@@ -101,6 +101,7 @@ pub(crate) fn common_request(ctx: &JobContext) -> Value {
         "device": ctx.cfg.device.as_str(),
         "precision": ctx.cfg.precision.as_str(),
         "trials": ctx.cfg.correctness_trials,
+        "timing": ctx.cfg.timing.as_str(),
         "limits": ctx.limits,
         "cores": ctx.cores,
         "env": ctx.env,

@@ -137,6 +137,7 @@ fn run_info(cfg: &EvalConfig, info: &PythonInfo) -> RunInfo {
         atol: cfg.atol,
         rtol: cfg.rtol,
         baseline: cfg.baseline.as_str().to_string(),
+        timing: cfg.timing.as_str().to_string(),
         strict: cfg.strict,
         source: cfg.source.clone(),
     }
@@ -144,7 +145,11 @@ fn run_info(cfg: &EvalConfig, info: &PythonInfo) -> RunInfo {
 
 /// Settings outside [`RunInfo`] that still change verdicts or timings.
 fn run_settings(cfg: &EvalConfig) -> serde_json::Value {
-    json!({"precision": cfg.precision.as_str(), "timing rounds": cfg.timing_rounds})
+    json!({
+        "precision": cfg.precision.as_str(),
+        "timing rounds": cfg.timing_rounds,
+        "kernelbench namespace": cfg.kernelbench_namespace,
+    })
 }
 
 /// The environment of every child: extensions are built for the GPUs of this machine.

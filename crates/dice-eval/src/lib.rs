@@ -73,7 +73,7 @@ mod zygote;
 
 pub use audit::StaticAudit;
 pub use batch::Batch;
-pub use config::{Audit, Baseline, Device, EvalConfig, EvalProblem, EvalSample, Precision};
+pub use config::{Audit, Baseline, Device, EvalConfig, EvalProblem, EvalSample, Precision, Timing};
 /// The run store and its records, which the evaluator writes.
 pub use dice_store as store;
 pub use dice_store::{

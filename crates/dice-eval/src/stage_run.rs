@@ -9,7 +9,7 @@ use crate::job::{build_record, Compiled, JobContext, Outcome};
 use crate::runtime::Finding;
 use crate::stage_reference::{judged_failure, Reference, RunError};
 use crate::stage_timing::{profile_candidate, time_side_by_side, KernelCheck};
-use crate::stats::timing_stats;
+use crate::stats::reported_stats;
 use anyhow::anyhow;
 use dice_audit::Rule;
 use dice_store::Verdict;
@@ -204,8 +204,8 @@ pub(crate) fn run_candidate(
     outcome.findings = evidence.findings;
     outcome.kernels = evidence.kernels;
     if let Some(t) = timing.filter(|t| !t.candidate_ms.is_empty()) {
-        outcome.candidate_timing = timing_stats(&t.candidate_ms);
-        outcome.baseline_timing = timing_stats(&t.baseline_ms);
+        outcome.candidate_timing = reported_stats(ctx.cfg.timing, &t.candidate_ms);
+        outcome.baseline_timing = reported_stats(ctx.cfg.timing, &t.baseline_ms);
         outcome.candidate_wall_ms = Some(t.candidate_wall_ms);
         outcome.baseline_wall_ms = Some(t.baseline_wall_ms);
     }

@@ -5,7 +5,7 @@
 use crate::candidate::{request_candidate, request_candidate_with, Evidence};
 use crate::child::Child;
 use crate::clock::StageClock;
-use crate::config::Device;
+use crate::config::{Device, Timing};
 use crate::gate::Access;
 use crate::job::{times_of, JobContext};
 use crate::runtime::{self, Finding};
@@ -23,9 +23,38 @@ pub(crate) struct Timings {
     pub baseline_wall_ms: f64,
 }
 
-/// Alternates rounds of candidate and baseline calls (the order flips each round), each round
-/// with its own time limit; then judges the candidate's last output on each timing input set and
-/// checks its clock against the evaluator's wall time.
+/// Which side makes the calls of a timing round.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Candidate,
+    Baseline,
+}
+
+/// The rounds of `total` calls per side, in order. dice's timing alternates the sides (the
+/// order flips each round), so a change of the machine's speed weighs on both alike;
+/// KernelBench's times all of the candidate's calls, then all of the baseline's.
+fn schedule(timing: Timing, total: u32, rounds: u32) -> Vec<(Side, u32)> {
+    let calls = |round: u32| total / rounds + u32::from(round < total % rounds);
+    if !timing.interleaves() {
+        let side = |side| (0..rounds).map(move |round| (side, calls(round)));
+        return side(Side::Candidate).chain(side(Side::Baseline)).collect();
+    }
+    let mut order = Vec::new();
+    for round in 0..rounds {
+        let (first, second) = if round % 2 == 0 {
+            (Side::Candidate, Side::Baseline)
+        } else {
+            (Side::Baseline, Side::Candidate)
+        };
+        order.push((first, calls(round)));
+        order.push((second, calls(round)));
+    }
+    order
+}
+
+/// Times the candidate and its baseline in rounds (`schedule`), each round with its own time
+/// limit; then judges the candidate's last output on each timing input set and checks its clock
+/// against the evaluator's wall time.
 pub(crate) fn time_side_by_side(
     ctx: &JobContext,
     access: &Access<'_>,
@@ -45,27 +74,25 @@ pub(crate) fn time_side_by_side(
         return Ok(Ok(t));
     }
     let rounds = ctx.cfg.timing_rounds.clamp(1, total);
-    let mut reused = None;
+    let (mut reused, mut persisting_l2) = (None, None);
     let alone = access.timed();
     clock.lap("timing wait");
-    for round in 0..rounds {
-        let n = total / rounds + u32::from(round < total % rounds);
-        for side in [round % 2, 1 - round % 2] {
-            if side == 0 {
-                let started = Instant::now();
-                match time_candidate(ctx, child, n) {
-                    Ok((ms, why)) => {
-                        t.candidate_ms.extend(ms);
-                        reused = reused.or(why);
-                    }
-                    Err(failure) => return Ok(Err(failure)),
+    for (side, n) in schedule(ctx.cfg.timing, total, rounds) {
+        if side == Side::Candidate {
+            let started = Instant::now();
+            match time_candidate(ctx, child, n) {
+                Ok(timed) => {
+                    t.candidate_ms.extend(timed.ms);
+                    reused = reused.or(timed.reused);
+                    persisting_l2 = persisting_l2.or(timed.persisting_l2);
                 }
-                t.candidate_wall_ms += started.elapsed().as_secs_f64() * 1e3;
-            } else {
-                let (ms, wall) = reference.time(ctx, n)?;
-                t.baseline_ms.extend(ms);
-                t.baseline_wall_ms += wall;
+                Err(failure) => return Ok(Err(failure)),
             }
+            t.candidate_wall_ms += started.elapsed().as_secs_f64() * 1e3;
+        } else {
+            let (ms, wall) = reference.time(ctx, n)?;
+            t.baseline_ms.extend(ms);
+            t.baseline_wall_ms += wall;
         }
     }
     drop(alone);
@@ -74,6 +101,11 @@ pub(crate) fn time_side_by_side(
         evidence
             .findings
             .push(Finding::error(Rule::OutputReused, why));
+    }
+    if let Some(why) = persisting_l2 {
+        evidence
+            .findings
+            .push(Finding::error(Rule::L2PersistingWindow, why));
     }
     evidence.findings.extend(runtime::check_timer(
         &t.candidate_ms,
@@ -116,8 +148,9 @@ fn judge_timing_outputs(
         Ok(reply) => reply,
         Err(failure) => return Ok(Err(failure)),
     };
-    let sets = reply["sets"].as_u64().unwrap_or(0).min(TIMING_SETS);
-    if sets != TIMING_SETS {
+    let expected_sets = ctx.cfg.timing.input_sets();
+    let sets = reply["sets"].as_u64().unwrap_or(0).min(expected_sets);
+    if sets != expected_sets {
         return Ok(Err((
             Verdict::RuntimeError,
             "the program broke the evaluation protocol".into(),
@@ -138,15 +171,17 @@ fn judge_timing_outputs(
     Ok(Ok(()))
 }
 
-/// Input sets the timing loop rotates through (python/protocol.py TIMING_SEEDS).
-const TIMING_SETS: u64 = 2;
+/// What one round of the candidate's timed calls reported.
+struct Timed {
+    ms: Vec<f64>,
+    /// Why its outputs look cached, if they do.
+    reused: Option<String>,
+    /// The persisting L2 reservation or access-policy window found before a flush, if any.
+    persisting_l2: Option<String>,
+}
 
-/// Timings of `n` calls, and why the candidate's outputs look cached, if they do.
-fn time_candidate(
-    ctx: &JobContext,
-    child: &mut Child,
-    n: u32,
-) -> Result<(Vec<f64>, Option<String>), (Verdict, String)> {
+/// Timings of `n` calls of the candidate.
+fn time_candidate(ctx: &JobContext, child: &mut Child, n: u32) -> Result<Timed, (Verdict, String)> {
     let msg = request_candidate(ctx, child, json!({"op": "time", "n": n}), "times")?;
     let ms = times_of(&msg);
     if ms.len() != n as usize || ms.iter().any(|x| !x.is_finite() || *x < 0.0) {
@@ -155,7 +190,12 @@ fn time_candidate(
             "the timing loop returned invalid timings".into(),
         ));
     }
-    Ok((ms, msg["reused"].as_str().map(str::to_string)))
+    let text = |field: &str| msg[field].as_str().map(str::to_string);
+    Ok(Timed {
+        ms,
+        reused: text("reused"),
+        persisting_l2: text("persisting_l2"),
+    })
 }
 
 /// Where the profiled run's findings go.
@@ -226,4 +266,25 @@ pub(crate) fn profile_candidate(
         )),
         None => Ok(()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dice_alternates_the_sides_and_kernelbench_times_the_candidate_first() {
+        let sides = |timing| {
+            let order = schedule(timing, 10, 3);
+            let calls: u32 = order.iter().map(|(_, n)| n).sum();
+            let names: String = order
+                .iter()
+                .map(|(side, _)| if *side == Side::Candidate { 'c' } else { 'b' })
+                .collect();
+            (names, calls)
+        };
+        assert_eq!(sides(Timing::Dice), ("cbbccb".to_string(), 20));
+        assert_eq!(sides(Timing::KernelBench), ("cccbbb".to_string(), 20));
+        assert_eq!(sides(Timing::KernelBenchV01), ("cccbbb".to_string(), 20));
+    }
 }

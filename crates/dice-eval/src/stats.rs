@@ -1,6 +1,29 @@
 //! Summary statistics of timings.
 
+use crate::config::Timing;
 use dice_store::TimingStats;
+
+/// The statistics `timing` reports: KernelBench's `get_timing_stats` rounds its mean, standard
+/// deviation, minimum and maximum to 3 significant digits (`float(f"{x:.3g}")`), and its
+/// speedups divide those rounded means.
+pub(crate) fn reported_stats(timing: Timing, ms: &[f64]) -> Option<TimingStats> {
+    let stats = timing_stats(ms)?;
+    if timing == Timing::Dice {
+        return Some(stats);
+    }
+    Some(TimingStats {
+        mean_ms: three_significant(stats.mean_ms),
+        std_ms: three_significant(stats.std_ms),
+        min_ms: three_significant(stats.min_ms),
+        max_ms: three_significant(stats.max_ms),
+        ..stats
+    })
+}
+
+/// `x` rounded to 3 significant digits, as Python's `f"{x:.3g}"` does.
+fn three_significant(x: f64) -> f64 {
+    format!("{:.2e}", x).parse().unwrap_or(x)
+}
 
 /// Mean, median, population standard deviation, min and max of `ms`; None when empty.
 pub(crate) fn timing_stats(ms: &[f64]) -> Option<TimingStats> {
@@ -41,5 +64,17 @@ mod tests {
         );
         assert!((s.std_ms - 1.25f64.sqrt()).abs() < 1e-12);
         assert!(timing_stats(&[]).is_none());
+    }
+
+    #[test]
+    fn kernelbench_reports_three_significant_digits() {
+        let ms = [0.123_456, 0.123_456];
+        let kb = reported_stats(Timing::KernelBench, &ms).unwrap();
+        assert_eq!((kb.mean_ms, kb.min_ms, kb.std_ms), (0.123, 0.123, 0.0));
+        assert_eq!(kb.median_ms, 0.123_456);
+        let dice = reported_stats(Timing::Dice, &ms).unwrap();
+        assert_eq!(dice.mean_ms, 0.123_456);
+        assert_eq!(three_significant(2_664.9), 2_660.0);
+        assert_eq!(three_significant(0.000_999_96), 0.001);
     }
 }

@@ -159,6 +159,7 @@ fn settings_changes(old: &RunInfo, new: &RunInfo) -> Vec<String> {
     check("atol", old.atol != new.atol);
     check("rtol", old.rtol != new.rtol);
     check("baseline", old.baseline != new.baseline);
+    check("timing", old.timing != new.timing);
     check("strict", old.strict != new.strict);
     check("source", old.source != new.source);
     check("torch version", old.torch_version != new.torch_version);

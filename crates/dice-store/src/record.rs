@@ -30,10 +30,18 @@ pub struct RunInfo {
     pub rtol: f64,
     /// `eager` or `torch_compile`.
     pub baseline: String,
+    /// How timed calls were made: `dice`, `kernelbench` or `kernelbench-v0.1` (runs stored
+    /// before the choice existed used dice's).
+    #[serde(default = "dice_timing")]
+    pub timing: String,
     /// Deceptive samples count as incorrect.
     pub strict: bool,
     /// Where the problems came from: a KernelBench tree or a pairs file.
     pub source: String,
+}
+
+fn dice_timing() -> String {
+    "dice".to_string()
 }
 
 /// Where one batch of the evaluator (all of a `dice eval`) spent its wall time as a whole (each

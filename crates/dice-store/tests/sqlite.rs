@@ -22,6 +22,7 @@ fn info() -> RunInfo {
         atol: 1e-2,
         rtol: 1e-2,
         baseline: "eager".into(),
+        timing: "dice".into(),
         strict: false,
         source: "kernelbench:examples".into(),
     }

@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dice_eval::{
     Baseline, Batch, Device, EvalConfig, EvalProblem, EvalSample, Judge, Precision, StaticAudit,
-    Summary,
+    Summary, Timing,
 };
 use dice_kernelbench::{
     load_candidates, load_pairs, Candidate, InvalidProblem, KernelBench, Problem,
@@ -102,6 +102,21 @@ pub(crate) struct JudgeArgs {
     /// What speedups are measured against.
     #[arg(long, value_enum, default_value_t = BaselineArg::Eager)]
     pub baseline: BaselineArg,
+    /// How the timed calls are made. dice: candidate and baseline rounds interleaved, two input
+    /// sets rotated, L2 flushed before every call. kernelbench: KernelBench's harness call for
+    /// call (3 warm-ups, L2 flush and synchronisation before each of 100 calls, the first
+    /// discarded, one input set, the candidate's calls then the baseline's, means to 3
+    /// significant digits); kernelbench-v0.1: its form in DICE's paper (no flush, no
+    /// synchronisation before a call, nothing discarded). crates/dice-eval/TIMING.md compares
+    /// them.
+    #[arg(long, value_enum, default_value_t = TimingArg::Dice)]
+    pub timing: TimingArg,
+    /// Run each program with the problem file's globals (its constants, imports, `Model`), as
+    /// KernelBench's harness does by exec'ing both into one namespace, so that Exec rates
+    /// compare with papers that used it. By default a program sees only its own globals; one
+    /// that fails on a name of the problem file is told so.
+    #[arg(long)]
+    pub kernelbench_namespace: bool,
     /// Count samples flagged as deceptive (static or run-time reward-hack findings) as
     /// incorrect; stored with the run, so reports score it strictly too. Also makes PyTorch
     /// compute in forward and a low share of GPU time in the program's own kernels errors.
@@ -120,6 +135,14 @@ pub(crate) enum PrecisionArg {
     Fp32,
     Fp16,
     Bf16,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum TimingArg {
+    Dice,
+    Kernelbench,
+    #[value(name = "kernelbench-v0.1")]
+    KernelbenchV01,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -225,6 +248,12 @@ impl JudgeArgs {
             BaselineArg::Eager => Baseline::Eager,
             BaselineArg::TorchCompile => Baseline::TorchCompile,
         };
+        cfg.timing = match self.timing {
+            TimingArg::Dice => Timing::Dice,
+            TimingArg::Kernelbench => Timing::KernelBench,
+            TimingArg::KernelbenchV01 => Timing::KernelBenchV01,
+        };
+        cfg.kernelbench_namespace = self.kernelbench_namespace;
         if let Some(dir) = &self.build_cache {
             cfg.build_cache = dir.clone();
         }

@@ -9,6 +9,7 @@ use crate::compare::{ComparedRun, Comparison};
 use crate::report::{Report, Scoring};
 use crate::Scores;
 use anyhow::{bail, Result};
+use dice_store::RunInfo;
 use std::str::FromStr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +75,7 @@ fn compared_run_settings(r: &ComparedRun) -> [String; 5] {
             "{} trials, atol {}, rtol {}",
             run.correctness_trials, run.atol, run.rtol
         ),
-        format!("{} trials, baseline {}", run.perf_trials, run.baseline),
+        timing_setting(run),
     ]
 }
 
@@ -129,6 +130,13 @@ fn metric_rows(raw: &Scores, robust: &Scores) -> Vec<MetricRow> {
     rows
 }
 
+fn timing_setting(run: &RunInfo) -> String {
+    format!(
+        "{} trials, baseline {}, method {}",
+        run.perf_trials, run.baseline, run.timing
+    )
+}
+
 /// The run's settings as (label, value) lines, shared by the text formats.
 fn run_settings(r: &Report) -> Vec<(&'static str, String)> {
     let run = &r.run;
@@ -148,10 +156,7 @@ fn run_settings(r: &Report) -> Vec<(&'static str, String)> {
                 run.correctness_trials, run.atol, run.rtol
             ),
         ),
-        (
-            "timing",
-            format!("{} trials, baseline {}", run.perf_trials, run.baseline),
-        ),
+        ("timing", timing_setting(run)),
         ("problems", run.source.clone()),
         ("headline", headline_name(r.headline).to_string()),
     ]

@@ -15,6 +15,7 @@ pub(crate) fn run(strict: bool) -> RunInfo {
         atol: 1e-2,
         rtol: 1e-2,
         baseline: "eager".into(),
+        timing: "dice".into(),
         strict,
         source: "kernelbench".into(),
     }
