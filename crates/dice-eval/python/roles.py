@@ -12,6 +12,7 @@ import traceback
 import torch
 
 import buildcache
+import kbtiming
 import profiling
 import protocol
 
@@ -45,14 +46,25 @@ def one_line(exc):
     return first[:MESSAGE_CHARS]
 
 
-def classify(exc):
+def classify(exc, problem=None):
     """The verdict of an exception raised by candidate code while constructing or running it."""
     text = str(exc)
     if isinstance(exc, MemoryError):
         return "crashed", "out of memory (evaluator limit): " + one_line(exc)
     if "CUDA error" in text or "illegal memory access" in text or type(exc).__name__ == "AcceleratorError":
         return "crashed", one_line(exc)
-    return "runtime_error", one_line(exc)
+    return "runtime_error", one_line(exc) + missing_global(exc, problem)
+
+
+def missing_global(exc, problem):
+    """Why a NameError on a name of the problem module happened, and the flag that avoids it."""
+    name = getattr(exc, "name", None) if isinstance(exc, NameError) else None
+    if problem is None or not name or not hasattr(problem, name):
+        return ""
+    return (
+        f" (`{name}` is a global of the problem file: KernelBench's harness runs the program in the problem's"
+        " namespace, dice in its own; --kernelbench-namespace gives the program the problem's globals)"
+    )
 
 
 def fail(channel, verdict, message, phase):
@@ -60,18 +72,20 @@ def fail(channel, verdict, message, phase):
     channel.send(event="failed", verdict=verdict, message=message, phase=phase)
 
 
-def load_candidate(channel, req):
-    """Imports the candidate; returns its module or None after reporting why it failed."""
+def load_candidate(channel, req, problem=None):
+    """Imports the candidate (given the problem module's globals with `kernelbench_namespace`);
+    returns its module or None after reporting why it failed."""
     buildcache.install(req["cache_dir"], channel)
+    shared = vars(problem) if problem is not None and req.get("kernelbench_namespace") else None
     try:
-        return protocol.load_module("dice_candidate", req["candidate_path"])
+        return protocol.load_module("dice_candidate", req["candidate_path"], shared)
     except BaseException as e:  # noqa: B036 (SystemExit and KeyboardInterrupt are candidate failures too)
         if buildcache.State.failed:
             fail(channel, "compile_error", one_line(e), "build")
         elif isinstance(e, MemoryError):
             fail(channel, "crashed", "out of memory (evaluator limit) while importing", "load")
         else:
-            fail(channel, "load_error", one_line(e), "load")
+            fail(channel, "load_error", one_line(e) + missing_global(e, problem), "load")
         return None
 
 
@@ -95,7 +109,7 @@ def await_op(ops, name):
 def candidate(channel, req):
     setup = protocol.Setup(req)
     problem = protocol.load_module("dice_problem", req["problem_path"])
-    module = load_candidate(channel, req)
+    module = load_candidate(channel, req, problem)
     if module is None:
         return
     model_class = getattr(module, "ModelNew", None)
@@ -109,7 +123,7 @@ def candidate(channel, req):
     try:
         model = setup.build_model(problem, model_class)
     except BaseException as e:  # noqa: B036
-        fail(channel, *classify(e), "construct")
+        fail(channel, *classify(e, problem), "construct")
         return
     channel.send(event="constructed")
     mutation_seen = False
@@ -124,7 +138,7 @@ def candidate(channel, req):
             changed = protocol.mutated(before, inputs)
             aliased = protocol.aliased(inputs, out)
         except BaseException as e:  # noqa: B036
-            fail(channel, *classify(e), "forward")
+            fail(channel, *classify(e, problem), "forward")
             return
         del before, inputs, out
         if (changed or aliased) and not mutation_seen:
@@ -138,7 +152,7 @@ def candidate(channel, req):
         protocol.publish(outputs, path)
         channel.send(event="output", trial=trial, path=path)
     profiled = Profiled(channel, setup, problem, model, req)
-    make_timer = lambda: protocol.Timer(setup, problem, model, req.get("cores"))  # noqa: E731
+    make_timer = lambda: timer_for(req, setup, problem, model, "candidate")  # noqa: E731
     serve_timing(channel, ops, req["dir"], make_timer, profiled)
 
 
@@ -201,7 +215,7 @@ def serve_timing(channel, ops, job_dir, make_timer, profiled):
             except BaseException as e:  # noqa: B036
                 fail(channel, *classify(e), "timing")
                 return
-            channel.send(event="times", ms=ms, reused=timer.reused)
+            channel.send(event="times", ms=ms, reused=timer.reused, persisting_l2=timer.l2.found)
         elif op["op"] == "publish_timing":
             for k in range(len(timer.sets)):
                 protocol.publish(timer.outputs(k), os.path.join(job_dir, f"timing_{k}.bin"))
@@ -222,6 +236,14 @@ def serve_timing(channel, ops, job_dir, make_timer, profiled):
             return
 
 
+def timer_for(req, setup, problem, model, side):
+    """dice's own Timer, or KernelBench's (kbtiming.py) for `--timing kernelbench*`."""
+    timing = req.get("timing", "dice")
+    if timing == "dice":
+        return protocol.Timer(setup, problem, model, req.get("cores"))
+    return kbtiming.Timer(setup, problem, model, timing, side, req.get("cores"))
+
+
 def reference(channel, req):
     setup = protocol.Setup(req)
     ops = channel.ops()
@@ -240,7 +262,7 @@ def reference(channel, req):
     try:
         model = setup.build_model(problem, problem.Model)
         timed = torch.compile(model) if req.get("baseline") == "torch_compile" else model
-        timer = protocol.Timer(setup, problem, timed, req.get("cores"))
+        timer = timer_for(req, setup, problem, timed, "baseline")
         expected = Expected(setup, problem, model, req["trials"])
         footprint = expected.footprint()
     except BaseException as e:  # noqa: B036

@@ -8,12 +8,17 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-const SCRIPTS: [(&str, &str); 7] = [
+const SCRIPTS: [(&str, &str); 9] = [
     ("zygote.py", include_str!("../python/zygote.py")),
     ("sandbox.py", include_str!("../python/sandbox.py")),
     ("profiling.py", include_str!("../python/profiling.py")),
     ("roles.py", include_str!("../python/roles.py")),
     ("protocol.py", include_str!("../python/protocol.py")),
+    ("kbtiming.py", include_str!("../python/kbtiming.py")),
+    (
+        "persisting_l2.py",
+        include_str!("../python/persisting_l2.py"),
+    ),
     ("buildcache.py", include_str!("../python/buildcache.py")),
     ("probe.py", include_str!("../python/probe.py")),
 ];
