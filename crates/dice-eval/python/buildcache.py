@@ -1,16 +1,17 @@
-"""Content-addressed cache of torch C++/CUDA extension builds.
+"""torch C++/CUDA extension builds, through the evaluator's content-addressed cache.
 
-Wraps torch.utils.cpp_extension.load_inline and load. The key is the SHA-256 of everything that
-changes the binary: sources, function list, name, every flag, the compiler identity (and nvcc's),
-the torch build, TORCH_CUDA_ARCH_LIST and the platform. A build runs in a private temporary
-directory under an flock on its key and is renamed into <cache>/<key>/ only when complete, so
-concurrent builds of one key never collide and a killed build never leaves a half entry. A hit
-imports the built library directly, without ninja. Deterministic build failures are cached too,
-so the same broken code is never compiled twice.
+Wraps torch.utils.cpp_extension.load_inline and load in candidate processes. An extension is
+described by everything that changes the binary (sources, function list, name, every flag); its
+key is the SHA-256 of that description, the compiler identity (and nvcc's), the torch build,
+TORCH_CUDA_ARCH_LIST and the platform. The evaluator computes the same key (src/build_cache.rs)
+and alone writes the shared cache: in the compile stage a candidate's call sends the description
+and waits for the evaluator's answer, then imports the published library read-only. A builder
+job (`build_extension`, run by the evaluator as a user of its own) compiles a missing one and
+loads it once. In the run stage a candidate only reads the shared cache; an extension first
+loaded there is built in its own job folder.
 """
 
-import fcntl
-import glob
+import contextlib
 import hashlib
 import inspect
 import json
@@ -28,6 +29,11 @@ import torch
 ORIGINAL = {}
 # Arguments that only change where or how loudly a build happens, not the binary.
 VOLATILE_ARGS = {"build_directory", "verbose", "keep_intermediates"}
+# Headers beside a `load`ed source travel with it, so relative includes keep working in the
+# builder's own folder.
+HEADER_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".cuh", ".inl")
+MAX_HEADERS = 64
+LOG_CHARS = 16384
 # A failure mentioning one of these is the machine's fault, so it is not cached.
 TRANSIENT_FAILURES = ("Killed", "No space left", "Cannot allocate memory", "Resource temporarily")
 TOOLCHAIN = {}
@@ -40,6 +46,8 @@ class BuildFailed(Exception):
 class State:
     cache_dir = None
     channel = None
+    # Compile stage: the evaluator builds; run stage: this process builds privately.
+    evaluator_builds = False
     failed = False
 
 
@@ -73,11 +81,12 @@ def _version_of(cmd):
         return f"unavailable: {e}"
 
 
-def install(cache_dir, channel):
+def install(cache_dir, channel, evaluator_builds):
     from torch.utils import cpp_extension
 
     State.cache_dir = cache_dir
     State.channel = channel
+    State.evaluator_builds = evaluator_builds
     ORIGINAL.update(load_inline=cpp_extension.load_inline, load=cpp_extension.load, module=cpp_extension)
     cpp_extension.load_inline = load_inline
     cpp_extension.load = load
@@ -92,106 +101,146 @@ def load(*args, **kwargs):
 
 
 def _cached(kind, args, kwargs):
-    original = ORIGINAL[kind]
-    bound = inspect.signature(original).bind(*args, **kwargs)
+    bound = inspect.signature(ORIGINAL[kind]).bind(*args, **kwargs)
     bound.apply_defaults()
     arguments = dict(bound.arguments)
     name = arguments["name"]
-    key = _key(kind, arguments)
-    entry = os.path.join(State.cache_dir, key)
-    hit = _lookup(entry, name, arguments)
+    try:
+        extension = describe(kind, arguments)
+    except BuildFailed:
+        State.failed = True
+        raise
+    if State.evaluator_builds:
+        State.channel.send(event="build_request", extension=extension)
+        reply = next((op for op in State.channel.ops() if op["op"] == "built"), None)
+        if reply is None:
+            raise SystemExit(1)  # the evaluator hung up
+        if not reply["ok"]:
+            _fail(name, reply["log"])
+        return _load(os.path.join(State.cache_dir, reply["key"]), name, arguments)
+    key = content_key(extension)
+    shared = os.path.join(State.cache_dir, key)
+    hit = _lookup(shared, key, name, arguments)
     if hit is not None:
         return hit
-    root = _writable_root()
-    entry = os.path.join(root, key)
-    State.channel.send(event="build_start", key=key, name=name)
-    os.makedirs(os.path.join(root, "locks"), exist_ok=True)
-    with open(os.path.join(root, "locks", key), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        hit = _lookup(entry, name, arguments)
-        if hit is not None:
-            return hit
-        return _build(original, key, root, entry, arguments)
+    private = os.path.join(os.getcwd(), "build-cache", key)
+    hit = _lookup(private, key, name, arguments)
+    if hit is not None:
+        return hit
+    return _build_privately(kind, key, private, arguments)
 
 
-def _writable_root():
-    """The shared cache, or where run-stage children (which may only read it) build instead: a
-    private cache in the job directory, gone with the job."""
-    if os.access(State.cache_dir, os.W_OK):
-        return State.cache_dir
-    return os.path.join(os.getcwd(), "build-cache")
-
-
-def _key(kind, arguments):
+def describe(kind, arguments):
+    """What decides the binary, as plain JSON: a `load`'s sources travel by content."""
     material = {k: v for k, v in arguments.items() if k not in VOLATILE_ARGS}
+    sources = {}
     if kind == "load":
-        sources = material["sources"]
-        paths = [sources] if isinstance(sources, str) else list(sources)
-        material["sources"] = [(os.path.basename(p), _file_digest(p)) for p in paths]
-    material.update(
-        kind=kind,
-        toolchain=TOOLCHAIN,
-        arch=os.environ.get("TORCH_CUDA_ARCH_LIST"),
-        cxx=os.environ.get("CXX"),
-    )
-    blob = json.dumps(material, sort_keys=True, default=repr).encode()
-    return hashlib.sha256(blob).hexdigest()
+        paths = [material["sources"]] if isinstance(material["sources"], str) else list(material["sources"])
+        material["sources"] = [os.path.basename(p) for p in paths]
+        for path in paths + _headers_beside(paths):
+            name = os.path.basename(path)
+            if name in sources:
+                raise BuildFailed(f"two sources of extension `{arguments['name']}` are named {name}")
+            sources[name] = _read_text(path)
+    return json.loads(json.dumps({"kind": kind, "arguments": material, "sources": sources}, default=str))
 
 
-def _file_digest(path):
+def _headers_beside(paths):
+    folders = {os.path.dirname(os.path.abspath(p)) for p in paths}
+    names = {os.path.abspath(p) for p in paths}
+    headers = []
+    for folder in sorted(folders):
+        try:
+            entries = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            path = os.path.join(folder, entry)
+            if entry.endswith(HEADER_SUFFIXES) and path not in names and os.path.isfile(path):
+                headers.append(path)
+    return headers[:MAX_HEADERS]
+
+
+def _read_text(path):
     try:
         with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError as e:
-        return f"unreadable: {e}"
+            return f.read().decode()
+    except (OSError, UnicodeDecodeError) as e:
+        raise BuildFailed(f"cannot read the source {path} as UTF-8 text: {e}") from None
 
 
-def _lookup(entry, name, arguments):
-    """The cached result for a key: the imported module, a BuildFailed, or None when absent."""
-    marker = os.path.join(entry, "DICE_RESULT.json")
-    if not os.path.exists(marker):
+def content_key(extension):
+    """The key src/build_cache.rs computes from the same description: keep the two identical."""
+    material = {
+        "extension": extension,
+        "toolchain": TOOLCHAIN,
+        "arch": os.environ.get("TORCH_CUDA_ARCH_LIST"),
+        "cxx": os.environ.get("CXX"),
+    }
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _lookup(entry, key, name, arguments):
+    """The cached result for a key: the imported module, a BuildFailed, or None when absent (a
+    build that timed out counts as absent: this process builds it within its own limit)."""
+    try:
+        with open(os.path.join(entry, "DICE_RESULT.json")) as f:
+            result = json.load(f)
+    except FileNotFoundError:
         return None
-    with open(marker) as f:
-        result = json.load(f)
-    _report(result["key"], name, result["ok"], 0.0, True, result.get("log", ""))
+    if result.get("timed_out"):
+        return None
+    _report(key, name, result["ok"], 0.0, True, result.get("log", ""))
     if not result["ok"]:
-        State.failed = True
-        print(result.get("log", ""), file=sys.stderr)
-        raise BuildFailed(f"extension `{name}` failed to build: {first_error(result.get('log', ''))}")
+        _fail(name, result.get("log", ""))
+    return _load(entry, name, arguments)
+
+
+def _load(entry, name, arguments):
     if arguments.get("is_standalone"):
         return os.path.join(entry, name)
     return ORIGINAL["module"]._import_module_from_library(name, entry, arguments["is_python_module"])
 
 
-def _build(original, key, root, entry, arguments):
+def _fail(name, log):
+    State.failed = True
+    print(log, file=sys.stderr)
+    raise BuildFailed(f"extension `{name}` failed to build: {first_error(log)}")
+
+
+def _build_privately(kind, key, entry, arguments):
+    """A run-stage build, in this job's folder: no one else reads it."""
     name = arguments["name"]
-    tmp_root = os.path.join(root, "tmp")
-    for stale in glob.glob(os.path.join(tmp_root, key + ".*")):
-        shutil.rmtree(stale, ignore_errors=True)  # left by a killed build; we hold the key's lock
-    tmp = os.path.join(tmp_root, f"{key}.{os.getpid()}")
+    State.channel.send(event="build_start", key=key, name=name)
+    tmp = entry + ".building"
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an import that failed after its build
     os.makedirs(tmp)
-    args = dict(arguments, build_directory=tmp, verbose=False, keep_intermediates=True)
     started = time.monotonic()
     try:
-        module = original(**args)
+        module = ORIGINAL[kind](**dict(arguments, build_directory=tmp, verbose=False))
     except Exception as e:
         log = str(e)
-        if not (isinstance(e, RuntimeError) and log.startswith("Error building extension")):
-            shutil.rmtree(tmp, ignore_errors=True)
+        if not _is_build_failure(e):
             raise
-        wall = time.monotonic() - started
-        State.failed = True
-        _report(key, name, False, wall, False, log)
-        if any(t in log for t in TRANSIENT_FAILURES):
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            _commit(tmp, entry, {"key": key, "ok": False, "log": log})
-        print(log, file=sys.stderr)
-        raise BuildFailed(f"extension `{name}` failed to build: {first_error(log)}") from None
-    wall = time.monotonic() - started
-    _commit(tmp, entry, {"key": key, "ok": True, "wall_s": wall})
-    _report(key, name, True, wall, False, "")
+        _report(key, name, False, time.monotonic() - started, False, log)
+        if not any(t in log for t in TRANSIENT_FAILURES):
+            _write_result(tmp, {"key": key, "ok": False, "log": log})
+            os.rename(tmp, entry)
+        _fail(name, log)
+    _write_result(tmp, {"key": key, "ok": True})
+    os.rename(tmp, entry)
+    _report(key, name, True, time.monotonic() - started, False, "")
     return module
+
+
+def _is_build_failure(e):
+    return isinstance(e, RuntimeError) and str(e).startswith("Error building extension")
+
+
+def _write_result(folder, result):
+    with open(os.path.join(folder, "DICE_RESULT.json"), "w") as f:
+        json.dump(result, f)
 
 
 def first_error(log):
@@ -201,11 +250,44 @@ def first_error(log):
     return "see the log"
 
 
-def _commit(tmp, entry, result):
-    with open(os.path.join(tmp, "DICE_RESULT.json"), "w") as f:
-        json.dump(result, f)
-    os.rename(tmp, entry)
-
-
 def _report(key, name, ok, wall, cached, log):
-    State.channel.send(event="build", key=key, name=name, ok=ok, wall_s=wall, cached=cached, log=log[-16384:])
+    State.channel.send(event="build", key=key, name=name, ok=ok, wall_s=wall, cached=cached, log=log[-LOG_CHARS:])
+
+
+def build_extension(channel, req):
+    """The builder job: compiles one described extension in its own job folder, then loads it
+    once (its static initialisers run here, where the evaluator bounds them). It runs no
+    candidate Python, and can write no cache entry: the evaluator publishes what it leaves."""
+    from torch.utils import cpp_extension
+
+    extension = req["extension"]
+    arguments = dict(extension["arguments"])
+    folder = req["dir"]
+    if extension["kind"] == "load":
+        sources = os.path.join(folder, "sources")
+        os.makedirs(sources)
+        for name, text in extension["sources"].items():
+            with open(os.path.join(sources, os.path.basename(name)), "w") as f:
+                f.write(text)
+        arguments["sources"] = [os.path.join(sources, os.path.basename(s)) for s in arguments["sources"]]
+    import_library = cpp_extension._import_module_from_library
+    # torch loads what it built; here that waits until the evaluator has heard "compiled".
+    cpp_extension._import_module_from_library = lambda name, path, is_python_module: None
+    started = time.monotonic()
+    try:
+        getattr(cpp_extension, extension["kind"])(**dict(arguments, build_directory=folder, verbose=False))
+    except Exception as e:
+        if not _is_build_failure(e):
+            raise
+        log = str(e)[-LOG_CHARS:]
+        transient = any(t in log for t in TRANSIENT_FAILURES)
+        channel.send(event="compiled", ok=False, log=log, transient=transient, wall_s=time.monotonic() - started)
+        return
+    finally:
+        cpp_extension._import_module_from_library = import_library
+    channel.send(event="compiled", ok=True, log="", wall_s=time.monotonic() - started)
+    if not arguments.get("is_standalone"):
+        # An import that fails here fails the same way in the candidate, which gets its verdict.
+        with contextlib.suppress(Exception):
+            import_library(arguments["name"], folder, arguments["is_python_module"])
+    channel.send(event="loaded")

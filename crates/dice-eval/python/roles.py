@@ -1,4 +1,5 @@
-"""What a forked child does: `build`, `reference` (trusted; also the judge) or `candidate`.
+"""What a forked child does: `build`, `extension` (builds one for the evaluator: buildcache.py),
+`reference` (trusted; also the judge) or `candidate`.
 
 Children talk to the evaluator over a unix socket, one JSON object per line: events out
 ({"event": ...}), operations in ({"op": ...}). The judge lives in the reference process: it loads
@@ -37,7 +38,8 @@ class Channel:
 
 
 def run(role, channel, req):
-    {"build": build, "reference": reference, "candidate": candidate}[role](channel, req)
+    handlers = {"build": build, "extension": buildcache.build_extension, "reference": reference, "candidate": candidate}
+    handlers[role](channel, req)
 
 
 def one_line(exc):
@@ -75,7 +77,7 @@ def fail(channel, verdict, message, phase):
 def load_candidate(channel, req, problem=None):
     """Imports the candidate (given the problem module's globals with `kernelbench_namespace`);
     returns its module or None after reporting why it failed."""
-    buildcache.install(req["cache_dir"], channel)
+    buildcache.install(req["cache_dir"], channel, evaluator_builds=req["role"] == "build")
     shared = vars(problem) if problem is not None and req.get("kernelbench_namespace") else None
     try:
         return protocol.load_module("dice_candidate", req["candidate_path"], shared)

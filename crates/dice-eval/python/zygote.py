@@ -44,7 +44,8 @@ def main():
     buildcache.probe_toolchain(os.environ.get("DICE_DEVICE") == "cuda")
     Sandbox.namespaces = sandbox.probe_namespaces()
     ready = {"event": "ready", "torch": torch.__version__, "pid": os.getpid()}
-    send(ctl, dict(ready, namespaces=Sandbox.namespaces, root=os.geteuid() == 0))
+    # The toolchain is part of every build's content key, which the evaluator computes itself.
+    send(ctl, dict(ready, namespaces=Sandbox.namespaces, root=os.geteuid() == 0, toolchain=buildcache.TOOLCHAIN))
     children = {}
     pending = b""
     while True:

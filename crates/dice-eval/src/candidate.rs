@@ -49,7 +49,7 @@ pub(crate) fn spawn_candidate(
     request["problem_path"] = json!("problem.py");
     request["candidate_path"] = json!("candidate.py");
     request["kernelbench_namespace"] = json!(ctx.cfg.kernelbench_namespace);
-    request["sandbox"] = ctx.users.run();
+    request["sandbox"] = ctx.users.candidate();
     let files: [(&str, &[u8]); 2] = [("problem.py", &problem.source), ("candidate.py", code)];
     let child = Child::start(zygote, &ctx.jobs_dir, "candidate", &files, request)
         .map_err(RunError::Evaluator)?;

@@ -258,15 +258,21 @@ impl Child {
         }
     }
 
-    /// Kills the child and everything it started, waits for its exit, and returns its output
-    /// excerpt. The job directory is removed.
-    pub(crate) fn finish(mut self) -> (Option<Exit>, String) {
+    /// Kills the child and everything it started, and waits for its exit; its job directory
+    /// stays until [`Child::finish`].
+    pub(crate) fn kill(&mut self) {
         self.kill_group();
         if self.exited.is_none() {
             if let Ok(exit) = self.exit.recv_timeout(GRACE) {
                 self.exited = Some(exit);
             }
         }
+    }
+
+    /// Kills the child and everything it started, waits for its exit, and returns its output
+    /// excerpt. The job directory is removed.
+    pub(crate) fn finish(mut self) -> (Option<Exit>, String) {
+        self.kill();
         self.stop.store(true, Ordering::SeqCst);
         if let Some(stream) = self.writer.lock().unwrap().take() {
             let _ = stream.shutdown(std::net::Shutdown::Both);

@@ -4,8 +4,9 @@
 //! per device worker (torch imported once, CUDA untouched) forks a `reference` child per problem,
 //! which computes the expected outputs and judges the outputs candidates publish (loaded as plain
 //! tensors, never running candidate code), and one `candidate` child per sample. A compile stage
-//! first imports candidates with CUDA hidden on all cores, building their extensions into a
-//! content-addressed cache (python/buildcache.py); the run stage takes them as builds finish.
+//! first imports candidates with CUDA hidden on all cores; the extensions they load are built by
+//! sandboxed builder jobs into a content-addressed cache that only the evaluator writes
+//! (build_cache.rs); the run stage takes candidates as their builds finish.
 //!
 //! A [`Judge`] evaluates [`Batch`]es one after another into one run store: the interpreter is
 //! checked once and the fork servers stay up from one batch to the next, as training loops that
@@ -47,6 +48,7 @@
 
 mod audit;
 mod batch;
+mod build_cache;
 mod candidate;
 mod child;
 mod clock;

@@ -1,35 +1,36 @@
 //! Who sandboxed children run as (python/sandbox.py confines them; SANDBOX.md says what that
-//! isolates): user ids, process limits, and the permissions that let compile-stage users write
-//! the build cache while run-stage users may only read it.
+//! isolates): user ids and process limits; and the build cache, which no sandbox user may write.
 
 // Process control (fork, setuid, signals, process groups) goes through libc.
 #![allow(unsafe_code)]
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// The group owning the build cache; compile-stage users belong to it.
-const CACHE_GID: u32 = 64000;
-/// The group of run-stage users: the cache is only world-readable to them.
-const RUN_GID: u32 = 64001;
-/// Processes (threads included) of all concurrent builds of one evaluation: ninja, compilers.
+/// The group of every sandbox user: it owns nothing.
+const SANDBOX_GID: u32 = 64001;
+/// Processes (threads included) of one extension build: ninja, compilers.
 const BUILD_NPROC: u64 = 4096;
 /// Processes (threads included) of one candidate: torch's thread pools, CUDA's helper threads.
 const RUN_NPROC: u64 = 512;
 const FIRST_UID: u32 = 100_000;
-const UIDS_PER_EVALUATION: u32 = 16;
+const UIDS_PER_EVALUATION: u32 = 256;
+/// The first ids of an evaluation's block go to builders, the others to candidates.
+const BUILDER_UIDS: u32 = 64;
 
-/// The user ids of one evaluation: one for its builds, and the others in turn for its candidates,
-/// so that neither a concurrent candidate nor the remains of the previous one (a fork bomb's
-/// processes take a moment to die) count towards a candidate's process limit. Concurrent
-/// evaluations (tests, several runs on one machine) get different ids too.
+/// The user ids of one evaluation, taken in turn: builders (which compile extensions for the
+/// evaluator) and candidates (compile and run stage) never share one, and neither a concurrent
+/// process nor the remains of the previous one (a fork bomb's processes take a moment to die)
+/// count towards a process's limit or can reach its files. Concurrent evaluations (tests,
+/// several runs on one machine) get different ids too.
 #[derive(Debug)]
 pub(crate) struct SandboxUsers {
     base: u32,
-    runs: AtomicU32,
+    builders: AtomicU32,
+    candidates: AtomicU32,
 }
 
 impl SandboxUsers {
@@ -39,69 +40,57 @@ impl SandboxUsers {
         let pid = std::process::id() % 4096;
         SandboxUsers {
             base: FIRST_UID + (pid * 16 + nth) * UIDS_PER_EVALUATION,
-            runs: AtomicU32::new(0),
+            builders: AtomicU32::new(0),
+            candidates: AtomicU32::new(0),
         }
     }
 
-    /// Compile stage: may write the build cache (group-writable, umask 002).
-    pub(crate) fn build(&self) -> Value {
-        json!({"uid": self.base, "gid": CACHE_GID, "nproc": BUILD_NPROC, "umask": 0o002})
+    /// The next extension build: it writes only its own job folder.
+    pub(crate) fn builder(&self) -> Value {
+        let nth = self.builders.fetch_add(1, Ordering::SeqCst);
+        let uid = self.base + nth % BUILDER_UIDS;
+        json!({"uid": uid, "gid": SANDBOX_GID, "nproc": BUILD_NPROC, "umask": 0o077})
     }
 
-    /// Run stage, the next candidate: reads the cache only.
-    pub(crate) fn run(&self) -> Value {
-        let nth = self.runs.fetch_add(1, Ordering::SeqCst);
-        let uid = self.base + 1 + nth % (UIDS_PER_EVALUATION - 1);
-        json!({"uid": uid, "gid": RUN_GID, "nproc": RUN_NPROC, "umask": 0o077})
+    /// The next candidate process, in either stage: reads the build cache only.
+    pub(crate) fn candidate(&self) -> Value {
+        let nth = self.candidates.fetch_add(1, Ordering::SeqCst);
+        let uid = self.base + BUILDER_UIDS + nth % (UIDS_PER_EVALUATION - BUILDER_UIDS);
+        json!({"uid": uid, "gid": SANDBOX_GID, "nproc": RUN_NPROC, "umask": 0o077})
     }
 }
 
-/// When the evaluator runs as root (sandboxed children then drop to other users), gives the build
-/// cache to the compile stage's group. An unprivileged evaluator's children stay its own user.
+/// When the evaluator runs as root (sandboxed children then drop to other users), makes the
+/// build cache the evaluator's alone: its folder writable by no one else, and entries that a
+/// sandbox user owns (an older evaluator let the compile stage write the cache) removed. An
+/// unprivileged evaluator's children stay its own user.
 pub(crate) fn prepare(build_cache: &Path) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Ok(());
     }
-    share_cache(build_cache).with_context(|| {
+    own_cache(build_cache).with_context(|| {
         format!(
-            "giving the build cache {} to the sandbox",
+            "taking the build cache {} back from the sandbox users",
             build_cache.display()
         )
     })
 }
 
-/// Group CACHE_GID, group-writable (setgid folders keep new entries in the group), readable by
-/// everyone; idempotent, so concurrent evaluators sharing one cache agree.
-fn share_cache(dir: &Path) -> Result<()> {
-    let meta = std::fs::symlink_metadata(dir)?;
-    if meta.file_type().is_symlink() {
-        return Ok(());
-    }
-    chown_group(dir)?;
-    let mode = meta.permissions().mode() & 0o7777;
-    let wanted = if meta.is_dir() {
-        mode | 0o2775
-    } else {
-        mode | 0o664
-    };
-    if wanted != mode {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(wanted))?;
-    }
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(dir)? {
-            share_cache(&entry?.path())?;
+fn own_cache(dir: &Path) -> Result<()> {
+    std::os::unix::fs::lchown(dir, Some(0), Some(0))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+            let path = entry.path();
+            if meta.is_dir() {
+                std::fs::remove_dir_all(&path)?;
+            } else {
+                std::fs::remove_file(&path)?;
+            }
         }
-    }
-    Ok(())
-}
-
-fn chown_group(path: &Path) -> Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())?;
-    // SAFETY: a valid NUL-terminated path; uid -1 keeps the owner.
-    if unsafe { libc::lchown(c.as_ptr(), u32::MAX, CACHE_GID) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
     }
     Ok(())
 }
@@ -111,18 +100,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn users_differ_per_stage_and_candidate() {
+    fn builders_and_candidates_get_users_of_their_own() {
         let users = SandboxUsers::new();
-        let ids = [
-            users.build()["uid"].as_u64(),
-            users.run()["uid"].as_u64(),
-            users.run()["uid"].as_u64(),
-        ];
-        assert!(
-            ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
-            "{ids:?}"
-        );
-        assert_ne!(users.build()["gid"], users.run()["gid"]);
+        let ids: std::collections::BTreeSet<_> = [
+            users.builder(),
+            users.builder(),
+            users.candidate(),
+            users.candidate(),
+        ]
+        .iter()
+        .map(|user| user["uid"].as_u64())
+        .collect();
+        assert_eq!(ids.len(), 4, "{ids:?}");
         assert_ne!(SandboxUsers::new().base, users.base);
     }
 }

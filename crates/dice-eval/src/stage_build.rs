@@ -1,10 +1,12 @@
 //! Compile stage: imports each candidate with CUDA hidden, only so that its extensions get built
-//! into the cache. A failed or timed-out build is a verdict here; anything else is left for the
-//! run stage to judge.
+//! into the cache. The candidate builds nothing itself: each extension it loads is asked of the
+//! evaluator, which builds and publishes it (build_cache.rs). A failed or timed-out build is a
+//! verdict here; anything else is left for the run stage to judge.
 
+use crate::build_cache::{self, Provision};
 use crate::child::{Child, Deadline, Event};
 use crate::config::EvalSample;
-use crate::job::{build_record, Compiled, JobContext, Outcome};
+use crate::job::{Compiled, JobContext, Outcome};
 use crate::zygote::Zygote;
 use anyhow::{bail, Result};
 use dice_store::Verdict;
@@ -38,7 +40,7 @@ pub(crate) fn build(
         "limits": ctx.limits,
         "cores": ctx.cores,
         "env": ctx.env,
-        "sandbox": ctx.users.build(),
+        "sandbox": ctx.users.candidate(),
     });
     let mut child = match Child::start(
         zygote,
@@ -56,24 +58,29 @@ pub(crate) fn build(
             }));
         }
     };
-    let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.compile_timeout);
+    // Its builds happen outside it, between its messages: its own time is the run timeout.
+    let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.timeout);
     let mut builds = Vec::new();
     let mut failure = None;
     loop {
         match child.next_within(&mut deadline) {
-            None => {
-                if deadline.building() {
-                    let secs = ctx.cfg.compile_timeout.as_secs();
-                    failure = Some((
-                        Verdict::CompileTimeout,
-                        format!("an extension build ran past {secs} s"),
-                    ));
-                }
-                break;
-            }
-            Some(Event::Exited(_)) => break,
+            None | Some(Event::Exited(_)) => break,
             Some(Event::Msg(msg)) => match msg["event"].as_str() {
-                Some("build") => builds.push(build_record(&msg)),
+                Some("build_request") => {
+                    let provided = build_cache::provide(ctx, zygote, &msg["extension"])?;
+                    let record = provided.record;
+                    let reply = match provided.outcome {
+                        Provision::Ready => json!({"op": "built", "ok": true, "key": record.key}),
+                        Provision::Failed => json!({"op": "built", "ok": false, "log": record.log}),
+                        Provision::TimedOut(message) => {
+                            failure = Some((Verdict::CompileTimeout, message));
+                            builds.push(record);
+                            break;
+                        }
+                    };
+                    builds.push(record);
+                    child.send(&reply);
+                }
                 Some("failed") if msg["verdict"] == "compile_error" => {
                     let message = msg["message"]
                         .as_str()

@@ -35,6 +35,8 @@ pub(crate) struct Zygote {
     routes: Routes,
     alive: Arc<AtomicBool>,
     process: Mutex<std::process::Child>,
+    /// The compilers, torch and platform its children build with (python/buildcache.py).
+    toolchain: Value,
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -68,8 +70,8 @@ impl Zygote {
                 route_events(BufReader::new(stdout), routes, alive, ready_tx);
             });
         }
-        match ready_rx.recv_timeout(READY_TIMEOUT) {
-            Ok(()) => {}
+        let ready = match ready_rx.recv_timeout(READY_TIMEOUT) {
+            Ok(ready) => ready,
             Err(_) => {
                 let _ = process.kill();
                 let _ = process.wait();
@@ -77,13 +79,18 @@ impl Zygote {
                 let last = last_line(&log).unwrap_or("no output");
                 bail!("the Python worker failed to start: {last}");
             }
-        }
+        };
         Ok(Zygote {
             stdin: Mutex::new(stdin),
             routes,
             alive,
             process: Mutex::new(process),
+            toolchain: ready["toolchain"].clone(),
         })
+    }
+
+    pub(crate) fn toolchain(&self) -> &Value {
+        &self.toolchain
     }
 
     pub(crate) fn is_alive(&self) -> bool {
@@ -239,7 +246,7 @@ fn route_events(
     stdout: BufReader<std::process::ChildStdout>,
     routes: Routes,
     alive: Arc<AtomicBool>,
-    ready: Sender<()>,
+    ready: Sender<Value>,
 ) {
     for line in stdout.lines() {
         let Ok(line) = line else { break };
@@ -251,7 +258,7 @@ fn route_events(
         match msg["event"].as_str() {
             Some("ready") => {
                 warn_about_sandbox(&msg);
-                let _ = ready.send(());
+                let _ = ready.send(msg);
             }
             Some("spawned") => {
                 let mut routes = routes.lock().unwrap();

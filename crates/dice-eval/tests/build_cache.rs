@@ -1,10 +1,53 @@
-//! The content-addressed build cache: concurrent builds of one key compile once, and evaluating
-//! the same code again never compiles. Slow: one cold build (~60 s on 2 cores).
+//! The content-addressed build cache: concurrent builds of one key compile once, evaluating the
+//! same code again never compiles, nothing a candidate runs can write an entry, and a build that
+//! ran out of time is a stored verdict. Slow: three cold builds (~60 s each on 2 cores).
 
 mod common;
 
 use common::*;
-use dice_eval::Store;
+use dice_eval::{EvalConfig, EvalSample, SampleRecord, Store, Verdict};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Evaluates `samples` in a run of their own on `cache`; the records and builds it stored.
+fn evaluate_on(
+    cache: &Path,
+    samples: Vec<EvalSample>,
+    configure: impl FnOnce(&mut EvalConfig),
+) -> (Vec<SampleRecord>, Vec<dice_eval::BuildRecord>) {
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(run.path());
+    cfg.build_cache = cache.to_path_buf();
+    cfg.perf_trials = 0;
+    configure(&mut cfg);
+    dice_eval::evaluate(cfg, example_problems(), samples, None).unwrap();
+    let store = Store::open(&run.path().join("dice.db")).unwrap();
+    (store.samples().unwrap(), store.builds().unwrap())
+}
+
+/// Every file of the cache's entries with its bytes (the key locks aside, which are empty).
+fn cache_contents(cache: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    fn walk(dir: &Path, root: &Path, files: &mut BTreeMap<PathBuf, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let relative = path.strip_prefix(root).unwrap().to_path_buf();
+            if relative == Path::new("locks") {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                files.insert(relative, Vec::new());
+                walk(&path, root, files);
+            } else {
+                files.insert(relative, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut files = BTreeMap::new();
+    walk(cache, cache, &mut files);
+    files
+}
 
 #[test]
 fn one_source_compiles_once_across_concurrent_builds_and_runs() {
@@ -53,5 +96,129 @@ fn one_source_compiles_once_across_concurrent_builds_and_runs() {
     assert!(
         entries.is_empty(),
         "a temporary build directory was left behind"
+    );
+}
+
+/// Module-level code of a compile-stage candidate that tries every way into the shared cache:
+/// writing into its folder, rewriting, replacing or moving another entry's files, planting an
+/// entry under another key. It fails the import when any of that worked, or when it found no
+/// library to attack.
+fn cache_attack(cache: &Path) -> String {
+    format!(
+        r#"
+import glob as _glob
+import os as _os
+
+def _attack(cache):
+    libraries = _glob.glob(_os.path.join(cache, "*", "*.so"))
+    if not libraries:
+        raise RuntimeError("found no cached library to attack")
+    done = []
+    def attempt(what, action):
+        try:
+            action()
+            done.append(what)
+        except OSError:
+            pass
+    for lib in libraries:
+        entry = _os.path.dirname(lib)
+        result = _os.path.join(entry, "DICE_RESULT.json")
+        attempt("overwrite " + lib, lambda: open(lib, "r+b").write(bytes(16)))
+        attempt("replace " + lib, lambda: _os.rename(result, lib))
+        attempt("unlink " + lib, lambda: _os.unlink(lib))
+        attempt("rewrite " + result, lambda: open(result, "w").write('{{"key": "x", "ok": false}}'))
+        attempt("plant beside " + lib, lambda: open(_os.path.join(entry, "planted.so"), "wb").close())
+        attempt("chmod " + entry, lambda: _os.chmod(entry, 0o777))
+        attempt("move " + entry, lambda: _os.rename(entry, entry + ".moved"))
+    attempt("plant an entry", lambda: _os.mkdir(_os.path.join(cache, "0" * 64)))
+    attempt("write into the cache", lambda: open(_os.path.join(cache, "planted"), "w").close())
+    attempt("write into its tmp", lambda: _os.mkdir(_os.path.join(cache, "tmp", "planted")))
+    if done:
+        raise RuntimeError("the build cache was written: " + "; ".join(done))
+
+_attack({cache:?})
+"#
+    )
+}
+
+#[test]
+fn a_compile_stage_candidate_cannot_write_the_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let relu = example(1, 0);
+    let (records, _) = evaluate_on(cache.path(), vec![relu.clone()], |_| {});
+    assert_eq!(records[0].verdict, Verdict::Correct, "{records:?}");
+    let published = cache_contents(cache.path());
+
+    let code = relu.code.as_deref().unwrap();
+    let mut hostile = cache_attack(cache.path()).into_bytes();
+    hostile.extend_from_slice(code);
+    let attacker = EvalSample {
+        sample_id: 1,
+        origin: "cache attacker".into(),
+        code: Some(hostile),
+        ..relu.clone()
+    };
+    let (records, _) = evaluate_on(cache.path(), vec![attacker], |_| {});
+    assert_eq!(records[0].verdict, Verdict::Correct, "{records:?}");
+    assert_eq!(cache_contents(cache.path()), published);
+
+    let (records, builds) = evaluate_on(cache.path(), vec![relu], |_| {});
+    assert_eq!(records[0].verdict, Verdict::Correct, "{records:?}");
+    assert!(builds.iter().all(|b| b.ok && b.cached), "{builds:?}");
+}
+
+/// An extension whose static initialiser hangs: its build is stored as timed out, so the next
+/// run says so at once instead of waiting again. The initialiser first tries to plant files in
+/// the cache, from the builder that loads it.
+fn sleeping_initializer(cache: &Path) -> Vec<u8> {
+    let relu = example(1, 0);
+    let code = String::from_utf8(relu.code.unwrap()).unwrap();
+    let attack = format!(
+        r#"#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+static int hang_at_load = [] {{
+    std::error_code ignored;
+    for (const auto& entry : std::filesystem::directory_iterator({cache:?}, ignored)) {{
+        std::ofstream(entry.path() / "planted") << "x";
+    }}
+    std::ofstream(std::filesystem::path({cache:?}) / "planted") << "x";
+    std::this_thread::sleep_for(std::chrono::hours(1));
+    return 0;
+}}();
+"#
+    );
+    code.replacen(
+        "#include <torch/extension.h>",
+        &format!("#include <torch/extension.h>\n{attack}"),
+        1,
+    )
+    .into_bytes()
+}
+
+#[test]
+fn a_static_initializer_that_hangs_is_a_stored_compile_timeout() {
+    let cache = tempfile::tempdir().unwrap();
+    let sleeper = EvalSample {
+        code: Some(sleeping_initializer(cache.path())),
+        ..example(1, 0)
+    };
+    let timeout = Duration::from_secs(10);
+    let configure = |cfg: &mut EvalConfig| cfg.timeout = timeout;
+    let (first, builds) = evaluate_on(cache.path(), vec![sleeper.clone()], configure);
+    assert_eq!(first[0].verdict, Verdict::CompileTimeout, "{first:?}");
+    assert!(builds.iter().all(|b| !b.cached), "{builds:?}");
+    assert!(first[0].wall_s >= timeout.as_secs_f64(), "{first:?}");
+
+    let (again, builds) = evaluate_on(cache.path(), vec![sleeper], configure);
+    assert_eq!(again[0].verdict, Verdict::CompileTimeout, "{again:?}");
+    assert!(builds.iter().all(|b| b.cached), "{builds:?}");
+    assert!(again[0].wall_s < timeout.as_secs_f64() / 2.0, "{again:?}");
+    assert!(
+        !cache_contents(cache.path())
+            .keys()
+            .any(|path| path.ends_with("planted")),
+        "the builder planted a file in the cache"
     );
 }
