@@ -8,6 +8,7 @@
 mod callgraph;
 mod context;
 mod cuda;
+mod evidence;
 mod extension;
 mod finding;
 mod module;
@@ -16,6 +17,7 @@ mod strings;
 mod syntax;
 mod torch_ops;
 
+pub use evidence::SUBSTANTIAL_OWN_SHARE;
 pub use finding::{Audit, Finding, Rule, Severity};
 
 use callgraph::CallGraph;

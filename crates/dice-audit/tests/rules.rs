@@ -278,6 +278,22 @@ fn problem_constants_compare_by_value() {
 }
 
 #[test]
+fn the_judges_module_of_the_problem_is_the_reference() {
+    for access in [
+        "import dice_problem\n",
+        "from dice_problem import Model as Reference\n",
+    ] {
+        let candidate = relu_candidate(access, "        return self.ext.relu_cuda(x)");
+        let result = run(&candidate, RELU_PROBLEM);
+        assert!(
+            has(&result, Rule::ReferenceModelUse, Severity::Error),
+            "{access}: {:?}",
+            result.findings
+        );
+    }
+}
+
+#[test]
 fn a_self_test_under_the_main_guard_may_call_the_problem_functions() {
     let self_test = "\nif __name__ == '__main__':\n    model = ModelNew(*get_init_inputs())\n    print(model(*get_inputs()))\n";
     let candidate = relu_candidate("", "        return self.ext.relu_cuda(x)") + self_test;
@@ -414,6 +430,8 @@ fn file_writes_are_judged_by_mode_and_path() {
         "open('../out.txt', mode='a')",
         "pathlib.Path('/tmp/x').open('w')",
         "pathlib.Path('out.txt').write_text('x')",
+        "import shutil\nshutil.rmtree('/tmp/cache')",
+        "from shutil import copyfile",
     ] {
         assert!(
             has(
@@ -428,6 +446,8 @@ fn file_writes_are_judged_by_mode_and_path() {
         "open('/etc/hostname')",
         "open('build/log.txt', 'w')",
         "pathlib.Path('/tmp/x').open()",
+        "import tempfile\nBUILD = tempfile.mkdtemp()",
+        "import shutil\nNVCC = shutil.which('nvcc')",
     ] {
         assert!(write(inside).findings.is_empty(), "{inside}");
     }

@@ -1,7 +1,7 @@
 //! What to evaluate and how: the evaluator's inputs and settings.
 
 use dice_kernelbench::{Candidate, InvalidProblem, Problem};
-use dice_store::SampleRecord;
+use dice_store::{KernelProfile, SampleRecord};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -187,9 +187,16 @@ impl From<Candidate> for EvalSample {
 }
 
 /// Reward-hack checks run on every finished sample before it is stored: the place where
-/// dice-audit's rules set `flags` and `deceptive`.
+/// dice-audit's rules set `flags` and `deceptive`, weighed against what the run showed
+/// (`kernels`: the CUDA profile of forward, when there is one).
 pub trait Audit: Send + Sync {
-    fn audit(&self, problem: &EvalProblem, sample: &EvalSample, record: &mut SampleRecord);
+    fn audit(
+        &self,
+        problem: &EvalProblem,
+        sample: &EvalSample,
+        kernels: Option<&KernelProfile>,
+        record: &mut SampleRecord,
+    );
 }
 
 #[derive(Clone, Debug)]

@@ -1,12 +1,10 @@
 //! Run-time reward-hack findings: what running a candidate showed, beyond its outputs. Rule ids
 //! are dice-audit's, so static and run-time findings share one vocabulary in `flags`.
 
-use dice_audit::{Rule, Severity};
+use dice_audit::{Rule, Severity, SUBSTANTIAL_OWN_SHARE};
 use dice_store::{KernelProfile, LaunchedKernel};
 use serde_json::Value;
 
-/// Below this share of GPU time in the candidate's own kernels, the library did the work.
-const LOW_CUSTOM_SHARE: f64 = 0.5;
 /// Timer check slack: per timed call and per round, for the evaluator's own jitter.
 const SLACK_PER_CALL_MS: f64 = 0.5;
 const SLACK_PER_ROUND_MS: f64 = 50.0;
@@ -60,7 +58,7 @@ pub fn check_kernels(
                 }
             ),
         ));
-    } else if let Some(share) = custom_share.filter(|s| *s < LOW_CUSTOM_SHARE) {
+    } else if let Some(share) = custom_share.filter(|s| *s < SUBSTANTIAL_OWN_SHARE) {
         findings.push(Finding {
             rule: Rule::LowCustomKernelShare,
             severity: if strict {

@@ -75,7 +75,7 @@ pub(crate) fn write_reports(
                 let problem = &shared.problems[&(sample.level, sample.problem_id)];
                 let (mut record, extras) = into_record(sample, *outcome);
                 if let Some(audit) = audit {
-                    audit.audit(problem, sample, &mut record);
+                    audit.audit(problem, sample, extras.kernels.as_ref(), &mut record);
                 }
                 store
                     .put_sample(&record, &extras)

@@ -138,10 +138,19 @@ fn module_rule(dotted: &str) -> Option<Rule> {
     if network.iter().any(|m| within(m)) {
         return Some(Rule::Socket);
     }
-    if within("tempfile") || within("shutil") {
+    // `tempfile` only creates new files of its own (honest programs build extensions in a
+    // `mkdtemp()` folder), and `shutil` has read-only queries (`import shutil` is judged by
+    // the calls made through it); the rest of `shutil` copies, moves and deletes anywhere.
+    let shutil_queries = [
+        "shutil.which",
+        "shutil.disk_usage",
+        "shutil.get_terminal_size",
+    ];
+    if dotted.starts_with("shutil.") && !shutil_queries.contains(&dotted) {
         return Some(Rule::FileWriteOutsideWorkdir);
     }
-    if within("__main__") {
+    // dice's judge loads the problem as module `dice_problem` in the candidate's process too.
+    if within("__main__") || within("dice_problem") {
         return Some(Rule::ReferenceModelUse);
     }
     if within("torch.library")
