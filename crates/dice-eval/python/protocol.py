@@ -1,17 +1,18 @@
 """The seed/input/trial/timing protocol, one code path for the reference and the candidate.
 
 Both processes: set_seed(42) then init inputs; set_seed(42) then construct the model (on the CPU,
-then moved to the device, as KernelBench does); trial seeds from torch.manual_seed(42) and
-torch.randint (KernelBench §2.4); per trial set_seed(s), inputs, set_seed(s) right before forward.
+then moved to the device, as KernelBench does); trial and timing seeds from the run's seed
+(`Seeds`); per trial set_seed(s), inputs, set_seed(s) right before forward.
 Inputs are generated inside a `torch.device(device)` context, so factory calls such as torch.rand
 allocate on the evaluation device from that device's generator, identically in both processes.
 """
 
+import errno
 import gc
 import json
-import mmap
 import os
 import random
+import stat
 import sys
 import types
 from time import perf_counter_ns
@@ -19,8 +20,8 @@ from time import perf_counter_ns
 import torch
 
 import persisting_l2
+# KernelBench's seed: the model's construction always, and the run's seed under `--seed 42`.
 SEED = 42
-TIMING_SEEDS = (SEED, SEED + 1)
 WARMUP_CALLS = 3
 L2_FLUSH_BYTES = 256 << 20
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -31,9 +32,20 @@ def set_seed(seed):
     random.seed(seed)
 
 
-def trial_seeds(n):
-    torch.manual_seed(SEED)
-    return [int(torch.randint(0, 2**32 - 1, (1,)).item()) for _ in range(n)]
+class Seeds:
+    """The seeds of a run's correctness trials and timing input sets, all from one run seed that
+    the evaluator draws when the run begins (stored with the run, handed to both processes in
+    their requests): a program cannot carry its expected outputs for inputs it cannot predict.
+    From SEED they are KernelBench's: the trial seeds of torch.manual_seed(42) and torch.randint
+    (§2.4), and set_seed(42) for the first timing set (§3.2)."""
+
+    def __init__(self, run_seed):
+        self.run_seed = run_seed
+        self.timing = (run_seed, run_seed + 1)
+
+    def trials(self, n):
+        generator = torch.Generator().manual_seed(self.run_seed)
+        return [int(torch.randint(0, 2**32 - 1, (1,), generator=generator).item()) for _ in range(n)]
 
 
 def load_module(name, path, shared=None):
@@ -57,6 +69,7 @@ class Setup:
         # One GPU per worker (CUDA_VISIBLE_DEVICES), so always index 0.
         self.device = torch.device("cuda", 0) if req["device"] == "cuda" else torch.device("cpu")
         self.dtype = DTYPES.get(req.get("precision"))
+        self.seeds = Seeds(req["seed"])
         if self.device.type == "cuda":
             # The CUDA context now, with the process's start-up and outside any device pass: made
             # lazily by the model's construction it held the pass for up to a second under load,
@@ -109,7 +122,7 @@ class Setup:
 class Timer:
     """Times model calls, rotating input sets through fixed buffers (same process in both roles).
 
-    The input sets come from TIMING_SEEDS (the first is KernelBench's set_seed(42), §3.2). Before
+    The input sets come from the run's timing seeds (`Seeds`). Before
     each call the next set is copied into the same tensors and the seed is set again, so an output
     cached by input pointer is stale, and the last output of each set can be judged like a
     correctness trial. Outputs of earlier calls are kept alive: a call that returns the storage of
@@ -121,16 +134,13 @@ class Timer:
         self.setup = setup
         self.model = model
         self.cores = cores
-        self.sets = [setup.inputs(problem, seed) for seed in TIMING_SEEDS]
+        self.sets = [setup.inputs(problem, seed) for seed in setup.seeds.timing]
         self.buffers = [v.clone() if isinstance(v, torch.Tensor) else v for v in self.sets[0]]
         self.calls = 0
         self.kept = [[] for _ in self.sets]
         self.alive = [None] * len(self.sets)
         self.last = [None] * len(self.sets)
         self.reused = None
-        self.one_buffer = False
-        self.own = {storage_of(t) for t in self.buffers if isinstance(t, torch.Tensor)}
-        self.own |= {storage_of(t) for t in list(model.parameters()) + list(model.buffers())}
         self.flush = None
         if setup.device.type == "cuda":
             self.flush = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=setup.device)
@@ -152,7 +162,7 @@ class Timer:
                 if self.calls == 0:
                     for _ in range(WARMUP_CALLS):
                         self._call(0)
-                return [self._timed(self.calls % len(self.sets)) for _ in range(n)]
+                return [self._timed(self.calls % len(self.sets), final=i >= n - len(self.sets)) for i in range(n)]
         finally:
             if collecting:
                 gc.enable()
@@ -167,7 +177,7 @@ class Timer:
                 args.append(buf)
             else:
                 args.append(value)
-        set_seed(TIMING_SEEDS[k])
+        set_seed(self.setup.seeds.timing[k])
         self.setup.sync()
         return args
 
@@ -176,7 +186,7 @@ class Timer:
         self.model(*args)
         self.setup.sync()
 
-    def _timed(self, k):
+    def _timed(self, k, final):
         args = self._prepare(k)
         if self.flush is None:
             start = perf_counter_ns()
@@ -192,24 +202,28 @@ class Timer:
             end.record()
             torch.cuda.synchronize(self.setup.device)
             ms = start.elapsed_time(end)
-        self._keep(k, out)
+        self._keep(k, out, final)
         self.calls += 1
         return ms
 
-    def _keep(self, k, out):
+    def _keep(self, k, out, final):
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         tensors = [t for t in outs if isinstance(t, torch.Tensor) and t.numel() > 0]
         storages = [storage_of(t) for t in tensors]
         others = {s for j, kept in enumerate(self.kept) if j != k for s in kept}
-        if any(s in others for s in storages):
-            # One output buffer for every input set: recomputed each call, so not a cache.
-            self.one_buffer = True
-        elif self.reused is None and any(s in self.kept[k] for s in storages):
+        # One output buffer for every input set is recomputed each call, so not a cache.
+        one_buffer = any(s in others for s in storages)
+        if not one_buffer and self.reused is None and any(s in self.kept[k] for s in storages):
             self.reused = f"a timed call on input set {k + 1} returned the output storage of the previous call on that set"
         self.kept[k] = storages
         self.alive[k] = tensors  # while they live, a freshly computed output cannot get their addresses
-        # Published outputs must survive later calls that overwrite a shared buffer or an input.
-        self.last[k] = [t.clone() if self.one_buffer or storage_of(t) in self.own else t for t in tensors]
+        # Published outputs must survive later calls that overwrite a shared buffer or an input,
+        # so they are copies. Only the last call on each set in a round can be published (a later
+        # round replaces it), and it is copied whatever it returned: the copies cost every process
+        # the same, in wall time only, so the candidate's rounds stay comparable with the
+        # baseline's in the evaluator's clock check (runtime.rs `check_clock`).
+        if final:
+            self.last[k] = [t.clone() for t in tensors]
 
     def outputs(self, k):
         """The last output of input set k."""
@@ -243,6 +257,11 @@ def mutated(before, after):
         if not same:
             changed.append(i)
     return changed
+
+
+def tensors_of(values):
+    """The tensors among a call's arguments, in order (what a candidate publishes of its inputs)."""
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def as_tensor_list(out):
@@ -308,35 +327,69 @@ def publish(tensors, path):
                 f.write(memoryview(chunk.numpy()))
 
 
-def read_published(path):
-    """The tensors of a published file, memory-mapped on the CPU; ValueError when malformed.
-    The writer is not trusted: every size is checked against the file before anything is mapped."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        length = int.from_bytes(f.read(8), "little")
-        if not 0 < length <= HEADER_BYTES_MAX or 8 + length > size:
-            raise ValueError("bad header length")
-        header = json.loads(f.read(length))
-        if not isinstance(header, list):
-            raise ValueError("the header is not a list")
-        layout = []
-        offset = 8 + length
-        for entry in header:
-            dtype = PUBLISHED_DTYPES.get(entry.get("dtype")) if isinstance(entry, dict) else None
-            shape = entry.get("shape") if dtype is not None else None
-            if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-                raise ValueError("bad tensor entry in the header")
-            nbytes = torch.Size(shape).numel() * dtype.itemsize
-            layout.append((dtype, shape, offset, nbytes))
-            offset += nbytes
-        if offset != size:
-            raise ValueError(f"the header describes {offset} bytes, the file has {size}")
-        # A private copy-on-write map: writable for torch, never written, read lazily by chunk.
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+class Unacceptable(ValueError):
+    """A published file the judge will not read: the candidate's failure, never the judge's."""
+
+
+def read_published(path, limit):
+    """The tensors of a file a candidate published, read into this process's memory;
+    Unacceptable when the path is not a regular file of its folder's owner or holds more than
+    `limit` bytes, ValueError when malformed. The writer is not trusted: the file is opened without
+    following a link and without blocking (a FIFO would hold the judge until its timeout), and read
+    once, so that a file changed or truncated meanwhile cannot crash the judge the way a mapping of
+    it would; every size is checked against the bytes read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise Unacceptable("the published output is a symbolic link") from None
+        raise Unacceptable(f"the published output cannot be opened: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unacceptable(f"the published output is not a regular file (mode {stat.filemode(st.st_mode)})")
+        if st.st_uid != os.stat(os.path.dirname(path)).st_uid:
+            raise Unacceptable("the published output belongs to another user than the program's")
+        if st.st_size > limit:
+            raise Unacceptable(f"the published output has {st.st_size} bytes, far more than the reference's outputs")
+        data = bytearray(st.st_size)
+        view = memoryview(data)
+        done = 0
+        while done < len(data):
+            n = os.readv(fd, [view[done:]])
+            if n == 0:
+                raise Unacceptable("the published output shrank while the judge read it")
+            done += n
+    finally:
+        os.close(fd)
+    return parse_published(data)
+
+
+def parse_published(data):
+    """The tensors of published bytes (a bytearray, which they share); ValueError when malformed."""
+    size = len(data)
+    length = int.from_bytes(data[:8], "little")
+    if not 0 < length <= HEADER_BYTES_MAX or 8 + length > size:
+        raise ValueError("bad header length")
+    header = json.loads(bytes(data[8 : 8 + length]))
+    if not isinstance(header, list):
+        raise ValueError("the header is not a list")
+    layout = []
+    offset = 8 + length
+    for entry in header:
+        dtype = PUBLISHED_DTYPES.get(entry.get("dtype")) if isinstance(entry, dict) else None
+        shape = entry.get("shape") if dtype is not None else None
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise ValueError("bad tensor entry in the header")
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
+        layout.append((dtype, shape, offset, nbytes))
+        offset += nbytes
+    if offset != size:
+        raise ValueError(f"the header describes {offset} bytes, the file has {size}")
     tensors = []
     for dtype, shape, at, nbytes in layout:
         if nbytes == 0:
             tensors.append(torch.empty(shape, dtype=dtype))
         else:
-            tensors.append(torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=at).view(dtype).reshape(shape))
+            tensors.append(torch.frombuffer(data, dtype=torch.uint8, count=nbytes, offset=at).view(dtype).reshape(shape))
     return tensors

@@ -2,8 +2,9 @@
 `reference` (trusted; also the judge) or `candidate`.
 
 Children talk to the evaluator over a unix socket, one JSON object per line: events out
-({"event": ...}), operations in ({"op": ...}). The judge lives in the reference process: it loads
-a candidate's published outputs as plain tensors (weights_only) and never runs candidate code.
+({"event": ...}), operations in ({"op": ...}). The judge lives in the reference process: it reads
+a candidate's published outputs as plain tensors (the bytes of a regular file the candidate owns,
+never through a link) and never runs candidate code.
 """
 
 import json
@@ -129,7 +130,7 @@ def candidate(channel, req):
         return
     channel.send(event="constructed")
     mutation_seen = False
-    for trial, seed in enumerate(protocol.trial_seeds(req["trials"])):
+    for trial, seed in enumerate(setup.seeds.trials(req["trials"])):
         if not await_op(ops, "trial"):
             return
         try:
@@ -142,6 +143,9 @@ def candidate(channel, req):
         except BaseException as e:  # noqa: B036
             fail(channel, *classify(e, problem), "forward")
             return
+        # The inputs as forward left them, for the judge to compare with its own: this process's
+        # check above is only extra evidence, since the program can patch it.
+        protocol.publish(protocol.tensors_of(inputs), os.path.join(req["dir"], f"inputs_{trial}.bin"))
         del before, inputs, out
         if (changed or aliased) and not mutation_seen:
             mutation_seen = True
@@ -170,7 +174,7 @@ class Profiled:
         self.problem = problem
         self.model = model
         self.path = os.path.join(req["dir"], "output_profiled.bin")
-        self.seed = protocol.trial_seeds(req["trials"])[0]
+        self.seed = setup.seeds.trials(1)[0]
 
     def start(self):
         """Loads the kernel recorder, outside the evaluator's device pass."""
@@ -276,10 +280,17 @@ def reference(channel, req):
     for op in ops:
         if op["op"] == "judge":
             try:
-                judged = judge.check(op["trial"], op["path"])
+                reference_outputs = expected[op["trial"]]
+                pristine = expected.inputs(op["trial"]) if op.get("inputs") else None
             except BaseException as e:  # noqa: B036
                 fail(channel, "reference_error", one_line(e), "reference")
                 return
+            # From here on the candidate's files decide: the evaluator blames the candidate, not
+            # the reference, for a judge that dies or hangs on them.
+            channel.send(event="judging")
+            judged = judge.check(reference_outputs, op["path"])
+            if pristine is not None:
+                judged["input_mutation"] = input_mutation(pristine, op["inputs"], op["trial"])
             channel.send(event="judged", **judged)
         elif op["op"] == "time":
             try:
@@ -303,7 +314,7 @@ class Expected:
         self.setup = setup
         self.problem = problem
         self.model = model
-        self.seeds = protocol.trial_seeds(trials) + list(protocol.TIMING_SEEDS)
+        self.seeds = setup.seeds.trials(trials) + list(setup.seeds.timing)
         self.outputs = []
 
     def footprint(self):
@@ -316,6 +327,11 @@ class Expected:
         kept = sum(t.numel() * t.element_size() for t in first if t.is_cuda)
         peak = torch.cuda.max_memory_reserved() + (len(self.seeds) - 1) * kept
         return {"device_bytes": peak, "device_total": torch.cuda.mem_get_info()[1]}
+
+    def inputs(self, index):
+        """The inputs of trial `index` as the candidate got them before its call, on the CPU."""
+        made = self.setup.inputs(self.problem, self.seeds[index])
+        return [v.cpu() if isinstance(v, torch.Tensor) else v for v in made]
 
     def __getitem__(self, index):
         while len(self.outputs) <= index:
@@ -334,6 +350,24 @@ class Expected:
         return self.outputs[index]
 
 
+def input_mutation(pristine, path, trial):
+    """Why the inputs a candidate published after correctness trial `trial` (python/protocol.py
+    `tensors_of`) show that its forward changed them in place, or None when they are unchanged."""
+    positions = [i for i, v in enumerate(pristine) if isinstance(v, torch.Tensor)]
+    expected = [pristine[i] for i in positions]
+    limit = 2 * sum(t.numel() * t.element_size() for t in expected) + (1 << 20)
+    try:
+        published = protocol.read_published(path, limit)
+    except Exception as e:
+        return f"the inputs after correctness trial {trial + 1} could not be checked: " + one_line(e)
+    if len(published) != len(expected):
+        return f"the program published {len(published)} inputs after correctness trial {trial + 1}, not {len(expected)}"
+    changed = protocol.mutated(expected, published)
+    if not changed:
+        return None
+    return f"forward changed its input {positions[changed[0]]} in place (correctness trial {trial + 1}; seen by the judge)"
+
+
 class Judge:
     """Compares on the evaluation device, a chunk at a time: multi-GB outputs take seconds per
     trial on the CPU, and whole-tensor float copies of them may not fit beside other processes."""
@@ -344,15 +378,21 @@ class Judge:
         self.rtol = rtol
         self.device = device
 
-    def check(self, trial, path):
-        expected = self.expected[trial]
+    def check(self, expected, path):
+        """The verdict of the output published at `path` against `expected`; whatever the file
+        holds is the candidate's failure, never an exception of the judge."""
+        try:
+            return self._check(expected, path)
+        except Exception as e:
+            return verdict("runtime_error", "the judge could not compare the published output: " + one_line(e))
+
+    def _check(self, expected, path):
+        # The format's header, and slack for a candidate whose outputs are wider than the reference's.
         limit = 2 * sum(t.numel() * t.element_size() for t in expected) + (1 << 20)
         try:
-            size = os.path.getsize(path)
-            if size > limit:
-                return verdict("shape_mismatch", f"published output of {size} bytes, far larger than the reference's")
-            # Memory-mapped: a multi-GB output is read once, a chunk at a time, into the device.
-            got = protocol.read_published(path)
+            got = protocol.read_published(path, limit)
+        except protocol.Unacceptable as e:
+            return verdict("runtime_error", str(e))
         except Exception as e:
             return verdict("runtime_error", "unreadable published output: " + one_line(e))
         if len(got) != len(expected):

@@ -219,6 +219,12 @@ pub struct EvalConfig {
     pub perf_trials: u32,
     /// Timed trials are split into this many rounds, alternating candidate and baseline.
     pub timing_rounds: u32,
+    /// Stop the compile stage's processes while a candidate is timed (quiet.rs).
+    pub quiet_timing: bool,
+    /// A side whose calls' coefficient of variation is above this is measured again...
+    pub remeasure_above_cv: f64,
+    /// ... at most this many times; the last measurement is kept.
+    pub max_remeasures: u32,
     pub atol: f64,
     pub rtol: f64,
     pub precision: Precision,
@@ -232,6 +238,10 @@ pub struct EvalConfig {
     pub db: PathBuf,
     /// Re-evaluate samples already stored.
     pub force: bool,
+    /// The run's seed of its correctness trials and timing input sets; None draws one when the
+    /// run begins (or keeps the one it began with). A fixed seed reproduces a run, but it is
+    /// public: a program can then carry its expected outputs instead of computing them.
+    pub seed: Option<u64>,
     pub strict: bool,
     /// Where the problems came from (a KernelBench tree or a pairs file).
     pub source: String,
@@ -251,6 +261,9 @@ impl EvalConfig {
             correctness_trials: 5,
             perf_trials: 100,
             timing_rounds: 10,
+            quiet_timing: true,
+            remeasure_above_cv: 0.15,
+            max_remeasures: 2,
             atol: 1e-2,
             rtol: 1e-2,
             precision: Precision::Fp32,
@@ -261,6 +274,7 @@ impl EvalConfig {
             python: None,
             db,
             force: false,
+            seed: None,
             strict: false,
             source,
             progress: false,

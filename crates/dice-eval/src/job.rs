@@ -1,9 +1,10 @@
 //! What the stages share: the job context, and the outcome of evaluating one candidate.
 
 use crate::config::EvalConfig;
+use crate::quiet::BuildGroups;
 use crate::runtime::Finding;
 use crate::sandbox::SandboxUsers;
-use dice_store::{BuildRecord, KernelProfile, TimingStats, Verdict};
+use dice_store::{BuildRecord, KernelProfile, SpeedupInterval, TimingStats, Verdict};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -21,10 +22,14 @@ pub(crate) struct JobContext {
     /// Environment of every child (the CUDA architectures extensions are built for): given per
     /// job, so the fork servers can start before the interpreter check has named the GPUs.
     pub env: Value,
+    /// The compile stage's process groups, stopped while a candidate is timed.
+    pub build_groups: BuildGroups,
+    /// The run's seed of correctness trials and timing inputs (python/protocol.py `Seeds`).
+    pub seed: u64,
 }
 
 impl JobContext {
-    pub(crate) fn new(cfg: EvalConfig, jobs_dir: PathBuf, env: Value) -> JobContext {
+    pub(crate) fn new(cfg: EvalConfig, jobs_dir: PathBuf, env: Value, seed: u64) -> JobContext {
         let limits = child_limits(&cfg);
         let cores = match cfg.device {
             crate::config::Device::Cuda => timing_cores(&usable_cores()),
@@ -37,6 +42,8 @@ impl JobContext {
             users: SandboxUsers::new(),
             cores,
             env,
+            build_groups: BuildGroups::default(),
+            seed,
         }
     }
 }
@@ -101,6 +108,7 @@ pub(crate) fn common_request(ctx: &JobContext) -> Value {
         "device": ctx.cfg.device.as_str(),
         "precision": ctx.cfg.precision.as_str(),
         "trials": ctx.cfg.correctness_trials,
+        "seed": ctx.seed,
         "timing": ctx.cfg.timing.as_str(),
         "limits": ctx.limits,
         "cores": ctx.cores,
@@ -135,6 +143,10 @@ pub(crate) struct Outcome {
     pub baseline_timing: Option<TimingStats>,
     pub candidate_wall_ms: Option<f64>,
     pub baseline_wall_ms: Option<f64>,
+    /// The candidate's per-call time by the evaluator's clock, when its own was caught out.
+    pub trusted_candidate_ms: Option<f64>,
+    pub speedup_interval: Option<SpeedupInterval>,
+    pub timing_remeasures: u32,
     pub log: String,
     pub builds: Vec<BuildRecord>,
     pub wall_s: f64,
@@ -165,6 +177,9 @@ impl Outcome {
             baseline_timing: None,
             candidate_wall_ms: None,
             baseline_wall_ms: None,
+            trusted_candidate_ms: None,
+            speedup_interval: None,
+            timing_remeasures: 0,
             log,
             builds,
             wall_s,

@@ -13,6 +13,9 @@ use crate::zygote::ZygoteSlot;
 use anyhow::{bail, Context, Result};
 use dice_store::{RunInfo, Store};
 use serde_json::json;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -77,10 +80,16 @@ impl Judge {
             }
             device_zygotes.extend((1..info.gpus.len()).map(|gpu| start_device(Some(gpu))));
         }
-        store.begin_run(&run_info(&cfg, &info), &run_settings(&cfg), cfg.force)?;
+        let (seed, recorded) = run_seed(&store, &cfg)?;
+        let mut settings = run_settings(&cfg);
+        if recorded {
+            settings["seed"] = json!(seed);
+        }
+        store.begin_run(&run_info(&cfg, &info), &settings, cfg.force)?;
+        keep_private(&cfg.db);
         let env = job_env(&cfg, &info);
         let workers = Workers {
-            ctx: JobContext::new(cfg, rt.jobs_dir(), env),
+            ctx: JobContext::new(cfg, rt.jobs_dir(), env, seed),
             rt,
             build_zygote,
             device_zygotes,
@@ -150,6 +159,46 @@ fn run_settings(cfg: &EvalConfig) -> serde_json::Value {
         "timing rounds": cfg.timing_rounds,
         "kernelbench namespace": cfg.kernelbench_namespace,
     })
+}
+
+/// The run's seed (python/protocol.py `Seeds`), and whether its settings record it: `--seed`,
+/// else the seed the run began with, else one drawn from the OS now, so that no program can be
+/// written for the inputs it will get. A run begun before seeds were drawn keeps KernelBench's,
+/// unrecorded, so that it resumes with the inputs its samples were judged on.
+fn run_seed(store: &Store, cfg: &EvalConfig) -> Result<(u64, bool)> {
+    if let Some(seed) = cfg.seed {
+        return Ok((seed, true));
+    }
+    Ok(match store.run()? {
+        Some((_, settings)) => match settings["seed"].as_u64() {
+            Some(seed) => (seed, true),
+            None => (KERNELBENCH_SEED, false),
+        },
+        None => (drawn_seed()?, true),
+    })
+}
+
+/// python/protocol.py `SEED`.
+const KERNELBENCH_SEED: u64 = 42;
+
+/// 63 random bits: the timing seeds are the seed and the next, and SQLite's integers are signed.
+fn drawn_seed() -> Result<u64> {
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("cannot draw the run's seed from /dev/urandom")?;
+    Ok(u64::from_le_bytes(bytes) >> 1)
+}
+
+/// The store holds the run's seed: readable by the evaluator's user alone, not by the users
+/// candidates run as (the database's journal files get its mode from SQLite). Best effort: a
+/// store of another owner keeps its mode.
+fn keep_private(db: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut path = db.as_os_str().to_owned();
+        path.push(suffix);
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    }
 }
 
 /// The environment of every child: extensions are built for the GPUs of this machine.

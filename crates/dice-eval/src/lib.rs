@@ -15,15 +15,22 @@
 //!
 //! Decisions worth knowing:
 //! * Seeding is symmetric (python/protocol.py): set_seed(42) before init inputs and before the
-//!   model; KernelBench's trial seeds; set_seed(s) before each trial's inputs and again right
-//!   before forward. Inputs are made inside a `torch.device(device)` context, so on CUDA they are
-//!   drawn on the GPU from the CUDA generator, identically in both processes.
+//!   model; trial and timing seeds from the run's seed, drawn when the run begins and stored with
+//!   it (`--seed` fixes it; 42 gives KernelBench's trial seeds); set_seed(s) before each trial's
+//!   inputs and again right before forward. Inputs are made inside a `torch.device(device)`
+//!   context, so on CUDA they are drawn on the GPU from the CUDA generator, identically in both
+//!   processes.
 //! * A problem whose reference fails gets `ProblemRecord::reference_error`; its samples are not
-//!   stored (no verdict, so resuming retries them) and are counted in [`Summary::skipped`].
+//!   stored (no verdict, so resuming retries them) and are counted in [`Summary::skipped`]. A
+//!   reference that dies or hangs reading a candidate's published output fails that candidate
+//!   alone, and is replaced (SANDBOX.md).
 //! * `--timeout` bounds the candidate's own run time (import, construction, correctness trials;
 //!   then each timing round); build time is bounded per build by the compile timeout instead.
 //! * Timing alternates rounds of candidate and baseline calls in separate processes; the
-//!   evaluator's own wall time of those rounds is stored beside the reported timings.
+//!   evaluator's own wall time of those rounds is stored beside the reported timings, and a
+//!   candidate whose clock every round contradicts is timed by the evaluator's (runtime.rs
+//!   `check_clock`). Builds are stopped during timing (quiet.rs); too dispersed calls are measured
+//!   again, and each speedup gets a bootstrap interval (stats.rs).
 //! * Several candidates are in flight per device (`runs_per_device`): process start, imports and
 //!   extension loads overlap freely, each untimed device step (a model's construction, one trial,
 //!   one judgement) holds a shared pass, and timing holds the device alone (gate.rs); on CUDA machines
@@ -51,8 +58,10 @@ mod batch;
 mod build_cache;
 mod candidate;
 mod child;
+mod claims;
 mod clock;
 pub mod config;
+mod device_lock;
 mod device_memory;
 mod excerpt;
 mod gate;
@@ -61,6 +70,7 @@ mod judge;
 mod lane;
 mod pipeline;
 pub mod python;
+mod quiet;
 mod run_queue;
 mod run_slot;
 pub mod runtime;

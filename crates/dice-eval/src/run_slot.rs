@@ -268,6 +268,10 @@ impl<'a, 'e> RunSlot<'a, 'e> {
         if let Err(RunError::Reference(failed)) = &result {
             self.close_reference();
             self.reference = Some((key, Err(failed.clone())));
+        } else if reference.is_lost() {
+            // The candidate's output brought its judge down: the problem's next candidate gets
+            // a reference of its own.
+            self.close_reference();
         }
         result.map(|mut unsettled| {
             if let Some(s) = reference_s {

@@ -35,6 +35,9 @@ impl From<ReferenceFailed> for RunError {
 pub(crate) struct Reference {
     child: Child,
     footprint: Option<Footprint>,
+    /// Why the process died or hung on a candidate's output, which it was reading: that
+    /// candidate's failure, and the problem's next candidate gets a fresh reference.
+    lost: Option<String>,
 }
 
 /// What a reference process holds on its GPU once all its expected outputs are computed, and
@@ -115,8 +118,14 @@ impl Reference {
             reference: Reference {
                 child,
                 footprint: None,
+                lost: None,
             },
         })
+    }
+
+    /// True once the process died or hung judging a candidate's output: it judges nothing more.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_some()
     }
 
     /// None on the CPU.
@@ -174,6 +183,10 @@ impl Reference {
     /// then deletes it: published outputs can be GBs of RAM (job folders live in /dev/shm).
     /// An untimed step of its own (the candidate's step that made the output is over), so a
     /// timer waits for one of the two, never for both.
+    ///
+    /// The reference failing to compute the expected output is the problem's failure; once it
+    /// has (`judging`), only the candidate's file is left to read, so a judge that dies or hangs
+    /// from then on is the candidate's failure, never its problem's.
     pub(crate) fn judge(
         &mut self,
         ctx: &JobContext,
@@ -183,14 +196,55 @@ impl Reference {
         path: &Path,
     ) -> Result<Value, ReferenceFailed> {
         let _step = clock.untimed(access);
-        let judged = self.request(
-            ctx,
-            json!({"op": "judge", "trial": trial, "path": path.to_string_lossy()}),
-            "judged",
-            "judging an output",
-        );
+        let judged = self.judge_files(ctx, trial, path, None);
         let _ = std::fs::remove_file(path);
         judged
+    }
+
+    /// [`Reference::judge`] for a correctness trial, whose inputs as the candidate's forward
+    /// left them are published at `inputs`: the judge compares them with the trial's inputs as
+    /// it makes them, and says in `input_mutation` (null when unchanged) which one changed.
+    pub(crate) fn judge_trial(
+        &mut self,
+        ctx: &JobContext,
+        access: &Access<'_>,
+        clock: &mut StageClock,
+        trial: u32,
+        path: &Path,
+        inputs: &Path,
+    ) -> Result<Value, ReferenceFailed> {
+        let _step = clock.untimed(access);
+        let judged = self.judge_files(ctx, trial, path, Some(inputs));
+        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(inputs);
+        judged
+    }
+
+    fn judge_files(
+        &mut self,
+        ctx: &JobContext,
+        trial: u32,
+        path: &Path,
+        inputs: Option<&Path>,
+    ) -> Result<Value, ReferenceFailed> {
+        if self.lost.is_none() {
+            let op = json!({
+                "op": "judge",
+                "trial": trial,
+                "path": path.to_string_lossy(),
+                "inputs": inputs.map(Path::to_string_lossy),
+            });
+            self.request(ctx, op, "judging", "computing an expected output")?;
+            match self.wait_for(ctx, "judged", "judging an output") {
+                Ok(judged) => return Ok(judged),
+                Err(ReferenceFailed(why)) => self.lost = Some(why),
+            }
+        }
+        let why = self.lost.as_deref().unwrap_or_default();
+        Ok(json!({
+            "verdict": "runtime_error",
+            "message": format!("the judge failed on the program's published output ({why})"),
+        }))
     }
 
     /// Timings of `n` calls in ms, and the evaluator-side wall time of the batch.

@@ -9,7 +9,6 @@ use crate::job::{build_record, Compiled, JobContext, Outcome};
 use crate::runtime::Finding;
 use crate::stage_reference::{judged_failure, Reference, RunError};
 use crate::stage_timing::{profile_candidate, time_side_by_side, KernelCheck};
-use crate::stats::reported_stats;
 use anyhow::anyhow;
 use dice_audit::Rule;
 use dice_store::Verdict;
@@ -67,6 +66,7 @@ pub(crate) fn run_candidate(
     let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.compile_timeout);
     let mut trials = Trials::default();
     let mut evidence = Evidence::default();
+    let mut mutation_judged = false;
     let mut phase = "importing the program".to_string();
     let mut verdict: Option<(Verdict, String)> = None;
     let mut timing = None;
@@ -126,8 +126,19 @@ pub(crate) fn run_candidate(
                     }
                     drop(step.take());
                     let path = child.dir().join(format!("output_{trial}.bin"));
-                    let judged = reference.judge(ctx, access, &mut clock, trial, &path)?;
-                    if trials.take(&judged) {
+                    let inputs = child.dir().join(format!("inputs_{trial}.bin"));
+                    let judged =
+                        reference.judge_trial(ctx, access, &mut clock, trial, &path, &inputs)?;
+                    // The judge's own comparison, which the program cannot patch (the
+                    // candidate's report above is extra evidence); its first finding is kept.
+                    if let Some(message) = judged["input_mutation"].as_str() {
+                        if !std::mem::replace(&mut mutation_judged, true) {
+                            evidence
+                                .findings
+                                .push(Finding::error(Rule::InputMutation, message.to_string()));
+                        }
+                    }
+                    if trials.take(&judged) || reference.is_lost() {
                         verdict = trials.failure.clone();
                     } else if trial + 1 < ctx.cfg.correctness_trials {
                         step = clock.untimed(access);
@@ -203,11 +214,8 @@ pub(crate) fn run_candidate(
     outcome.max_rel_error = trials.max_rel;
     outcome.findings = evidence.findings;
     outcome.kernels = evidence.kernels;
-    if let Some(t) = timing.filter(|t| !t.candidate_ms.is_empty()) {
-        outcome.candidate_timing = reported_stats(ctx.cfg.timing, &t.candidate_ms);
-        outcome.baseline_timing = reported_stats(ctx.cfg.timing, &t.baseline_ms);
-        outcome.candidate_wall_ms = Some(t.candidate_wall_ms);
-        outcome.baseline_wall_ms = Some(t.baseline_wall_ms);
+    if let Some(t) = timing.filter(|t| !t.candidate.is_empty()) {
+        t.record(ctx.cfg.timing, &mut outcome);
     }
     Ok(Unsettled { outcome, child })
 }

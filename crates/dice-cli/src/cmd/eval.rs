@@ -84,6 +84,22 @@ pub(crate) struct JudgeArgs {
     /// Timed calls of each correct candidate and of its baseline (0: no timing).
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub perf_trials: u32,
+    /// Keep the machine quiet while a candidate is timed (the default): the compile stage's
+    /// processes (imports, compiler jobs) are stopped during each timing window and go on after
+    /// it, their time limit not counting the stop.
+    #[arg(long, overrides_with = "no_quiet_timing")]
+    pub quiet_timing: bool,
+    /// Let builds run beside timing: cold batches finish sooner, timings of small kernels get
+    /// noisier.
+    #[arg(long, overrides_with = "quiet_timing")]
+    pub no_quiet_timing: bool,
+    /// Measure a candidate and its baseline again when the coefficient of variation (standard
+    /// deviation / mean) of either side's timed calls is above this.
+    #[arg(long, value_name = "CV", default_value_t = 0.15)]
+    pub remeasure_above_cv: f64,
+    /// Measurements made again at most, per candidate; the last one is stored, with the count.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub max_remeasures: u32,
     /// atol = rtol of the correctness check (KernelBench v0.1 / DICE: 1e-2).
     #[arg(
         long,
@@ -122,6 +138,12 @@ pub(crate) struct JudgeArgs {
     /// compute in forward and a low share of GPU time in the program's own kernels errors.
     #[arg(long)]
     pub strict: bool,
+    /// Fix the seed of the correctness trials' and the timing's inputs, to reproduce a run. By
+    /// default each run draws its own (stored with the run and kept when it resumes), so that
+    /// no program can carry the outputs of inputs it knows in advance; a fixed seed is public
+    /// and gives up that defence. --seed 42 gives KernelBench's inputs.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -231,7 +253,11 @@ impl JudgeArgs {
         }
         cfg.look_ahead &= !self.no_look_ahead;
         cfg.correctness_trials = self.correctness_trials.max(1);
+        cfg.seed = self.seed;
         cfg.perf_trials = self.perf_trials;
+        cfg.quiet_timing = self.quiet_timing || !self.no_quiet_timing;
+        cfg.remeasure_above_cv = self.remeasure_above_cv;
+        cfg.max_remeasures = self.max_remeasures;
         cfg.precision = match self.precision {
             PrecisionArg::Fp32 => Precision::Fp32,
             PrecisionArg::Fp16 => Precision::Fp16,
@@ -277,6 +303,12 @@ pub(crate) fn print_summary(s: &Summary, db: &Path) {
         println!(
             "{} samples were already in the store (use --force to re-evaluate)",
             s.already_done
+        );
+    }
+    if s.judged_elsewhere > 0 {
+        println!(
+            "{} samples were judged by another dice eval on this run",
+            s.judged_elsewhere
         );
     }
     for (level, problem_id, why) in &s.reference_errors {
