@@ -2,8 +2,11 @@
 //! wrong one, a deceptive one, an exact duplicate and a problem without a kernel, each landing
 //! where it should; verifying again changes nothing.
 
-use dice_curate::{ingest, verify, RunDir, DEFAULT_MIN_SPEEDUP};
+use dice_curate::{
+    export, ingest, verify, Difficulty, ExportOptions, RunDir, SftFormat, DEFAULT_MIN_SPEEDUP,
+};
 use dice_eval::EvalConfig;
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -13,8 +16,8 @@ fn judging() -> EvalConfig {
     cfg.build_cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-curate-build-cache");
     cfg.timeout = Duration::from_secs(60);
     cfg.correctness_trials = 3;
-    cfg.perf_trials = 40;
-    cfg.timing_rounds = 4;
+    cfg.perf_trials = 48;
+    cfg.timing_rounds = 8;
     cfg
 }
 
@@ -88,6 +91,51 @@ fn each_fixture_pair_lands_where_it_should() {
     assert_eq!(summary.kept, 1);
     assert_eq!(summary.speedups_correct.len(), 3);
     assert_eq!(summary.speedups_kept.len(), 1);
+
+    // Export: the fast pair is the only SFT record and infilling task; the end-to-end tasks
+    // are its reference and the problem without a kernel.
+    let out = tmp.path().join("export");
+    let exported = export(
+        &run,
+        &ExportOptions {
+            out: out.clone(),
+            format: SftFormat::Alpaca,
+            dataset: "cuke".into(),
+            difficulty: Difficulty::Label,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        (exported.sft, exported.infilling, exported.end_to_end),
+        (1, 1, 2)
+    );
+    let read = |name: &str| -> Vec<Value> {
+        serde_json::from_str(&std::fs::read_to_string(out.join(name)).unwrap()).unwrap()
+    };
+    let fast_pair = pairs.iter().find(|p| p.id == fast.id).unwrap();
+    let sft = read("sft.json");
+    assert!(sft[0]["output"]
+        .as_str()
+        .unwrap()
+        .contains("ext.affine_chain(x, 200)"));
+    let infilling = &read("rl_kernel_infilling.json")[0];
+    let program = ["prefix", "middle", "suffix"]
+        .map(|k| infilling[k].as_str().unwrap())
+        .concat();
+    assert_eq!(Some(program.as_str()), fast_pair.cuda_code.as_deref());
+    assert!(infilling["middle"]
+        .as_str()
+        .unwrap()
+        .starts_with("cpp_source = r\"\"\""));
+    let end_to_end = read("rl_end_to_end.json");
+    assert_eq!(end_to_end[0]["pytorch_code"], json!(fast_pair.pytorch_code));
+    assert_eq!(
+        (
+            end_to_end[1]["idx"].clone(),
+            end_to_end[1]["cuda_code"].clone()
+        ),
+        (json!(1), json!(""))
+    );
 
     // Every pair is in the store: verifying again judges nothing and writes the same file.
     let first = std::fs::read(run.verified()).unwrap();

@@ -2,9 +2,10 @@
 
 use super::args::DeviceKind;
 use super::eval::JudgeArgs;
+use anyhow::bail;
 use anyhow::Result;
-use clap::{Args, Subcommand};
-use dice_curate::RunDir;
+use clap::{Args, Subcommand, ValueEnum};
+use dice_curate::{Difficulty, ExportOptions, RunDir, SftFormat};
 use dice_eval::{Device, EvalConfig};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -19,6 +20,10 @@ pub(crate) enum CurateCommand {
     /// threshold with confidence.
     #[command(after_help = VERIFY_MANUAL)]
     Verify(VerifyArgs),
+    /// Write the kept pairs as LlamaFactory SFT data and RL task files for both stages, in
+    /// curriculum order.
+    #[command(after_help = EXPORT_MANUAL)]
+    Export(ExportArgs),
     /// Split each program into the prefix, core and suffix of a kernel-infilling task.
     #[command(after_help = SPLIT_MANUAL)]
     Split(SplitArgs),
@@ -60,6 +65,24 @@ the reason it was dropped) and RUN_DIR/verify.json the counts.
 
 Example:
   dice curate verify --run runs/cuke --device cuda";
+
+const EXPORT_MANUAL: &str = "\
+OUT then holds:
+  sft.json, dataset_info.json  one record per kept pair: KernelBench's one-shot prompt of the
+                               reference, the program in a ```python block as the response
+                               (dice train sft --dataset-info OUT --dataset NAME reads them)
+  rl_kernel_infilling.json     stage 1: kept pairs whose program splits (id, level,
+                               pytorch_code, cuda_code, prefix, middle, suffix)
+  rl_end_to_end.json           stage 2: the kept pairs' references and every problem-only
+                               record (idx, id, level, pytorch_code, cuda_code empty)
+The RL files are ordered by level, easiest first: the reference draws tasks in file order.
+Levels come from the records' own labels (--difficulty label: the first number of `level`, 0
+without one) or from pass rates (--difficulty pass-rate --pass-rates FILE: {id: rate} or
+records {id, pass_rate}, e.g. a model's correct samples over k per task; rate 1 is level 1,
+rate 0 level --levels, equal bands between, tasks without a rate last).
+
+Example:
+  dice curate export --run runs/cuke --out data/cuke --difficulty pass-rate --pass-rates rates.json";
 
 const SPLIT_MANUAL: &str = "\
 The core is the kernel source load_inline receives (cuda_sources; cpp_sources when there are no
@@ -111,8 +134,49 @@ pub(crate) struct VerifyArgs {
     pub judge: JudgeArgs,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum SftFormatArg {
+    Alpaca,
+    Sharegpt,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum DifficultyArg {
+    /// The records' own `level` labels.
+    Label,
+    /// Pass rates per task, from --pass-rates.
+    PassRate,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ExportArgs {
+    /// The curate run folder (after `dice curate verify`).
+    #[arg(long, value_name = "RUN_DIR")]
+    pub run: PathBuf,
+    /// The folder to write the SFT and RL files to (created).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// How the SFT records are laid out.
+    #[arg(long, value_enum, default_value_t = SftFormatArg::Alpaca)]
+    pub format: SftFormatArg,
+    /// The SFT dataset's name in dataset_info.json.
+    #[arg(long, value_name = "NAME", default_value = "cuke")]
+    pub dataset: String,
+    /// Where the curriculum levels come from.
+    #[arg(long, value_enum, default_value_t = DifficultyArg::Label)]
+    pub difficulty: DifficultyArg,
+    /// Pass rates per pair id, for --difficulty pass-rate: a JSON object {id: rate} or
+    /// records {id, pass_rate}.
+    #[arg(long, value_name = "FILE")]
+    pub pass_rates: Option<PathBuf>,
+    /// Curriculum levels pass rates are cut into.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub levels: u32,
+}
+
 pub(crate) fn run(command: CurateCommand) -> Result<()> {
     match command {
+        CurateCommand::Export(a) => export(&a),
         CurateCommand::Verify(a) => verify(&a),
         CurateCommand::Ingest(a) => ingest(&a),
         CurateCommand::Split(a) => split(&a),
@@ -154,6 +218,38 @@ fn verify(a: &VerifyArgs) -> Result<()> {
         println!("dropped {n}: {reason}");
     }
     println!("{} lists every pair", run.verified().display());
+    Ok(())
+}
+
+fn export(a: &ExportArgs) -> Result<()> {
+    let difficulty = match (a.difficulty, &a.pass_rates) {
+        (DifficultyArg::Label, _) => Difficulty::Label,
+        (DifficultyArg::PassRate, Some(rates)) => Difficulty::PassRate {
+            rates: rates.clone(),
+            levels: a.levels,
+        },
+        (DifficultyArg::PassRate, None) => bail!("--difficulty pass-rate needs --pass-rates FILE"),
+    };
+    let options = ExportOptions {
+        out: a.out.clone(),
+        format: match a.format {
+            SftFormatArg::Alpaca => SftFormat::Alpaca,
+            SftFormatArg::Sharegpt => SftFormat::Sharegpt,
+        },
+        dataset: a.dataset.clone(),
+        difficulty,
+    };
+    let e = dice_curate::export(&RunDir::new(&a.run), &options)?;
+    println!(
+        "wrote {} SFT records, {} infilling tasks ({} kept pairs do not split), {} end-to-end tasks to {}",
+        e.sft,
+        e.infilling,
+        e.unsplit,
+        e.end_to_end,
+        a.out.display()
+    );
+    let levels: Vec<String> = e.levels.iter().map(|(l, n)| format!("{l}: {n}")).collect();
+    println!("RL tasks per level: {}", levels.join(", "));
     Ok(())
 }
 
