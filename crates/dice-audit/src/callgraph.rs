@@ -9,7 +9,7 @@ use tree_sitter::Node;
 
 use crate::extension::{Binding, Extension};
 use crate::module::{assigned_names, PyModule};
-use crate::syntax::{assignments, descendants, named_children};
+use crate::syntax::{ancestor, assignments, descendants, named_children};
 use crate::torch_ops;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -173,7 +173,10 @@ impl<'m, 't> CallGraph<'m, 't> {
                         _ => Some(left),
                     };
                     if let Some(attr) = target.and_then(|t| self_attribute(self.module, t)) {
-                        store(attr, self.value_of(right, Some(class_name)));
+                        let value = self
+                            .value_of(right, Some(class_name))
+                            .or_else(|| self.constructor_argument(class_name, *method, right));
+                        store(attr, value);
                     }
                 }
                 for call in descendants(*method)
@@ -199,6 +202,66 @@ impl<'m, 't> CallGraph<'m, 't> {
             attributes.insert(key, merged);
         }
         self.attributes = attributes;
+    }
+
+    /// What `__init__` parameter `name` of `class` receives: the matching argument of every
+    /// `Class(...)` call in the candidate (`Block(ops)`, `Block(ext=ops)`), and its default.
+    fn constructor_argument(
+        &self,
+        class: &str,
+        method: Node<'t>,
+        name: Node<'t>,
+    ) -> Option<Value<'t>> {
+        let is_init = method
+            .child_by_field_name("name")
+            .is_some_and(|n| self.module.text(n) == "__init__");
+        if !is_init || name.kind() != "identifier" {
+            return None;
+        }
+        let name = self.module.text(name);
+        let parameters = named_children(method.child_by_field_name("parameters")?);
+        let (index, parameter) = parameters.iter().enumerate().skip(1).find(|(_, p)| {
+            let identifier = p.child_by_field_name("name").unwrap_or(**p);
+            self.module.text(identifier) == name
+        })?;
+        let mut values: Vec<Value<'t>> = Vec::new();
+        values.extend(
+            parameter
+                .child_by_field_name("value")
+                .and_then(|default| self.value_of(default, Some(class))),
+        );
+        for call in descendants(self.module.root) {
+            let constructs = call.kind() == "call"
+                && call
+                    .child_by_field_name("function")
+                    .is_some_and(|f| self.module.text(f) == class);
+            let Some(arguments) = call.child_by_field_name("arguments").filter(|_| constructs)
+            else {
+                continue;
+            };
+            let arguments = named_children(arguments);
+            let keyword = arguments.iter().find_map(|a| {
+                (a.kind() == "keyword_argument"
+                    && a.child_by_field_name("name")
+                        .is_some_and(|n| self.module.text(n) == name))
+                .then(|| a.child_by_field_name("value"))
+                .flatten()
+            });
+            let positional = || {
+                arguments
+                    .iter()
+                    .filter(|a| a.kind() != "keyword_argument")
+                    .nth(index - 1)
+                    .copied()
+            };
+            let caller = ancestor(call, &["class_definition"])
+                .and_then(|c| c.child_by_field_name("name"))
+                .map(|n| self.module.text(n));
+            if let Some(argument) = keyword.or_else(positional) {
+                values.extend(self.value_of(argument, caller));
+            }
+        }
+        values.into_iter().reduce(Value::merge)
     }
 
     /// The attribute and value a call in a method of `class` stores on `self`.

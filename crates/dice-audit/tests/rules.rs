@@ -643,6 +643,11 @@ fn kernels_wired_through_helpers_modules_and_partials_are_called() {
             "        return sum(runner.run(x) for runner in self.runners)",
         ),
         (
+            "\nclass Fused(nn.Module):\n    def __init__(self, ext, scale=1.0):\n        super().__init__()\n        self.ext = ext\n\n    def forward(self, x):\n        return self.ext.relu_cuda(x)\n",
+            "    def __init__(self):\n        super().__init__()\n        self.blocks = nn.ModuleList([Fused(ops), Fused(ext=ops)])",
+            "        for block in self.blocks:\n            x = block(x)\n        return x",
+        ),
+        (
             "\ndef scaled_relu(x, scale):\n    return ops.relu_cuda(x) * scale\n",
             "    def __init__(self):\n        super().__init__()\n        self.act = partial(scaled_relu, scale=1.0)",
             "        return self.act(x)",
