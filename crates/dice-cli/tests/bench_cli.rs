@@ -7,6 +7,7 @@ use dice_eval::store::{SampleExtras, Store};
 use dice_eval::{ProblemRecord, RunInfo, SampleRecord, TimingStats, Verdict};
 use serde_json::Value;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 #[test]
@@ -304,10 +305,29 @@ fn report_formats_from_a_run_store() {
 fn report_refuses_what_it_cannot_read() {
     let dir = tempfile::tempdir().unwrap();
     let run = path_arg(dir.path());
+    let db = dir.path().join("dice.db");
     let out = dice(&["report", run]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("no run store at"), "{}", stderr(&out));
-    assert!(!dir.path().join("dice.db").exists());
+    let expected = format!(
+        "error: {run} has no dice results (no {}): run `dice eval` first\n",
+        db.display()
+    );
+    assert_eq!(stderr(&out), expected);
+    assert!(!db.exists());
+    fs::write(&db, b"").unwrap();
+    let out = dice(&["report", run]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("is empty): run `dice eval` first"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        fs::metadata(&db).unwrap().len(),
+        0,
+        "the report wrote a schema"
+    );
+    fs::remove_file(&db).unwrap();
 
     make_run(dir.path());
     for (args, expected) in [
@@ -324,4 +344,37 @@ fn report_refuses_what_it_cannot_read() {
         assert!(!out.status.success());
         assert!(stderr(&out).contains(expected), "{}", stderr(&out));
     }
+}
+
+/// A report only reads: it works on a run folder without write permission and leaves it as it
+/// was.
+#[test]
+fn report_reads_a_read_only_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    fs::create_dir(&run_dir).unwrap();
+    make_run(&run_dir);
+    let run = path_arg(&run_dir);
+    let writable = dice(&["report", run, "--format", "json"]);
+    assert!(writable.status.success(), "{}", stderr(&writable));
+    let files = || {
+        let mut files: Vec<(std::ffi::OsString, Vec<u8>)> = fs::read_dir(&run_dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name(), fs::read(e.path()).unwrap())
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let before = files();
+    let permissions = fs::metadata(&run_dir).unwrap().permissions();
+    fs::set_permissions(&run_dir, fs::Permissions::from_mode(0o555)).unwrap();
+    let read_only = dice(&["report", run, "--format", "json"]);
+    let after = files();
+    fs::set_permissions(&run_dir, permissions).unwrap();
+    assert!(read_only.status.success(), "{}", stderr(&read_only));
+    assert_eq!(read_only.stdout, writable.stdout);
+    assert!(before == after, "the report changed the run folder");
 }

@@ -6,17 +6,23 @@
 //! while a candidate or its baseline is timed. Steps are short (a trial and its judgement are two
 //! steps, so a timer waits for one of them): timing waits at most for the steps already running.
 //! std's RwLock on Linux blocks new readers while a writer waits, so timing never starves.
+//! Other processes evaluating the same run share the device through its file lock
+//! (device_lock.rs), taken after this one.
 //! Process start-up, imports and extension loads run outside any pass. The gate records its
 //! exclusive windows, the waits for them, and how long it was closed to untimed steps
 //! ([`GateUse`]).
 
+use crate::device_lock::DeviceLock;
 use dice_store::RunTimeline;
+use std::fs::File;
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
 pub(crate) struct DeviceGate {
     lock: RwLock<()>,
+    /// The device's lock across the processes evaluating the run.
+    across_processes: Option<DeviceLock>,
     record: Mutex<Record>,
 }
 
@@ -77,6 +83,14 @@ impl GateUse {
 }
 
 impl DeviceGate {
+    /// A gate that also holds `lock` for every pass.
+    pub(crate) fn across_processes(lock: DeviceLock) -> Self {
+        DeviceGate {
+            across_processes: Some(lock),
+            ..DeviceGate::default()
+        }
+    }
+
     pub(crate) fn usage(&self) -> GateUse {
         self.lock_record().used
     }
@@ -93,12 +107,14 @@ impl DeviceGate {
             .lock
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let file = self.across_processes.as_ref().and_then(DeviceLock::shared);
         let since = Instant::now();
         self.lock_record().used.step_waited += since - asked;
         SharedPass {
             gate: self,
             since,
             _guard: guard,
+            _file: file,
         }
     }
 
@@ -113,12 +129,17 @@ impl DeviceGate {
             .lock
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let file = self
+            .across_processes
+            .as_ref()
+            .and_then(DeviceLock::exclusive);
         let since = Instant::now();
         self.lock_record().used.waited += since - asked;
         Exclusive {
             gate: self,
             since,
             _guard: guard,
+            _file: file,
         }
     }
 }
@@ -128,6 +149,7 @@ pub(crate) struct Exclusive<'a> {
     gate: &'a DeviceGate,
     since: Instant,
     _guard: RwLockWriteGuard<'a, ()>,
+    _file: Option<File>,
 }
 
 impl Drop for Exclusive<'_> {
@@ -150,6 +172,7 @@ pub(crate) struct SharedPass<'a> {
     gate: &'a DeviceGate,
     since: Instant,
     _guard: RwLockReadGuard<'a, ()>,
+    _file: Option<File>,
 }
 
 impl Drop for SharedPass<'_> {

@@ -34,10 +34,10 @@ pub(crate) struct Started {
 }
 
 impl Lane {
-    pub(crate) fn new(zygote: Arc<ZygoteSlot>, slots: usize) -> Self {
+    pub(crate) fn new(zygote: Arc<ZygoteSlot>, slots: usize, gate: DeviceGate) -> Self {
         Lane {
             zygote,
-            gate: DeviceGate::default(),
+            gate,
             memory: DeviceMemory::default(),
             aheads: (0..slots.max(1)).map(|_| Mutex::default()).collect(),
         }
@@ -70,7 +70,7 @@ mod tests {
     #[test]
     fn an_idle_slot_takes_what_others_took_ahead() {
         let zygote = Arc::new(ZygoteSlot::for_device(&[], None));
-        let lane = Lane::new(zygote, 3);
+        let lane = Lane::new(zygote, 3, DeviceGate::default());
         let ahead = |sample| Ahead {
             item: RunItem {
                 sample,

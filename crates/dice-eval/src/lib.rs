@@ -37,6 +37,11 @@
 //!   with 8+ cores two cores are kept for the timed process. Seconds per stage are stored with
 //!   each sample (`stages`). A CUDA out-of-memory beside others is retried alone. Only the timed
 //!   calls run in the exclusive window (timing's input sets are made under a shared pass).
+//! * Several processes may judge one run (claims.rs): each sample is claimed before it is built
+//!   or run, under a lease a heartbeat renews, and stored once by its claim's holder; timing
+//!   takes the device's file lock in `RUN_DIR/locks/` (device_lock.rs) after the gate's, so it
+//!   has the device to itself across those processes too. Evaluations of other runs on the same
+//!   device are not excluded.
 //! * Start-up overlaps: the fork servers import torch while the interpreter is checked (the CUDA
 //!   architectures for builds reach children per job). Processes that are done (a CUDA context
 //!   takes ~0.5 s to die) end in the background while their slot goes on; a slot out of work

@@ -79,7 +79,7 @@ pub(crate) fn run(args: ReportArgs) -> Result<()> {
 fn one_run(run_dir: &Path, args: &ReportArgs) -> Result<String> {
     let thresholds = parse_thresholds(args.fast_p.as_deref().unwrap_or(DEFAULT_FAST_P))?;
     let db = args.db.clone().unwrap_or_else(|| run_dir.join("dice.db"));
-    let store = open_store(&db, " or pass --db FILE")?;
+    let store = Store::open_read_only(&db)?;
     let Some(report) = read_report(&store, &thresholds, args.strict)? else {
         bail!(no_run_yet(&db));
     };
@@ -97,25 +97,12 @@ fn side_by_side(run_dirs: &[PathBuf], args: &ReportArgs) -> Result<String> {
         .iter()
         .map(|dir| {
             let db = dir.join("dice.db");
-            let store = open_store(&db, "")?;
+            let store = Store::open_read_only(&db)?;
             ComparedRun::read(&dir.display().to_string(), &store, args.strict)?
                 .with_context(|| no_run_yet(&db))
         })
         .collect::<Result<Vec<_>>>()?;
     render_comparison(&Comparison { runs }, args.format)
-}
-
-/// The store at `db`, which must exist: opening creates missing databases, and a report must
-/// never do that.
-fn open_store(db: &Path, other_way: &str) -> Result<Store> {
-    if !db.is_file() {
-        bail!(
-            "no run store at {} (run `dice eval` or `dice kernelbench` with this run folder \
-             first{other_way})",
-            db.display()
-        );
-    }
-    Store::open(db)
 }
 
 fn no_run_yet(db: &Path) -> String {
