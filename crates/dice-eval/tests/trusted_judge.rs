@@ -7,6 +7,7 @@ mod common;
 use common::test_config;
 use dice_eval::{EvalConfig, EvalProblem, EvalSample, SampleRecord, Store, Verdict};
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 const RELU: &str = "
 import torch
@@ -155,13 +156,31 @@ fn a_table_for_public_seeds_fails_under_the_seed_drawn_for_the_run() {
     let db = run.path().join("dice.db");
     let mode = std::fs::metadata(&db).unwrap().permissions().mode();
     assert_eq!(mode & 0o077, 0, "mode {mode:o}");
-    let (_, settings) = Store::open(&db).unwrap().run().unwrap().unwrap();
-    let seed = settings["seed"].as_u64().unwrap();
+    let seed = stored_seed(&db).unwrap();
     assert_ne!(seed, 42);
     let mut cfg = test_config(run.path());
     cfg.seed = Some(seed ^ 1);
     let err = dice_eval::evaluate(cfg, vec![], vec![], None).unwrap_err();
     assert!(err.to_string().contains("seed"), "{err}");
+
+    // Resumed without --seed, the run keeps its seed; a run stored before seeds were drawn
+    // resumes with KernelBench's, which it was judged with, and is not refused.
+    dice_eval::evaluate(test_config(run.path()), vec![], vec![], None).unwrap();
+    assert_eq!(stored_seed(&db), Some(seed));
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute(
+            "UPDATE run SET settings = json_remove(settings, '$.seed')",
+            [],
+        )
+        .unwrap();
+    dice_eval::evaluate(test_config(run.path()), vec![], vec![], None).unwrap();
+    assert_eq!(stored_seed(&db), None);
+}
+
+fn stored_seed(db: &Path) -> Option<u64> {
+    let (_, settings) = Store::open(db).unwrap().run().unwrap().unwrap();
+    settings["seed"].as_u64()
 }
 
 #[test]
