@@ -205,6 +205,8 @@ fn sample(
         candidate_timing: candidate_ms.map(timing),
         baseline_timing: candidate_ms.map(|_| timing(4.0)),
         speedup: candidate_ms.map(|ms| 4.0 / ms),
+        speedup_interval: None,
+        timing_remeasures: 0,
         flags: if deceptive {
             vec!["no_candidate_kernel_launched".into()]
         } else {

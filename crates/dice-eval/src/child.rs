@@ -5,6 +5,7 @@
 #![allow(unsafe_code)]
 
 use crate::excerpt::Excerpt;
+use crate::quiet::Pauses;
 use crate::zygote::{Exit, Zygote};
 use anyhow::{Context, Result};
 use serde_json::Value;
@@ -42,11 +43,13 @@ enum Wire {
 }
 
 /// Run time left to a child, not counting time spent in extension builds, which have their own
-/// limit per build.
+/// limit per build, nor time the child spent stopped while others were timed (quiet.rs).
 pub(crate) struct Deadline {
     pub run_left: Duration,
     pub compile_limit: Duration,
-    building_since: Option<Instant>,
+    /// When the build in progress began, and how long the child had been stopped by then.
+    building_since: Option<(Instant, Duration)>,
+    pauses: Option<Arc<Pauses>>,
 }
 
 impl Deadline {
@@ -55,11 +58,45 @@ impl Deadline {
             run_left: run,
             compile_limit: compile,
             building_since: None,
+            pauses: None,
         }
+    }
+
+    /// Time the child spends stopped (`pauses`) counts against neither limit.
+    pub(crate) fn excluding(mut self, pauses: Arc<Pauses>) -> Self {
+        self.pauses = Some(pauses);
+        self
     }
 
     pub(crate) fn building(&self) -> bool {
         self.building_since.is_some()
+    }
+
+    fn stopped(&self) -> Duration {
+        self.pauses.as_ref().map_or(Duration::ZERO, |p| p.stopped())
+    }
+
+    /// How long the child may still take for what it does now.
+    fn left(&self) -> Duration {
+        match self.building_since {
+            Some((since, stopped_then)) => {
+                let used = since
+                    .elapsed()
+                    .saturating_sub(self.stopped() - stopped_then);
+                self.compile_limit.saturating_sub(used)
+            }
+            None => self.run_left,
+        }
+    }
+
+    /// Charges the run time since `(started, stopped then)`, unless a build is in progress.
+    fn charge(&mut self, (started, stopped_then): (Instant, Duration)) {
+        if self.building_since.is_none() {
+            let used = started
+                .elapsed()
+                .saturating_sub(self.stopped() - stopped_then);
+            self.run_left = self.run_left.saturating_sub(used);
+        }
     }
 }
 
@@ -176,7 +213,9 @@ impl Child {
             if let Some(event) = self.pending.pop_front() {
                 if let Event::Msg(msg) = &event {
                     match msg["event"].as_str() {
-                        Some("build_start") => deadline.building_since = Some(Instant::now()),
+                        Some("build_start") => {
+                            deadline.building_since = Some((Instant::now(), deadline.stopped()));
+                        }
                         Some("build") => deadline.building_since = None,
                         _ => {}
                     }
@@ -186,19 +225,16 @@ impl Child {
             if self.exited.is_some() {
                 return None;
             }
-            let started = Instant::now();
-            let wait = match deadline.building_since {
-                Some(since) => deadline.compile_limit.saturating_sub(since.elapsed()),
-                None => deadline.run_left,
-            };
-            let got = self.next_raw(wait);
-            if deadline.building_since.is_none() {
-                deadline.run_left = deadline.run_left.saturating_sub(started.elapsed());
-            }
-            self.pending.extend(got);
-            if self.pending.is_empty() {
+            let wait = deadline.left();
+            if wait.is_zero() {
                 return None;
             }
+            let started = (Instant::now(), deadline.stopped());
+            let got = self.next_raw(wait);
+            deadline.charge(started);
+            // Nothing came: the wait is over, unless the child was stopped meanwhile (the next
+            // turn waits for the time that gave back).
+            self.pending.extend(got);
         }
     }
 

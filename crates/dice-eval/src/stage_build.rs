@@ -58,8 +58,10 @@ pub(crate) fn build(
             }));
         }
     };
-    // Its builds happen outside it, between its messages: its own time is the run timeout.
-    let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.timeout);
+    // Stopped while candidates are timed (quiet.rs), which its time limits do not count. Its
+    // builds happen outside it, between its messages: its own time is the run timeout.
+    let group = ctx.build_groups.register(child.pid);
+    let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.timeout).excluding(group.pauses());
     let mut builds = Vec::new();
     let mut failure = None;
     loop {
@@ -97,6 +99,7 @@ pub(crate) fn build(
             },
         }
     }
+    drop(group);
     let (_, log) = child.finish();
     let wall_s = started.elapsed().as_secs_f64();
     Ok(match failure {

@@ -7,20 +7,46 @@ use crate::child::Child;
 use crate::clock::StageClock;
 use crate::config::{Device, Timing};
 use crate::gate::Access;
-use crate::job::{times_of, JobContext};
-use crate::runtime::{self, Finding};
+use crate::job::{times_of, JobContext, Outcome};
+use crate::runtime::{self, Finding, TimedRound};
 use crate::stage_reference::{judged_failure, Reference, ReferenceFailed};
+use crate::stats::{dispersion, reported_stats, speedup_interval, timing_stats};
 use dice_audit::Rule;
 use dice_store::Verdict;
 use serde_json::{json, Value};
 use std::time::Instant;
 
-/// A timed candidate's calls and its baseline's, in ms, and the evaluator's wall time of each side.
+/// A timed candidate's rounds and its baseline's, as they reported them and as the evaluator's
+/// clock saw them.
 pub(crate) struct Timings {
-    pub candidate_ms: Vec<f64>,
-    pub baseline_ms: Vec<f64>,
-    pub candidate_wall_ms: f64,
-    pub baseline_wall_ms: f64,
+    pub candidate: Vec<TimedRound>,
+    pub baseline: Vec<TimedRound>,
+    /// Measurements made again because either side's calls were too dispersed.
+    pub remeasures: u32,
+    /// The candidate's per-call time by the evaluator's clock, when its own contradicted it
+    /// (runtime.rs `check_clock`): the speedup uses it instead of the reported mean.
+    pub trusted_candidate_ms: Option<f64>,
+}
+
+impl Timings {
+    /// Sets the outcome's timings: statistics of the calls as `timing` reports them, the
+    /// evaluator's wall time, the speedup's interval and how it was measured.
+    pub(crate) fn record(self, timing: Timing, outcome: &mut Outcome) {
+        let wall = |rounds: &[TimedRound]| rounds.iter().map(|r| r.wall_ms).sum::<f64>();
+        let per_round = |rounds: &[TimedRound]| -> Vec<Vec<f64>> {
+            rounds.iter().map(|r| r.reported_ms.clone()).collect()
+        };
+        outcome.candidate_timing = reported_stats(timing, &calls_ms(&self.candidate));
+        outcome.baseline_timing = reported_stats(timing, &calls_ms(&self.baseline));
+        outcome.candidate_wall_ms = Some(wall(&self.candidate));
+        outcome.baseline_wall_ms = Some(wall(&self.baseline));
+        outcome.trusted_candidate_ms = self.trusted_candidate_ms;
+        if self.trusted_candidate_ms.is_none() {
+            outcome.speedup_interval =
+                speedup_interval(&per_round(&self.candidate), &per_round(&self.baseline));
+        }
+        outcome.timing_remeasures = self.remeasures;
+    }
 }
 
 /// Which side makes the calls of a timing round.
@@ -64,56 +90,57 @@ pub(crate) fn time_side_by_side(
     clock: &mut StageClock,
 ) -> Result<Result<Timings, (Verdict, String)>, ReferenceFailed> {
     let mut t = Timings {
-        candidate_ms: Vec::new(),
-        baseline_ms: Vec::new(),
-        candidate_wall_ms: 0.0,
-        baseline_wall_ms: 0.0,
+        candidate: Vec::new(),
+        baseline: Vec::new(),
+        remeasures: 0,
+        trusted_candidate_ms: None,
     };
     let total = ctx.cfg.perf_trials;
     if total == 0 {
         return Ok(Ok(t));
     }
     let rounds = ctx.cfg.timing_rounds.clamp(1, total);
-    let (mut reused, mut persisting_l2) = (None, None);
+    let mut found = Found::default();
     let alone = access.timed();
+    // Dropped on every way out, unwinding included: the builds never stay stopped.
+    let quiet = ctx.cfg.quiet_timing.then(|| ctx.build_groups.quiet());
     clock.lap("timing wait");
-    for (side, n) in schedule(ctx.cfg.timing, total, rounds) {
-        if side == Side::Candidate {
-            let started = Instant::now();
-            match time_candidate(ctx, child, n) {
-                Ok(timed) => {
-                    t.candidate_ms.extend(timed.ms);
-                    reused = reused.or(timed.reused);
-                    persisting_l2 = persisting_l2.or(timed.persisting_l2);
-                }
-                Err(failure) => return Ok(Err(failure)),
+    // Every measurement's rounds, for the clock check: the more rounds, the likelier one of
+    // them is quiet enough to clear an honest candidate.
+    let (mut all_candidate, mut all_baseline) = (Vec::new(), Vec::new());
+    loop {
+        let first = t.candidate.is_empty();
+        match measure(ctx, child, reference, rounds, first, &mut found)? {
+            Ok((candidate, baseline)) => {
+                all_candidate.extend(candidate.iter().cloned());
+                all_baseline.extend(baseline.iter().cloned());
+                (t.candidate, t.baseline) = (candidate, baseline);
             }
-            t.candidate_wall_ms += started.elapsed().as_secs_f64() * 1e3;
-        } else {
-            let (ms, wall) = reference.time(ctx, n)?;
-            t.baseline_ms.extend(ms);
-            t.baseline_wall_ms += wall;
+            Err(failure) => return Ok(Err(failure)),
         }
+        let settled = !ctx.cfg.timing.remeasures() || t.remeasures == ctx.cfg.max_remeasures;
+        if settled || !too_dispersed(ctx, &t) {
+            break;
+        }
+        t.remeasures += 1;
     }
+    drop(quiet);
     drop(alone);
     clock.lap("timing");
-    if let Some(why) = reused {
+    if let Some(why) = found.reused {
         evidence
             .findings
             .push(Finding::error(Rule::OutputReused, why));
     }
-    if let Some(why) = persisting_l2 {
+    if let Some(why) = found.persisting_l2 {
         evidence
             .findings
             .push(Finding::error(Rule::L2PersistingWindow, why));
     }
-    evidence.findings.extend(runtime::check_timer(
-        &t.candidate_ms,
-        t.candidate_wall_ms,
-        &t.baseline_ms,
-        t.baseline_wall_ms,
-        rounds,
-    ));
+    if let Some(mismatch) = runtime::check_clock(&all_candidate, &all_baseline) {
+        evidence.findings.push(mismatch.finding);
+        t.trusted_candidate_ms = Some(mismatch.trusted_mean_ms);
+    }
     let judged = judge_timing_outputs(ctx, access, clock, child, reference)?;
     clock.lap("judge timing outputs");
     if let Err(failure) = judged {
@@ -124,6 +151,74 @@ pub(crate) fn time_side_by_side(
         return Ok(Err(failure));
     }
     Ok(Ok(t))
+}
+
+/// What the candidate's timed calls showed about its outputs, over all measurements.
+#[derive(Default)]
+struct Found {
+    /// Why its outputs look cached, if they do.
+    reused: Option<String>,
+    /// The persisting L2 reservation or access-policy window found before a flush, if any.
+    persisting_l2: Option<String>,
+}
+
+/// The rounds of one measurement: the candidate's and the baseline's.
+type Measurement = (Vec<TimedRound>, Vec<TimedRound>);
+
+/// One measurement: every round of the schedule.
+fn measure(
+    ctx: &JobContext,
+    child: &mut Child,
+    reference: &mut Reference,
+    rounds: u32,
+    first: bool,
+    found: &mut Found,
+) -> Result<Result<Measurement, (Verdict, String)>, ReferenceFailed> {
+    let (mut candidate, mut baseline) = (Vec::new(), Vec::new());
+    for (side, n) in schedule(ctx.cfg.timing, ctx.cfg.perf_trials, rounds) {
+        if side == Side::Candidate {
+            let started = Instant::now();
+            let timed = match time_candidate(ctx, child, n) {
+                Ok(timed) => timed,
+                Err(failure) => return Ok(Err(failure)),
+            };
+            found.reused = found.reused.take().or(timed.reused);
+            found.persisting_l2 = found.persisting_l2.take().or(timed.persisting_l2);
+            let warmup_calls = if first && candidate.is_empty() {
+                ctx.cfg.timing.untimed_first_calls()
+            } else {
+                0
+            };
+            candidate.push(TimedRound {
+                reported_ms: timed.ms,
+                wall_ms: started.elapsed().as_secs_f64() * 1e3,
+                warmup_calls,
+            });
+        } else {
+            let (reported_ms, wall_ms) = reference.time(ctx, n)?;
+            baseline.push(TimedRound {
+                reported_ms,
+                wall_ms,
+                warmup_calls: 0,
+            });
+        }
+    }
+    Ok(Ok((candidate, baseline)))
+}
+
+/// Whether either side's calls vary more than the settings accept.
+fn too_dispersed(ctx: &JobContext, t: &Timings) -> bool {
+    [&t.candidate, &t.baseline].into_iter().any(|rounds| {
+        timing_stats(&calls_ms(rounds)).is_some_and(|s| dispersion(&s) > ctx.cfg.remeasure_above_cv)
+    })
+}
+
+/// The reported times of every call of `rounds`.
+fn calls_ms(rounds: &[TimedRound]) -> Vec<f64> {
+    rounds
+        .iter()
+        .flat_map(|r| r.reported_ms.iter().copied())
+        .collect()
 }
 
 /// Has the candidate publish its last timed output of each input set, and judges them like

@@ -1,7 +1,7 @@
 //! Summary statistics of timings.
 
 use crate::config::Timing;
-use dice_store::TimingStats;
+use dice_store::{SpeedupInterval, TimingStats};
 
 /// The statistics `timing` reports: KernelBench's `get_timing_stats` rounds its mean, standard
 /// deviation, minimum and maximum to 3 significant digits (`float(f"{x:.3g}")`), and its
@@ -33,22 +33,110 @@ pub(crate) fn timing_stats(ms: &[f64]) -> Option<TimingStats> {
     let n = ms.len() as f64;
     let mean = ms.iter().sum::<f64>() / n;
     let var = ms.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
-    let mut sorted = ms.to_vec();
+    Some(TimingStats {
+        mean_ms: mean,
+        median_ms: median(ms)?,
+        std_ms: var.sqrt(),
+        min_ms: ms.iter().copied().fold(f64::INFINITY, f64::min),
+        max_ms: ms.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        trials: ms.len() as u32,
+    })
+}
+
+/// The median of `values`; None when empty.
+pub(crate) fn median(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mid = sorted.len() / 2;
-    let median = if sorted.len().is_multiple_of(2) {
+    Some(if sorted.len().is_multiple_of(2) {
         (sorted[mid - 1] + sorted[mid]) / 2.0
     } else {
         sorted[mid]
-    };
-    Some(TimingStats {
-        mean_ms: mean,
-        median_ms: median,
-        std_ms: var.sqrt(),
-        min_ms: sorted[0],
-        max_ms: sorted[sorted.len() - 1],
-        trials: ms.len() as u32,
     })
+}
+
+/// Coefficient of variation of the calls: their standard deviation over their mean.
+pub(crate) fn dispersion(stats: &TimingStats) -> f64 {
+    if stats.mean_ms > 0.0 {
+        stats.std_ms / stats.mean_ms
+    } else {
+        0.0
+    }
+}
+
+/// Resamples of the speedup's bootstrap.
+const RESAMPLES: usize = 2000;
+
+/// A 95 % interval of the speedup (baseline mean over candidate mean) from the calls of each
+/// round, the candidate's and the baseline's rounds paired by index: a two-stage bootstrap that
+/// draws rounds with replacement (a pair at once, so a load that slowed both sides of a round
+/// stays together), then calls with replacement within each drawn round, and takes the 2.5th
+/// and 97.5th percentiles of the resampled speedups. Rounds, not calls, are the independent
+/// units under load (one build slows a whole round); with one round it is a plain bootstrap of
+/// the calls. Seeded: a stored interval can be recomputed. None without calls on both sides.
+pub(crate) fn speedup_interval(
+    candidate: &[Vec<f64>],
+    baseline: &[Vec<f64>],
+) -> Option<SpeedupInterval> {
+    let pairs = candidate.len().min(baseline.len());
+    let usable = |rounds: &[Vec<f64>]| rounds[..pairs].iter().all(|r| !r.is_empty());
+    if pairs == 0 || !usable(candidate) || !usable(baseline) {
+        return None;
+    }
+    let mut rng = SplitMix64(0x5eed_d1ce);
+    let mean_of = |rounds: &[Vec<f64>], picked: &[usize], rng: &mut SplitMix64| {
+        let (mut sum, mut calls) = (0.0, 0usize);
+        for &r in picked {
+            let round = &rounds[r];
+            for _ in 0..round.len() {
+                sum += round[rng.below(round.len())];
+            }
+            calls += round.len();
+        }
+        sum / calls as f64
+    };
+    let mut speedups = Vec::with_capacity(RESAMPLES);
+    let mut picked = vec![0; pairs];
+    for _ in 0..RESAMPLES {
+        for p in &mut picked {
+            *p = rng.below(pairs);
+        }
+        let c = mean_of(candidate, &picked, &mut rng);
+        let b = mean_of(baseline, &picked, &mut rng);
+        if c > 0.0 {
+            speedups.push(b / c);
+        }
+    }
+    if speedups.is_empty() {
+        return None;
+    }
+    speedups.sort_by(f64::total_cmp);
+    let at = |q: f64| speedups[((speedups.len() - 1) as f64 * q).round() as usize];
+    Some(SpeedupInterval {
+        low: at(0.025),
+        high: at(0.975),
+    })
+}
+
+/// A small seeded generator for the bootstrap (SplitMix64).
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0); the modulo bias is far below the bootstrap's own error.
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
 }
 
 #[cfg(test)]
@@ -64,6 +152,35 @@ mod tests {
         );
         assert!((s.std_ms - 1.25f64.sqrt()).abs() < 1e-12);
         assert!(timing_stats(&[]).is_none());
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert!((dispersion(&s) - 1.25f64.sqrt() / 2.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_speedup_interval_holds_the_speedup_and_widens_with_dispersion() {
+        let steady: Vec<Vec<f64>> = (0..10).map(|_| vec![1.0; 10]).collect();
+        let twice: Vec<Vec<f64>> = (0..10).map(|_| vec![2.0; 10]).collect();
+        let exact = speedup_interval(&steady, &twice).unwrap();
+        assert_eq!((exact.low, exact.high), (2.0, 2.0));
+        // Candidate calls of 0.5..1.5 ms around 1 ms; one round of the baseline slowed by load.
+        let noisy: Vec<Vec<f64>> = (0..10)
+            .map(|r| {
+                (0..10)
+                    .map(|c| 0.5 + f64::from((r * 7 + c * 3) % 11) / 10.0)
+                    .collect()
+            })
+            .collect();
+        let mut loaded = twice.clone();
+        loaded[4] = vec![6.0; 10];
+        let wide = speedup_interval(&noisy, &loaded).unwrap();
+        let speedup = loaded.iter().flatten().sum::<f64>() / noisy.iter().flatten().sum::<f64>();
+        assert!(
+            wide.low < speedup && speedup < wide.high,
+            "{wide:?} {speedup}"
+        );
+        assert!(wide.high - wide.low > 0.5, "{wide:?}");
+        assert_eq!(speedup_interval(&noisy, &loaded), Some(wide));
+        assert_eq!(speedup_interval(&[], &twice), None);
     }
 
     #[test]

@@ -112,9 +112,11 @@ fn progress_message(summary: &Summary) -> String {
 }
 
 fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) {
+    // A candidate whose clock contradicted the evaluator's is timed by the evaluator's.
     let speedup = match (&o.candidate_timing, &o.baseline_timing) {
-        (Some(c), Some(b)) if o.verdict == Verdict::Correct && c.mean_ms > 0.0 => {
-            Some(b.mean_ms / c.mean_ms)
+        (Some(c), Some(b)) if o.verdict == Verdict::Correct => {
+            let candidate_ms = o.trusted_candidate_ms.unwrap_or(c.mean_ms);
+            (candidate_ms > 0.0).then(|| b.mean_ms / candidate_ms)
         }
         _ => None,
     };
@@ -142,6 +144,8 @@ fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) 
         candidate_timing: o.candidate_timing,
         baseline_timing: o.baseline_timing,
         speedup,
+        speedup_interval: o.speedup_interval.filter(|_| speedup.is_some()),
+        timing_remeasures: o.timing_remeasures,
         flags,
         deceptive,
         log_excerpt: log,

@@ -3,7 +3,9 @@
 use crate::metrics::{Outcome, ProblemOutcomes, Scores};
 use crate::threshold::Threshold;
 use anyhow::Result;
-use dice_store::{ProblemRecord, RunInfo, SampleRecord, Store, Verdict};
+use dice_store::{
+    ProblemRecord, RunInfo, SampleRecord, SpeedupInterval, Store, TimingStats, Verdict,
+};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -87,8 +89,17 @@ pub struct SampleRow {
     /// decide the mean of a kernel of tens of microseconds (bench/eval/h200/README.md, timing
     /// reproducibility); `None` unless correct and timed.
     pub median_speedup: Option<f64>,
+    /// Where `speedup` lies with 95 % confidence (a bootstrap over the timed rounds); `None`
+    /// without a speedup, for runs stored before intervals, and when the candidate's clock was
+    /// not trusted (`timer_inconsistent`).
+    pub speedup_interval: Option<SpeedupInterval>,
     pub candidate_ms: Option<f64>,
     pub baseline_ms: Option<f64>,
+    /// Coefficients of variation (standard deviation / mean) of the timed calls.
+    pub candidate_cv: Option<f64>,
+    pub baseline_cv: Option<f64>,
+    /// Measurements made again because the calls were too dispersed.
+    pub timing_remeasures: u32,
     pub flags: Vec<String>,
     pub deceptive: bool,
     pub message: Option<String>,
@@ -123,8 +134,12 @@ impl SampleRow {
                 None
             },
             median_speedup: median_speedup.filter(|_| correct),
+            speedup_interval: record.speedup_interval.filter(|_| correct),
             candidate_ms,
             baseline_ms,
+            candidate_cv: record.candidate_timing.as_ref().and_then(cv),
+            baseline_cv: record.baseline_timing.as_ref().and_then(cv),
+            timing_remeasures: record.timing_remeasures,
             flags: record.flags.clone(),
             deceptive: record.deceptive,
             message: record.message.clone(),
@@ -142,6 +157,10 @@ impl SampleRow {
             speedup: self.speedup.filter(|_| correct),
         }
     }
+}
+
+fn cv(t: &TimingStats) -> Option<f64> {
+    (t.mean_ms > 0.0).then(|| t.std_ms / t.mean_ms)
 }
 
 /// The report of the run in `store`; None when no run has begun there.

@@ -26,6 +26,8 @@ fn sample(level: u32, pid: u32, speedup: Option<f64>, deceptive: bool) -> Sample
         candidate_timing: speedup.map(|s| timing(10.0 / s)),
         baseline_timing: speedup.map(|_| timing(10.0)),
         speedup,
+        speedup_interval: None,
+        timing_remeasures: 0,
         flags: if deceptive {
             vec!["no_candidate_kernel_launched".into()]
         } else {

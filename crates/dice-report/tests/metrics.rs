@@ -24,6 +24,8 @@ fn sample(pid: u32, sid: u32, verdict: Verdict, speedup: Option<f64>) -> SampleR
         candidate_timing: speedup.map(|s| timing(10.0 / s)),
         baseline_timing: speedup.map(|_| timing(10.0)),
         speedup,
+        speedup_interval: None,
+        timing_remeasures: 0,
         flags: Vec::new(),
         deceptive: false,
         log_excerpt: String::new(),

@@ -21,7 +21,7 @@ pub use backend::Backend;
 pub use claim::{Claimed, SampleKey, WorkerId};
 pub use record::{
     BuildRecord, KernelProfile, LaunchedKernel, ProblemRecord, RunInfo, RunTimeline, SampleExtras,
-    SampleRecord, TimingStats,
+    SampleRecord, SpeedupInterval, TimingStats,
 };
 pub use sqlite::Sqlite;
 pub use store::Store;

@@ -14,6 +14,14 @@ pub struct TimingStats {
     pub trials: u32,
 }
 
+/// A 95 % confidence interval of a speedup: a bootstrap over the timed rounds (dice-eval's
+/// `stats.rs` says how).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SpeedupInterval {
+    pub low: f64,
+    pub high: f64,
+}
+
 /// Settings a run was started with; stored once per run and shown in reports.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
@@ -103,8 +111,18 @@ pub struct SampleRecord {
     pub trials_passed: u32,
     pub candidate_timing: Option<TimingStats>,
     pub baseline_timing: Option<TimingStats>,
-    /// baseline mean / candidate mean, only for correct samples.
+    /// baseline mean / candidate mean, only for correct samples; when the candidate's clock
+    /// contradicts the evaluator's (`timer_inconsistent`), the candidate's mean is the
+    /// evaluator's bound of it.
     pub speedup: Option<f64>,
+    /// Where the speedup lies with 95 % confidence, from the reported times (None without a
+    /// speedup, or when the candidate's clock was not trusted).
+    #[serde(default)]
+    pub speedup_interval: Option<SpeedupInterval>,
+    /// How often the timing was measured again because its dispersion was too high; the stored
+    /// timings are the last measurement's.
+    #[serde(default)]
+    pub timing_remeasures: u32,
     /// Rule ids of reward-hack findings (static and run-time).
     pub flags: Vec<String>,
     pub deceptive: bool,
@@ -189,6 +207,8 @@ mod tests {
             candidate_timing: None,
             baseline_timing: None,
             speedup: None,
+            speedup_interval: None,
+            timing_remeasures: 0,
             flags: vec!["no_custom_kernel".into()],
             deceptive: true,
             log_excerpt: String::new(),

@@ -5,7 +5,7 @@ use crate::backend::{judged_elsewhere, Backend};
 use crate::claim::{unix_time, Claimed, SampleKey, WorkerId};
 use crate::record::{
     BuildRecord, KernelProfile, ProblemRecord, RunInfo, RunTimeline, SampleExtras, SampleRecord,
-    TimingStats,
+    SpeedupInterval, TimingStats,
 };
 use crate::verdict::Verdict;
 use anyhow::{anyhow, bail, Context, Result};
@@ -45,6 +45,9 @@ CREATE TABLE IF NOT EXISTS samples (
     candidate_timing TEXT,
     baseline_timing TEXT,
     speedup REAL,
+    speedup_low REAL,
+    speedup_high REAL,
+    timing_remeasures INTEGER,
     candidate_wall_ms REAL,
     baseline_wall_ms REAL,
     flags TEXT NOT NULL,
@@ -88,10 +91,13 @@ CREATE TABLE IF NOT EXISTS claims (
 const READ_TABLES: [&str; 5] = ["run", "problems", "samples", "builds", "invocations"];
 
 /// Columns added after the first release, with their types, for stores made before them.
-const ADDED_SAMPLE_COLUMNS: [(&str, &str); 3] = [
+const ADDED_SAMPLE_COLUMNS: [(&str, &str); 6] = [
     ("custom_kernel_share", "REAL"),
     ("launched_kernels", "TEXT"),
     ("stages", "TEXT"),
+    ("speedup_low", "REAL"),
+    ("speedup_high", "REAL"),
+    ("timing_remeasures", "INTEGER"),
 ];
 
 /// The `stages` column: `[[stage, seconds], ...]` in the order the stages ran (stores of the
@@ -331,9 +337,10 @@ impl Backend for Sqlite {
             "INSERT OR REPLACE INTO samples (level, problem_id, sample_id, origin, code_hash, verdict,
                message, max_abs_error, max_rel_error, trials_passed, candidate_timing,
                baseline_timing, speedup, candidate_wall_ms, baseline_wall_ms, flags, deceptive,
-               log_excerpt, wall_s, custom_kernel_share, launched_kernels, stages)
+               log_excerpt, wall_s, custom_kernel_share, launched_kernels, stages, speedup_low,
+               speedup_high, timing_remeasures)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19,
-                     ?20, ?21, ?22)",
+                     ?20, ?21, ?22, ?23, ?24, ?25)",
             params![
                 s.level,
                 s.problem_id,
@@ -357,6 +364,9 @@ impl Backend for Sqlite {
                 extras.kernels.as_ref().and_then(|k| k.custom_share),
                 extras.kernels.as_ref().map(serde_json::to_string).transpose()?,
                 stages_json(&s.stages)?,
+                s.speedup_interval.map(|i| i.low),
+                s.speedup_interval.map(|i| i.high),
+                s.timing_remeasures,
             ],
         )?;
         for b in &extras.builds {
@@ -374,7 +384,8 @@ impl Backend for Sqlite {
         let mut stmt = self.conn.prepare(
             "SELECT level, problem_id, sample_id, code_hash, verdict, message, max_abs_error,
                     max_rel_error, trials_passed, candidate_timing, baseline_timing, speedup, flags,
-                    deceptive, log_excerpt, wall_s, stages
+                    deceptive, log_excerpt, wall_s, stages, speedup_low, speedup_high,
+                    timing_remeasures
              FROM samples ORDER BY level, problem_id, sample_id",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -392,6 +403,12 @@ impl Backend for Sqlite {
                     candidate_timing: None,
                     baseline_timing: None,
                     speedup: r.get(11)?,
+                    speedup_interval: match (r.get(17)?, r.get(18)?) {
+                        (Some(low), Some(high)) => Some(SpeedupInterval { low, high }),
+                        _ => None,
+                    },
+                    // NULL in stores made before re-measurement existed.
+                    timing_remeasures: r.get::<_, Option<u32>>(19)?.unwrap_or(0),
                     flags: Vec::new(),
                     deceptive: r.get(13)?,
                     log_excerpt: r.get(14)?,

@@ -2,7 +2,7 @@
 
 use dice_store::{
     BuildRecord, KernelProfile, LaunchedKernel, ProblemRecord, RunInfo, RunTimeline, SampleExtras,
-    SampleRecord, Store, TimingStats, Verdict,
+    SampleRecord, SpeedupInterval, Store, TimingStats, Verdict,
 };
 use dice_store::{SampleKey, WorkerId};
 use serde_json::json;
@@ -50,6 +50,11 @@ fn correct_sample() -> SampleRecord {
         candidate_timing: Some(timing(1.0)),
         baseline_timing: Some(timing(2.0)),
         speedup: Some(2.0),
+        speedup_interval: Some(SpeedupInterval {
+            low: 1.8,
+            high: 2.3,
+        }),
+        timing_remeasures: 1,
         flags: vec!["no_custom_kernel".into()],
         deceptive: true,
         log_excerpt: "built".into(),
@@ -158,6 +163,35 @@ fn a_run_resumed_with_other_settings_is_refused_unless_replaced() {
     assert_eq!(store.run_info().unwrap(), Some(looser));
 }
 
+/// A store of a release before speedup intervals and re-measurements reads back without them,
+/// and keeps them from then on.
+#[test]
+fn a_store_without_the_timing_columns_is_upgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dice.db");
+    let mut store = Store::open(&path).unwrap();
+    store
+        .put_sample(&correct_sample(), &SampleExtras::default())
+        .unwrap();
+    drop(store);
+    let old = rusqlite::Connection::open(&path).unwrap();
+    for column in ["speedup_low", "speedup_high", "timing_remeasures"] {
+        old.execute_batch(&format!("ALTER TABLE samples DROP COLUMN {column}"))
+            .unwrap();
+    }
+    drop(old);
+
+    let mut store = Store::open(&path).unwrap();
+    let read = store.samples().unwrap();
+    assert_eq!(
+        (read[0].speedup_interval, read[0].timing_remeasures),
+        (None, 0)
+    );
+    store
+        .put_sample(&correct_sample(), &SampleExtras::default())
+        .unwrap();
+    assert_eq!(store.samples().unwrap(), [correct_sample()]);
+}
 
 fn sample_key(sample_id: u32) -> SampleKey {
     (1, 1, sample_id)

@@ -4,7 +4,8 @@ use super::optional_ms;
 use crate::report::Report;
 
 const HEADER: &str = "level,problem_id,name,sample_id,verdict,compiled,correct,robust_correct,\
-speedup,median_speedup,candidate_ms,baseline_ms,deceptive,flags,message";
+speedup,speedup_low,speedup_high,median_speedup,candidate_ms,baseline_ms,candidate_cv,baseline_cv,\
+timing_remeasures,deceptive,flags,message";
 
 pub(super) fn render(r: &Report) -> String {
     let mut out = String::from(HEADER);
@@ -19,10 +20,15 @@ pub(super) fn render(r: &Report) -> String {
             s.compiled.to_string(),
             s.correct.to_string(),
             s.robust_correct.to_string(),
-            s.speedup.map_or(String::new(), |v| v.to_string()),
-            s.median_speedup.map_or(String::new(), |v| v.to_string()),
+            optional(s.speedup),
+            optional(s.speedup_interval.map(|i| i.low)),
+            optional(s.speedup_interval.map(|i| i.high)),
+            optional(s.median_speedup),
             optional_ms(s.candidate_ms),
             optional_ms(s.baseline_ms),
+            optional(s.candidate_cv),
+            optional(s.baseline_cv),
+            s.timing_remeasures.to_string(),
             s.deceptive.to_string(),
             s.flags.join(";"),
             s.message.clone().unwrap_or_default(),
@@ -32,6 +38,10 @@ pub(super) fn render(r: &Report) -> String {
         out.push('\n');
     }
     out
+}
+
+fn optional(x: Option<f64>) -> String {
+    x.map_or(String::new(), |v| v.to_string())
 }
 
 fn quote(field: &str) -> String {

@@ -2,7 +2,7 @@
 
 use super::svg::{rate_bars, speedup_histogram, strip_chart, Mark, RatePair};
 use super::{
-    compared_run_settings, esc, metric_rows, optional_ms, percent, run_settings, speedup,
+    compared_run_settings, esc, metric_rows, optional_ms, percent, run_settings, speedup_cell,
     COMPARED_RUN_COLUMNS, COMPARISON_LEGEND,
 };
 use crate::compare::{Comparison, PaperScores};
@@ -144,7 +144,7 @@ pub(super) fn render(r: &Report) -> String {
             esc(s.name.as_deref().unwrap_or("")),
             s.sample_id,
             s.verdict,
-            s.speedup.map_or(String::new(), speedup),
+            speedup_cell(s),
             optional_ms(s.candidate_ms),
             optional_ms(s.baseline_ms),
             if s.deceptive { "yes" } else { "no" },

@@ -2,7 +2,7 @@
 //! or runs side by side, one table per level with a raw and a robust column per run.
 
 use super::{
-    compared_run_settings, metric_rows, percent, run_settings, speedup, COMPARED_RUN_COLUMNS,
+    compared_run_settings, metric_rows, percent, run_settings, speedup_cell, COMPARED_RUN_COLUMNS,
     COMPARISON_LEGEND,
 };
 use crate::compare::{Comparison, PaperScores};
@@ -102,7 +102,7 @@ pub(super) fn render(r: &Report) -> String {
                 s.problem_id,
                 s.sample_id,
                 s.verdict,
-                s.speedup.map_or(String::new(), speedup),
+                speedup_cell(s),
                 if s.deceptive { "yes" } else { "no" },
                 cell(&s.flags.join(", "))
             );

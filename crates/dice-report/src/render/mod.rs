@@ -6,7 +6,7 @@ mod markdown;
 mod svg;
 
 use crate::compare::{ComparedRun, Comparison};
-use crate::report::{Report, Scoring};
+use crate::report::{Report, SampleRow, Scoring};
 use crate::Scores;
 use anyhow::{bail, Result};
 use dice_store::RunInfo;
@@ -182,6 +182,15 @@ fn percent(x: f64) -> String {
 
 fn speedup(x: f64) -> String {
     format!("{x:.3}×")
+}
+
+/// A sample's speedup with its 95 % interval, when it has one.
+fn speedup_cell(s: &SampleRow) -> String {
+    match (s.speedup, s.speedup_interval) {
+        (Some(x), Some(i)) => format!("{} [{:.3}–{:.3}]", speedup(x), i.low, i.high),
+        (Some(x), None) => speedup(x),
+        (None, _) => String::new(),
+    }
 }
 
 fn optional_ms(x: Option<f64>) -> String {
