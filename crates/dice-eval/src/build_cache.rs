@@ -343,9 +343,11 @@ fn run_builder(
     });
     let mut child = Child::start(zygote, &ctx.jobs_dir, "extension", &[], request)
         .context("starting an extension build")?;
+    // Stopped while candidates are timed (quiet.rs), which its time limits do not count.
+    let group = ctx.build_groups.register(child.pid);
     let limit = |phase| {
         let limit = limit_of(ctx, phase);
-        Deadline::new(limit, limit)
+        Deadline::new(limit, limit).excluding(group.pauses())
     };
     let mut phase = Phase::Build;
     let mut deadline = limit(phase);
@@ -392,6 +394,7 @@ fn run_builder(
             },
         }
     };
+    drop(group);
     child.finish();
     Ok(built)
 }
