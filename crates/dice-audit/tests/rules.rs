@@ -278,6 +278,28 @@ fn problem_constants_compare_by_value() {
 }
 
 #[test]
+fn inheriting_model_only_for_its_construction_is_a_warning() {
+    let model = "\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.scale = 1.0\n\n    def forward(self, x):\n        return torch.relu(x)\n";
+    let own_forward = relu_candidate(model, "        return self.ext.relu_cuda(x)")
+        .replace("class ModelNew(nn.Module):", "class ModelNew(Model):");
+    let result = run(&own_forward, RELU_PROBLEM);
+    assert!(!result.deceptive(), "{:?}", result.findings);
+    assert!(has(&result, Rule::ReferenceInheritance, Severity::Warning));
+
+    let reference_forward = relu_candidate(
+        model,
+        "        self.ext.relu_cuda(x)\n        return super().forward(x)",
+    )
+    .replace("class ModelNew(nn.Module):", "class ModelNew(Model):");
+    let result = run(&reference_forward, RELU_PROBLEM);
+    assert!(
+        has(&result, Rule::ReferenceInheritance, Severity::Error),
+        "{:?}",
+        result.findings
+    );
+}
+
+#[test]
 fn the_judges_module_of_the_problem_is_the_reference() {
     for access in [
         "import dice_problem\n",

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use tree_sitter::Node;
 
+use crate::callgraph::CallKind;
 use crate::context::Context;
 use crate::finding::{Report, Rule};
 use crate::module::{assigned_names, PyModule};
@@ -27,11 +28,36 @@ pub(crate) fn check(ctx: &Context, report: &mut Report) {
 fn inheritance(ctx: &Context, report: &mut Report) {
     let module = ctx.module;
     if let Some(info) = module.classes.get("ModelNew") {
-        if inherits_model(module, "ModelNew", 0) {
+        if !inherits_model(module, "ModelNew", 0) {
+            return;
+        }
+        // Inheriting only to reuse `Model.__init__` (the same parameters, initialised the same
+        // way) is honest when forward is the candidate's own and never reaches the reference.
+        let runs_reference = ctx
+            .forward
+            .as_ref()
+            .is_none_or(|(id, _)| id.class.as_deref() == Some("Model"))
+            || ctx
+                .forward_path
+                .functions
+                .iter()
+                .any(|(id, _)| id.class.as_deref() == Some("Model"))
+            || ctx
+                .forward_path
+                .calls
+                .iter()
+                .any(|c| matches!(c.kind, CallKind::Reference));
+        if runs_reference {
             report.error(
                 Rule::ReferenceInheritance,
                 info.node.start_byte(),
-                "`ModelNew` inherits from the reference `Model`".to_string(),
+                "`ModelNew` inherits from the reference `Model` and runs its forward".to_string(),
+            );
+        } else {
+            report.warning(
+                Rule::ReferenceInheritance,
+                info.node.start_byte(),
+                "`ModelNew` inherits from the reference `Model` for its construction; its forward is its own".to_string(),
             );
         }
     } else if let Some(&value) = module.bindings.get("ModelNew") {
