@@ -12,7 +12,8 @@ pub(crate) fn build_cache() -> PathBuf {
 }
 
 /// The examples' lines for problem 2 (a correct fused kernel, a raw answer without code, the
-/// renamed reference) as their own JSONL file.
+/// renamed reference) as their own JSONL file (not every test binary with this module uses it).
+#[allow(dead_code)]
 pub(crate) fn problem2_candidates(dir: &Path) -> PathBuf {
     let all = std::fs::read_to_string(examples().join("candidates.jsonl")).unwrap();
     let lines: Vec<&str> = all
