@@ -2,11 +2,12 @@
 //! counted into the batch's [`Summary`], with a progress bar.
 
 use crate::batch::{BatchContext, Report};
+use crate::claims::Claims;
 use crate::config::{Audit, EvalSample};
 use crate::job::Outcome;
 use crate::run_queue::ProblemKey;
 use anyhow::{Context, Result};
-use dice_store::{RunTimeline, SampleExtras, SampleRecord, Store, Verdict};
+use dice_store::{RunTimeline, SampleExtras, SampleRecord, Verdict};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -22,6 +23,8 @@ pub struct Summary {
     pub records: Vec<SampleRecord>,
     /// Samples already in the store and not re-evaluated.
     pub already_done: usize,
+    /// Samples another process judging the same run judged while this batch ran.
+    pub judged_elsewhere: usize,
     /// Samples left without a verdict because their problem's reference failed.
     pub skipped: usize,
     /// (level, problem_id, why) of problems whose reference failed.
@@ -46,10 +49,10 @@ pub(crate) fn progress_bar(show: bool, len: usize) -> ProgressBar {
     bar
 }
 
-/// Stores each outcome the stages report, in its own transaction, after the audit; counts them
-/// into the batch's summary and on the progress bar.
+/// Stores each outcome the stages report, in its own transaction that also ends the sample's
+/// claim, after the audit; counts them into the batch's summary and on the progress bar.
 pub(crate) fn write_reports(
-    store: &mut Store,
+    claims: &Claims<'_>,
     shared: &BatchContext<'_>,
     reports: Receiver<Report>,
     audit: Option<&dyn Audit>,
@@ -60,12 +63,15 @@ pub(crate) fn write_reports(
     for report in reports {
         match report {
             Report::ReferenceOk(key) => {
-                store.set_reference_error(key.0, key.1, None)?;
+                claims.store().set_reference_error(key.0, key.1, None)?;
                 failed_problems.remove(&key);
             }
             Report::ReferenceFailed(i, why) => {
                 let s = &shared.samples[i];
-                store.set_reference_error(s.level, s.problem_id, Some(&why))?;
+                claims
+                    .store()
+                    .set_reference_error(s.level, s.problem_id, Some(&why))?;
+                claims.release(i)?;
                 failed_problems.insert((s.level, s.problem_id), why);
                 summary.skipped += 1;
                 bar.inc(1);
@@ -77,9 +83,18 @@ pub(crate) fn write_reports(
                 if let Some(audit) = audit {
                     audit.audit(problem, sample, extras.kernels.as_ref(), &mut record);
                 }
-                store
-                    .put_sample(&record, &extras)
+                let stored = claims
+                    .put(&record, &extras)
                     .with_context(|| format!("storing the result of {}", sample.origin))?;
+                if !stored {
+                    tracing::warn!(
+                        "{}: judged here, but another worker took it over after this one's \
+                         lease expired; its result is that worker's",
+                        sample.origin
+                    );
+                    bar.inc(1);
+                    continue;
+                }
                 *summary.verdicts.entry(record.verdict).or_default() += 1;
                 summary.records.push(record);
                 summary.timeline.last_outcome_s = Some(shared.started.elapsed().as_secs_f64());
