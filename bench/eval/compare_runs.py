@@ -1,7 +1,8 @@
 """Compares the speedups of two `dice report --format json` outputs of the same programs (issue
 #15's acceptance): per program the ratio A / B of speedups, the median and 90th percentile of
 |ratio - 1|, Spearman's rank correlation, how many land on different sides of 1x; and, for the
-identity candidates of A (ids >= 1,000,000, see pairs_with_identity.py), |speedup - 1|.
+identity candidates of A (ids >= 1,000,000, see pairs_with_identity.py), |speedup - 1|. A or B may
+also be the JSONL that kernelbench_timing.py writes.
 
     python3 bench/eval/compare_runs.py A.json B.json [--field speedup|median_speedup] [--json OUT]
 """
@@ -14,7 +15,14 @@ IDENTITY = 1_000_000
 
 
 def speedups(path, field):
+    """Speedups by program id: a `dice report --format json`, or the JSONL of kernelbench_timing.py."""
     out = {}
+    if path.endswith(".jsonl"):
+        for line in open(path):
+            row = json.loads(line)
+            if row.get("speedup"):
+                out[row["id"]] = row["speedup"]
+        return out
     for s in json.load(open(path))["samples"]:
         if s.get("correct") and s.get(field):
             out[s["problem_id"]] = s[field]

@@ -4,6 +4,11 @@ in this one process and no dice code: what `dice eval --timing kernelbench` is c
     python3 bench/eval/kernelbench_timing.py --pairs PAIRS.json [--ids 3,17] [--out times.jsonl]
     python3 bench/eval/kernelbench_timing.py --problem PROBLEM.py --candidate CANDIDATE.py
 
+Building is not timing, so it can be done first, in parallel: with --build-dir DIR every program's
+extensions go to DIR/<id> (TORCH_EXTENSIONS_DIR), --build-only only executes the candidate (which
+compiles it), and --shard K/N takes every N-th program from the K-th; a later run with the same
+--build-dir loads the builds instead of compiling.
+
 Options: --method kernelbench (HEAD's cuda_event, the default) or kernelbench-v0.1 (DICE's paper);
 --device cuda (default) or cpu (the same loops around perf_counter); --trials N (100);
 --precision fp32|fp16|bf16 (floating-point tensors only, as dice casts them).
@@ -22,6 +27,7 @@ sides' statistics, or error.
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from time import perf_counter
@@ -103,6 +109,12 @@ def stats(times):
     }
 
 
+def build_program(candidate_src):
+    """Executes the candidate alone: its load_inline calls compile into TORCH_EXTENSIONS_DIR."""
+    exec(compile(candidate_src, "<candidate>", "exec"), {})
+    return {"built": True}
+
+
 def time_program(problem_src, candidate_src, args):
     device, dtype = torch.device(args.device), DTYPES[args.precision]
     candidate_warmups, baseline_warmups = METHODS[args.method][:2]
@@ -157,6 +169,17 @@ def programs(args):
         yield args.candidate, open(args.problem).read(), open(args.candidate).read()
 
 
+def sharded(items, shard):
+    """The K-th of N interleaved shards ("K/N"), or everything."""
+    if not shard:
+        yield from items
+        return
+    k, n = (int(x) for x in shard.split("/"))
+    for position, item in enumerate(items):
+        if position % n == k:
+            yield item
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs")
@@ -168,13 +191,21 @@ def main():
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--precision", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--out")
+    parser.add_argument("--build-dir")
+    parser.add_argument("--build-only", action="store_true")
+    parser.add_argument("--shard")
     args = parser.parse_args()
     if bool(args.pairs) == bool(args.problem and args.candidate):
         parser.error("give --pairs, or --problem and --candidate")
     out = open(args.out, "w") if args.out else sys.stdout
-    for program_id, problem_src, candidate_src in programs(args):
+    for program_id, problem_src, candidate_src in sharded(programs(args), args.shard):
+        if args.build_dir:
+            os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(args.build_dir, str(program_id).replace("/", "_"))
         try:
-            row = {"id": program_id, "method": args.method, **time_program(problem_src, candidate_src, args)}
+            if args.build_only:
+                row = {"id": program_id, **build_program(candidate_src)}
+            else:
+                row = {"id": program_id, "method": args.method, **time_program(problem_src, candidate_src, args)}
         except Exception as e:
             traceback.print_exc()
             row = {"id": program_id, "method": args.method, "error": f"{type(e).__name__}: {e}".splitlines()[0]}

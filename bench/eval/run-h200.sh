@@ -43,7 +43,7 @@ step() { # name, cap seconds, dice eval args...
   local t0=$(date +%s%N) c0
   c0=$(cpu_ticks)
   timeout "$limit" "$bin/dice" eval "$@" --run "$runs/$name" --device cuda --build-cache "$cache" \
-    --jobs 16 >"$runs/$name.log" 2>&1
+    --jobs "${JOBS:-16}" >"$runs/$name.log" 2>&1
   local rc=$?
   # Whether the machine's cores were the limit: busy share of all cores over the step.
   local busy=$(echo "$c0 $(cpu_ticks)" | awk '{printf "%.0f", 100 * ($3 - $1) / ($4 - $2)}')
@@ -67,6 +67,25 @@ adversarial() {
   echo "adversarial rc=$? wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
   tail -5 "$OUT/adversarial-gpu.log"
 }
+kb_script() {
+  # Builds in 16 processes first (a folder of extensions per program), then times one program at a
+  # time in one process, as the spec describes.
+  local t0=$(date +%s%N) dir=/tmp/kb-builds
+  for shard in $(seq 0 15); do
+    python3 bench/eval/kernelbench_timing.py --pairs "$DATA/pairs32.json" --build-dir "$dir" \
+      --build-only --shard "$shard/16" >"$runs/kb-build-$shard.log" 2>&1 &
+  done
+  wait
+  timeout "$(left)" python3 bench/eval/kernelbench_timing.py --pairs "$DATA/pairs32.json" --build-dir "$dir" \
+    --out "$OUT/kb-script.jsonl" >"$runs/kb-script.log" 2>&1
+  echo "kb-script rc=$? wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
+}
+q_compare() {
+  { echo "== batch vs quiet (mean-based speedup)"; python3 bench/eval/compare_runs.py "$runs/q-batch.json" "$runs/q-quiet.json"
+    echo "== batch vs quiet (median speedup)"; python3 bench/eval/compare_runs.py "$runs/q-batch.json" "$runs/q-quiet.json" --field median_speedup
+    echo "== dice --timing kernelbench vs the plain script"; python3 bench/eval/compare_runs.py "$runs/q-kb.json" "$OUT/kb-script.jsonl"
+  } 2>&1 | tee "$OUT/q-compare.txt"
+}
 python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name(0))' | tee -a "$OUT/steps.txt"
 nproc | sed 's/^/cores /' | tee -a "$OUT/steps.txt"
 for s in "$@"; do
@@ -77,6 +96,16 @@ for s in "$@"; do
     a-pairs) step a-pairs 600 --pairs tests/data/dice/kernel_infilling_evaluation.json --runs-per-device 8 ;;
     b-identity) step b-identity 600 "$DATA/identity.jsonl" --kernelbench tests/data/kernelbench --runs-per-device 4 ;;
     adversarial) adversarial ;;
+    # Issue #15: the 99 pairs and an identity candidate of each as one cold batch; the same pairs
+    # one candidate at a time on the device with the cache warm; KernelBench's timing in dice and
+    # in a plain script on the fixed 32; then the figures of the acceptance.
+    q-batch) rm -rf "$cache"
+      python3 bench/eval/pairs_with_identity.py tests/data/dice/kernel_infilling_evaluation.json "$runs/pairs_identity.json"
+      step q-batch 600 --pairs "$runs/pairs_identity.json" --runs-per-device 8 ;;
+    q-quiet) JOBS=4 step q-quiet 420 --pairs tests/data/dice/kernel_infilling_evaluation.json --runs-per-device 1 ;;
+    q-kb) JOBS=4 step q-kb 300 --pairs "$DATA/pairs32.json" --runs-per-device 1 --timing kernelbench ;;
+    kb-script) kb_script ;;
+    q-compare) q_compare ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done
