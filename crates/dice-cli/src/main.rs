@@ -52,7 +52,7 @@ enum Command {
     #[command(subcommand)]
     Model(cmd::model::ModelCommand),
     /// Curate training data from PyTorch→CUDA pairs: ingest and deduplicate, verify speedups,
-    /// split for kernel infilling.
+    /// export SFT and RL task files, report; split programs for kernel infilling.
     #[command(subcommand)]
     Curate(cmd::curate::CurateCommand),
     /// Fine-tune a block-diffusion model: supervised (SFT) on chat data.

@@ -8,18 +8,22 @@
 //!   with confidence (the lower end of a bootstrap interval of the speedup).
 //! * [`export`] writes the kept pairs as LlamaFactory SFT data and RL task files for both stages
 //!   of BiC-RL, ordered by difficulty.
+//! * [`report`] shows the funnel, the speedups before and after the threshold, the drop
+//!   reasons and the duplicate clusters (Markdown and HTML).
 //! * [`split`] cuts a program into the prefix, core and suffix of a kernel-infilling task, on
 //!   its parse tree.
 
 pub mod dedup;
 pub mod export;
 pub mod ingest;
+pub mod report;
 pub mod run;
 pub mod split;
 pub mod verify;
 
 pub use export::{export, Difficulty, ExportOptions, Exported, SftFormat};
 pub use ingest::{ingest, normalize, Cluster, DroppedRecord, IngestSummary, Pair};
+pub use report::write_report;
 pub use run::RunDir;
 pub use split::{split_file, split_program, write_splits, Agreement, Split, SplitError, SplitRun};
 pub use verify::{verify, VerifiedPair, VerifySummary, DEFAULT_MIN_SPEEDUP};

@@ -43,6 +43,11 @@ impl RunDir {
         self.dir.join("verified.jsonl")
     }
 
+    /// Verify's counts and speedups.
+    pub fn verify_summary(&self) -> PathBuf {
+        self.dir.join("verify.json")
+    }
+
     /// What verify decided for each pair, with a clear error when verify has not run.
     pub fn read_verified(&self) -> Result<Vec<crate::VerifiedPair>> {
         let path = self.verified();

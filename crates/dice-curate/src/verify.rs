@@ -146,7 +146,7 @@ pub fn verify(run: &RunDir, mut judging: EvalConfig, min_speedup: f64) -> Result
         verified.push(outcome);
     }
     write_jsonl(&run.verified(), &verified)?;
-    write_json(&run.dir.join("verify.json"), &summary)?;
+    write_json(&run.verify_summary(), &summary)?;
     Ok(summary)
 }
 

@@ -3,7 +3,8 @@
 //! where it should; verifying again changes nothing.
 
 use dice_curate::{
-    export, ingest, verify, Difficulty, ExportOptions, RunDir, SftFormat, DEFAULT_MIN_SPEEDUP,
+    export, ingest, verify, write_report, Difficulty, ExportOptions, RunDir, SftFormat,
+    DEFAULT_MIN_SPEEDUP,
 };
 use dice_eval::EvalConfig;
 use serde_json::{json, Value};
@@ -136,6 +137,24 @@ fn each_fixture_pair_lands_where_it_should() {
         ),
         (json!(1), json!(""))
     );
+
+    // The report: the funnel down to the one kept pair, the threshold, every drop reason.
+    let reports = write_report(&run).unwrap();
+    let md = std::fs::read_to_string(&reports[0]).unwrap();
+    for line in [
+        "| records read | 6 |",
+        "| without exact duplicates | 5 |",
+        "| with a kernel | 4 |",
+        "| correct and timed | 3 |",
+        "| kept: not deceptive, speedup ≥ 2x with 95 % confidence | 1 |",
+        "| deceptive | 1 |",
+        "| speedup below threshold | 1 |",
+        "| verdict: output_mismatch | 1 |",
+    ] {
+        assert!(md.lines().any(|l| l == line), "no line {line:?} in:\n{md}");
+    }
+    let html = std::fs::read_to_string(&reports[1]).unwrap();
+    assert!(html.contains("<svg") && html.contains("stroke=\"#c33\""));
 
     // Every pair is in the store: verifying again judges nothing and writes the same file.
     let first = std::fs::read(run.verified()).unwrap();

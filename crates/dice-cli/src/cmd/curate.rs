@@ -24,6 +24,9 @@ pub(crate) enum CurateCommand {
     /// curriculum order.
     #[command(after_help = EXPORT_MANUAL)]
     Export(ExportArgs),
+    /// Write the run's report (report.md, report.html): the funnel per stage, speedups before
+    /// and after the threshold, why pairs were dropped, duplicate clusters.
+    Report(ReportArgs),
     /// Split each program into the prefix, core and suffix of a kernel-infilling task.
     #[command(after_help = SPLIT_MANUAL)]
     Split(SplitArgs),
@@ -174,8 +177,21 @@ pub(crate) struct ExportArgs {
     pub levels: u32,
 }
 
+#[derive(Args, Debug)]
+pub(crate) struct ReportArgs {
+    /// The curate run folder (after `dice curate ingest`, and `verify` for the speedups).
+    #[arg(long, value_name = "RUN_DIR")]
+    pub run: PathBuf,
+}
+
 pub(crate) fn run(command: CurateCommand) -> Result<()> {
     match command {
+        CurateCommand::Report(a) => {
+            let written = dice_curate::write_report(&RunDir::new(&a.run))?;
+            let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+            println!("wrote {}", names.join(", "));
+            Ok(())
+        }
         CurateCommand::Export(a) => export(&a),
         CurateCommand::Verify(a) => verify(&a),
         CurateCommand::Ingest(a) => ingest(&a),

@@ -1,0 +1,159 @@
+//! `dice curate` end to end on the C++ CPU fixture of dice-curate: ingest, verify killed with
+//! SIGKILL and resumed (nothing judged before changes), export packed by `dice train sft
+//! --dry-run`, the report; and `split` on DICE's released pairs.
+
+mod common;
+
+use common::{dice, path_arg, stderr};
+use dice_store::{SampleRecord, Store};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../dice-curate/tests/fixtures/verify_pairs.json")
+}
+
+fn stored(run: &Path) -> Vec<SampleRecord> {
+    let db = run.join("dice.db");
+    if !db.exists() {
+        return Vec::new();
+    }
+    Store::open_read_only(&db)
+        .and_then(|s| s.samples())
+        .unwrap_or_default()
+}
+
+fn verify_command(run: &Path) -> Command {
+    // dice-curate's verify test shares this cache: the fixture's one C++ source builds once.
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-curate-build-cache");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_dice"));
+    command.args([
+        "curate",
+        "verify",
+        "--run",
+        path_arg(run),
+        "--build-cache",
+        path_arg(&cache),
+    ]);
+    command.args([
+        "--correctness-trials",
+        "3",
+        "--perf-trials",
+        "48",
+        "--timeout",
+        "60",
+    ]);
+    command
+}
+
+#[test]
+fn curate_run_survives_kill_9_and_exports_trainable_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let out = dice(&[
+        "curate",
+        "ingest",
+        "--run",
+        path_arg(&run),
+        path_arg(&fixture()),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let mut verifying = verify_command(&run)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while stored(&run).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "verify stored nothing"
+        );
+        assert!(
+            verifying.try_wait().unwrap().is_none(),
+            "verify ended before it was killed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    verifying.kill().unwrap(); // SIGKILL
+    verifying.wait().unwrap();
+    let before = stored(&run);
+    assert!(before.len() < 4, "the kill came too late to test anything");
+
+    let out = verify_command(&run).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("kept 1 of 4 pairs"), "{text}");
+    let after = stored(&run);
+    assert_eq!(after.len(), 4);
+    for old in &before {
+        assert!(
+            after.contains(old),
+            "a verdict stored before the kill changed: {old:?}"
+        );
+    }
+
+    let data = tmp.path().join("data");
+    let out = dice(&[
+        "curate",
+        "export",
+        "--run",
+        path_arg(&run),
+        "--out",
+        path_arg(&data),
+        "--format",
+        "sharegpt",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let tokenizer = common::test_data().join("sdar");
+    let out = dice(&[
+        "train",
+        "sft",
+        "--model",
+        path_arg(&tokenizer),
+        "--dataset-info",
+        path_arg(&data),
+        "--dataset",
+        "cuke",
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let packed = String::from_utf8_lossy(&out.stdout);
+    assert!(packed.contains("records      1 (cuke: 1)"), "{packed}");
+    assert!(
+        packed.contains("samples      1 packed, 0 dropped"),
+        "{packed}"
+    );
+
+    let out = dice(&["curate", "report", "--run", path_arg(&run)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(run.join("report.html").exists());
+}
+
+#[test]
+fn split_reproduces_the_released_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let splits = tmp.path().join("splits.jsonl");
+    let pairs = common::test_data().join("dice/kernel_infilling_evaluation.json");
+    let out = dice(&[
+        "curate",
+        "split",
+        "--pairs",
+        path_arg(&pairs),
+        "--out",
+        path_arg(&splits),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("split agreement with the file's own: 99/99 exact (100.0 %)"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&splits).unwrap().lines().count(),
+        99
+    );
+}

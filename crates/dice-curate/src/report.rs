@@ -1,0 +1,265 @@
+//! The run's report (`report.md`, `report.html`): the funnel from records read to pairs kept,
+//! the speedups of correct pairs before and after the threshold, why pairs were dropped, and
+//! the duplicate clusters.
+
+use crate::ingest::IngestSummary;
+use crate::run::RunDir;
+use crate::verify::VerifySummary;
+use anyhow::{Context, Result};
+use std::fmt::Write;
+use std::path::PathBuf;
+
+/// Speedup histogram bins: powers of two from 2⁻⁶ to 2⁷ (values outside go to the end bins).
+const BIN_EXPONENTS: std::ops::RangeInclusive<i32> = -6..=7;
+
+/// What the report shows, read from the run folder.
+struct Facts {
+    ingest: IngestSummary,
+    verify: Option<VerifySummary>,
+}
+
+/// Writes `report.md` and `report.html` into the run folder; returns their paths.
+pub fn write_report(run: &RunDir) -> Result<Vec<PathBuf>> {
+    let ingest: IngestSummary = read_json(&run.ingest_summary())
+        .with_context(|| format!("run `dice curate ingest --run {}` first", run.dir.display()))?;
+    let verify_path = run.verify_summary();
+    let verify = if verify_path.exists() {
+        Some(read_json(&verify_path)?)
+    } else {
+        None
+    };
+    let facts = Facts { ingest, verify };
+    let md = run.dir.join("report.md");
+    let html = run.dir.join("report.html");
+    std::fs::write(&md, markdown(&facts))
+        .with_context(|| format!("cannot write {}", md.display()))?;
+    std::fs::write(&html, html_page(&facts))
+        .with_context(|| format!("cannot write {}", html.display()))?;
+    Ok(vec![md, html])
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not this run's", path.display()))
+}
+
+/// `(stage, count)` from records read to pairs kept.
+fn funnel(f: &Facts) -> Vec<(String, usize)> {
+    let i = &f.ingest;
+    let read: usize = i.read.values().sum();
+    let mut rows = vec![
+        ("records read".to_string(), read),
+        ("readable".to_string(), read - i.rejected),
+        (
+            "without exact duplicates".to_string(),
+            read - i.rejected - i.exact_duplicates,
+        ),
+        (
+            format!("without near duplicates (J ≥ {})", i.threshold),
+            i.kept,
+        ),
+        ("with a kernel".to_string(), i.kept - i.problem_only),
+    ];
+    if let Some(v) = &f.verify {
+        rows.push(("correct and timed".to_string(), v.speedups_correct.len()));
+        rows.push((
+            format!(
+                "kept: not deceptive, speedup ≥ {}x with 95 % confidence",
+                v.min_speedup
+            ),
+            v.kept,
+        ));
+    }
+    rows
+}
+
+fn histogram(speedups: &[f64]) -> Vec<usize> {
+    let (lo, hi) = (*BIN_EXPONENTS.start(), *BIN_EXPONENTS.end());
+    let mut bins = vec![0; BIN_EXPONENTS.count()];
+    for s in speedups.iter().filter(|s| **s > 0.0) {
+        let e = (s.log2().floor() as i32).clamp(lo, hi);
+        bins[(e - lo) as usize] += 1;
+    }
+    bins
+}
+
+fn bin_label(e: i32) -> String {
+    let bound = |e: i32| {
+        if e >= 0 {
+            format!("{}", 1u64 << e)
+        } else {
+            format!("1/{}", 1u64 << -e)
+        }
+    };
+    format!("{}–{}x", bound(e), bound(e + 1))
+}
+
+fn markdown(f: &Facts) -> String {
+    let mut out = String::from("# dice curate\n\n## Funnel\n\n| stage | pairs |\n| --- | ---: |\n");
+    for (stage, n) in funnel(f) {
+        let _ = writeln!(out, "| {stage} | {n} |");
+    }
+    let read: Vec<String> = f
+        .ingest
+        .read
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    let _ = writeln!(out, "\nRecords read per format: {}.", read.join(", "));
+    if let Some(v) = &f.verify {
+        out.push_str("\n## Speedups of correct pairs\n\n");
+        let _ = writeln!(
+            out,
+            "Threshold: the lower end of the 95 % interval ≥ {}x.\n",
+            v.min_speedup
+        );
+        out.push_str("| speedup | correct | kept |\n| --- | ---: | ---: |\n");
+        let (all, kept) = (histogram(&v.speedups_correct), histogram(&v.speedups_kept));
+        for (k, e) in BIN_EXPONENTS.enumerate() {
+            if all[k] > 0 {
+                let _ = writeln!(out, "| {} | {} | {} |", bin_label(e), all[k], kept[k]);
+            }
+        }
+        out.push_str("\n## Dropped pairs\n\n| reason | pairs |\n| --- | ---: |\n");
+        for (reason, n) in &v.dropped {
+            let _ = writeln!(out, "| {reason} | {n} |");
+        }
+    }
+    out.push_str(&clusters_markdown(&f.ingest));
+    out
+}
+
+fn clusters_markdown(i: &IngestSummary) -> String {
+    let mut out = format!(
+        "\n## Duplicate clusters\n\n{} clusters: {} exact and {} near duplicates dropped in favour of the pair kept.\n\n",
+        i.clusters.len(),
+        i.exact_duplicates,
+        i.near_duplicates
+    );
+    if i.clusters.is_empty() {
+        return out;
+    }
+    out.push_str("| kept | dropped (similarity) |\n| --- | --- |\n");
+    for c in &i.clusters {
+        let dropped: Vec<String> = c
+            .duplicates
+            .iter()
+            .map(|(origin, j)| format!("{origin} ({j:.2})"))
+            .collect();
+        let _ = writeln!(out, "| {} | {} |", c.kept, dropped.join("<br>"));
+    }
+    out
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn html_page(f: &Facts) -> String {
+    let mut body = String::from(
+        "<h1>dice curate</h1><h2>Funnel</h2><table><tr><th>stage</th><th>pairs</th></tr>",
+    );
+    for (stage, n) in funnel(f) {
+        let _ = write!(body, "<tr><td>{}</td><td>{n}</td></tr>", esc(&stage));
+    }
+    body.push_str("</table>");
+    if let Some(v) = &f.verify {
+        body.push_str("<h2>Speedups of correct pairs</h2>");
+        body.push_str(&speedup_svg(v));
+        body.push_str("<h2>Dropped pairs</h2><table><tr><th>reason</th><th>pairs</th></tr>");
+        for (reason, n) in &v.dropped {
+            let _ = write!(body, "<tr><td>{}</td><td>{n}</td></tr>", esc(reason));
+        }
+        body.push_str("</table>");
+    }
+    let _ = write!(
+        body,
+        "<h2>Duplicate clusters</h2><p>{} clusters: {} exact and {} near duplicates dropped.</p><table><tr><th>kept</th><th>dropped (similarity)</th></tr>",
+        f.ingest.clusters.len(),
+        f.ingest.exact_duplicates,
+        f.ingest.near_duplicates
+    );
+    for c in &f.ingest.clusters {
+        let dropped: Vec<String> = c
+            .duplicates
+            .iter()
+            .map(|(origin, j)| format!("{} ({j:.2})", esc(origin)))
+            .collect();
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td></tr>",
+            esc(&c.kept),
+            dropped.join("<br>")
+        );
+    }
+    body.push_str("</table>");
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>dice curate</title><style>\
+body{{font-family:sans-serif;max-width:60em;margin:2em auto}}table{{border-collapse:collapse}}\
+td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}</style></head><body>{body}</body></html>\n"
+    )
+}
+
+/// Bars per power-of-two bin, correct pairs in grey and kept ones in blue, with the threshold
+/// as a red line.
+fn speedup_svg(v: &VerifySummary) -> String {
+    let (all, kept) = (histogram(&v.speedups_correct), histogram(&v.speedups_kept));
+    let top = all.iter().copied().max().unwrap_or(0).max(1) as f64;
+    let (width, height, bar) = (40.0 * all.len() as f64 + 40.0, 220.0, 40.0);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{}\">",
+        height + 40.0
+    );
+    let lo = *BIN_EXPONENTS.start();
+    for (k, e) in BIN_EXPONENTS.enumerate() {
+        let x = 20.0 + bar * k as f64;
+        for (count, colour) in [(all[k], "#bbb"), (kept[k], "#36c")] {
+            let h = height * count as f64 / top;
+            let _ = write!(
+                svg,
+                "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{h}\" fill=\"{colour}\"/>",
+                x + 2.0,
+                height - h,
+                bar - 4.0
+            );
+        }
+        if all[k] > 0 {
+            let _ = write!(
+                svg,
+                "<text x=\"{}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\">{}</text>",
+                x + bar / 2.0,
+                height - 4.0 - height * all[k] as f64 / top,
+                all[k]
+            );
+        }
+        if (e - lo) % 2 == 0 {
+            let _ = write!(
+                svg,
+                "<text x=\"{x}\" y=\"{}\" font-size=\"10\">{}</text>",
+                height + 14.0,
+                esc(&bin_label(e).replace('–', "-"))
+            );
+        }
+    }
+    let threshold_x = 20.0 + bar * (v.min_speedup.log2() - f64::from(lo));
+    let _ = write!(svg, "<line x1=\"{threshold_x}\" y1=\"0\" x2=\"{threshold_x}\" y2=\"{height}\" stroke=\"#c33\" stroke-width=\"2\"/><text x=\"{}\" y=\"12\" font-size=\"11\" fill=\"#c33\">{}x</text>", threshold_x + 4.0, v.min_speedup);
+    let _ = write!(svg, "<text x=\"20\" y=\"{}\" font-size=\"11\">grey: correct pairs; blue: kept (log₂ bins of the speedup)</text></svg>", height + 32.0);
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn speedups_fall_in_power_of_two_bins() {
+        let bins = histogram(&[0.001, 0.75, 1.0, 1.9, 2.0, 500.0]);
+        let at = |e: i32| bins[(e - BIN_EXPONENTS.start()) as usize];
+        assert_eq!((at(-6), at(-1), at(0), at(1), at(7)), (1, 1, 2, 1, 1));
+        assert_eq!(bin_label(-1), "1/2–1x");
+        assert_eq!(bin_label(1), "2–4x");
+    }
+}
