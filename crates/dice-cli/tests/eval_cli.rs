@@ -156,6 +156,7 @@ fn bad_input_ends_with_one_clear_line() {
         b"x = '\xff\xfe'\n",
     )
     .unwrap();
+    std::fs::write(folder.join("level_1_problem_1_sample_1.py"), b"x = 1\n").unwrap();
     let out = dice_eval(
         &[
             folder.to_str().unwrap(),
@@ -165,6 +166,15 @@ fn bad_input_ends_with_one_clear_line() {
         &run,
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(
+            "1 Python file does not follow the candidate name pattern \
+             `level_L_problem_ID_sample_S_kernel.py`: level_1_problem_1_sample_1.py (not \
+             evaluated)"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
     let samples = Store::open(&run.join("dice.db"))
         .unwrap()
         .samples()

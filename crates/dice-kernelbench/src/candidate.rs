@@ -187,7 +187,7 @@ fn load_folder(dir: &Path) -> Result<Vec<Candidate>> {
     }
     if !misnamed.is_empty() {
         tracing::warn!(
-            "{}: {}; they are not evaluated",
+            "{}: {} (not evaluated)",
             dir.display(),
             misnamed_files(&misnamed)
         );
