@@ -114,13 +114,11 @@ fn a_forged_clock_is_caught_and_earns_no_speedup() {
         "{honest:#?}"
     );
     assert!(honest.timing_remeasures <= 2);
-    // The forger's speedup comes from the evaluator's clock: about the honest copy's (slower
-    // than the baseline), nowhere near the thousands its own clock claims.
+    // The forger's speedup comes from the evaluator's clock: below 1 like its honest twin's (a
+    // product one row at a time is many times slower than the baseline's), nowhere near the
+    // thousands its own clock claims.
     let forged = forger.speedup.unwrap();
-    assert!(
-        forged < 2.0 * speedup && forged < 1.0,
-        "{forged} {forger:#?}"
-    );
+    assert!(forged < 1.0, "{forged} {forger:#?}");
     eprintln!(
         "forged clock: reported {:.4} ms/call, speedup {:.3} by the evaluator's clock; honest: \
          speedup {speedup:.3} [{:.3}, {:.3}], {} re-measurements",

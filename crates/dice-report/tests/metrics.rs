@@ -2,7 +2,7 @@ mod common;
 
 use common::{problem, run, timing};
 use dice_report::{build_report, parse_thresholds, render, Format, Report, Scoring};
-use dice_store::{ProblemRecord, SampleRecord, TimingStats, Verdict};
+use dice_store::{ProblemRecord, SampleRecord, SpeedupInterval, TimingStats, Verdict};
 use serde_json::Value;
 
 fn problems(level: u32, ids: std::ops::RangeInclusive<u32>) -> Vec<ProblemRecord> {
@@ -141,6 +141,45 @@ fn median_speedup_compares_medians() {
     close(&v["samples"][0]["speedup"], 1.0);
     close(&v["samples"][0]["median_speedup"], 2.0);
     assert!(v["samples"][1]["median_speedup"].is_null());
+}
+
+#[test]
+fn the_speedup_interval_and_the_dispersion_are_reported_beside_the_speedup() {
+    let mut timed = deceptive(
+        sample(1, 0, Verdict::Correct, Some(2.0)),
+        "low_custom_kernel_share",
+    );
+    timed.speedup_interval = Some(SpeedupInterval {
+        low: 1.75,
+        high: 2.25,
+    });
+    timed.timing_remeasures = 1;
+    timed.candidate_timing = Some(TimingStats {
+        std_ms: 0.5,
+        ..timing(5.0)
+    });
+    let samples = [timed, sample(2, 0, Verdict::Correct, Some(1.0))];
+    let r = report(&problems(1, 1..=2), &samples, "1", false);
+    let v = json(&r);
+    close(&v["samples"][0]["speedup_interval"]["low"], 1.75);
+    close(&v["samples"][0]["speedup_interval"]["high"], 2.25);
+    assert_eq!(v["samples"][0]["timing_remeasures"], 1);
+    assert!(v["samples"][1]["speedup_interval"].is_null());
+    close(&v["samples"][0]["candidate_cv"], 0.1);
+    let csv = render(&r, Format::Csv).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    let field = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+    assert_eq!(
+        (field("speedup_low"), field("speedup_high")),
+        ("1.75", "2.25")
+    );
+    assert_eq!(field("timing_remeasures"), "1");
+    // The flagged samples' table and the HTML's samples show it next to the speedup.
+    for format in [Format::Md, Format::Html] {
+        let text = render(&r, format).unwrap();
+        assert!(text.contains("2.000× [1.750–2.250]"), "{text}");
+    }
 }
 
 #[test]
