@@ -10,7 +10,7 @@ paper: 3 warm-ups on both sides, and per trial only record start, call, record e
 no flush, no synchronisation before the call, nothing discarded, no empty_cache.
 
 Both call the model with one input set, the same tensors every call (KB spec §3.2: set_seed(42),
-here the run's first timing seed, which is 42 under `--seed 42`), drawn as dice draws inputs (on
+the first timing seed of `protocol.Seeds` under these methods), drawn as dice draws inputs (on
 the evaluation device), so that its last output can be judged against the reference's. Where CUDA events do not exist (the CPU), the same loop reads
 perf_counter around the call. Unlike dice's own Timer, garbage collection stays on, as in
 KernelBench's process; the timed process is still kept on its cores (the evaluator's builds run

@@ -37,11 +37,13 @@ class Seeds:
     the evaluator draws when the run begins (stored with the run, handed to both processes in
     their requests): a program cannot carry its expected outputs for inputs it cannot predict.
     From SEED they are KernelBench's: the trial seeds of torch.manual_seed(42) and torch.randint
-    (§2.4), and set_seed(42) for the first timing set (§3.2)."""
+    (§2.4), and set_seed(42) for the first timing set (§3.2). KernelBench's timing methods
+    (`kernelbench_timing`) always time on that set, as its harness does: the timed outputs are
+    judged, but the correctness trials' inputs stay the run's."""
 
-    def __init__(self, run_seed):
+    def __init__(self, run_seed, kernelbench_timing=False):
         self.run_seed = run_seed
-        self.timing = (run_seed, run_seed + 1)
+        self.timing = (SEED if kernelbench_timing else run_seed, run_seed + 1)
 
     def trials(self, n):
         generator = torch.Generator().manual_seed(self.run_seed)
@@ -69,7 +71,7 @@ class Setup:
         # One GPU per worker (CUDA_VISIBLE_DEVICES), so always index 0.
         self.device = torch.device("cuda", 0) if req["device"] == "cuda" else torch.device("cpu")
         self.dtype = DTYPES.get(req.get("precision"))
-        self.seeds = Seeds(req["seed"])
+        self.seeds = Seeds(req["seed"], req.get("timing", "dice") != "dice")
         if self.device.type == "cuda":
             # The CUDA context now, with the process's start-up and outside any device pass: made
             # lazily by the model's construction it held the pass for up to a second under load,
