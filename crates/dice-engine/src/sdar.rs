@@ -52,9 +52,11 @@ impl SdarDecoder {
         SdarDecoder::new(Sdar::random(&config, dtype, device)?)
     }
 
-    /// On CUDA the model's q/k/v and gate/up weights are stacked
+    /// A decoder over a model already in memory (its config's block size is the decoding
+    /// block length): a trainer hands its current weights to the engine this way, without a
+    /// disk round trip. On CUDA the model's q/k/v and gate/up weights are stacked
     /// ([`Sdar::concatenate_projections`]): one matmul per group in the fused forward.
-    fn new(mut model: Sdar) -> Result<Self> {
+    pub fn new(mut model: Sdar) -> Result<Self> {
         if model.device().is_cuda() {
             model.concatenate_projections()?;
         }

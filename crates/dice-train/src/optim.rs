@@ -321,6 +321,17 @@ impl AdamW {
         self.steps
     }
 
+    /// Zero moments and step count, the weights kept: the next update is a fresh AdamW's first
+    /// (BiC-RL's reference builds a new optimizer for every RL step).
+    pub fn reset_moments(&mut self) -> Result<()> {
+        for param in &mut self.params {
+            param.exp_avg = param.exp_avg.zeros_like()?;
+            param.exp_avg_sq = param.exp_avg_sq.zeros_like()?;
+        }
+        self.steps = 0;
+        Ok(())
+    }
+
     /// One update with learning rate `lr` from `grads` (weight name → gradient, any float
     /// dtype; already clipped), which must hold a gradient for every weight.
     pub fn step(&mut self, grads: &HashMap<String, Tensor>, lr: f64) -> Result<()> {

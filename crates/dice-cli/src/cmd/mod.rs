@@ -27,3 +27,4 @@ pub(crate) mod report;
 pub(crate) mod serve;
 pub(crate) mod tokenize;
 pub(crate) mod train;
+pub(crate) mod train_rl;

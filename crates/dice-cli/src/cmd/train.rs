@@ -17,6 +17,10 @@ pub(crate) enum TrainCommand {
     /// Supervised block-diffusion fine-tuning (the DICE recipe) on chat data.
     #[command(after_help = SFT_MANUAL)]
     Sft(SftArgs),
+    /// BiC-RL (TraceRL): kernel infilling (stage 1) or end-to-end kernels (stage 2), rewarded
+    /// by the evaluator.
+    #[command(after_help = super::train_rl::RL_MANUAL)]
+    Rl(super::train_rl::RlArgs),
 }
 
 const SFT_MANUAL: &str = "\
@@ -233,6 +237,7 @@ pub(crate) struct SftArgs {
 pub(crate) fn run(command: TrainCommand) -> Result<()> {
     match command {
         TrainCommand::Sft(a) => run_sft(a),
+        TrainCommand::Rl(a) => super::train_rl::run(a),
     }
 }
 

@@ -1,7 +1,9 @@
-//! The training side of BiC-RL, TraceRL as DICE runs it (spec bicrl §7–§9): group-relative
-//! advantages, the replay of every response's decoding trace into training samples on the
-//! rollout's block grid or the reference trainer's, old log-probabilities, and the clipped
-//! policy loss with its k3 KL penalty and gradients.
+//! BiC-RL, TraceRL as DICE runs it (spec bicrl): the loop ([`trainer`]) and its parts — the
+//! tasks and their prompts ([`task`]), rollouts with the engine ([`rollout`]), rewards
+//! ([`reward`]), group-relative advantages, the replay of every response's decoding trace into
+//! training samples on the rollout's block grid or the reference trainer's, old
+//! log-probabilities, and the clipped policy loss with its k3 KL penalty and gradients; the
+//! settings and presets ([`config`]).
 //!
 //! One RL step's update, given the rollouts and their rewards:
 //!
@@ -12,8 +14,19 @@
 //! 4. [`policy_loss_and_grads`] over consecutive groups of samples, one optimizer step each.
 
 pub mod advantage;
+pub mod config;
+pub mod dry_run;
 pub mod loss;
 pub mod replay;
+pub mod reward;
+pub mod rollout;
+pub mod task;
+pub mod trainer;
 
+pub use config::RlConfig;
+pub use dry_run::dry_run_report;
 pub use loss::{old_log_probs, policy_loss_and_grads, PolicyLoss, PolicyLossSettings, SampleLoss};
 pub use replay::{BlockGrid, Replay, ReplaySample, ReplaySettings, ReplayedRecord, TraceRecord};
+pub use reward::{Candidate, ContainsToken, JudgeReward, Reward, Score};
+pub use task::{load_tasks, RlTask, Stage, TaskOrder};
+pub use trainer::{RlStepMetrics, RlSummary, RlTrainer};

@@ -1,0 +1,310 @@
+//! `dice train rl`: BiC-RL. The flags map onto `dice_train::rl`'s settings, reward and trainer.
+
+use super::args::DeviceKind;
+use super::train::TrainDType;
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use dice_train::collective::SingleProcess;
+use dice_train::rl::config::{GridName, JudgeDevice};
+use dice_train::rl::{dry_run_report, JudgeReward, RlConfig, RlTrainer, Stage, TaskOrder};
+use dice_train::sft::config::{ComputeDType, DeviceKind as TrainDevice};
+use dice_train::sft::{Resume, RunOptions};
+use std::path::PathBuf;
+
+pub(crate) const RL_MANUAL: &str = "\
+What a step does (spec bicrl §15). The step's tasks are drawn from --tasks in file order with
+wrap-around (--order shuffled: a seeded permutation per pass), each prompt is rendered for the
+stage (infill: DICE's kernel-infilling prompt with the task's prefix/suffix scaffold; e2e:
+KernelBench's one-shot prompt in the reference's ChatML wrapping; a task's own `prompt` field
+wins), and every prompt is decoded --samples-per-task times by the engine with the trainer's
+current weights (in memory, never through the disk): block 4, at most 4 passes per block,
+low_confidence_dynamic at 0.9, temperature 1.0, up to --max-tokens tokens, each token's
+denoising pass recorded. Each completion goes to the judge as soon as it finishes, while the
+others still decode. Infilling candidates are the task's prefix + the generated core + its
+suffix; end-to-end candidates are the answer's first code block. The judge runs the evaluator in
+strict mode: reward 1 for a program that compiles, matches the reference (atol = rtol 1e-2) and
+is not flagged as a reward hack, else 0 (--speedup-shaping: a correct program earns its speedup,
+capped). Rewards are z-scored within each task's group; groups whose rewards are all equal are
+dropped. The traces are replayed round by round (TraceRL) on the block grid they were sampled
+on (--grid reference: the reference trainer's, spec bicrl §16.3), old log-probabilities come
+from the step's starting weights, and AdamW (lr 1e-6, betas 0.9/0.999, eps 1e-8, no weight
+decay; moments reset every step as the reference's fresh optimizer, --keep-moments to keep
+them) takes one step per 256 replay samples on the PPO-clip loss (eps 0.2) with the k3 KL
+penalty (beta 0.01), gradients scaled by 1/32 as the reference's DeepSpeed does and clipped to
+norm 1.0.
+
+Settings. --preset picks DICE's configuration (dice-8b-stage1 by default; dice-8b-stage2,
+dice-4b-stage1/2, dice-1.7b-stage1/2: the sizes differ only in the engines' batch). --config F
+reads a TOML file instead (sections [model] [tasks] [rollout] [reward] [training] [optimizer]
+[checkpoint] [eval], the keys of OUT/config.toml); flags override either.
+
+Task files: a JSON array or JSON Lines of objects with `pytorch_code`, and for --stage infill
+`prefix` and `suffix`; `level` (number or string) is kept for the per-level pass rates. DICE's
+end_to_end_kernel_generation_4000.json and kernel_infilling_*.json read as they are.
+
+Output folder.
+  checkpoint-STEP/  after every step (resumable); kept every --save-steps steps
+  final/            the finished model (a Hugging Face folder, as dice train sft writes)
+  config.toml       the run's settings
+  judge.db          the judge's verdicts of every candidate
+  metrics.jsonl     one JSON object per RL step: step, tasks, samples, reward_mean, pass_rate,
+                    deceptive_rate, pass_rate_by_level, groups_kept, advantage_mean/std/abs_max,
+                    replay_samples, loss_tokens, loss, kl, clip_fraction, entropy, grad_norm,
+                    updates, tokens_generated, rollout_tokens_per_s, seconds_rollout,
+                    seconds_judge, seconds_idle (last completion to last verdict),
+                    seconds_update, seconds_step; and per evaluation (--eval-tasks, every
+                    --eval-steps steps: one greedy static sample per task) eval_pass_rate
+Resuming: run the same command again; a killed run continues after its last completed step.
+
+--dry-run reads the tasks, renders and tokenizes every prompt and prints the tasks per level,
+the prompt lengths and the levels each step draws, without loading the weights.
+
+Examples:
+  dice train rl --model sft-8b/ --tasks kernel_infilling_992.json --stage infill --out runs/s1 \\
+      --device cuda
+  dice train rl --model runs/s1/final/ --tasks end_to_end_kernel_generation_4000.json \\
+      --stage e2e --preset dice-8b-stage2 --out runs/s2 --device cuda
+  dice train rl --model sft-8b/ --tasks end_to_end_kernel_generation_4000.json --stage e2e \\
+      --preset dice-8b-stage2 --out runs/s2 --dry-run";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StageArg {
+    /// Stage 1: fill the core of a kernel into the task's prefix/suffix scaffold.
+    Infill,
+    /// Stage 2: write the whole program from the one-shot prompt.
+    E2e,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OrderArg {
+    /// File order with wrap-around (the reference).
+    Sequential,
+    /// A seeded permutation of the file per pass.
+    Shuffled,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum GridArg {
+    /// The block grid each trace was sampled on.
+    Rollout,
+    /// The reference trainer's grid (response blocks from the response start).
+    Reference,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RlArgs {
+    /// Start model folder (the SFT model for stage 1, the stage-1 model for stage 2).
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// Task file (JSON array or JSON Lines).
+    #[arg(long, value_name = "FILE")]
+    pub tasks: Option<PathBuf>,
+    /// What is rewarded [default: the preset's].
+    #[arg(long, value_enum)]
+    pub stage: Option<StageArg>,
+    /// Output folder: checkpoints, final/, config.toml, judge.db, metrics.jsonl.
+    #[arg(long, value_name = "DIR", required_unless_present = "dry_run")]
+    pub out: Option<PathBuf>,
+    /// DICE's settings for a model size and stage [default: dice-8b-stage1].
+    #[arg(long, value_name = "NAME", conflicts_with = "config")]
+    pub preset: Option<String>,
+    /// TOML file with the settings; flags given on the command line override it.
+    #[arg(long, value_name = "F")]
+    pub config: Option<PathBuf>,
+    /// RL steps of the run [default: 20 for stage 1, 100 for stage 2].
+    #[arg(long, value_name = "N")]
+    pub max_steps: Option<u64>,
+    /// Where the model trains and decodes [default: cpu]; cuda needs a binary built with
+    /// `--features cuda`.
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceKind>,
+    /// Compute dtype [default: f32 on the CPU, bf16 on CUDA].
+    #[arg(long, value_enum)]
+    pub dtype: Option<TrainDType>,
+    /// Where candidates are judged [default: the training device].
+    #[arg(long, value_enum)]
+    pub judge_device: Option<DeviceKind>,
+    /// The Python (with torch and ninja) the judge's workers run [default: DICE_PYTHON, else
+    /// .dice/venv, else python3].
+    #[arg(long, value_name = "PATH")]
+    pub python: Option<PathBuf>,
+    /// The order tasks are drawn in [default: sequential].
+    #[arg(long, value_enum)]
+    pub order: Option<OrderArg>,
+    /// Tasks per step [default: 64].
+    #[arg(long, value_name = "N")]
+    pub tasks_per_step: Option<usize>,
+    /// Completions per task (the group advantages are standardised in) [default: 16].
+    #[arg(long, value_name = "N")]
+    pub samples_per_task: Option<usize>,
+    /// Longest completion, in tokens [default: 4096].
+    #[arg(long, value_name = "N")]
+    pub max_tokens: Option<usize>,
+    /// Sequences each engine decodes at once [default: the preset's].
+    #[arg(long, value_name = "N")]
+    pub max_active: Option<usize>,
+    /// Learning rate [default: 1e-6].
+    #[arg(long, value_name = "X")]
+    pub lr: Option<f64>,
+    /// Keep AdamW's moments from one RL step to the next (the reference resets them).
+    #[arg(long)]
+    pub keep_moments: bool,
+    /// The block grid traces are replayed on [default: rollout].
+    #[arg(long, value_enum)]
+    pub grid: Option<GridArg>,
+    /// Reward a correct program its measured speedup (capped at 4) instead of 1.
+    #[arg(long)]
+    pub speedup_shaping: bool,
+    /// Seed of the samples (and of --order shuffled) [default: 10086].
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
+    /// Keep a checkpoint every N steps [default: 10].
+    #[arg(long, value_name = "N")]
+    pub save_steps: Option<u64>,
+    /// Held-out task file, evaluated every --eval-steps steps and at the end.
+    #[arg(long, value_name = "FILE")]
+    pub eval_tasks: Option<PathBuf>,
+    /// Evaluate every N steps [default: 10].
+    #[arg(long, value_name = "N")]
+    pub eval_steps: Option<u64>,
+    /// Resume from this checkpoint folder [default: the newest complete checkpoint in --out].
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Print what the run would train on (tasks per level, prompt lengths, the levels each
+    /// step draws) and exit.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The preset or settings file with the flags on top.
+fn settings(a: &RlArgs) -> Result<RlConfig> {
+    let mut c = match (&a.config, &a.preset) {
+        (Some(path), _) => RlConfig::read(path)?,
+        (None, Some(name)) => RlConfig::preset(name)?,
+        (None, None) => RlConfig::preset("dice-8b-stage1")?,
+    };
+    fn set<T: Clone>(field: &mut T, flag: Option<T>) {
+        if let Some(value) = flag {
+            *field = value;
+        }
+    }
+    if a.model.is_some() {
+        c.model.path.clone_from(&a.model);
+    }
+    if a.tasks.is_some() {
+        c.tasks.file.clone_from(&a.tasks);
+    }
+    if let Some(stage) = a.stage {
+        let stage = match stage {
+            StageArg::Infill => Stage::Infill,
+            StageArg::E2e => Stage::E2e,
+        };
+        if stage != c.tasks.stage && a.config.is_none() {
+            // The stage's own preset of the same size: stage 2 runs 100 steps, not 20.
+            let name = a.preset.as_deref().unwrap_or("dice-8b-stage1");
+            let other = match stage {
+                Stage::Infill => name.replace("stage2", "stage1"),
+                Stage::E2e => name.replace("stage1", "stage2"),
+            };
+            c = RlConfig {
+                model: c.model,
+                tasks: c.tasks,
+                ..RlConfig::preset(&other)?
+            };
+        }
+        c.tasks.stage = stage;
+    }
+    set(
+        &mut c.tasks.order,
+        a.order.map(|o| match o {
+            OrderArg::Sequential => TaskOrder::Sequential,
+            OrderArg::Shuffled => TaskOrder::Shuffled,
+        }),
+    );
+    set(&mut c.rollout.tasks_per_step, a.tasks_per_step);
+    set(&mut c.rollout.samples_per_task, a.samples_per_task);
+    set(&mut c.rollout.max_tokens, a.max_tokens);
+    set(&mut c.rollout.max_active, a.max_active);
+    let t = &mut c.training;
+    set(&mut t.total_steps, a.max_steps);
+    set(&mut t.learning_rate, a.lr);
+    set(&mut t.seed, a.seed);
+    if a.keep_moments {
+        t.reset_moments = false;
+    }
+    set(
+        &mut t.grid,
+        a.grid.map(|g| match g {
+            GridArg::Rollout => GridName::Rollout,
+            GridArg::Reference => GridName::Reference,
+        }),
+    );
+    set(&mut t.device, a.device.map(train_device));
+    if let Some(dtype) = a.dtype {
+        t.dtype = Some(match dtype {
+            TrainDType::F32 => ComputeDType::F32,
+            TrainDType::Bf16 => ComputeDType::Bf16,
+        });
+    }
+    if let Some(device) = a.judge_device {
+        c.reward.judge_device = Some(match device {
+            DeviceKind::Cpu => JudgeDevice::Cpu,
+            DeviceKind::Cuda => JudgeDevice::Cuda,
+        });
+    }
+    if a.python.is_some() {
+        c.reward.python.clone_from(&a.python);
+    }
+    if a.speedup_shaping {
+        c.reward.speedup_shaping = true;
+    }
+    set(&mut c.checkpoint.save_steps, a.save_steps);
+    if a.eval_tasks.is_some() {
+        c.eval.file.clone_from(&a.eval_tasks);
+    }
+    set(&mut c.eval.eval_steps, a.eval_steps);
+    Ok(c)
+}
+
+fn train_device(d: DeviceKind) -> TrainDevice {
+    match d {
+        DeviceKind::Cpu => TrainDevice::Cpu,
+        DeviceKind::Cuda => TrainDevice::Cuda,
+    }
+}
+
+pub(crate) fn run(a: RlArgs) -> Result<()> {
+    let config = settings(&a)?;
+    if a.dry_run {
+        print!("{}", dry_run_report(config)?);
+        return Ok(());
+    }
+    let options = RunOptions {
+        out: a.out.context("pass --out DIR")?,
+        resume: a.resume.map_or(Resume::Auto, Resume::From),
+        progress: true,
+    };
+    let out = options.out.clone();
+    let mut trainer = RlTrainer::new(config, options, Box::new(SingleProcess))?;
+    let source = format!("rl-tasks:{}", trainer.config().task_file().display());
+    let mut reward = JudgeReward::start(&trainer.config().reward, out.join("judge.db"), source)?;
+    let summary = trainer.train(&mut reward)?;
+    reward.shutdown();
+    match summary.steps.last() {
+        None => eprintln!(
+            "the run in {} is already complete ({} steps): the model is in {}",
+            out.display(),
+            summary.total_steps,
+            out.join("final").display()
+        ),
+        Some(last) => eprintln!(
+            "ran {} of {} RL steps (last reward mean {:.3}, pass rate {:.3}); the model is in {}",
+            summary.steps_run,
+            summary.total_steps,
+            last.reward_mean,
+            last.pass_rate,
+            out.join("final").display()
+        ),
+    }
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! Rewards (spec bicrl §6): what a rollout's completions are worth. [`JudgeReward`] judges
+//! their programs with the evaluator (strict: 1 for a program that compiles, is correct and is
+//! not flagged deceptive, else 0; speedup shaping on request); [`ContainsToken`] is a verifiable
+//! toy reward for tests of the loop.
+
+use super::config::{JudgeDevice, RewardConfig};
+use super::task::RlTask;
+use anyhow::{Context, Result};
+use dice_eval::store::Verdict;
+use dice_eval::{Batch, EvalConfig, EvalProblem, EvalSample, Judge, StaticAudit};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One finished completion to reward.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// Position of the completion in its step (task-major: task slot × group size + sample).
+    pub slot: usize,
+    pub task: Arc<RlTask>,
+    /// A number unique to this completion over the run (the evaluator's sample id).
+    pub sample_id: u32,
+    pub token_ids: Vec<u32>,
+    /// The program to judge, `None` when the completion has none.
+    pub program: Option<String>,
+}
+
+/// What a completion earned.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Score {
+    pub reward: f64,
+    /// Compiled and correct.
+    pub passed: bool,
+    /// Flagged as a reward hack by the audit.
+    pub deceptive: bool,
+}
+
+/// Scores completions; called from the judging thread with whatever completions have finished
+/// since its last call, so it sees them as they come.
+pub trait Reward: Send {
+    /// One score per candidate, in order.
+    fn score(&mut self, candidates: &[Candidate]) -> Result<Vec<Score>>;
+}
+
+/// Reward 1 when the completion holds a given token, else 0: a reward the tiny test models can
+/// learn, to check that the loop moves the policy towards reward.
+#[derive(Debug, Clone, Copy)]
+pub struct ContainsToken(pub u32);
+
+impl Reward for ContainsToken {
+    fn score(&mut self, candidates: &[Candidate]) -> Result<Vec<Score>> {
+        Ok(candidates
+            .iter()
+            .map(|c| {
+                let passed = c.token_ids.contains(&self.0);
+                Score {
+                    reward: f64::from(u8::from(passed)),
+                    passed,
+                    deceptive: false,
+                }
+            })
+            .collect())
+    }
+}
+
+/// The evaluator as the reward: candidates are judged in strict mode (the static and run-time
+/// reward-hack checks count against them) into the store `db`, with warm fork servers from one
+/// call to the next.
+pub struct JudgeReward {
+    judge: Judge,
+    speedup_cap: Option<f64>,
+}
+
+impl JudgeReward {
+    /// Starts the judge on `settings.judge_device` (the CPU when unset: resolved settings set it).
+    pub fn start(settings: &RewardConfig, db: PathBuf, source: String) -> Result<Self> {
+        let mut cfg = EvalConfig::new(db, source);
+        cfg.set_device(match settings.judge_device {
+            Some(JudgeDevice::Cpu) | None => dice_eval::Device::Cpu,
+            Some(JudgeDevice::Cuda) => dice_eval::Device::Cuda,
+        });
+        cfg.strict = true;
+        cfg.correctness_trials = settings.correctness_trials;
+        cfg.atol = settings.tolerance;
+        cfg.rtol = settings.tolerance;
+        cfg.timeout = Duration::from_secs(settings.timeout_s);
+        // Resumed steps are judged again rather than read back: their samples are redrawn.
+        cfg.force = true;
+        if !settings.speedup_shaping {
+            cfg.perf_trials = 0;
+        }
+        cfg.python.clone_from(&settings.python);
+        let audit = Arc::new(StaticAudit { strict: true });
+        let judge = Judge::start(cfg, Some(audit)).context("cannot start the judge")?;
+        Ok(Self {
+            judge,
+            speedup_cap: settings.speedup_shaping.then_some(settings.speedup_cap),
+        })
+    }
+
+    /// Ends the judge's fork servers.
+    pub fn shutdown(self) {
+        self.judge.shutdown();
+    }
+}
+
+impl Reward for JudgeReward {
+    fn score(&mut self, candidates: &[Candidate]) -> Result<Vec<Score>> {
+        let mut problems: Vec<EvalProblem> = Vec::new();
+        let samples = candidates
+            .iter()
+            .map(|c| {
+                let (level, problem_id) = problem_key(&c.task);
+                if !problems
+                    .iter()
+                    .any(|p| (p.level, p.problem_id) == (level, problem_id))
+                {
+                    problems.push(EvalProblem {
+                        level,
+                        problem_id,
+                        name: format!("task_{}", c.task.index),
+                        source: c.task.pytorch_code.clone().into_bytes(),
+                        defect: None,
+                    });
+                }
+                EvalSample {
+                    level,
+                    problem_id,
+                    sample_id: c.sample_id,
+                    code: c.program.clone().map(String::into_bytes),
+                    origin: format!("{} sample {}", c.task.origin, c.sample_id),
+                }
+            })
+            .collect();
+        let summary = self.judge.evaluate(Batch::new(problems, samples)?)?;
+        candidates
+            .iter()
+            .map(|c| {
+                let (level, problem_id) = problem_key(&c.task);
+                let Some(record) = summary.records.iter().find(|r| {
+                    (r.level, r.problem_id, r.sample_id) == (level, problem_id, c.sample_id)
+                }) else {
+                    // Its task's reference failed: nothing to be right about.
+                    return Ok(Score {
+                        reward: 0.0,
+                        passed: false,
+                        deceptive: false,
+                    });
+                };
+                let passed = record.verdict == Verdict::Correct;
+                let earned = passed && !record.deceptive;
+                let reward = match (earned, self.speedup_cap) {
+                    (false, _) => 0.0,
+                    (true, None) => 1.0,
+                    (true, Some(cap)) => record.speedup.unwrap_or(1.0).min(cap),
+                };
+                Ok(Score {
+                    reward,
+                    passed,
+                    deceptive: record.deceptive,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The evaluator's problem key of a task: its level, and its position in the task file.
+fn problem_key(task: &RlTask) -> (u32, u32) {
+    (task.level, task.index as u32)
+}

@@ -1,0 +1,233 @@
+//! The BiC-RL loop on the CPU in f32, on the formula golden's tiny model (hidden 64, the full
+//! 151,936-token vocabulary): it learns a verifiable toy reward, its output folder holds the
+//! metrics, settings and checkpoints, and a killed run resumes after its last step.
+
+use dice_model::init::{InitWeights, ModelInit};
+use dice_model::SdarConfig;
+use dice_train::collective::SingleProcess;
+use dice_train::rl::{
+    Candidate, ContainsToken, JudgeReward, Reward, RlConfig, RlTrainer, Score, Stage,
+};
+use dice_train::sft::{Resume, RunOptions};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn workspace_data() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data")
+}
+
+/// The formula golden's model shapes with random weights, tokenizer files included. The
+/// matrices are drawn wide (σ 0.35, not 0.02) so that the untrained model has favourite tokens:
+/// with near-uniform logits no token recurs across completions, and there is nothing to reward.
+fn tiny_model(dir: &Path) -> PathBuf {
+    let mut config =
+        SdarConfig::from_path(&workspace_data().join("sdar/golden/formula/config.json")).unwrap();
+    config.initializer_range = 0.35;
+    let model = dir.join("tiny");
+    let tokenizer = workspace_data().join("sdar");
+    ModelInit {
+        tokenizer: Some(&tokenizer),
+        ..ModelInit::new(&config, InitWeights::Random { seed: 1 })
+    }
+    .write(&model)
+    .unwrap();
+    model
+}
+
+/// Two end-to-end tasks with short prompts of their own (the one-shot prompt's 900 tokens would
+/// make every replayed sample 30 times longer).
+fn task_file(dir: &Path) -> PathBuf {
+    let path = dir.join("tasks.json");
+    let tasks = serde_json::json!([
+        {"idx": 0, "level": "1", "pytorch_code": "x.relu()", "prompt": "<|im_start|>user\nWrite relu.<|im_end|>\n<|im_start|>assistant\n"},
+        {"idx": 1, "level": "2", "pytorch_code": "x * 2", "prompt": "<|im_start|>user\nDouble it.<|im_end|>\n<|im_start|>assistant\n"},
+    ]);
+    std::fs::write(&path, tasks.to_string()).unwrap();
+    path
+}
+
+fn settings(model: &Path, tasks: &Path, steps: u64) -> RlConfig {
+    let mut config = RlConfig::preset("dice-1.7b-stage2").unwrap();
+    config.model.path = Some(model.to_path_buf());
+    config.tasks.file = Some(tasks.to_path_buf());
+    config.tasks.stage = Stage::E2e;
+    config.rollout.tasks_per_step = 2;
+    config.rollout.samples_per_task = 4;
+    config.rollout.max_tokens = 8;
+    config.training.total_steps = steps;
+    config.training.learning_rate = 1e-2;
+    config.training.samples_per_update = 64;
+    config.checkpoint.save_steps = 5;
+    config
+}
+
+fn open(config: RlConfig, out: &Path) -> anyhow::Result<RlTrainer> {
+    let options = RunOptions {
+        out: out.to_path_buf(),
+        resume: Resume::Auto,
+        progress: false,
+    };
+    RlTrainer::new(config, options, Box::new(SingleProcess))
+}
+
+/// Rewards nothing and counts, per token, the completions holding it.
+#[derive(Default)]
+struct TokenCensus(HashMap<u32, usize>);
+
+impl Reward for TokenCensus {
+    fn score(&mut self, candidates: &[Candidate]) -> anyhow::Result<Vec<Score>> {
+        for c in candidates {
+            let mut ids = c.token_ids.clone();
+            ids.sort_unstable();
+            ids.dedup();
+            for id in ids {
+                *self.0.entry(id).or_default() += 1;
+            }
+        }
+        Ok(candidates
+            .iter()
+            .map(|_| Score {
+                reward: 0.0,
+                passed: false,
+                deceptive: false,
+            })
+            .collect())
+    }
+}
+
+/// 20 steps of 2 tasks × 4 samples of 8 tokens, rewarded for holding a token that some of the
+/// untrained model's completions hold (2 to 5 of 8): the mean reward of the last steps is well
+/// above the first steps'. Once every completion earns the reward the groups carry no signal
+/// and the steps skip the update.
+#[test]
+fn twenty_steps_learn_a_toy_reward() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tasks = task_file(dir.path());
+
+    let mut census = TokenCensus::default();
+    open(settings(&model, &tasks, 1), &dir.path().join("census"))
+        .unwrap()
+        .train(&mut census)
+        .unwrap();
+    let mut counts: Vec<(usize, u32)> = census.0.iter().map(|(&id, &n)| (n, id)).collect();
+    counts.sort_unstable();
+    eprintln!(
+        "token census (completions holding each): {:?}",
+        &counts[counts.len().saturating_sub(12)..]
+    );
+    let &(_, token) = counts
+        .iter()
+        .rev()
+        .find(|(n, _)| (2..=5).contains(n))
+        .expect("some token is held by 2-5 of the 8 completions");
+
+    let out = dir.path().join("run");
+    let summary = open(settings(&model, &tasks, 20), &out)
+        .unwrap()
+        .train(&mut ContainsToken(token))
+        .unwrap();
+    let rewards: Vec<f64> = summary.steps.iter().map(|s| s.reward_mean).collect();
+    eprintln!("reward per step: {rewards:?}");
+    let first: f64 = rewards[..3].iter().sum::<f64>() / 3.0;
+    let last: f64 = rewards[17..].iter().sum::<f64>() / 3.0;
+    assert!(
+        last >= first + 0.3 && last >= 0.7,
+        "mean reward of the first three steps {first:.3}, of the last three {last:.3}: {rewards:?}"
+    );
+}
+
+/// An infilling task around the examples' correct C++ ReLU (examples/candidates.jsonl, problem
+/// 1 sample 0): whatever core the model writes lands in a Python string after the program, so
+/// every candidate compiles (the examples' cached extension) and is correct.
+fn relu_infilling_task(dir: &Path) -> PathBuf {
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let reference = std::fs::read_to_string(examples.join("kernelbench/level1/1_ReLU.py")).unwrap();
+    let program = std::fs::read_to_string(examples.join("candidates.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|c| c["problem_id"] == 1 && c["sample_id"] == 0)
+        .and_then(|c| c["code"].as_str().map(str::to_string))
+        .unwrap();
+    let path = dir.join("infill.json");
+    let tasks = serde_json::json!([{
+        "id": 1,
+        "pytorch_code": reference,
+        "prefix": format!("{program}\nr\"\"\"\n"),
+        "suffix": "\n\"\"\"\n",
+        "prompt": "<|im_start|>user\nFill in the kernel.<|im_end|>\n<|im_start|>assistant\n",
+    }]);
+    std::fs::write(&path, tasks.to_string()).unwrap();
+    path
+}
+
+/// One stage-1 step end to end with the evaluator judging CPU C++ candidates: rollout, infilled
+/// programs, strict judging into OUT/judge.db, rewards, the step's metrics and checkpoint.
+#[test]
+fn a_step_is_judged_by_the_evaluator() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tasks = relu_infilling_task(dir.path());
+    let mut config = settings(&model, &tasks, 1);
+    config.tasks.stage = Stage::Infill;
+    config.rollout.tasks_per_step = 1;
+    config.rollout.samples_per_task = 2;
+    config.rollout.max_tokens = 4;
+    config.reward.timeout_s = 120;
+    let out = dir.path().join("run");
+    let mut trainer = open(config, &out).unwrap();
+    let mut reward = JudgeReward::start(
+        &trainer.config().reward,
+        out.join("judge.db"),
+        "rl test".into(),
+    )
+    .unwrap();
+    let summary = trainer.train(&mut reward).unwrap();
+    reward.shutdown();
+    let step = &summary.steps[0];
+    assert_eq!((step.tasks, step.samples), (1, 2));
+    assert_eq!(step.pass_rate, 1.0, "{step:?}");
+    assert_eq!((step.reward_mean, step.deceptive_rate), (1.0, 0.0));
+    assert_eq!(step.groups_kept, 0, "an all-correct group has no signal");
+    assert_eq!(step.pass_rate_by_level.get(&0), Some(&1.0));
+    assert!(out.join("judge.db").is_file());
+    assert!(out.join("checkpoint-1/trainer_state.json").is_file());
+    assert!(out.join("final/config.json").is_file());
+}
+
+/// A run stopped after step 2 continues with step 3 from checkpoint-2 (kept as the newest even
+/// though 2 is not a multiple of save_steps 5, then replaced by checkpoint-3); metrics.jsonl
+/// holds each step once, and config.toml reads back as the run's settings.
+#[test]
+fn a_run_continues_after_its_last_completed_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tasks = task_file(dir.path());
+    let out = dir.path().join("run");
+    let first = open(settings(&model, &tasks, 2), &out)
+        .unwrap()
+        .train(&mut TokenCensus::default())
+        .unwrap();
+    assert_eq!(first.steps_run, 2);
+    assert!(out.join("checkpoint-2").is_dir() && !out.join("checkpoint-1").exists());
+
+    let mut resumed = open(settings(&model, &tasks, 3), &out).unwrap();
+    assert_eq!(resumed.step(), 2);
+    let second = resumed.train(&mut TokenCensus::default()).unwrap();
+    assert_eq!(second.steps.iter().map(|s| s.step).collect::<Vec<_>>(), [3]);
+    assert!(out.join("checkpoint-3").is_dir() && !out.join("checkpoint-2").exists());
+    let steps: Vec<u64> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(steps, [1, 2, 3]);
+    let written = RlConfig::read(&out.join("config.toml")).unwrap();
+    assert_eq!(written.training.total_steps, 3);
+    assert_eq!(written.rollout.samples_per_task, 4);
+}
