@@ -2,8 +2,9 @@
 //! many) share one run: each sample is claimed before it is built or run, its result is stored
 //! only by its claim's holder, a heartbeat renews the claims while the batch works, and what is
 //! left is released when it ends. A sample another worker holds is passed over and asked for
-//! again later: it is judged there, or taken over here once its worker stopped renewing
-//! (killed), so every process ends when the batch's samples are all judged. A worker holds only
+//! again later: it is judged there, or taken over here once its worker stopped renewing (killed:
+//! at once when it ran on this host), so every process ends when the batch's samples are all
+//! judged. A worker holds only
 //! as many samples as it can work on (builds and run slots, with one taken ahead each), so that
 //! a worker joining later gets its share.
 
@@ -118,7 +119,7 @@ impl<'s> Claims<'s> {
                     if let Some(from) = taken_over {
                         tracing::warn!(
                             "level {level} problem {problem_id} sample {sample_id}: taken over \
-                             from worker {from}, whose lease expired"
+                             from worker {from}, which ended or stopped renewing its claim"
                         );
                     }
                     let key = (level, problem_id, sample_id);

@@ -40,8 +40,8 @@ pub trait Backend: Send {
     fn put_sample(&mut self, sample: &SampleRecord, extras: &SampleExtras) -> Result<()>;
 
     /// Claims up to `n` of `wanted` for `worker` until `lease` from now, in the order given:
-    /// samples without a stored result whose claim is free, `worker`'s own, or expired (taken
-    /// over). Samples other workers hold are passed over, never waited for (a database server
+    /// samples without a stored result whose claim is free, `worker`'s own, expired or held by a
+    /// worker that has ended ([`WorkerId::has_ended`]): those are taken over. Samples other workers hold are passed over, never waited for (a database server
     /// does this with `SELECT … FOR UPDATE SKIP LOCKED`).
     fn claim(
         &mut self,
@@ -68,7 +68,7 @@ pub trait Backend: Send {
         extras: &SampleExtras,
     ) -> Result<bool>;
 
-    /// The workers holding unexpired claims on the run.
+    /// The workers holding unexpired claims on the run, but for those known to have ended.
     fn claim_holders(&self) -> Result<Vec<WorkerId>>;
 
     /// Deletes the results of `samples` and their builds, so that they are judged again.

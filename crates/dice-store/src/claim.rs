@@ -4,6 +4,7 @@
 //! next worker that asks. Each result is stored once, by the holder of its sample's claim.
 
 use std::fmt;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -38,6 +39,21 @@ impl WorkerId {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// Whether this worker is known to have ended: it ran on this host and no process has its
+    /// id now, so its claims need not wait for their lease (a worker of another host, or one
+    /// whose id a new process took, ends by its lease alone).
+    pub fn has_ended(&self) -> bool {
+        let mut parts = self.0.rsplitn(3, ':');
+        let (_start_ms, pid, host) = (parts.next(), parts.next(), parts.next());
+        let pid = pid.and_then(|pid| pid.parse::<u32>().ok());
+        match (host, pid) {
+            (Some(host), Some(pid)) => {
+                host == host_name() && !Path::new(&format!("/proc/{pid}")).exists()
+            }
+            _ => false,
+        }
     }
 }
 
@@ -89,5 +105,10 @@ mod tests {
         let parts: Vec<&str> = a.as_str().rsplitn(3, ':').collect();
         assert_eq!(parts[1], std::process::id().to_string());
         assert_eq!(parts[2], host_name());
+        assert!(!a.has_ended());
+        let gone = format!("{}:{}:1", host_name(), u32::MAX);
+        assert!(WorkerId::from_name(gone).has_ended());
+        let elsewhere = format!("{}-other:{}:1", host_name(), u32::MAX);
+        assert!(!WorkerId::from_name(elsewhere).has_ended());
     }
 }

@@ -533,10 +533,11 @@ impl Backend for Sqlite {
                     .optional()?;
                 let taken_over = match held {
                     Some((other, expires_at)) if other != worker.as_str() => {
-                        if expires_at > now {
+                        let other = WorkerId::from_name(other);
+                        if expires_at > now && !other.has_ended() {
                             continue;
                         }
-                        Some(WorkerId::from_name(other))
+                        Some(other)
                     }
                     _ => None,
                 };
@@ -599,27 +600,13 @@ impl Backend for Sqlite {
     }
 
     fn claim_holders(&self) -> Result<Vec<WorkerId>> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT DISTINCT worker FROM claims WHERE expires_at > ?1 ORDER BY worker")?;
-        let names = stmt.query_map(params![unix_time().as_secs_f64()], |r| {
-            r.get::<_, String>(0)
-        })?;
-        let names = names.collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(names.into_iter().map(WorkerId::from_name).collect())
+        claim_holders(&self.conn)
     }
 
     fn forget_samples(&mut self, worker: &WorkerId, samples: &[SampleKey]) -> Result<()> {
         let tx = self.conn.transaction()?;
-        let other: Option<String> = tx
-            .query_row(
-                "SELECT worker FROM claims WHERE worker != ?1 AND expires_at > ?2 LIMIT 1",
-                params![worker.as_str(), unix_time().as_secs_f64()],
-                |r| r.get(0),
-            )
-            .optional()?;
-        if let Some(other) = other {
-            return Err(judged_elsewhere(&WorkerId::from_name(other)));
+        if let Some(other) = claim_holders(&tx)?.iter().find(|w| *w != worker) {
+            return Err(judged_elsewhere(other));
         }
         for &(level, problem_id, sample_id) in samples {
             let key = params![level, problem_id, sample_id];
@@ -635,6 +622,18 @@ impl Backend for Sqlite {
         tx.commit()?;
         Ok(())
     }
+}
+
+/// The workers holding unexpired claims, but for those known to have ended.
+fn claim_holders(conn: &Connection) -> Result<Vec<WorkerId>> {
+    let mut stmt =
+        conn.prepare("SELECT DISTINCT worker FROM claims WHERE expires_at > ?1 ORDER BY worker")?;
+    let names = stmt.query_map(params![unix_time().as_secs_f64()], |r| {
+        r.get::<_, String>(0)
+    })?;
+    let names = names.collect::<rusqlite::Result<Vec<_>>>()?;
+    let workers = names.into_iter().map(WorkerId::from_name);
+    Ok(workers.filter(|w| !w.has_ended()).collect())
 }
 
 impl Sqlite {
