@@ -134,18 +134,22 @@ pub fn ingest(run: &RunDir, inputs: &[PathBuf], threshold: f64) -> Result<Ingest
             pair.cuda_code.as_deref().unwrap_or("")
         );
         let tokens = tokens(&code);
-        let duplicate = match exact.get(&token_hash(&tokens)) {
-            Some(&kept) => Some(("exact duplicate", kept, 1.0)),
+        let hash = token_hash(&tokens);
+        // `near` keeps exactly the pairs kept here, in the same order, so its indices are
+        // indices into `pairs`.
+        let duplicate = match exact.get(&hash) {
+            Some(&kept) => {
+                summary.exact_duplicates += 1;
+                Some(("exact duplicate", kept, 1.0))
+            }
             None => near
                 .offer(shingles(&tokens), threshold)
-                .map(|(kept, similarity)| ("near duplicate", kept, similarity)),
+                .map(|(kept, similarity)| {
+                    summary.near_duplicates += 1;
+                    ("near duplicate", kept, similarity)
+                }),
         };
         if let Some((reason, kept, similarity)) = duplicate {
-            if reason == "exact duplicate" {
-                summary.exact_duplicates += 1;
-            } else {
-                summary.near_duplicates += 1;
-            }
             clusters
                 .entry(kept)
                 .or_default()
@@ -159,7 +163,7 @@ pub fn ingest(run: &RunDir, inputs: &[PathBuf], threshold: f64) -> Result<Ingest
             });
             continue;
         }
-        exact.insert(token_hash(&tokens), pairs.len());
+        exact.insert(hash, pairs.len());
         pairs.push(pair);
     }
     summary.kept = pairs.len();
