@@ -2,7 +2,8 @@
 //! reference packs it (LlamaFactory's formats, the qwen3 template, block padding, greedy
 //! knapsack rows), the per-sample noising of the block-diffusion objective, the optimizer and
 //! its schedules, the SFT trainer with its checkpoints and metrics, the collective operations
-//! data parallelism goes through, and the RL objective.
+//! data parallelism goes through, and BiC-RL (the TraceRL objective, and the loop that rolls
+//! out, judges and updates).
 
 pub mod checkpoint;
 pub mod collective;
