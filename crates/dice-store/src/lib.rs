@@ -2,8 +2,8 @@
 //!
 //! The evaluator (dice-eval) writes a run's settings, problems, samples with their verdicts,
 //! builds and timelines; reports (dice-report) read them. Both go through [`Store`], which holds
-//! one [`Backend`]: today a SQLite file per run (`RUN_DIR/dice.db`). Another database is another
-//! `Backend` implementation and a way to open it; the records and the callers stay as they are.
+//! one [`Backend`]: a SQLite file per run (`RUN_DIR/dice.db`), or a PostgreSQL database holding
+//! many runs by name, which workers on many hosts share ([`Store::open_postgres`]).
 //!
 //! Several workers (evaluating processes) may judge one run together: each claims samples before
 //! judging them, under a lease its heartbeat renews, and stores each result once
@@ -12,6 +12,7 @@
 
 mod backend;
 mod claim;
+mod postgres;
 mod record;
 mod sqlite;
 mod store;
@@ -19,6 +20,7 @@ mod verdict;
 
 pub use backend::Backend;
 pub use claim::{Claimed, SampleKey, WorkerId};
+pub use postgres::Postgres;
 pub use record::{
     BuildRecord, KernelProfile, LaunchedKernel, ProblemRecord, RunInfo, RunTimeline, SampleExtras,
     SampleRecord, SpeedupInterval, TimingStats,

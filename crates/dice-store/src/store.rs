@@ -1,6 +1,7 @@
 //! An open run store, whichever backend keeps it.
 
 use crate::backend::Backend;
+use crate::postgres::Postgres;
 use crate::sqlite::Sqlite;
 use anyhow::Result;
 use std::ops::{Deref, DerefMut};
@@ -19,6 +20,12 @@ impl Store {
     /// missing or empty file is an error that says to run `dice eval` first).
     pub fn open_read_only(path: &Path) -> Result<Store> {
         Ok(Store(Box::new(Sqlite::open_read_only(path)?)))
+    }
+
+    /// The run named `run` in the PostgreSQL database at `url` (`postgres://USER@HOST:PORT/DB`),
+    /// its tables created when missing: one database holds many runs.
+    pub fn open_postgres(url: &str, run: &str) -> Result<Store> {
+        Ok(Store(Box::new(Postgres::open(url, run)?)))
     }
 }
 
