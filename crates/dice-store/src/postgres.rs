@@ -498,7 +498,7 @@ impl Backend for Postgres {
     }
 
     fn claim_holders(&self) -> Result<Vec<WorkerId>> {
-        read(self, |db, run| claim_holders(db, run))
+        read(self, claim_holders)
     }
 
     fn forget_samples(&mut self, worker: &WorkerId, samples: &[SampleKey]) -> Result<()> {
