@@ -161,11 +161,13 @@ def nvcc_steps(command, cwd):
     for line in lines:
         if line.startswith("--"):  # nvcc's own steps (dependency filtering), not commands
             continue
-        if re.match(r"^\w+=", line) and " " not in line.split("=", 1)[0]:
-            script.append(line)
+        assignment = re.match(r"^(\w+)=(.*)$", line)
+        if assignment:  # nvcc prints some as several quoted words (`X="-isystem" "dir"`)
+            value = " ".join(shlex.split(assignment.group(2)))
+            script.append(f"export {assignment.group(1)}={shlex.quote(value)}")
             continue
         tool = os.path.basename(shlex.split(line)[0])
-        script.append(f"echo -n 'STEP {tool} ' >&2; time ( {line} >/dev/null )")
+        script.append(f"echo -n 'STEP {tool} ' >&2; time ( {line} >/dev/null 2>>{keep}/steps.log )")
     done = subprocess.run(["bash", "-c", "\n".join(script)], cwd=cwd, capture_output=True, text=True)
     return [(m.group(1), float(m.group(2))) for m in re.finditer(r"STEP (\S+) \n?(\d+\.\d+)", done.stderr)]
 
@@ -200,7 +202,11 @@ def phases(builds, count, cuda):
             kind = kind_of(command)
             if kind == "device" and not cuda:
                 continue
-            seconds, _ = timed(command, folder)
+            try:
+                seconds, _ = timed(command, folder)
+            except RuntimeError as e:  # a link without libcudart on a machine without CUDA
+                print(f"| {index} | {kind} | failed | {str(e).splitlines()[-1][:100]} |")
+                continue
             totals[kind].append(seconds)
             print(f"| {index} | {kind} | {seconds:.2f} | |")
             if kind == "host":
