@@ -133,6 +133,10 @@ pub(crate) struct VerifyArgs {
     /// Keep a pair only when the lower end of its speedup's 95 % interval reaches this.
     #[arg(long, value_name = "X", default_value_t = dice_curate::DEFAULT_MIN_SPEEDUP)]
     pub min_speedup: f64,
+    /// Judge every pair again, accepting a store judged with other settings or for other pairs
+    /// (after ingesting other inputs).
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub judge: JudgeArgs,
 }
@@ -224,6 +228,7 @@ fn verify(a: &VerifyArgs) -> Result<()> {
         DeviceKind::Cuda => Device::Cuda,
     });
     a.judge.apply(&mut judging);
+    judging.force = a.force;
     judging.progress = true;
     let s = dice_curate::verify(&run, judging, a.min_speedup)?;
     println!(
