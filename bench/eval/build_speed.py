@@ -218,7 +218,7 @@ def phases(builds, count, cuda):
                 print(f"| {index} | host preprocess only | {seconds:.2f} | |")
                 key = pch_key(command)
                 if key not in pch_dirs:
-                    pch_dirs[key] = tempfile.mkdtemp(prefix="pch-")
+                    pch_dirs[key] = tempfile.mkdtemp(prefix="pch-", dir=os.path.dirname(folder))
                     os.makedirs(os.path.join(pch_dirs[key], "torch"))
                     seconds, _ = timed(pch_command(command, pch_dirs[key]), folder)
                     totals["pch build (once per flags)"].append(seconds)
@@ -255,7 +255,12 @@ def main():
     if not options.cuda:
         # CUDA sources are still written (for the repeat counts), without being compiled.
         os.environ.setdefault("CUDA_HOME", os.environ.get("CUDA_PATH", "/usr/local/cuda"))
-    root = tempfile.mkdtemp(prefix="build-speed-")
+    # Removed at the end: each pch is most of a gigabyte.
+    with tempfile.TemporaryDirectory(prefix="build-speed-") as root:
+        report(options, root)
+
+
+def report(options, root):
     builds = []
     uncaptured = 0
     for index, (name, code) in enumerate(programs_of(options.programs)):
