@@ -20,7 +20,7 @@ from time import perf_counter_ns
 import torch
 
 import persisting_l2
-# KernelBench's seed: the model's construction always, and the run's seed under `--seed 42`.
+# KernelBench's seed: the model's construction always, and the run's seed under `--input-seed 42`.
 SEED = 42
 WARMUP_CALLS = 3
 L2_FLUSH_BYTES = 256 << 20

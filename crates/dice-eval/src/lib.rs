@@ -16,7 +16,7 @@
 //! Decisions worth knowing:
 //! * Seeding is symmetric (python/protocol.py): set_seed(42) before init inputs and before the
 //!   model; trial and timing seeds from the run's seed, drawn when the run begins and stored with
-//!   it (`--seed` fixes it; 42 gives KernelBench's trial seeds); set_seed(s) before each trial's
+//!   it (`--input-seed` fixes it; 42 gives KernelBench's trial seeds); set_seed(s) before each trial's
 //!   inputs and again right before forward. Inputs are made inside a `torch.device(device)`
 //!   context, so on CUDA they are drawn on the GPU from the CUDA generator, identically in both
 //!   processes.

@@ -138,7 +138,7 @@ fn a_table_for_public_seeds_fails_under_the_seed_drawn_for_the_run() {
     assert_eq!(
         records[0].verdict,
         Verdict::Correct,
-        "under --seed 42 the table has every output: {:?}",
+        "under --input-seed 42 the table has every output: {:?}",
         records[0]
     );
 
@@ -163,7 +163,7 @@ fn a_table_for_public_seeds_fails_under_the_seed_drawn_for_the_run() {
     let err = dice_eval::evaluate(cfg, vec![], vec![], None).unwrap_err();
     assert!(err.to_string().contains("seed"), "{err}");
 
-    // Resumed without --seed, the run keeps its seed; a run stored before seeds were drawn
+    // Resumed without --input-seed, the run keeps its seed; a run stored before seeds were drawn
     // resumes with KernelBench's, which it was judged with, and is not refused.
     dice_eval::evaluate(test_config(run.path()), vec![], vec![], None).unwrap();
     assert_eq!(stored_seed(&db), Some(seed));

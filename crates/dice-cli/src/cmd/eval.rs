@@ -141,9 +141,9 @@ pub(crate) struct JudgeArgs {
     /// Fix the seed of the correctness trials' and the timing's inputs, to reproduce a run. By
     /// default each run draws its own (stored with the run and kept when it resumes), so that
     /// no program can carry the outputs of inputs it knows in advance; a fixed seed is public
-    /// and gives up that defence. --seed 42 gives KernelBench's inputs.
+    /// and gives up that defence. --input-seed 42 gives KernelBench's inputs.
     #[arg(long, value_name = "N")]
-    pub seed: Option<u64>,
+    pub input_seed: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -253,7 +253,7 @@ impl JudgeArgs {
         }
         cfg.look_ahead &= !self.no_look_ahead;
         cfg.correctness_trials = self.correctness_trials.max(1);
-        cfg.seed = self.seed;
+        cfg.seed = self.input_seed;
         cfg.perf_trials = self.perf_trials;
         cfg.quiet_timing = self.quiet_timing || !self.no_quiet_timing;
         cfg.remeasure_above_cv = self.remeasure_above_cv;
