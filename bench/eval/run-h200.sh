@@ -57,8 +57,9 @@ step() { # name, cap seconds, dice eval args...
 adversarial() {
   # The test reads the repository (tests/data included) and its binaries through the paths it was
   # compiled with.
-  mkdir -p /work && ln -sfn "$PWD" /work/main
-  mkdir -p target/release && cp "$bin/dice" target/release/dice
+  # (a binary built in a worktree names it: WORKTREE=/work/wt-build; the CUDA build's target is target/cuda)
+  mkdir -p /work && ln -sfn "$PWD" /work/main && { [[ -z ${WORKTREE:-} ]] || ln -sfn "$PWD" "$WORKTREE"; }
+  mkdir -p target/release target/cuda/release && cp "$bin/dice" target/release/dice && cp "$bin/dice" target/cuda/release/dice
   unxz "$DATA/adversarial_eval.xz" "$bin/adversarial_eval"
   local t0=$(date +%s%N)
   (cd /work/main/crates/dice-cli && DICE_TEST_CUDA=1 timeout "$(left)" \
