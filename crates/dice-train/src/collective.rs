@@ -11,10 +11,13 @@
 //! torchrun-style rendezvous address. Its reductions are deterministic: rank 0 adds the ranks'
 //! buffers in rank order, so results never depend on timing.
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 use candle_core::{DType, Tensor};
+use std::ffi::OsString;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -100,6 +103,86 @@ impl Collective for SingleProcess {
 
     fn barrier(&self) -> Result<()> {
         Ok(())
+    }
+}
+
+/// This process's GPU on its machine: torchrun's `LOCAL_RANK`, 0 when unset.
+pub fn local_rank() -> Result<usize> {
+    Ok(Rendezvous::from_env()?.map_or(0, |r| r.local_rank))
+}
+
+/// Runs `program args` as `nproc` ranks of one machine, as `torchrun --nproc-per-node` does:
+/// each child gets `RANK` = `LOCAL_RANK` = its index, `WORLD_SIZE` = `nproc` and a
+/// rendezvous on localhost (`MASTER_PORT` from the environment, else a free port). Returns
+/// once all have exited; when one fails, the others are stopped and the error names it.
+pub fn launch_local_ranks(nproc: usize, program: &Path, args: &[OsString]) -> Result<()> {
+    ensure!(nproc >= 1, "--nproc-per-node must be at least 1");
+    let port = match std::env::var("MASTER_PORT") {
+        Ok(port) if !port.is_empty() => port,
+        _ => TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("cannot find a free port for the rendezvous: set MASTER_PORT")?
+            .port()
+            .to_string(),
+    };
+    let mut children = Vec::with_capacity(nproc);
+    for rank in 0..nproc {
+        let child = Command::new(program)
+            .args(args)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", nproc.to_string())
+            .env("LOCAL_WORLD_SIZE", nproc.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &port)
+            .spawn()
+            .with_context(|| format!("cannot start rank {rank} ({})", program.display()));
+        match child {
+            Ok(child) => children.push(Some(child)),
+            Err(e) => {
+                stop(&mut children);
+                return Err(e);
+            }
+        }
+    }
+    while children.iter().any(Option::is_some) {
+        let mut failure = None;
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(child) = slot else {
+                continue;
+            };
+            match child.try_wait() {
+                Ok(None) => {}
+                Ok(Some(status)) => {
+                    *slot = None;
+                    if !status.success() {
+                        failure = Some(anyhow!(
+                            "rank {rank} of {nproc} failed ({status}); the other ranks were stopped"
+                        ));
+                        break;
+                    }
+                }
+                Err(e) => {
+                    failure = Some(anyhow!(e).context(format!("cannot wait for rank {rank}")));
+                    break;
+                }
+            }
+        }
+        if let Some(error) = failure {
+            stop(&mut children);
+            return Err(error);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// Kills and reaps the ranks still running.
+fn stop(children: &mut [Option<Child>]) {
+    for mut child in children.iter_mut().filter_map(Option::take) {
+        // A rank that exited meanwhile makes kill fail; wait reaps it either way.
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 

@@ -2,15 +2,24 @@
 //! collective put together. One optimizer step: take the step's packed rows
 //! ([`DataPlan::step_rows`]), noise each with the generator of (seed, step, row), run the
 //! checkpointed loss and gradients one micro-batch of rows at a time and sum the gradients,
-//! average them over the ranks, clip their global norm, and let AdamW apply the schedule's
+//! sum them over the ranks, clip their global norm, and let AdamW apply the schedule's
 //! learning rate.
+//!
+//! Data parallelism: the step's rows are shared out among the ranks in contiguous runs, and
+//! the gradient of a step is the sum over all its micro-batches whichever rank ran them, as
+//! the single-rank accumulation defines it. A run of W ranks with A micro-batches each thus
+//! takes the update of one rank with W·A micro-batches: bit for bit when each rank runs one
+//! micro-batch (the ranks' sums are added in rank order, as one rank accumulates), otherwise
+//! up to the rounding of a regrouped f32 sum. (DeepSpeed divides by the world size instead;
+//! with the reference's clipping at 1.0 both give the same clipped gradient whenever the
+//! norm exceeds 1.)
 
 use super::config::{DeviceKind, SftConfig};
 use super::plan::{DataPlan, RunLength};
 use crate::checkpoint::{
     checkpoint_name, checkpoints, Checkpointer, TrainerState, FINAL, OPTIMIZER_STATE,
 };
-use crate::collective::Collective;
+use crate::collective::{local_rank, Collective};
 use crate::data::{model_block_length, select_datasets, CleanRow, PackedDataset, Qwen3Encoder};
 use crate::metrics::{
     process_peak_rss, sft_step_flops, write_html, EvalMetrics, MetricsLog, StepMetrics,
@@ -98,7 +107,7 @@ impl SftTrainer {
         let training = &config.training;
         let device = match training.device {
             DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Cuda => dice_model::device::cuda_device(0).context(
+            DeviceKind::Cuda => dice_model::device::cuda_device(local_rank()?).context(
                 "cannot use CUDA (is this binary built with `--features cuda` and is a GPU visible?)",
             )?,
         };
@@ -145,7 +154,7 @@ impl SftTrainer {
         let mut step = 0;
         if let Some(dir) = &resume_from {
             let state = TrainerState::read(dir)?;
-            check_resumable(dir, &state, &config, &data_fingerprint)?;
+            check_resumable(dir, &state, &run_key(&config, world), &data_fingerprint)?;
             step = state.step;
         }
         let weights = resume_from.as_deref().unwrap_or(config.model_dir());
@@ -352,15 +361,10 @@ impl SftTrainer {
         } else {
             accumulator.take()
         };
-        self.average_over_ranks(&mut grads)?;
-        let mut totals = [
-            loss_sum as f32,
-            micro_batches as f32,
-            tokens as f32,
-            flops as f32,
-        ];
-        self.collective.all_reduce_sum_f32(&mut totals)?;
-        let [loss_sum, micro_batches, tokens, flops] = totals.map(f64::from);
+        self.sum_over_ranks(&mut grads)?;
+        let mut totals = [loss_sum, micro_batches as f64, tokens as f64, flops];
+        self.collective.all_reduce_sum_f64(&mut totals)?;
+        let [loss_sum, micro_batches, tokens, flops] = totals;
         let grad_norm = clip_grad_norm(&mut grads, training.max_grad_norm)?;
         if !grad_norm.is_finite() {
             bail!(
@@ -402,20 +406,17 @@ impl SftTrainer {
             .collect()
     }
 
-    /// The gradients' mean over the ranks (each rank's sum of its micro-batches), reduced in
+    /// The gradients' sum over the ranks (each rank's sum of its micro-batches), reduced in
     /// name order so every rank issues the same sequence.
-    fn average_over_ranks(&self, grads: &mut HashMap<String, Tensor>) -> Result<()> {
-        let world = self.collective.world_size();
+    fn sum_over_ranks(&self, grads: &mut HashMap<String, Tensor>) -> Result<()> {
+        if self.collective.world_size() == 1 {
+            return Ok(());
+        }
         let mut names: Vec<String> = grads.keys().cloned().collect();
         names.sort();
         for name in names {
             let summed = self.collective.all_reduce_sum(&grads[&name])?;
-            let mean = if world > 1 {
-                (summed / world as f64)?
-            } else {
-                summed
-            };
-            grads.insert(name, mean);
+            grads.insert(name, summed);
         }
         Ok(())
     }
@@ -467,7 +468,7 @@ impl SftTrainer {
                 total_steps: self.plan.total_steps(),
                 epoch: self.plan.epoch(self.step),
                 data_fingerprint: self.data_fingerprint.clone(),
-                resume_key: self.config.resume_key(),
+                resume_key: run_key(&self.config, self.collective.world_size()),
             };
             let dir = self
                 .checkpointer
@@ -508,15 +509,26 @@ fn fingerprint(data: &PackedDataset, rows: &[usize]) -> String {
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The settings a checkpoint records and a resumed run must repeat: the config's, and the
+/// number of ranks when there are several (it sets the rows of a step; a run of one rank
+/// records none, as runs did before data parallelism).
+fn run_key(config: &SftConfig, world_size: usize) -> serde_json::Value {
+    let mut key = config.resume_key();
+    if world_size > 1 {
+        key["world_size"] = world_size.into();
+    }
+    key
+}
+
 /// Refuses a checkpoint whose run asked for other settings or other data.
 fn check_resumable(
     dir: &Path,
     state: &TrainerState,
-    config: &SftConfig,
+    run_key: &serde_json::Value,
     data_fingerprint: &str,
 ) -> Result<()> {
     if let Some((key, recorded, asked)) =
-        super::config::resume_key_difference(&state.resume_key, &config.resume_key())
+        super::config::resume_key_difference(&state.resume_key, run_key)
     {
         bail!(
             "{} was trained with {key} = {recorded}, this run asks for {asked}: resume with the \
