@@ -163,7 +163,8 @@ fn relu_infilling_task(dir: &Path) -> PathBuf {
 }
 
 /// One stage-1 step end to end with the evaluator judging CPU C++ candidates: rollout, infilled
-/// programs, strict judging into OUT/judge.db, rewards, the step's metrics and checkpoint.
+/// programs, strict judging into OUT/judge.db, rewards, the step's metrics and checkpoint, and
+/// the greedy evaluation of the held-out tasks after it.
 #[test]
 fn a_step_is_judged_by_the_evaluator() {
     let dir = tempfile::tempdir().unwrap();
@@ -175,6 +176,8 @@ fn a_step_is_judged_by_the_evaluator() {
     config.rollout.samples_per_task = 2;
     config.rollout.max_tokens = 4;
     config.reward.timeout_s = 120;
+    config.eval.file = Some(tasks.clone());
+    config.eval.max_tokens = 4;
     let out = dir.path().join("run");
     let mut trainer = open(config, &out).unwrap();
     let mut reward = JudgeReward::start(
@@ -191,6 +194,14 @@ fn a_step_is_judged_by_the_evaluator() {
     assert_eq!((step.reward_mean, step.deceptive_rate), (1.0, 0.0));
     assert_eq!(step.groups_kept, 0, "an all-correct group has no signal");
     assert_eq!(step.pass_rate_by_level.get(&0), Some(&1.0));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[1]["eval_tasks"], 1);
+    assert_eq!(lines[1]["eval_pass_rate"], 1.0);
     assert!(out.join("judge.db").is_file());
     assert!(out.join("checkpoint-1/trainer_state.json").is_file());
     assert!(out.join("final/config.json").is_file());
