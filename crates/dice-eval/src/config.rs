@@ -235,7 +235,11 @@ pub struct EvalConfig {
     pub kernelbench_namespace: bool,
     pub build_cache: PathBuf,
     pub python: Option<PathBuf>,
+    /// The SQLite store; with `postgres`, its folder holds only this host's files of the run
+    /// (the device locks of its processes).
     pub db: PathBuf,
+    /// The run in a PostgreSQL database instead: (URL, run name).
+    pub postgres: Option<(String, String)>,
     /// Re-evaluate samples already stored.
     pub force: bool,
     /// The run's seed of its correctness trials and timing input sets; None draws one when the
@@ -273,6 +277,7 @@ impl EvalConfig {
             build_cache: default_build_cache(),
             python: None,
             db,
+            postgres: None,
             force: false,
             seed: None,
             strict: false,

@@ -56,7 +56,10 @@ impl Judge {
                 cfg.build_cache.display()
             )
         })?;
-        let mut store = Store::open(&cfg.db)?;
+        let mut store = match &cfg.postgres {
+            Some((url, run)) => Store::open_postgres(url, run)?,
+            None => Store::open(&cfg.db)?,
+        };
         let rt = Arc::new(Runtime::new(cfg.python.as_deref())?);
         sandbox::prepare(&cfg.build_cache)?;
         let probe = rt.start_probe(cfg.device == Device::Cuda)?;
@@ -161,7 +164,7 @@ fn run_settings(cfg: &EvalConfig) -> serde_json::Value {
     })
 }
 
-/// The run's seed (python/protocol.py `Seeds`), and whether its settings record it: `--seed`,
+/// The run's seed (python/protocol.py `Seeds`), and whether its settings record it: `--input-seed`,
 /// else the seed the run began with, else one drawn from the OS now, so that no program can be
 /// written for the inputs it will get. A run begun before seeds were drawn keeps KernelBench's,
 /// unrecorded, so that it resumes with the inputs its samples were judged on.

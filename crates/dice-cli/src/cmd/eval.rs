@@ -9,7 +9,7 @@ use dice_eval::{
 use dice_kernelbench::{
     load_candidates, load_pairs, Candidate, InvalidProblem, KernelBench, Problem,
 };
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,12 +28,17 @@ pub(crate) struct EvalArgs {
     /// A PyTorch→CUDA pairs file (JSON or JSONL with pytorch_code and cuda_code) instead.
     #[arg(long, value_name = "FILE")]
     pub pairs: Option<PathBuf>,
-    /// The run directory (created; holds dice.db).
+    /// The run directory (created; holds dice.db); with --store, the run's name in the database.
     #[arg(long, value_name = "RUN_DIR")]
     pub run: PathBuf,
     /// The SQLite store [default: RUN_DIR/dice.db].
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "store")]
     pub db: Option<PathBuf>,
+    /// A PostgreSQL database holding the run (postgres://USER@HOST:PORT/DB), named by --run:
+    /// `dice eval` processes on any number of hosts started on one run judge its samples
+    /// together, each sample once.
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
     /// Where candidates and references run (cuda: torch with CUDA, and nvcc on PATH for CUDA
     /// candidates).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
@@ -189,13 +194,16 @@ pub(crate) fn run(a: EvalArgs) -> Result<()> {
         bail!("no candidates given");
     }
     let cfg = config(&a, source)?;
-    let db = cfg.db.clone();
+    let results = match &cfg.postgres {
+        Some((url, run)) => format!("run {run} in {url}"),
+        None => cfg.db.display().to_string(),
+    };
     let batch = Batch::new(eval_problems, samples)?;
     let audit = Arc::new(StaticAudit { strict: cfg.strict });
     let mut judge = Judge::start(cfg, Some(audit))?;
     let summary = judge.evaluate(batch)?;
     judge.shutdown();
-    print_summary(&summary, &db);
+    print_summary(&summary, &results);
     Ok(())
 }
 
@@ -225,10 +233,24 @@ fn load_inputs(a: &EvalArgs) -> Result<Inputs> {
 }
 
 fn config(a: &EvalArgs, source: String) -> Result<EvalConfig> {
-    let db = a.db.clone().unwrap_or_else(|| a.run.join("dice.db"));
-    std::fs::create_dir_all(&a.run)
-        .with_context(|| format!("cannot create {}", a.run.display()))?;
+    let (local, postgres) = match &a.store {
+        Some(url) => {
+            let name = a.run.to_string_lossy().into_owned();
+            // The run's files of this host (its device locks), shared by its processes here.
+            let folder_name: String = name
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            let local = std::env::temp_dir().join(format!("dice-run-{folder_name}"));
+            (local, Some((url.clone(), name)))
+        }
+        None => (a.run.clone(), None),
+    };
+    std::fs::create_dir_all(&local)
+        .with_context(|| format!("cannot create {}", local.display()))?;
+    let db = a.db.clone().unwrap_or_else(|| local.join("dice.db"));
     let mut cfg = EvalConfig::new(db, source);
+    cfg.postgres = postgres;
     cfg.set_device(match a.device {
         DeviceArg::Cpu => Device::Cpu,
         DeviceArg::Cuda => Device::Cuda,
@@ -288,7 +310,8 @@ impl JudgeArgs {
     }
 }
 
-pub(crate) fn print_summary(s: &Summary, db: &Path) {
+/// Prints what `s` judged; `results` says where they are stored.
+pub(crate) fn print_summary(s: &Summary, results: &str) {
     let evaluated: usize = s.verdicts.values().sum();
     let counts: Vec<String> = s.verdicts.iter().map(|(v, n)| format!("{v} {n}")).collect();
     println!(
@@ -340,5 +363,5 @@ pub(crate) fn print_summary(s: &Summary, db: &Path) {
             t.longest_untimed_step_s
         );
     }
-    println!("results: {}", db.display());
+    println!("results: {results}");
 }

@@ -122,7 +122,7 @@ pub(crate) fn run(a: KernelBenchArgs) -> Result<()> {
             eprintln!("judge {candidates} candidates (those judged before are skipped)");
         }
     })?;
-    print_summary(&finished.judged, &run.judging.db);
+    print_summary(&finished.judged, &run.judging.db.display().to_string());
     print!("\n{}\n", render_comparison(&finished.report, Format::Md)?);
     let files: Vec<String> = finished
         .report_files

@@ -37,8 +37,12 @@ pub(crate) struct ReportArgs {
     #[arg(value_name = "RUN_DIR", required = true)]
     pub run_dirs: Vec<PathBuf>,
     /// Read this store instead of RUN_DIR/dice.db (one run only).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "store")]
     pub db: Option<PathBuf>,
+    /// Read the run from a PostgreSQL database (postgres://USER@HOST:PORT/DB): RUN_DIR is the
+    /// run's name there, as given to `dice eval --store URL --run NAME` (one run only).
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
     /// Output format: md (Markdown tables), csv (one row per sample), json (everything:
     /// `samples`, `levels`, `problem_errors`, `run`), html (one self-contained page with the
     /// tables, a speedup histogram and a per-problem strip chart). Runs side by side: md, json
@@ -78,17 +82,30 @@ pub(crate) fn run(args: ReportArgs) -> Result<()> {
 
 fn one_run(run_dir: &Path, args: &ReportArgs) -> Result<String> {
     let thresholds = parse_thresholds(args.fast_p.as_deref().unwrap_or(DEFAULT_FAST_P))?;
-    let db = args.db.clone().unwrap_or_else(|| run_dir.join("dice.db"));
-    let store = Store::open_read_only(&db)?;
+    let (store, location) = match &args.store {
+        Some(url) => {
+            let name = run_dir.to_string_lossy();
+            (
+                Store::open_postgres(url, &name)?,
+                format!("{url} (run {name})"),
+            )
+        }
+        None => {
+            let db = args.db.clone().unwrap_or_else(|| run_dir.join("dice.db"));
+            (Store::open_read_only(&db)?, db.display().to_string())
+        }
+    };
     let Some(report) = read_report(&store, &thresholds, args.strict)? else {
-        bail!(no_run_yet(&db));
+        bail!(no_run_yet(&location));
     };
     render(&report, args.format)
 }
 
 fn side_by_side(run_dirs: &[PathBuf], args: &ReportArgs) -> Result<String> {
-    if args.db.is_some() {
-        bail!("--db reads one run's store; runs side by side are read from each RUN_DIR/dice.db");
+    if args.db.is_some() || args.store.is_some() {
+        bail!(
+            "--db and --store read one run; runs side by side are read from each RUN_DIR/dice.db"
+        );
     }
     if args.fast_p.is_some() {
         bail!("--fast-p applies to one run; runs side by side show the paper's fast_1 and fast_2");
@@ -99,15 +116,12 @@ fn side_by_side(run_dirs: &[PathBuf], args: &ReportArgs) -> Result<String> {
             let db = dir.join("dice.db");
             let store = Store::open_read_only(&db)?;
             ComparedRun::read(&dir.display().to_string(), &store, args.strict)?
-                .with_context(|| no_run_yet(&db))
+                .with_context(|| no_run_yet(&db.display().to_string()))
         })
         .collect::<Result<Vec<_>>>()?;
     render_comparison(&Comparison { runs }, args.format)
 }
 
-fn no_run_yet(db: &Path) -> String {
-    format!(
-        "{} holds no run yet (was `dice eval` interrupted before it started?)",
-        db.display()
-    )
+fn no_run_yet(store: &str) -> String {
+    format!("{store} holds no run yet (was `dice eval` interrupted before it started?)")
 }

@@ -1,0 +1,170 @@
+//! A PostgreSQL server of the test's own: `initdb` and `pg_ctl` on a temporary folder, listening
+//! on a free port of 127.0.0.1 (its unix socket in that folder). The binaries are those of
+//! `$DICE_PG_BIN`, else Debian's `/usr/lib/postgresql/*/bin` (the newest), else `PATH`. PostgreSQL
+//! refuses to run as root: as root, the server runs as `nobody`, which owns the folder.
+
+use std::net::TcpListener;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub(crate) struct PostgresServer {
+    folder: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    /// The user the server runs as, when the test runs as root.
+    run_as: Option<String>,
+}
+
+/// The user and database the tests connect as and to.
+const USER: &str = "dice";
+const DATABASE: &str = "dice";
+
+impl PostgresServer {
+    /// A running server with an empty database, or None (printing why) when this machine has no
+    /// PostgreSQL binaries.
+    pub(crate) fn start() -> Option<PostgresServer> {
+        let Some(bin) = binaries() else {
+            eprintln!(
+                "note: no PostgreSQL binaries (initdb, pg_ctl) in $DICE_PG_BIN, \
+                 /usr/lib/postgresql/*/bin or PATH: the PostgreSQL test is skipped"
+            );
+            return None;
+        };
+        let folder = tempfile::tempdir().unwrap();
+        let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+        let run_as = root.then(|| "nobody".to_string());
+        if root {
+            let (uid, gid) = passwd_ids("nobody");
+            std::os::unix::fs::chown(folder.path(), Some(uid), Some(gid)).unwrap();
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let server = PostgresServer {
+            folder,
+            bin,
+            port,
+            run_as,
+        };
+        let data = server.folder.path().join("data");
+        server.run(
+            "initdb",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-U".as_ref(),
+                USER.as_ref(),
+                "--auth=trust".as_ref(),
+                "--no-sync".as_ref(),
+                "-E".as_ref(),
+                "UTF8".as_ref(),
+            ],
+        );
+        let options = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            server.folder.path().display()
+        );
+        let log = server.folder.path().join("server.log");
+        server.run(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-l".as_ref(),
+                log.as_os_str(),
+                "-w".as_ref(),
+                "-o".as_ref(),
+                options.as_ref(),
+                "start".as_ref(),
+            ],
+        );
+        let port = port.to_string();
+        server.run(
+            "createdb",
+            &["-h", "127.0.0.1", "-p", &port, "-U", USER, DATABASE].map(AsRef::as_ref),
+        );
+        Some(server)
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("postgres://{USER}@127.0.0.1:{}/{DATABASE}", self.port)
+    }
+
+    /// Runs the PostgreSQL program `name` in the server's folder, as the server's user.
+    fn run(&self, name: &str, args: &[&std::ffi::OsStr]) {
+        let program = self.bin.join(name);
+        let mut command = match &self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(&program);
+                c
+            }
+            None => Command::new(&program),
+        };
+        let output = command
+            .args(args)
+            .current_dir(self.folder.path())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display()));
+        assert!(
+            output.status.success(),
+            "{name} failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        let data = self.folder.path().join("data");
+        self.run(
+            "pg_ctl",
+            &[
+                "-D".as_ref(),
+                data.as_os_str(),
+                "-m".as_ref(),
+                "immediate".as_ref(),
+                "stop".as_ref(),
+            ],
+        );
+    }
+}
+
+/// The folder holding `initdb` and `pg_ctl`.
+fn binaries() -> Option<PathBuf> {
+    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
+    if let Some(dir) = std::env::var_os("DICE_PG_BIN") {
+        return Some(PathBuf::from(dir)).filter(|d| has_both(d));
+    }
+    let mut debian: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            Some((version, e.path().join("bin")))
+        })
+        .filter(|(_, bin)| has_both(bin))
+        .collect();
+    debian.sort();
+    if let Some((_, bin)) = debian.pop() {
+        return Some(bin);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).find(|d| has_both(d))
+}
+
+/// The user and group ids of `user` in /etc/passwd.
+fn passwd_ids(user: &str) -> (u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let fields: Vec<&str> = passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&user))
+        .unwrap_or_else(|| panic!("no user {user} in /etc/passwd"));
+    (fields[2].parse().unwrap(), fields[3].parse().unwrap())
+}
