@@ -118,9 +118,16 @@ impl Postgres {
         let config: postgres::Config = url.parse().map_err(|e| {
             anyhow!("{url} is not a PostgreSQL URL (postgres://USER@HOST:PORT/DB): {e}")
         })?;
-        let mut client = config
-            .connect(NoTls)
-            .map_err(|e| anyhow!("could not connect to {url}: {e} — is the server running?"))?;
+        let mut client = config.connect(NoTls).map_err(|e| match e.as_db_error() {
+            // The server answered: a missing database or role, a refused login.
+            Some(refusal) => anyhow!("could not connect to {url}: {}", refusal.message()),
+            None => match std::error::Error::source(&e) {
+                Some(why) => {
+                    anyhow!("could not connect to {url}: {e}: {why} — is the server running?")
+                }
+                None => anyhow!("could not connect to {url}: {e} — is the server running?"),
+            },
+        })?;
         let mut tx = client.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&SCHEMA_LOCK])?;
         tx.batch_execute(SCHEMA)
