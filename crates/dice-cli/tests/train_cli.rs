@@ -122,9 +122,8 @@ fn help_is_a_manual() {
     }
 }
 
-/// A CPU run of the tiny model on the 16 samples in rows of 128 tokens: 6 steps, a checkpoint
-/// every 2.
-fn train(model: &Path, out: &Path) -> Command {
+/// A CPU run of the tiny model on the 16 samples in rows of 128 tokens.
+fn tiny_run(model: &Path, out: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_dice"));
     command
         .args(["train", "sft", "--model"])
@@ -134,16 +133,8 @@ fn train(model: &Path, out: &Path) -> Command {
         .arg("--out")
         .arg(out)
         .args([
-            "--max-steps",
-            "6",
-            "--save-steps",
-            "2",
-            "--save-total-limit",
-            "2",
             "--row-tokens",
             "128",
-            "--batch-size",
-            "4",
             "--lr",
             "1e-3",
             "--device",
@@ -153,6 +144,22 @@ fn train(model: &Path, out: &Path) -> Command {
             "--seed",
             "7",
         ]);
+    command
+}
+
+/// [`tiny_run`] for 6 steps of all 4 rows, a checkpoint every 2.
+fn train(model: &Path, out: &Path) -> Command {
+    let mut command = tiny_run(model, out);
+    command.args([
+        "--max-steps",
+        "6",
+        "--save-steps",
+        "2",
+        "--save-total-limit",
+        "2",
+        "--batch-size",
+        "4",
+    ]);
     command
 }
 
@@ -284,4 +291,87 @@ fn a_run_without_data_says_what_to_pass() {
         stderr.contains("no training data: pass --data FILE or --dataset-info F --dataset NAME"),
         "{stderr}"
     );
+}
+
+/// 2 steps of 4 rows, one checkpoint, a micro-batch of 2 rows per rank: `extra` says how the
+/// 4 rows are made up (ranks or accumulation).
+fn two_steps(model: &Path, out: &Path, extra: &[&str]) -> Command {
+    let mut command = tiny_run(model, out);
+    command
+        .args(["--max-steps", "2", "--save-steps", "2", "--batch-size", "2"])
+        .args(extra)
+        .env_remove("MASTER_PORT");
+    command
+}
+
+fn succeeded(what: &str, out: Output) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Two ranks started by hand with torchrun's variables train on one machine and write one
+/// checkpoint and the final model through rank 0; `--nproc-per-node 2` starts the same two
+/// ranks itself, and one rank accumulating both micro-batches ends with the same bytes.
+#[test]
+fn two_ranks_launched_with_torchrun_variables_train_as_one_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = &tiny_model(dir.path());
+    let torchrun = dir.path().join("torchrun");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            two_steps(model, &torchrun, &[])
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, child) in ranks.into_iter().enumerate() {
+        succeeded(&format!("rank {rank}"), child.wait_with_output().unwrap());
+    }
+    let mut folders: Vec<String> = std::fs::read_dir(&torchrun)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("checkpoint-") || name == "final")
+        .collect();
+    folders.sort();
+    assert_eq!(folders, ["checkpoint-2", "final"]);
+    assert_eq!(losses(&torchrun).len(), 2);
+
+    let launched = dir.path().join("launched");
+    succeeded(
+        "--nproc-per-node 2",
+        two_steps(model, &launched, &["--nproc-per-node", "2"])
+            .output()
+            .unwrap(),
+    );
+    let alone = dir.path().join("alone");
+    succeeded(
+        "one rank",
+        two_steps(model, &alone, &["--gradient-accumulation-steps", "2"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(losses(&torchrun), losses(&alone));
+    for run in [&launched, &alone] {
+        for file in [
+            "final/model.safetensors.index.json",
+            "checkpoint-2/optimizer.safetensors",
+        ] {
+            assert_eq!(read(&torchrun.join(file)), read(&run.join(file)), "{file}");
+        }
+    }
 }

@@ -5,7 +5,7 @@ use super::args::DeviceKind;
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
 use dice_model::SdarTokenizer;
-use dice_train::collective::SingleProcess;
+use dice_train::collective::{launch_local_ranks, Collective, Rendezvous, SingleProcess};
 use dice_train::data::{model_block_length, select_datasets, PackedDataset, Qwen3Encoder};
 use dice_train::schedule::ScheduleKind;
 use dice_train::sft::config::{self, ComputeDType, SaveDType};
@@ -61,6 +61,15 @@ Resuming. Run the same command again: it continues from the newest complete chec
 and noise, and ends with exactly the weights of an uninterrupted run on the same device. A run
 with other settings or other data is refused. MFU counts the model FLOPs of both streams
 (dice_train::metrics documents the formula) against --peak-tflops.
+
+Several ranks. --nproc-per-node N starts N ranks on this machine; torchrun, Slurm or Kubernetes
+start them through RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (deploy/ has a
+Slurm script and a Kubernetes Job for 2 nodes). A step takes --batch-size x
+--gradient-accumulation-steps x ranks rows, shared out among the ranks; its gradient is the sum
+over all its micro-batches, so N ranks make the update of one rank accumulating N times as many
+micro-batches (bit for bit with one micro-batch per rank). Rank 0 alone writes the output
+folder (give every rank the same --out on a shared file system); a run resumes with the same
+number of ranks.
 
 Data. Records are LlamaFactory's: --dataset-info names a dataset_info.json (or the folder holding
 it) whose --dataset entries give file_name (relative to that folder; a folder means its files in
@@ -216,6 +225,12 @@ pub(crate) struct SftArgs {
     /// Print the packing statistics and exit, without loading the model.
     #[arg(long)]
     pub dry_run: bool,
+    /// Train with N ranks on this machine (one per GPU with --device cuda), as torchrun's
+    /// --nproc-per-node starts them; the step's rows are shared out among them. Launched by
+    /// torchrun, Slurm or Kubernetes instead, the ranks read RANK, WORLD_SIZE, LOCAL_RANK,
+    /// MASTER_ADDR and MASTER_PORT [default: 1].
+    #[arg(long, value_name = "N")]
+    pub nproc_per_node: Option<usize>,
     /// Longest sample kept, in tokens after block padding [default: --row-tokens - 1, what
     /// LlamaFactory's cutoff_len: 6144 means with packing].
     #[arg(long, value_name = "N")]
@@ -239,6 +254,20 @@ pub(crate) fn run(command: TrainCommand) -> Result<()> {
         TrainCommand::Sft(a) => run_sft(a),
         TrainCommand::Rl(a) => super::train_rl::run(a),
     }
+}
+
+/// This command line without `--nproc-per-node`: what every launched rank runs.
+fn rank_args() -> Vec<std::ffi::OsString> {
+    let mut args = std::env::args_os().skip(1);
+    let mut kept = Vec::new();
+    while let Some(arg) = args.next() {
+        if arg == "--nproc-per-node" {
+            args.next();
+        } else if !arg.to_string_lossy().starts_with("--nproc-per-node=") {
+            kept.push(arg);
+        }
+    }
+    kept
 }
 
 /// The settings file (or the defaults) with the flags on top.
@@ -358,14 +387,26 @@ fn run_sft(a: SftArgs) -> Result<()> {
         );
         return Ok(());
     }
+    let rendezvous = Rendezvous::from_env()?;
+    if let (Some(nproc), None) = (a.nproc_per_node, &rendezvous) {
+        return launch_local_ranks(nproc, &std::env::current_exe()?, &rank_args());
+    }
+    let collective: Box<dyn Collective> = match rendezvous {
+        Some(rendezvous) => rendezvous.join()?,
+        None => Box::new(SingleProcess),
+    };
     let options = RunOptions {
         out: a.out.expect("clap requires --out without --dry-run"),
         resume: a.resume.map_or(Resume::Auto, Resume::From),
         progress: true,
     };
     let out = options.out.clone();
-    let mut trainer = SftTrainer::new(config, options, Box::new(SingleProcess))?;
+    let rank = collective.rank();
+    let mut trainer = SftTrainer::new(config, options, collective)?;
     let summary = trainer.train()?;
+    if rank != 0 {
+        return Ok(());
+    }
     if summary.steps_run == 0 {
         eprintln!(
             "the run in {} is already complete ({} steps): the model is in {}",
