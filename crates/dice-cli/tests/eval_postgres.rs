@@ -187,10 +187,21 @@ fn three_workers_on_postgres_one_killed() {
         let from_sqlite = report(&[copy.to_str().unwrap(), "--format", format]);
         assert_eq!(from_postgres, from_sqlite, "{format}");
     }
-    let missing = Command::new(env!("CARGO_BIN_EXE_dice"))
-        .args(["report", "nothing", "--store", &url])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&missing.stderr);
-    assert!(stderr.contains("holds no run yet"), "{stderr}");
+    let no_server = url.replace(&format!(":{}/", server.port()), ":1/");
+    let missing_database = format!("{}/missing", url.rsplit_once('/').unwrap().0);
+    for (store, why) in [
+        (url.as_str(), "holds no run yet"),
+        (&no_server, "is the server running?"),
+        (&missing_database, "database \"missing\" does not exist"),
+    ] {
+        let refused = Command::new(env!("CARGO_BIN_EXE_dice"))
+            .args(["report", "nothing", "--store", store])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success() && stderr.contains(why),
+            "{stderr}"
+        );
+    }
 }

@@ -89,6 +89,10 @@ impl PostgresServer {
         Some(server)
     }
 
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
     pub(crate) fn url(&self) -> String {
         format!("postgres://{USER}@127.0.0.1:{}/{DATABASE}", self.port)
     }
