@@ -174,7 +174,10 @@ fn report_sets_a_kernelbench_run_beside_an_eval_run() {
             vec!["report", a, b, "--fast-p", "1"],
             "--fast-p applies to one run",
         ),
-        (vec!["report", a, path_arg(dir.path())], "no run store at"),
+        (
+            vec!["report", a, path_arg(dir.path())],
+            "has no dice results",
+        ),
     ] {
         let out = dice(&args);
         assert!(!out.status.success());
