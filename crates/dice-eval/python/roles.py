@@ -298,7 +298,7 @@ def reference(channel, req):
             except BaseException as e:  # noqa: B036
                 fail(channel, "reference_error", one_line(e), "timing")
                 return
-            channel.send(event="times", ms=ms)
+            channel.send(event="times", ms=ms, persisting_l2=timer.l2.found)
         elif op["op"] == "quit":
             return
 

@@ -38,6 +38,9 @@ pub(crate) struct Reference {
     /// Why the process died or hung on a candidate's output, which it was reading: that
     /// candidate's failure, and the problem's next candidate gets a fresh reference.
     lost: Option<String>,
+    /// The persisting-L2 state its own timer found before a flush: set by the environment (the
+    /// trusted process ran no candidate code), so the same finding of a candidate is not its doing.
+    pub(crate) environment_l2: Option<String>,
 }
 
 /// What a reference process holds on its GPU once all its expected outputs are computed, and
@@ -119,6 +122,7 @@ impl Reference {
                 child,
                 footprint: None,
                 lost: None,
+                environment_l2: None,
             },
         })
     }
@@ -260,6 +264,9 @@ impl Reference {
             "times",
             "timing the baseline",
         )?;
+        if let Some(found) = reply["persisting_l2"].as_str() {
+            self.environment_l2 = Some(found.to_string());
+        }
         Ok((times_of(&reply), started.elapsed().as_secs_f64() * 1e3))
     }
 

@@ -132,10 +132,18 @@ pub(crate) fn time_side_by_side(
             .findings
             .push(Finding::error(Rule::OutputReused, why));
     }
+    // On the H200 every honest program of the 99 pairs was found with persisting L2 state
+    // (bench/runs/2026-12-01-328bf66-h200): when the baseline's trusted process finds it too, the
+    // environment set it, and the reset before every flush is all that is needed.
     if let Some(why) = found.persisting_l2 {
-        evidence
-            .findings
-            .push(Finding::error(Rule::L2PersistingWindow, why));
+        match &reference.environment_l2 {
+            None => evidence
+                .findings
+                .push(Finding::error(Rule::L2PersistingWindow, why)),
+            Some(seen) => {
+                tracing::debug!("persisting L2 state also in the baseline's process: {seen}");
+            }
+        }
     }
     if let Some(mismatch) = runtime::check_clock(&all_candidate, &all_baseline) {
         evidence.findings.push(mismatch.finding);
