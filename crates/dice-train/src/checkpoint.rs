@@ -10,6 +10,8 @@
 //! renamed: a folder named `checkpoint-STEP` or `final` is always complete, whenever the
 //! process was killed.
 
+use crate::collective::Collective;
+use crate::metrics::MetricsLog;
 use crate::optim::AdamW;
 use crate::sft::config::SaveDType;
 use anyhow::{Context, Result};
@@ -102,6 +104,30 @@ pub struct Checkpointer {
 }
 
 impl Checkpointer {
+    /// Prepares the output folder on rank 0 (partial saves removed, the run's settings written
+    /// as `config.toml`) and opens its `metrics.jsonl` from `step`; other ranks get no log. Every
+    /// rank waits for rank 0, so none starts before the folder exists.
+    pub fn open_run_folder(
+        &self,
+        collective: &dyn Collective,
+        config_toml: &str,
+        step: u64,
+    ) -> Result<Option<MetricsLog>> {
+        let metrics = if collective.rank() == 0 {
+            std::fs::create_dir_all(&self.out)
+                .with_context(|| format!("cannot create {}", self.out.display()))?;
+            self.remove_partial_saves()?;
+            write_atomically(&self.out.join("config.toml"), |w| {
+                Ok(w.write_all(config_toml.as_bytes())?)
+            })?;
+            Some(MetricsLog::open(&self.out.join("metrics.jsonl"), step)?)
+        } else {
+            None
+        };
+        collective.barrier()?;
+        Ok(metrics)
+    }
+
     /// Removes the temporary folders of saves that an earlier process did not finish.
     pub fn remove_partial_saves(&self) -> Result<()> {
         let Ok(entries) = std::fs::read_dir(&self.out) else {

@@ -201,19 +201,7 @@ impl SftTrainer {
             save_total_limit: config.checkpoint.save_total_limit,
         };
 
-        let metrics = if collective.rank() == 0 {
-            std::fs::create_dir_all(&options.out)
-                .with_context(|| format!("cannot create {}", options.out.display()))?;
-            checkpointer.remove_partial_saves()?;
-            let text = config.to_toml()?;
-            dice_model::shards::write_atomically(&options.out.join("config.toml"), |w| {
-                Ok(w.write_all(text.as_bytes())?)
-            })?;
-            Some(MetricsLog::open(&options.out.join("metrics.jsonl"), step)?)
-        } else {
-            None
-        };
-        collective.barrier()?;
+        let metrics = checkpointer.open_run_folder(&*collective, &config.to_toml()?, step)?;
         Ok(Self {
             config,
             options,
