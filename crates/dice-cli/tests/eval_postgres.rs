@@ -7,10 +7,9 @@ mod example_runs;
 mod postgres_server;
 
 use dice_eval::store::{ProblemRecord, SampleExtras};
-use dice_eval::{Store, Verdict};
-use example_runs::{build_cache, examples};
+use dice_eval::Store;
+use example_runs::{build_cache, examples, samples, verdicts};
 use postgres_server::PostgresServer;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -44,25 +43,6 @@ fn finished(child: Child) -> (String, String) {
     );
     assert!(status.success(), "{stdout}\n{stderr}");
     (stdout, stderr)
-}
-
-fn verdicts(store: &Store) -> BTreeMap<(u32, u32), Verdict> {
-    let samples = store.samples().unwrap();
-    samples
-        .iter()
-        .map(|s| ((s.problem_id, s.sample_id), s.verdict))
-        .collect()
-}
-
-/// The number N of "evaluated N samples", or of a line "N samples were {what}" (0 without one).
-fn samples(stdout: &str, what: &str) -> usize {
-    let line = stdout.lines().find_map(|l| match what {
-        "evaluated" => l.strip_prefix("evaluated "),
-        _ => l
-            .strip_suffix(what)
-            .and_then(|l| l.strip_suffix(" samples were ")),
-    });
-    line.map_or(0, |l| l.split(' ').next().unwrap().parse().unwrap())
 }
 
 /// Waits until `ready` holds (checked every 100 ms), failing after five minutes.

@@ -5,7 +5,7 @@
 mod example_runs;
 
 use dice_eval::{Store, Verdict};
-use example_runs::{build_cache, examples};
+use example_runs::{build_cache, examples, samples};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -46,23 +46,7 @@ fn finished(child: Child) -> (String, String) {
 type Verdicts = BTreeMap<(u32, u32), Verdict>;
 
 fn verdicts(run: &Path) -> Verdicts {
-    let store = Store::open_read_only(&run.join("dice.db")).unwrap();
-    let samples = store.samples().unwrap();
-    samples
-        .iter()
-        .map(|s| ((s.problem_id, s.sample_id), s.verdict))
-        .collect()
-}
-
-/// The number N of "evaluated N samples", or of a line "N samples were {what}" (0 without one).
-fn samples(stdout: &str, what: &str) -> usize {
-    let line = stdout.lines().find_map(|l| match what {
-        "evaluated" => l.strip_prefix("evaluated "),
-        _ => l
-            .strip_suffix(what)
-            .and_then(|l| l.strip_suffix(" samples were ")),
-    });
-    line.map_or(0, |l| l.split(' ').next().unwrap().parse().unwrap())
+    example_runs::verdicts(&Store::open_read_only(&run.join("dice.db")).unwrap())
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! The built-in examples (`examples/`) and the build cache that the tests evaluating them share
 //! with the evaluator's tests (target/tmp/dice-eval-build-cache).
 
+use dice_eval::{Store, Verdict};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 pub(crate) fn examples() -> PathBuf {
@@ -24,4 +26,26 @@ pub(crate) fn problem2_candidates(dir: &Path) -> PathBuf {
     let path = dir.join("problem2.jsonl");
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
     path
+}
+
+/// Each stored sample's verdict by (problem, sample) (for the tests that run several workers).
+#[allow(dead_code)]
+pub(crate) fn verdicts(store: &Store) -> BTreeMap<(u32, u32), Verdict> {
+    let samples = store.samples().unwrap();
+    samples
+        .iter()
+        .map(|s| ((s.problem_id, s.sample_id), s.verdict))
+        .collect()
+}
+
+#[allow(dead_code)]
+/// The number N of "evaluated N samples", or of a line "N samples were {what}" (0 without one).
+pub(crate) fn samples(stdout: &str, what: &str) -> usize {
+    let line = stdout.lines().find_map(|l| match what {
+        "evaluated" => l.strip_prefix("evaluated "),
+        _ => l
+            .strip_suffix(what)
+            .and_then(|l| l.strip_suffix(" samples were ")),
+    });
+    line.map_or(0, |l| l.split(' ').next().unwrap().parse().unwrap())
 }
