@@ -1,9 +1,11 @@
 //! Three `dice eval` workers on one run in a PostgreSQL database, one killed with -9 while it
 //! judges: every sample is judged once, with the verdicts of the same candidates judged by one
 //! process into SQLite, and `dice report` reads the same report from either store. The server
-//! is the test's own (`postgres_server`); builds share the evaluator tests' cache.
+//! is the test's own (`postgres_server`, kept with the store's tests); builds share the evaluator
+//! tests' cache.
 
 mod example_runs;
+#[path = "../../dice-store/tests/postgres_server/mod.rs"]
 mod postgres_server;
 
 use dice_eval::store::{ProblemRecord, SampleExtras};

@@ -260,17 +260,27 @@ fn claim_holders(db: &mut impl GenericClient, run: &str) -> Result<Vec<WorkerId>
     Ok(workers.filter(|w| !w.has_ended()).collect())
 }
 
+/// What asking for one sample's claim got.
+enum Attempt {
+    /// Claimed, with the worker whose expired or ended claim was taken over.
+    Claimed(Option<WorkerId>),
+    /// Another live worker holds it.
+    Held,
+    /// It has a stored result.
+    Finished,
+}
+
 impl Postgres {
-    /// Claims `sample` for `worker` unless another live worker holds it or it has a result;
-    /// `Some(previous holder)` when claimed. Its own transaction, so that workers asking for
-    /// samples in different orders never wait on each other.
+    /// Claims `sample` for `worker` unless another live worker holds it or it has a result.
+    /// Its own transaction, so that workers asking for samples in different orders never wait
+    /// on each other.
     fn claim_one(
         &mut self,
         worker: &WorkerId,
         sample: SampleKey,
         now: f64,
         expires_at: f64,
-    ) -> Result<Option<Option<WorkerId>>> {
+    ) -> Result<Attempt> {
         let [level, problem_id, sample_id] = key(sample);
         let run = self.run.as_str();
         let mut tx = self.client.get_mut().transaction()?;
@@ -286,41 +296,48 @@ impl Postgres {
                 &expires_at,
             ],
         )?;
-        if inserted == 1 {
-            tx.commit()?;
-            return Ok(Some(None));
-        }
-        let held = tx.query_opt(
-            "SELECT worker, expires_at FROM claims
+        let taken_over = if inserted == 1 {
+            None
+        } else {
+            let held = tx.query_opt(
+                "SELECT worker, expires_at FROM claims
              WHERE run = $1 AND level = $2 AND problem_id = $3 AND sample_id = $4
              FOR UPDATE SKIP LOCKED",
-            &[&run, &level, &problem_id, &sample_id],
-        )?;
-        let Some(held) = held else {
-            return Ok(None);
+                &[&run, &level, &problem_id, &sample_id],
+            )?;
+            let Some(held) = held else {
+                return Ok(Attempt::Held);
+            };
+            let (holder, held_until): (String, f64) = (held.get(0), held.get(1));
+            let taken_over = (holder != worker.as_str()).then(|| WorkerId::from_name(holder));
+            if taken_over
+                .as_ref()
+                .is_some_and(|other| held_until > now && !other.has_ended())
+            {
+                return Ok(Attempt::Held);
+            }
+            tx.execute(
+                "UPDATE claims SET worker = $5, expires_at = $6
+                 WHERE run = $1 AND level = $2 AND problem_id = $3 AND sample_id = $4",
+                &[
+                    &run,
+                    &level,
+                    &problem_id,
+                    &sample_id,
+                    &worker.as_str(),
+                    &expires_at,
+                ],
+            )?;
+            taken_over
         };
-        let (holder, held_until): (String, f64) = (held.get(0), held.get(1));
-        let taken_over = (holder != worker.as_str()).then(|| WorkerId::from_name(holder));
-        if taken_over
-            .as_ref()
-            .is_some_and(|other| held_until > now && !other.has_ended())
-        {
-            return Ok(None);
+        // The insert may have waited for a worker storing this sample's result (its claim's
+        // delete was in flight), and this statement sees what that worker committed: without
+        // this check the sample would be judged a second time.
+        if has_result(&mut tx, run, sample)? {
+            return Ok(Attempt::Finished);
         }
-        tx.execute(
-            "UPDATE claims SET worker = $5, expires_at = $6
-             WHERE run = $1 AND level = $2 AND problem_id = $3 AND sample_id = $4",
-            &[
-                &run,
-                &level,
-                &problem_id,
-                &sample_id,
-                &worker.as_str(),
-                &expires_at,
-            ],
-        )?;
         tx.commit()?;
-        Ok(Some(taken_over))
+        Ok(Attempt::Claimed(taken_over))
     }
 }
 
@@ -442,12 +459,10 @@ impl Backend for Postgres {
             if claimed.samples.len() >= n {
                 break;
             }
-            if has_result(self.client.get_mut(), &self.run, sample)? {
-                claimed.finished.push(sample);
-                continue;
-            }
-            if let Some(taken_over) = self.claim_one(worker, sample, now, expires_at)? {
-                claimed.samples.push((sample, taken_over));
+            match self.claim_one(worker, sample, now, expires_at)? {
+                Attempt::Claimed(taken_over) => claimed.samples.push((sample, taken_over)),
+                Attempt::Finished => claimed.finished.push(sample),
+                Attempt::Held => {}
             }
         }
         Ok(claimed)

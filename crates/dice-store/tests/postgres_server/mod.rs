@@ -89,6 +89,8 @@ impl PostgresServer {
         Some(server)
     }
 
+    /// Unused by the store's own tests, which reach the server by its url alone.
+    #[allow(dead_code)]
     pub(crate) fn port(&self) -> u16 {
         self.port
     }

@@ -1,0 +1,100 @@
+//! The PostgreSQL store's claims under workers that race: a result is stored once and a sample
+//! is never judged again once its result is stored. The server is the test's own
+//! (`postgres_server`).
+
+mod postgres_server;
+
+use dice_store::{SampleExtras, SampleRecord, Store, Verdict, WorkerId};
+use postgres_server::PostgresServer;
+use std::time::{Duration, Instant};
+
+fn sample() -> SampleRecord {
+    SampleRecord {
+        level: 1,
+        problem_id: 1,
+        sample_id: 0,
+        code_hash: Some("ab12".into()),
+        verdict: Verdict::Correct,
+        message: None,
+        max_abs_error: Some(0.0),
+        max_rel_error: Some(0.0),
+        trials_passed: 5,
+        candidate_timing: None,
+        baseline_timing: None,
+        speedup: None,
+        speedup_interval: None,
+        timing_remeasures: 0,
+        flags: Vec::new(),
+        deceptive: false,
+        log_excerpt: String::new(),
+        wall_s: 1.0,
+        stages: Vec::new(),
+    }
+}
+
+/// Alice stores sample 0's result in a transaction that has deleted her claim but not committed
+/// yet, while Bob (who saw no result a moment before) asks for the sample: his claim waits for
+/// her transaction, and once it commits he is told the sample is finished instead of claiming
+/// it. Before this was checked inside the claim, Bob judged the sample a second time (CI,
+/// `eval_postgres`: "judged here, but another worker took it over").
+#[test]
+fn a_sample_stored_while_claimed_is_finished_not_claimed_again() {
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    let url = server.url();
+    let key = (1, 1, 0);
+    let lease = Duration::from_secs(60);
+    let mut donor = Store::open_postgres(&url, "donor").unwrap();
+    donor
+        .put_sample(&sample(), &SampleExtras::default())
+        .unwrap();
+    let mut alice_store = Store::open_postgres(&url, "shared").unwrap();
+    // Opened before Alice stores: opening waits for transactions on the tables.
+    let mut bob_store = Store::open_postgres(&url, "shared").unwrap();
+    let alice = WorkerId::new();
+    let claimed = alice_store.claim(&alice, &[key], 1, lease).unwrap();
+    assert_eq!(claimed.samples, [(key, None)]);
+
+    // Alice's storing transaction, as put_claimed_sample runs it, held open.
+    let mut alice_db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let mut storing = alice_db.transaction().unwrap();
+    storing
+        .batch_execute(
+            "DELETE FROM claims WHERE run = 'shared';
+             CREATE TEMP TABLE copied AS SELECT * FROM samples WHERE run = 'donor';
+             UPDATE copied SET run = 'shared';
+             INSERT INTO samples SELECT * FROM copied;",
+        )
+        .unwrap();
+
+    let bob_asks =
+        std::thread::spawn(move || bob_store.claim(&WorkerId::new(), &[key], 1, lease).unwrap());
+    let mut watcher = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let started = Instant::now();
+    while watcher
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            !bob_asks.is_finished(),
+            "Bob's claim did not wait for Alice's transaction"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "Bob never asked"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    storing.commit().unwrap();
+
+    let bob = bob_asks.join().unwrap();
+    assert!(bob.samples.is_empty(), "claimed again: {bob:?}");
+    assert_eq!(bob.finished, [key]);
+    assert!(alice_store.claim_holders().unwrap().is_empty());
+}
