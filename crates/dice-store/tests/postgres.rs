@@ -3,34 +3,12 @@
 //! (`postgres_server`).
 
 mod postgres_server;
+mod records;
 
-use dice_store::{SampleExtras, SampleRecord, Store, Verdict, WorkerId};
+use dice_store::{SampleExtras, Store, WorkerId};
 use postgres_server::PostgresServer;
+use records::correct_sample;
 use std::time::{Duration, Instant};
-
-fn sample() -> SampleRecord {
-    SampleRecord {
-        level: 1,
-        problem_id: 1,
-        sample_id: 0,
-        code_hash: Some("ab12".into()),
-        verdict: Verdict::Correct,
-        message: None,
-        max_abs_error: Some(0.0),
-        max_rel_error: Some(0.0),
-        trials_passed: 5,
-        candidate_timing: None,
-        baseline_timing: None,
-        speedup: None,
-        speedup_interval: None,
-        timing_remeasures: 0,
-        flags: Vec::new(),
-        deceptive: false,
-        log_excerpt: String::new(),
-        wall_s: 1.0,
-        stages: Vec::new(),
-    }
-}
 
 /// Alice stores sample 0's result in a transaction that has deleted her claim but not committed
 /// yet, while Bob (who saw no result a moment before) asks for the sample: his claim waits for
@@ -47,7 +25,7 @@ fn a_sample_stored_while_claimed_is_finished_not_claimed_again() {
     let lease = Duration::from_secs(60);
     let mut donor = Store::open_postgres(&url, "donor").unwrap();
     donor
-        .put_sample(&sample(), &SampleExtras::default())
+        .put_sample(&correct_sample(), &SampleExtras::default())
         .unwrap();
     let mut alice_store = Store::open_postgres(&url, "shared").unwrap();
     // Opened before Alice stores: opening waits for transactions on the tables.

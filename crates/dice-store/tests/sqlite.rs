@@ -1,10 +1,13 @@
 //! The SQLite store keeps what the evaluator writes, as reports read it back.
 
+mod records;
+
 use dice_store::{
     BuildRecord, KernelProfile, LaunchedKernel, ProblemRecord, RunInfo, RunTimeline, SampleExtras,
-    SampleRecord, SpeedupInterval, Store, TimingStats, Verdict,
+    SampleRecord, Store, Verdict,
 };
 use dice_store::{SampleKey, WorkerId};
+use records::correct_sample;
 use serde_json::json;
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
@@ -25,41 +28,6 @@ fn info() -> RunInfo {
         timing: "dice".into(),
         strict: false,
         source: "kernelbench:examples".into(),
-    }
-}
-
-fn correct_sample() -> SampleRecord {
-    let timing = |mean_ms: f64| TimingStats {
-        mean_ms,
-        median_ms: mean_ms,
-        std_ms: 0.1,
-        min_ms: mean_ms - 0.1,
-        max_ms: mean_ms + 0.1,
-        trials: 10,
-    };
-    SampleRecord {
-        level: 1,
-        problem_id: 1,
-        sample_id: 0,
-        code_hash: Some("ab12".into()),
-        verdict: Verdict::Correct,
-        message: None,
-        max_abs_error: Some(0.0),
-        max_rel_error: Some(0.0),
-        trials_passed: 5,
-        candidate_timing: Some(timing(1.0)),
-        baseline_timing: Some(timing(2.0)),
-        speedup: Some(2.0),
-        speedup_interval: Some(SpeedupInterval {
-            low: 1.8,
-            high: 2.3,
-        }),
-        timing_remeasures: 1,
-        flags: vec!["no_custom_kernel".into()],
-        deceptive: true,
-        log_excerpt: "built".into(),
-        wall_s: 3.5,
-        stages: vec![("import".into(), 0.5), ("trials".into(), 1.0)],
     }
 }
 
