@@ -10,10 +10,10 @@ mod postgres_server;
 
 use dice_eval::store::{ProblemRecord, SampleExtras};
 use dice_eval::Store;
-use example_runs::{build_cache, examples, samples, verdicts};
+use example_runs::{build_cache, examples, finished, samples, verdicts};
 use postgres_server::PostgresServer;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn eval(run: &str, store: Option<&str>) -> Command {
@@ -31,20 +31,6 @@ fn eval(run: &str, store: Option<&str>) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     command
-}
-
-fn finished(child: Child) -> (String, String) {
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = child.wait_with_output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&stdout).into_owned(),
-        String::from_utf8_lossy(&stderr).into_owned(),
-    );
-    assert!(status.success(), "{stdout}\n{stderr}");
-    (stdout, stderr)
 }
 
 /// Waits until `ready` holds (checked every 100 ms), failing after five minutes.

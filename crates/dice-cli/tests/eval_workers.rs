@@ -5,10 +5,10 @@
 mod example_runs;
 
 use dice_eval::{Store, Verdict};
-use example_runs::{build_cache, examples, samples};
+use example_runs::{build_cache, examples, finished, samples};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn start_eval(run: &Path) -> Child {
@@ -27,20 +27,6 @@ fn start_eval(run: &Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("the dice binary runs")
-}
-
-fn finished(child: Child) -> (String, String) {
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = child.wait_with_output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&stdout).into_owned(),
-        String::from_utf8_lossy(&stderr).into_owned(),
-    );
-    assert!(status.success(), "{stdout}\n{stderr}");
-    (stdout, stderr)
 }
 
 type Verdicts = BTreeMap<(u32, u32), Verdict>;

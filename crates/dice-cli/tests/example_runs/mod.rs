@@ -4,6 +4,7 @@
 use dice_eval::{Store, Verdict};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Output};
 
 pub(crate) fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
@@ -48,4 +49,20 @@ pub(crate) fn samples(stdout: &str, what: &str) -> usize {
             .and_then(|l| l.strip_suffix(" samples were ")),
     });
     line.map_or(0, |l| l.split(' ').next().unwrap().parse().unwrap())
+}
+
+/// The standard output and error of a `dice` process that must succeed, once it ended.
+#[allow(dead_code)]
+pub(crate) fn finished(child: Child) -> (String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    );
+    assert!(status.success(), "{stdout}\n{stderr}");
+    (stdout, stderr)
 }
