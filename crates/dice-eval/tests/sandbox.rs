@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::test_config;
-use dice_eval::{EvalProblem, EvalSample, SampleRecord, Store, Verdict};
+use common::{relu_problem_and_samples, test_config};
+use dice_eval::{SampleRecord, Store, Verdict};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -34,24 +34,7 @@ fn candidate(prelude: &str, init: &str, forward: &str) -> Vec<u8> {
 fn evaluate(run: &Path, codes: Vec<Vec<u8>>, timeout_s: u64) -> Vec<SampleRecord> {
     let mut cfg = test_config(run);
     cfg.timeout = Duration::from_secs(timeout_s);
-    let problem = EvalProblem {
-        level: 1,
-        problem_id: 19,
-        name: "19_ReLU.py".into(),
-        source: RELU.into(),
-        defect: None,
-    };
-    let samples = codes
-        .into_iter()
-        .enumerate()
-        .map(|(i, code)| EvalSample {
-            level: 1,
-            problem_id: 19,
-            sample_id: i as u32,
-            code: Some(code),
-            origin: format!("sandbox test sample {i}"),
-        })
-        .collect();
+    let (problem, samples) = relu_problem_and_samples(RELU, codes, "sandbox test sample");
     dice_eval::evaluate(cfg, vec![problem], samples, None).unwrap();
     Store::open(&run.join("dice.db"))
         .unwrap()

@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::test_config;
-use dice_eval::{EvalConfig, EvalProblem, EvalSample, SampleRecord, Store, Verdict};
+use common::{relu_problem_and_samples, test_config};
+use dice_eval::{EvalConfig, SampleRecord, Store, Verdict};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -40,24 +40,7 @@ fn honest() -> Vec<u8> {
 
 fn evaluate(cfg: EvalConfig, codes: Vec<Vec<u8>>) -> Vec<SampleRecord> {
     let db = cfg.db.clone();
-    let problem = EvalProblem {
-        level: 1,
-        problem_id: 19,
-        name: "19_ReLU.py".into(),
-        source: RELU.into(),
-        defect: None,
-    };
-    let samples = codes
-        .into_iter()
-        .enumerate()
-        .map(|(i, code)| EvalSample {
-            level: 1,
-            problem_id: 19,
-            sample_id: i as u32,
-            code: Some(code),
-            origin: format!("trusted judge test sample {i}"),
-        })
-        .collect();
+    let (problem, samples) = relu_problem_and_samples(RELU, codes, "trusted judge test sample");
     let summary = dice_eval::evaluate(cfg, vec![problem], samples, None).unwrap();
     assert!(
         summary.reference_errors.is_empty() && summary.skipped == 0,

@@ -58,6 +58,34 @@ pub(crate) fn example(problem_id: u32, sample_id: u32) -> EvalSample {
         .unwrap()
 }
 
+/// Level 1 problem 19 (`19_ReLU.py`) with `source`, and one sample of it for each of `codes`,
+/// numbered from 0, named `{origin} {i}`.
+pub(crate) fn relu_problem_and_samples(
+    source: &str,
+    codes: Vec<Vec<u8>>,
+    origin: &str,
+) -> (EvalProblem, Vec<EvalSample>) {
+    let problem = EvalProblem {
+        level: 1,
+        problem_id: 19,
+        name: "19_ReLU.py".into(),
+        source: source.into(),
+        defect: None,
+    };
+    let samples = codes
+        .into_iter()
+        .enumerate()
+        .map(|(i, code)| EvalSample {
+            level: 1,
+            problem_id: 19,
+            sample_id: i as u32,
+            code: Some(code),
+            origin: format!("{origin} {i}"),
+        })
+        .collect();
+    (problem, samples)
+}
+
 /// Settings for tests: short timeouts, few timed trials, the shared cache.
 pub(crate) fn test_config(run_dir: &Path) -> EvalConfig {
     let mut cfg = EvalConfig::new(run_dir.join("dice.db"), "kernelbench:examples".into());
