@@ -12,10 +12,12 @@
 //!   record, as DICE's `end_to_end_kernel_generation_4000.json`: `idx`, `level`,
 //!   `pytorch_code`, `cuda_code` (empty).
 //!
+//! The kept pairs are those `verify` kept and those `diversify` kept.
+//!
 //! Both RL files are ordered by level, easiest first (the reference draws tasks in file order,
 //! so the order is the curriculum); ties keep ingest order.
 
-use crate::run::{write_json, RunDir};
+use crate::run::{read_jsonl, write_json, RunDir};
 use crate::split::split_program;
 use crate::Pair;
 use anyhow::{bail, Context, Result};
@@ -70,13 +72,7 @@ pub const INFILLING_FILE: &str = "rl_kernel_infilling.json";
 pub const END_TO_END_FILE: &str = "rl_end_to_end.json";
 
 pub fn export(run: &RunDir, options: &ExportOptions) -> Result<Exported> {
-    let pairs = run.read_pairs()?;
-    let kept: HashSet<String> = run
-        .read_verified()?
-        .into_iter()
-        .filter(|v| v.kept)
-        .map(|v| v.id)
-        .collect();
+    let (pairs, kept) = curated(run)?;
     std::fs::create_dir_all(&options.out)
         .with_context(|| format!("cannot create {}", options.out.display()))?;
     let level = levels(&pairs, &options.difficulty)?;
@@ -133,6 +129,29 @@ pub fn export(run: &RunDir, options: &ExportOptions) -> Result<Exported> {
     write_json(&options.out.join(INFILLING_FILE), &infilling)?;
     write_json(&options.out.join(END_TO_END_FILE), &end_to_end)?;
     Ok(exported)
+}
+
+/// The pairs to export and the ids of those kept: ingest's pairs with verify's verdicts, then
+/// the pairs diversify kept (a run folder may hold either or both).
+fn curated(run: &RunDir) -> Result<(Vec<Pair>, HashSet<String>)> {
+    let diversified = run.diversify_pairs();
+    let (mut pairs, mut kept) = (Vec::new(), HashSet::new());
+    if run.pairs().exists() || !diversified.exists() {
+        pairs = run.read_pairs()?;
+        kept = run
+            .read_verified()?
+            .into_iter()
+            .filter(|v| v.kept)
+            .map(|v| v.id)
+            .collect();
+    }
+    if diversified.exists() {
+        for pair in read_jsonl::<Pair>(&diversified)? {
+            kept.insert(pair.id.clone());
+            pairs.push(pair);
+        }
+    }
+    Ok((pairs, kept))
 }
 
 fn sft_record(format: SftFormat, pair: &Pair, program: &str) -> Value {

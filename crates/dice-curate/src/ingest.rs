@@ -182,7 +182,7 @@ pub fn ingest(run: &RunDir, inputs: &[PathBuf], threshold: f64) -> Result<Ingest
 }
 
 /// The stable id of a pair: its normalised content's hash.
-fn content_id(pytorch_code: &str, cuda_code: Option<&str>) -> String {
+pub(crate) fn content_id(pytorch_code: &str, cuda_code: Option<&str>) -> String {
     let mut hasher = Sha256::new();
     hasher.update(pytorch_code.as_bytes());
     hasher.update([0]);

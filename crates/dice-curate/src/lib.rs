@@ -6,6 +6,8 @@
 //!   ([`dedup`] says how).
 //! * [`verify`] judges every pair in strict mode and keeps those faster than their reference
 //!   with confidence (the lower end of a bootstrap interval of the speedup).
+//! * [`diversify`] draws problems from a [`catalogue`] of LLM building blocks, asks a
+//!   generator for kernels and keeps the first attempt per problem that verify's rule keeps.
 //! * [`export`] writes the kept pairs as LlamaFactory SFT data and RL task files for both stages
 //!   of BiC-RL, ordered by difficulty.
 //! * [`report`] shows the funnel, the speedups before and after the threshold, the drop
@@ -13,7 +15,9 @@
 //! * [`split`] cuts a program into the prefix, core and suffix of a kernel-infilling task, on
 //!   its parse tree.
 
+pub mod catalogue;
 pub mod dedup;
+pub mod diversify;
 pub mod export;
 pub mod ingest;
 pub mod report;
@@ -21,6 +25,10 @@ pub mod run;
 pub mod split;
 pub mod verify;
 
+pub use diversify::{
+    diversify, Attempt, DiversifyOptions, DiversifySummary, KernelPrompt, KernelWriter, Progress,
+    DEFAULT_ATTEMPTS,
+};
 pub use export::{export, Difficulty, ExportOptions, Exported, SftFormat};
 pub use ingest::{ingest, normalize, Cluster, DroppedRecord, IngestSummary, Pair};
 pub use report::write_report;

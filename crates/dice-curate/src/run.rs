@@ -66,6 +66,37 @@ impl RunDir {
         self.dir.join("dice.db")
     }
 
+    /// The problems diversify drew from the catalogue.
+    pub fn diversify_problems(&self) -> PathBuf {
+        self.dir.join("diversify-problems.jsonl")
+    }
+
+    /// Every answer of diversify's generator, appended as it arrives.
+    pub fn diversify_answers(&self) -> PathBuf {
+        self.dir.join("diversify-answers.jsonl")
+    }
+
+    /// The evaluator's store of diversify's attempts judged at `precision`.
+    pub fn diversify_store(&self, precision: dice_eval::Precision) -> PathBuf {
+        self.dir
+            .join(format!("diversify-{}.db", precision.as_str()))
+    }
+
+    /// One line per judged attempt: the verdict, the speedup and its interval, kept or why not.
+    pub fn diversify_attempts(&self) -> PathBuf {
+        self.dir.join("diversify-attempts.jsonl")
+    }
+
+    /// The pairs diversify kept, which export adds to those verify kept.
+    pub fn diversify_pairs(&self) -> PathBuf {
+        self.dir.join("diversify-pairs.jsonl")
+    }
+
+    /// Diversify's counts.
+    pub fn diversify_summary(&self) -> PathBuf {
+        self.dir.join("diversify.json")
+    }
+
     /// Reads the pairs ingest kept, with a clear error when ingest has not run.
     pub fn read_pairs(&self) -> Result<Vec<crate::Pair>> {
         let path = self.pairs();

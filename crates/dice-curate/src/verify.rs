@@ -116,7 +116,7 @@ pub fn verify(run: &RunDir, mut judging: EvalConfig, min_speedup: f64) -> Result
     let mut verified = Vec::new();
     for (problem_id, pair) in judged {
         let outcome = match records.get(&problem_id) {
-            Some(record) => decide(pair, record, min_speedup),
+            Some(record) => decide(&pair.id, record, min_speedup),
             None => {
                 let why = reference_errors
                     .get(&problem_id)
@@ -151,7 +151,7 @@ pub fn verify(run: &RunDir, mut judging: EvalConfig, min_speedup: f64) -> Result
 }
 
 /// Keeps the pair or says why not: the verdict, then deception, then the speedup's lower bound.
-fn decide(pair: &Pair, record: &SampleRecord, min_speedup: f64) -> VerifiedPair {
+pub(crate) fn decide(id: &str, record: &SampleRecord, min_speedup: f64) -> VerifiedPair {
     let interval = record.speedup_interval;
     let reason = if !record.verdict.is_correct() {
         let message = record.message.as_deref().unwrap_or("");
@@ -170,7 +170,7 @@ fn decide(pair: &Pair, record: &SampleRecord, min_speedup: f64) -> VerifiedPair 
         }
     };
     VerifiedPair {
-        id: pair.id.clone(),
+        id: id.to_string(),
         verdict: Some(record.verdict.to_string()),
         speedup: record.speedup,
         speedup_low: interval.map(|i| i.low),
@@ -182,7 +182,7 @@ fn decide(pair: &Pair, record: &SampleRecord, min_speedup: f64) -> VerifiedPair 
 }
 
 /// The category of a drop reason: its text up to the first detail (`verdict: output_mismatch`).
-fn category(reason: &str) -> String {
+pub(crate) fn category(reason: &str) -> String {
     let mut parts = reason.splitn(3, ": ");
     match (parts.next(), parts.next()) {
         (Some("verdict"), Some(verdict)) => format!("verdict: {verdict}"),
