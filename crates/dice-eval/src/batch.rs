@@ -1,4 +1,5 @@
-//! A batch to judge, and what the threads judging it share and tell the store writer.
+//! A batch to judge, and what the threads judging submitted batches share and tell the store
+//! writer.
 
 use crate::config::{EvalProblem, EvalSample};
 use crate::job::{Compiled, JobContext, Outcome};
@@ -6,7 +7,8 @@ use crate::python::Runtime;
 use crate::run_queue::ProblemKey;
 use anyhow::{bail, Result};
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 /// Candidates and the problems they are for, checked to belong together.
@@ -36,32 +38,106 @@ impl Batch {
         }
         Ok(Batch { problems, samples })
     }
+
+    /// Its samples.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
 }
 
-/// What the compile stage, the run slots and the store writer of one batch share: the judge's
-/// job context and interpreter, the batch's problems, and its samples still to evaluate.
+/// Which submission a sample came in: [`Batch`]es submitted to an evaluator are numbered from 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(pub u64);
+
+/// A batch on its way into a running pipeline.
+pub(crate) struct Submission {
+    pub ticket: Ticket,
+    pub batch: Batch,
+}
+
+/// What the compile stage, the run slots and the store writer share while the pipeline runs:
+/// the judge's job context and interpreter, and every sample submitted so far with its problem.
+/// Samples are only ever added, so an index names one sample for the whole run.
 pub(crate) struct BatchContext<'j> {
     pub ctx: &'j JobContext,
     pub rt: &'j Arc<Runtime>,
-    pub problems: HashMap<ProblemKey, EvalProblem>,
-    pub samples: Vec<EvalSample>,
-    /// When the batch started, and how long after that its first sample began.
+    submitted: Mutex<Submitted>,
+    /// When the pipeline started, and how long after that its first sample began.
     pub started: Instant,
     pub first_sample: OnceLock<f64>,
 }
 
-impl BatchContext<'_> {
+#[derive(Default)]
+struct Submitted {
+    problems: HashMap<ProblemKey, Arc<EvalProblem>>,
+    samples: Vec<(Ticket, Arc<EvalSample>)>,
+}
+
+impl<'j> BatchContext<'j> {
+    pub(crate) fn new(ctx: &'j JobContext, rt: &'j Arc<Runtime>, started: Instant) -> Self {
+        BatchContext {
+            ctx,
+            rt,
+            submitted: Mutex::default(),
+            started,
+            first_sample: OnceLock::new(),
+        }
+    }
+
+    fn submitted(&self) -> MutexGuard<'_, Submitted> {
+        self.submitted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds `batch`'s samples and the problems not known yet; returns the indices its samples
+    /// got.
+    pub(crate) fn add(&self, ticket: Ticket, batch: Batch) -> Range<usize> {
+        let mut submitted = self.submitted();
+        for (key, problem) in batch.problems {
+            submitted
+                .problems
+                .entry(key)
+                .or_insert_with(|| Arc::new(problem));
+        }
+        let first = submitted.samples.len();
+        let samples = batch.samples.into_iter().map(|s| (ticket, Arc::new(s)));
+        submitted.samples.extend(samples);
+        first..submitted.samples.len()
+    }
+
+    pub(crate) fn sample(&self, index: usize) -> Arc<EvalSample> {
+        self.submitted().samples[index].1.clone()
+    }
+
+    pub(crate) fn ticket(&self, index: usize) -> Ticket {
+        self.submitted().samples[index].0
+    }
+
+    pub(crate) fn problem(&self, key: ProblemKey) -> Arc<EvalProblem> {
+        self.submitted().problems[&key].clone()
+    }
+
+    /// Samples submitted so far.
+    pub(crate) fn len(&self) -> usize {
+        self.submitted().samples.len()
+    }
+
     /// A sample's problem key, its problem, and its code (run samples always have code).
     pub(crate) fn problem_and_code<'s>(
-        &'s self,
+        &self,
         sample: &'s EvalSample,
-    ) -> (ProblemKey, &'s EvalProblem, &'s [u8]) {
+    ) -> (ProblemKey, Arc<EvalProblem>, &'s [u8]) {
         let key = (sample.level, sample.problem_id);
         let code = sample
             .code
             .as_deref()
             .expect("only samples with code are run");
-        (key, &self.problems[&key], code)
+        (key, self.problem(key), code)
     }
 }
 
@@ -70,6 +146,10 @@ pub(crate) enum Report {
     Sample(usize, Box<Outcome>),
     ReferenceOk(ProblemKey),
     ReferenceFailed(usize, String),
+    /// Its result was in the store when it was submitted.
+    AlreadyStored(usize),
+    /// Another process judging the run stored its result.
+    JudgedElsewhere(usize),
 }
 
 /// A sample ready for the run stage, with what its compile stage left.

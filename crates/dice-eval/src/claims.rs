@@ -4,11 +4,11 @@
 //! left is released when it ends. A sample another worker holds is passed over and asked for
 //! again later: it is judged there, or taken over here once its worker stopped renewing (killed:
 //! at once when it ran on this host), so every process ends when the batch's samples are all
-//! judged. A worker holds only
+//! judged. Samples are added as batches are submitted; the intake ends once it is closed and
+//! every sample was taken. A worker holds only
 //! as many samples as it can work on (builds and run slots, with one taken ahead each), so that
 //! a worker joining later gets its share.
 
-use crate::batch::BatchContext;
 use anyhow::Result;
 use dice_store::{SampleExtras, SampleKey, SampleRecord, Store, WorkerId};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -26,8 +26,6 @@ const POLL: Duration = Duration::from_secs(1);
 pub(crate) struct Claims<'s> {
     store: Mutex<&'s mut Store>,
     worker: WorkerId,
-    /// The batch's samples still to judge, by index (`BatchContext::samples`).
-    keys: Vec<SampleKey>,
     /// Claimed samples without an outcome yet, at most.
     in_flight: usize,
     queue: Mutex<Queue>,
@@ -36,40 +34,35 @@ pub(crate) struct Claims<'s> {
 }
 
 struct Queue {
-    /// Samples not claimed yet, in the batch's order.
-    unclaimed: Vec<usize>,
+    /// Samples not claimed yet, by index (`BatchContext::sample`), in the order they came.
+    unclaimed: Vec<(usize, SampleKey)>,
     /// Claimed samples without an outcome yet.
     in_hand: usize,
     /// Samples another worker judged during the batch.
     judged_elsewhere: usize,
+    /// Those of them not yet handed to [`Claims::take_judged_elsewhere`].
+    judged_elsewhere_new: Vec<usize>,
+    /// No samples will be added.
+    closed: bool,
     /// No more claims: a stage failed.
     stopped: bool,
 }
 
 impl<'s> Claims<'s> {
-    /// Claims for the samples of `shared`, asked for in their order, as `worker`, with at most
-    /// `in_flight` claimed samples awaiting their outcome.
-    pub(crate) fn new(
-        store: &'s mut Store,
-        worker: WorkerId,
-        shared: &BatchContext<'_>,
-        in_flight: usize,
-    ) -> Self {
-        let keys = shared
-            .samples
-            .iter()
-            .map(|s| (s.level, s.problem_id, s.sample_id))
-            .collect::<Vec<_>>();
+    /// Claims as `worker`, with at most `in_flight` claimed samples awaiting their outcome; for
+    /// samples [`Claims::add`]ed until [`Claims::close`].
+    pub(crate) fn new(store: &'s mut Store, worker: WorkerId, in_flight: usize) -> Self {
         let queue = Queue {
-            unclaimed: (0..keys.len()).collect(),
+            unclaimed: Vec::new(),
             in_hand: 0,
             judged_elsewhere: 0,
+            judged_elsewhere_new: Vec::new(),
+            closed: false,
             stopped: false,
         };
         Claims {
             store: Mutex::new(store),
             worker,
-            keys,
             in_flight: in_flight.max(1),
             queue: Mutex::new(queue),
             room: Condvar::new(),
@@ -89,14 +82,30 @@ impl<'s> Claims<'s> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The next sample this worker claimed, by index; None once every sample of the batch is
-    /// claimed here or judged, or the intake stopped. Waits while this worker has its hands
-    /// full, and while all that are left are held by other workers.
+    /// Samples to claim, by index, after those added before.
+    pub(crate) fn add(&self, samples: impl IntoIterator<Item = (usize, SampleKey)>) {
+        self.queue().unclaimed.extend(samples);
+        self.room.notify_all();
+    }
+
+    /// No more samples will be added: [`Claims::next`] ends once those added are taken.
+    pub(crate) fn close(&self) {
+        self.queue().closed = true;
+        self.room.notify_all();
+    }
+
+    /// The next sample this worker claimed, by index; None once the intake is closed and every
+    /// sample added is claimed here or judged, or the intake stopped. Waits while this worker
+    /// has its hands full, while no sample is left to claim, and while all that are left are
+    /// held by other workers.
     pub(crate) fn next(&self) -> Result<Option<usize>> {
         loop {
             {
                 let mut queue = self.queue();
-                while !queue.stopped && queue.in_hand >= self.in_flight {
+                while !queue.stopped
+                    && (queue.in_hand >= self.in_flight
+                        || (queue.unclaimed.is_empty() && !queue.closed))
+                {
                     queue = self
                         .room
                         .wait(queue)
@@ -105,14 +114,17 @@ impl<'s> Claims<'s> {
                 if queue.stopped || queue.unclaimed.is_empty() {
                     return Ok(None);
                 }
-                let wanted: Vec<SampleKey> =
-                    queue.unclaimed.iter().map(|&i| self.keys[i]).collect();
+                let wanted: Vec<SampleKey> = queue.unclaimed.iter().map(|&(_, key)| key).collect();
                 let claimed = self.store().claim(&self.worker, &wanted, 1, LEASE)?;
-                let before = queue.unclaimed.len();
-                queue
-                    .unclaimed
-                    .retain(|&i| !claimed.finished.contains(&self.keys[i]));
-                queue.judged_elsewhere += before - queue.unclaimed.len();
+                let queue = &mut *queue;
+                queue.unclaimed.retain(|&(i, key)| {
+                    let elsewhere = claimed.finished.contains(&key);
+                    if elsewhere {
+                        queue.judged_elsewhere += 1;
+                        queue.judged_elsewhere_new.push(i);
+                    }
+                    !elsewhere
+                });
                 if let Some(&((level, problem_id, sample_id), ref taken_over)) =
                     claimed.samples.first()
                 {
@@ -126,17 +138,22 @@ impl<'s> Claims<'s> {
                     let at = queue
                         .unclaimed
                         .iter()
-                        .position(|&i| self.keys[i] == key)
+                        .position(|&(_, k)| k == key)
                         .expect("a claimed sample was asked for");
                     queue.in_hand += 1;
-                    return Ok(Some(queue.unclaimed.remove(at)));
+                    return Ok(Some(queue.unclaimed.remove(at).0));
                 }
                 if queue.unclaimed.is_empty() {
-                    return Ok(None);
+                    continue;
                 }
             }
             std::thread::sleep(POLL);
         }
+    }
+
+    /// Samples another worker judged, by index, since the last call.
+    pub(crate) fn take_judged_elsewhere(&self) -> Vec<usize> {
+        std::mem::take(&mut self.queue().judged_elsewhere_new)
     }
 
     /// Stores a claimed sample's result and ends its claim; false when the claim was lost (this
@@ -149,12 +166,10 @@ impl<'s> Claims<'s> {
         stored
     }
 
-    /// Gives the claim on sample `index` back without a result (its problem's reference
+    /// Gives the claim on sample `key` back without a result (its problem's reference
     /// failed), for a later run or another worker to judge.
-    pub(crate) fn release(&self, index: usize) -> Result<()> {
-        let released = self
-            .store()
-            .release_claims(&self.worker, Some(self.keys[index]));
+    pub(crate) fn release(&self, key: SampleKey) -> Result<()> {
+        let released = self.store().release_claims(&self.worker, Some(key));
         self.outcome_given();
         released
     }
@@ -170,6 +185,10 @@ impl<'s> Claims<'s> {
         self.room.notify_all();
     }
 
+    pub(crate) fn stopped(&self) -> bool {
+        self.queue().stopped
+    }
+
     /// Renews this worker's claims every [`HEARTBEAT`] until `stop` is dropped. A failed
     /// renewal is retried at the next beat: only a lease that runs out loses the claims.
     pub(crate) fn heartbeat(&self, stop: &Receiver<()>) {
@@ -178,6 +197,11 @@ impl<'s> Claims<'s> {
                 tracing::warn!("cannot renew the claims of worker {}: {e:#}", self.worker);
             }
         }
+    }
+
+    /// Deletes the results of `samples`, to judge them again.
+    pub(crate) fn forget(&self, samples: &[SampleKey]) -> Result<()> {
+        self.store().forget_samples(&self.worker, samples)
     }
 
     /// Gives back every claim still held (samples a failing batch left unjudged).

@@ -1,9 +1,11 @@
 //! The judge: a handle that evaluates batches of candidates into one run store, its interpreter
 //! checked once and its fork servers (torch imported once each) and build cache kept warm from
-//! one batch to the next. `dice eval` judges one batch; training loops judge thousands.
+//! one batch to the next. `dice eval` judges one batch; callers that submit batches while others
+//! run use an [`crate::Evaluator`], which serves them from a judge.
 
-use crate::batch::Batch;
+use crate::batch::{Batch, Submission};
 use crate::config::{Audit, Device, EvalConfig, EvalProblem, EvalSample};
+use crate::evaluator::Evaluated;
 use crate::job::JobContext;
 use crate::pipeline::Workers;
 use crate::python::{PythonInfo, Runtime};
@@ -16,6 +18,7 @@ use serde_json::json;
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -111,6 +114,23 @@ impl Judge {
         let started = self.started.take().unwrap_or_else(Instant::now);
         self.workers
             .evaluate(&mut self.store, self.audit.as_deref(), batch, started)
+    }
+
+    /// Evaluates the batches that arrive on `submissions`, one pipeline for all of them, until
+    /// that channel closes; each sample's outcome goes to `results` (an [`crate::Evaluator`]).
+    pub(crate) fn serve(
+        mut self,
+        submissions: Receiver<Submission>,
+        results: Sender<Evaluated>,
+    ) -> Result<Summary> {
+        let started = self.started.take().unwrap_or_else(Instant::now);
+        self.workers.run(
+            &mut self.store,
+            self.audit.as_deref(),
+            submissions,
+            Some(results),
+            started,
+        )
     }
 
     /// Ends the fork servers (waiting for any still starting) and removes the scratch directory;

@@ -9,9 +9,11 @@
 //! (build_cache.rs); the run stage takes candidates as their builds finish.
 //!
 //! A [`Judge`] evaluates [`Batch`]es one after another into one run store: the interpreter is
-//! checked once and the fork servers stay up from one batch to the next, as training loops that
-//! judge thousands of batches need; [`evaluate`] judges one batch with a judge of its own (`dice
-//! eval`). The records, verdicts and the store are dice-store's, re-exported here.
+//! checked once and the fork servers stay up from one batch to the next; [`evaluate`] judges one
+//! batch with a judge of its own (`dice eval`). An [`Evaluator`] is the library call of training
+//! loops and curation: batches submitted at any time join one running pipeline (no batch waits
+//! for the previous one to drain) and each sample's outcome streams back as it is stored. The
+//! records, verdicts and the store are dice-store's, re-exported here.
 //!
 //! Decisions worth knowing:
 //! * Seeding is symmetric (python/protocol.py): set_seed(42) before init inputs and before the
@@ -68,6 +70,7 @@ mod clock;
 pub mod config;
 mod device_lock;
 mod device_memory;
+mod evaluator;
 mod excerpt;
 mod gate;
 mod job;
@@ -89,7 +92,7 @@ mod writer;
 mod zygote;
 
 pub use audit::StaticAudit;
-pub use batch::Batch;
+pub use batch::{Batch, Ticket};
 pub use config::{Audit, Baseline, Device, EvalConfig, EvalProblem, EvalSample, Precision, Timing};
 /// The run store and its records, which the evaluator writes.
 pub use dice_store as store;
@@ -97,6 +100,7 @@ pub use dice_store::{
     BuildRecord, KernelProfile, LaunchedKernel, ProblemRecord, RunInfo, RunTimeline, SampleExtras,
     SampleRecord, Store, TimingStats, Verdict,
 };
+pub use evaluator::{Evaluated, Evaluator, SampleOutcome};
 pub use excerpt::Excerpt;
 pub use judge::{evaluate, Judge};
 pub use runtime::Finding;

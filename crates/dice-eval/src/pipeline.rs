@@ -1,17 +1,20 @@
-//! One batch through the evaluator: compile stage on all cores, run stage on every device, one
-//! store writer; on fork servers that outlive the batch.
+//! Batches through the evaluator: compile stage on all cores, run stage on every device, one
+//! store writer; on fork servers that outlive the pipeline.
 //!
-//! Threads: `jobs` builders claim samples (claims.rs: other processes may judge the same run),
-//! share one fork server with CUDA hidden and feed the run queue in the order builds finish; each device (the CPU, or each visible GPU) has one fork server and
-//! `runs_per_device` run slots (run_slot.rs), each with a candidate in flight and the reference
-//! process of its problem; their untimed stages overlap, while timing holds the device alone
-//! (gate.rs). A writer thread commits each finished sample in its own transaction and drives the
-//! progress bar (writer.rs).
+//! Threads: an intake adds each submitted batch's samples while the others work (a judge's batch
+//! is the only one; an evaluator's arrive until it finishes); `jobs` builders claim samples
+//! (claims.rs: other processes may judge the same run), share one fork server with CUDA hidden
+//! and feed the run queue in the order builds finish; each device (the CPU, or each visible GPU)
+//! has one fork server and `runs_per_device` run slots (run_slot.rs), each with a candidate in
+//! flight and the reference process of its problem; their untimed stages overlap, while timing
+//! holds the device alone (gate.rs). A writer thread commits each finished sample in its own
+//! transaction, drives the progress bar and tells an evaluator's caller (writer.rs).
 
-use crate::batch::{Batch, BatchContext, Report, RunItem};
+use crate::batch::{Batch, BatchContext, Report, RunItem, Submission, Ticket};
 use crate::claims::Claims;
-use crate::config::{Audit, Device, EvalSample};
+use crate::config::{Audit, Device};
 use crate::device_lock::DeviceLock;
+use crate::evaluator::Evaluated;
 use crate::gate::{DeviceGate, GateUse};
 use crate::job::{Compiled, JobContext, Outcome};
 use crate::lane::Lane;
@@ -23,11 +26,16 @@ use crate::writer::{progress_bar, sha256_hex, write_reports, Summary};
 use crate::zygote::ZygoteSlot;
 use anyhow::Result;
 use dice_store::{ProblemRecord, SampleKey, Store, Verdict, WorkerId};
+use indicatif::ProgressBar;
+use std::collections::HashSet;
 use std::path::Path;
-use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, OnceLock};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::thread::{Scope, ScopedJoinHandle};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How soon the intake notices that a stage failed while it waits for submissions.
+const POLL_STOPPED: Duration = Duration::from_millis(200);
 
 /// What stays up from one batch to the next: the job context, the interpreter's scratch
 /// directory, and the fork servers (each imported torch once).
@@ -51,60 +59,29 @@ impl Workers {
         batch: Batch,
         started: Instant,
     ) -> Result<Summary> {
+        let (submit, submissions) = mpsc::channel();
+        let ticket = Ticket(0);
+        submit
+            .send(Submission { ticket, batch })
+            .expect("the receiver is here");
+        drop(submit);
+        self.run(store, audit, submissions, None, started)
+    }
+
+    /// Evaluates the batches that arrive on `submissions` into `store`, as `evaluate` does one,
+    /// until that channel closes; what becomes of each sample goes to `results` as it is known.
+    /// The samples of every batch flow through the same builders and run slots, so a batch
+    /// submitted while others run starts at once, on warm fork servers and references.
+    pub(crate) fn run(
+        &self,
+        store: &mut Store,
+        audit: Option<&dyn Audit>,
+        submissions: Receiver<Submission>,
+        results: Option<Sender<Evaluated>>,
+        started: Instant,
+    ) -> Result<Summary> {
         let cfg = &self.ctx.cfg;
         let starts_before = self.fork_servers_started();
-        let worker = WorkerId::new();
-        let Batch { problems, samples } = batch;
-        let finished = if cfg.force {
-            let keys: Vec<SampleKey> = samples
-                .iter()
-                .map(|s| (s.level, s.problem_id, s.sample_id))
-                .collect();
-            store.forget_samples(&worker, &keys)?;
-            Default::default()
-        } else {
-            store.finished()?
-        };
-        let already_done = samples
-            .iter()
-            .filter(|s| finished.contains(&(s.level, s.problem_id, s.sample_id)))
-            .count();
-        let pending: Vec<EvalSample> = samples
-            .into_iter()
-            .filter(|s| !finished.contains(&(s.level, s.problem_id, s.sample_id)))
-            .collect();
-
-        // A fork server that died since the last batch imports torch again while the others
-        // work, rather than when its first candidate needs it.
-        let to_run: Vec<&[u8]> = pending
-            .iter()
-            .filter(|s| problems[&(s.level, s.problem_id)].defect.is_none())
-            .filter_map(|s| s.code.as_deref())
-            .collect();
-        if to_run.iter().any(|code| stage_build::may_build(code)) {
-            self.build_zygote.start_early(&self.rt);
-        }
-        if !to_run.is_empty() {
-            for zygote in &self.device_zygotes {
-                zygote.start_early(&self.rt);
-            }
-        }
-
-        let mut problem_rows: Vec<_> = problems
-            .values()
-            .map(|p| {
-                let record = ProblemRecord {
-                    level: p.level,
-                    problem_id: p.problem_id,
-                    name: p.name.clone(),
-                    reference_error: None,
-                };
-                (record, sha256_hex(&p.source))
-            })
-            .collect();
-        problem_rows.sort_by_key(|(p, _)| (p.level, p.problem_id));
-        store.add_problems(&problem_rows)?;
-
         let run_dir = cfg.db.parent().unwrap_or(Path::new("."));
         let lanes = self
             .device_zygotes
@@ -116,26 +93,27 @@ impl Workers {
                 Ok(Lane::new(zygote.clone(), cfg.runs_per_device, gate))
             })
             .collect::<Result<Vec<Lane>>>()?;
-        let shared = BatchContext {
-            ctx: &self.ctx,
-            rt: &self.rt,
-            problems,
-            samples: pending,
-            started,
-            first_sample: OnceLock::new(),
-        };
+        let shared = BatchContext::new(&self.ctx, &self.rt, started);
         // Builds, and run slots with a sample taken ahead each.
         let in_flight = cfg.jobs + 2 * lanes.iter().map(Lane::slots).sum::<usize>();
-        let claims = Claims::new(store, worker, &shared, in_flight);
+        let claims = Claims::new(store, WorkerId::new(), in_flight);
         let (report_tx, report_rx) = mpsc::channel();
         let (run_queue, run_tx) = RunQueue::new();
+        let bar = progress_bar(cfg.progress, 0);
         let judged = std::thread::scope(|scope| {
             let (shared, claims) = (&shared, &claims);
             let (stop_heartbeat, heartbeat_stopped) = mpsc::channel::<()>();
             let heartbeat = scope.spawn(move || claims.heartbeat(&heartbeat_stopped));
-            let bar = progress_bar(cfg.progress, shared.samples.len());
+            let intake = {
+                let (report_tx, bar) = (report_tx.clone(), bar.clone());
+                scope.spawn(move || {
+                    self.take_submissions(claims, shared, submissions, &report_tx, &bar)
+                        .inspect_err(|_| claims.stop())
+                })
+            };
             let writer = scope.spawn(move || {
-                write_reports(claims, shared, report_rx, audit, bar).inspect_err(|_| claims.stop())
+                write_reports(claims, shared, report_rx, audit, bar, results)
+                    .inspect_err(|_| claims.stop())
             });
             let builders = start_builders(
                 scope,
@@ -157,6 +135,7 @@ impl Workers {
             }
             drop(report_tx);
             let mut failures = Vec::new();
+            let already_done = intake.join().expect("intake thread panicked");
             for b in builders {
                 if let Err(e) = b.join().expect("builder thread panicked") {
                     failures.push(e);
@@ -170,9 +149,13 @@ impl Workers {
             let summary = writer.join().expect("store writer panicked");
             drop(stop_heartbeat);
             heartbeat.join().expect("heartbeat panicked");
+            let already_done = already_done?;
             match failures.into_iter().next() {
                 Some(e) => Err(e),
-                None => summary,
+                None => summary.map(|mut s| {
+                    s.already_done = already_done;
+                    s
+                }),
             }
         });
         // Whatever happened, no sample stays claimed (a failed batch leaves some unjudged).
@@ -181,7 +164,6 @@ impl Workers {
         drop(claims);
         let mut summary = judged?;
         released?;
-        summary.already_done = already_done;
         summary.judged_elsewhere = judged_elsewhere;
         summary.fork_servers_started = self.fork_servers_started() - starts_before;
         let mut gate = GateUse::default();
@@ -190,12 +172,95 @@ impl Workers {
         }
         // The writer has set when the last outcome was stored.
         let timeline = &mut summary.timeline;
-        timeline.samples = shared.samples.len();
+        timeline.samples = shared.len() - summary.already_done;
         timeline.wall_s = started.elapsed().as_secs_f64();
         timeline.first_sample_s = shared.first_sample.get().copied();
         gate.write_to(timeline);
         store.add_timeline(&summary.timeline)?;
         Ok(summary)
+    }
+
+    /// Adds each batch that arrives to the pipeline until `submissions` closes, then closes the
+    /// intake: its problems to the store, its samples already stored (unless `force`, which
+    /// forgets their results) straight to the writer, the others to be claimed. Returns how many
+    /// were already stored.
+    fn take_submissions(
+        &self,
+        claims: &Claims<'_>,
+        shared: &BatchContext<'_>,
+        submissions: Receiver<Submission>,
+        reports: &Sender<Report>,
+        bar: &ProgressBar,
+    ) -> Result<usize> {
+        let force = self.ctx.cfg.force;
+        let mut already_done = 0;
+        loop {
+            let Submission { ticket, batch } = match submissions.recv_timeout(POLL_STOPPED) {
+                Ok(submission) => submission,
+                Err(RecvTimeoutError::Timeout) if !claims.stopped() => continue,
+                Err(_) => break,
+            };
+            let keys: Vec<SampleKey> = batch
+                .samples
+                .iter()
+                .map(|s| (s.level, s.problem_id, s.sample_id))
+                .collect();
+            let finished = if force {
+                claims.forget(&keys)?;
+                Default::default()
+            } else {
+                claims.store().finished()?
+            };
+            self.start_fork_servers_for(&batch, &finished);
+            let mut problem_rows: Vec<_> = batch
+                .problems
+                .values()
+                .map(|p| {
+                    let record = ProblemRecord {
+                        level: p.level,
+                        problem_id: p.problem_id,
+                        name: p.name.clone(),
+                        reference_error: None,
+                    };
+                    (record, sha256_hex(&p.source))
+                })
+                .collect();
+            problem_rows.sort_by_key(|(p, _)| (p.level, p.problem_id));
+            claims.store().add_problems(&problem_rows)?;
+
+            let (done, pending): (Vec<_>, Vec<_>) = shared
+                .add(ticket, batch)
+                .zip(keys)
+                .partition(|(_, key)| finished.contains(key));
+            already_done += done.len();
+            for (i, _) in done {
+                let _ = reports.send(Report::AlreadyStored(i));
+            }
+            bar.inc_length(pending.len() as u64);
+            claims.add(pending);
+        }
+        claims.close();
+        Ok(already_done)
+    }
+
+    /// A fork server that died since the last batch imports torch again while the others work,
+    /// rather than when its first candidate needs it.
+    fn start_fork_servers_for(&self, batch: &Batch, finished: &HashSet<SampleKey>) {
+        let to_run: Vec<&[u8]> = batch
+            .samples
+            .iter()
+            .filter(|s| !finished.contains(&(s.level, s.problem_id, s.sample_id)))
+            .filter(|s| batch.problems[&(s.level, s.problem_id)].defect.is_none())
+            .filter_map(|s| s.code.as_deref())
+            .collect();
+        if to_run.iter().any(|code| stage_build::may_build(code)) {
+            self.build_zygote.start_early(&self.rt);
+        }
+        if !to_run.is_empty() {
+            for zygote in &self.device_zygotes {
+                zygote.start_early(&self.rt);
+            }
+        }
     }
 
     /// Fork servers started so far, restarts included.
@@ -250,16 +315,20 @@ fn start_builders<'scope>(
     run_tx: Producer<RunItem>,
     report_tx: Sender<Report>,
 ) -> Vec<ScopedJoinHandle<'scope, Result<()>>> {
-    let threads = shared.ctx.cfg.jobs.min(shared.samples.len());
-    (0..threads)
+    (0..shared.ctx.cfg.jobs.max(1))
         .map(|_| {
             let (run_tx, report_tx) = (run_tx.clone(), report_tx.clone());
             scope.spawn(move || -> Result<()> {
                 let intake = || -> Result<()> {
-                    while let Some(i) = claims.next()? {
-                        let sample = &shared.samples[i];
+                    loop {
+                        let next = claims.next()?;
+                        for i in claims.take_judged_elsewhere() {
+                            let _ = report_tx.send(Report::JudgedElsewhere(i));
+                        }
+                        let Some(i) = next else { return Ok(()) };
+                        let sample = shared.sample(i);
                         let key = (sample.level, sample.problem_id);
-                        if let Some(defect) = &shared.problems[&key].defect {
+                        if let Some(defect) = &shared.problem(key).defect {
                             let _ = report_tx.send(Report::ReferenceFailed(i, defect.clone()));
                             continue;
                         }
@@ -287,7 +356,7 @@ fn start_builders<'scope>(
                             continue;
                         }
                         let z = zygote.get(shared.rt)?;
-                        match stage_build::build(shared.ctx, &z, sample, code)? {
+                        match stage_build::build(shared.ctx, &z, &sample, code)? {
                             Built::Ready(compiled) => run_tx.push(
                                 key,
                                 RunItem {
@@ -300,7 +369,6 @@ fn start_builders<'scope>(
                             }
                         }
                     }
-                    Ok(())
                 };
                 intake().inspect_err(|_| claims.stop())
             })

@@ -100,7 +100,8 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             shared
                 .first_sample
                 .get_or_init(|| shared.started.elapsed().as_secs_f64());
-            let sample = &shared.samples[item.sample];
+            let sample = shared.sample(item.sample);
+            let sample = &*sample;
             // One retry with a fresh fork server when the evaluator itself failed.
             let mut result = self.run(sample, item.compiled.clone(), false, started);
             if let Err(RunError::Evaluator(e)) = &result {
@@ -242,7 +243,7 @@ impl<'a, 'e> RunSlot<'a, 'e> {
                 candidate.restart_clock();
                 (candidate, reference)
             }
-            None => (spawn_candidate(ctx, &zygote, problem, code)?, None),
+            None => (spawn_candidate(ctx, &zygote, &problem, code)?, None),
         };
         let mut reference_s = None;
         if self.reference.as_ref().is_none_or(|(k, _)| *k != key) {
@@ -250,7 +251,7 @@ impl<'a, 'e> RunSlot<'a, 'e> {
                 self.close_reference();
             }
             let started = Instant::now();
-            let result = self.start_reference(&zygote, problem, &access, started_reference)?;
+            let result = self.start_reference(&zygote, &problem, &access, started_reference)?;
             reference_s = Some(started.elapsed().as_secs_f64());
             if result.is_ok() {
                 let _ = self.reports.send(Report::ReferenceOk(key));
@@ -337,11 +338,11 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             return;
         };
         let ctx = self.shared.ctx;
-        let sample = &self.shared.samples[item.sample];
-        let (key, problem, code) = self.shared.problem_and_code(sample);
-        let started = spawn_candidate(ctx, zygote, problem, code).and_then(|candidate| {
+        let sample = self.shared.sample(item.sample);
+        let (key, problem, code) = self.shared.problem_and_code(&sample);
+        let started = spawn_candidate(ctx, zygote, &problem, code).and_then(|candidate| {
             let reference = (key != current)
-                .then(|| Reference::spawn(ctx, zygote, problem))
+                .then(|| Reference::spawn(ctx, zygote, &problem))
                 .transpose()?;
             Ok(Started {
                 zygote: zygote.clone(),

@@ -1,9 +1,10 @@
-//! The store writer of a batch: each finished sample audited, stored in its own transaction and
-//! counted into the batch's [`Summary`], with a progress bar.
+//! The store writer of the pipeline: each finished sample audited, stored in its own transaction,
+//! counted into the [`Summary`] with a progress bar, and told to the evaluator's caller.
 
 use crate::batch::{BatchContext, Report};
 use crate::claims::Claims;
 use crate::config::{Audit, EvalSample};
+use crate::evaluator::{Evaluated, SampleOutcome};
 use crate::job::Outcome;
 use crate::run_queue::ProblemKey;
 use anyhow::{Context, Result};
@@ -11,9 +12,9 @@ use dice_store::{RunTimeline, SampleExtras, SampleRecord, Verdict};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, Sender};
 
-/// What judging a batch did.
+/// What judging a batch did (for an [`crate::Evaluator`], every batch it was given).
 #[derive(Clone, Debug, Default)]
 pub struct Summary {
     /// Samples evaluated in this batch, per verdict.
@@ -50,16 +51,28 @@ pub(crate) fn progress_bar(show: bool, len: usize) -> ProgressBar {
 }
 
 /// Stores each outcome the stages report, in its own transaction that also ends the sample's
-/// claim, after the audit; counts them into the batch's summary and on the progress bar.
+/// claim, after the audit; counts them into the summary and on the progress bar, and sends
+/// what became of each sample to `results`.
 pub(crate) fn write_reports(
     claims: &Claims<'_>,
     shared: &BatchContext<'_>,
     reports: Receiver<Report>,
     audit: Option<&dyn Audit>,
     bar: ProgressBar,
+    results: Option<Sender<Evaluated>>,
 ) -> Result<Summary> {
     let mut summary = Summary::default();
     let mut failed_problems: BTreeMap<ProblemKey, String> = BTreeMap::new();
+    let tell = |i: usize, outcome: SampleOutcome| {
+        if let Some(results) = &results {
+            let s = shared.sample(i);
+            let _ = results.send(Evaluated {
+                ticket: shared.ticket(i),
+                sample: (s.level, s.problem_id, s.sample_id),
+                outcome,
+            });
+        }
+    };
     for report in reports {
         match report {
             Report::ReferenceOk(key) => {
@@ -67,21 +80,24 @@ pub(crate) fn write_reports(
                 failed_problems.remove(&key);
             }
             Report::ReferenceFailed(i, why) => {
-                let s = &shared.samples[i];
+                let s = shared.sample(i);
                 claims
                     .store()
                     .set_reference_error(s.level, s.problem_id, Some(&why))?;
-                claims.release(i)?;
-                failed_problems.insert((s.level, s.problem_id), why);
+                claims.release((s.level, s.problem_id, s.sample_id))?;
+                failed_problems.insert((s.level, s.problem_id), why.clone());
                 summary.skipped += 1;
                 bar.inc(1);
+                tell(i, SampleOutcome::ReferenceFailed(why));
             }
+            Report::AlreadyStored(i) => tell(i, SampleOutcome::AlreadyStored),
+            Report::JudgedElsewhere(i) => tell(i, SampleOutcome::JudgedElsewhere),
             Report::Sample(i, outcome) => {
-                let sample = &shared.samples[i];
-                let problem = &shared.problems[&(sample.level, sample.problem_id)];
-                let (mut record, extras) = into_record(sample, *outcome);
+                let sample = shared.sample(i);
+                let problem = shared.problem((sample.level, sample.problem_id));
+                let (mut record, extras) = into_record(&sample, *outcome);
                 if let Some(audit) = audit {
-                    audit.audit(problem, sample, extras.kernels.as_ref(), &mut record);
+                    audit.audit(&problem, &sample, extras.kernels.as_ref(), &mut record);
                 }
                 let stored = claims
                     .put(&record, &extras)
@@ -93,12 +109,14 @@ pub(crate) fn write_reports(
                         sample.origin
                     );
                     bar.inc(1);
+                    tell(i, SampleOutcome::JudgedElsewhere);
                     continue;
                 }
                 *summary.verdicts.entry(record.verdict).or_default() += 1;
-                summary.records.push(record);
                 summary.timeline.last_outcome_s = Some(shared.started.elapsed().as_secs_f64());
                 bar.inc(1);
+                tell(i, SampleOutcome::Judged(Box::new(record.clone())));
+                summary.records.push(record);
             }
         }
         bar.set_message(progress_message(&summary));

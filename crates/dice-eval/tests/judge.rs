@@ -1,24 +1,50 @@
 //! One judge, several batches: what training loops do thousands of times. Later batches run on
-//! the fork servers that earlier ones started. Slow on a cold build cache: the examples' C++
-//! extension compiles once (~60 s on 2 cores).
+//! the fork servers that earlier ones started; an evaluator takes them while others run. Slow on
+//! a cold build cache: the examples' C++ extension compiles once (~60 s on 2 cores).
 
 mod common;
 
 use common::*;
-use dice_eval::{Batch, Judge, SampleRecord, Store, Verdict};
+use dice_eval::{Batch, Evaluator, Judge, SampleOutcome, SampleRecord, Store, Ticket, Verdict};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+/// The examples' batches, a judge's two and an evaluator's two: batches of the same samples.
+const BATCHES: [&[(u32, u32)]; 2] = [&[(1, 0), (1, 1)], &[(2, 0), (1, 6), (2, 1)]];
+
+fn batch(keys: &[(u32, u32)]) -> Batch {
+    let samples = keys.iter().map(|&(p, s)| example(p, s)).collect();
+    Batch::new(example_problems(), samples).unwrap()
+}
+
+/// (problem, sample) → what the judgement decided, timings aside.
+fn verdicts(records: &[SampleRecord]) -> BTreeMap<(u32, u32), (Verdict, u32, Vec<String>)> {
+    records
+        .iter()
+        .map(|r| {
+            let outcome = (r.verdict, r.trials_passed, r.flags.clone());
+            ((r.problem_id, r.sample_id), outcome)
+        })
+        .collect()
+}
+
+/// One judge through both batches (the batch path), then an evaluator given the second batch
+/// while it judges the first: the same verdicts, streamed as each sample is stored.
 #[test]
-fn a_judge_keeps_its_fork_servers_warm_across_batches() {
+fn a_judge_keeps_its_fork_servers_warm_and_an_evaluator_streams_the_same_verdicts() {
+    let judged = judge_one_batch_after_another();
+    let streamed = stream_batches_submitted_while_others_run();
+    assert_eq!(verdicts(&streamed), verdicts(&judged));
+}
+
+/// Returns the judge's records of both batches.
+fn judge_one_batch_after_another() -> Vec<SampleRecord> {
     let run = tempfile::tempdir().unwrap();
     let documented = documented_verdicts();
-    let batches = [[(1, 0), (1, 1)], [(2, 0), (1, 6)]];
     let mut judge = Judge::start(test_config(run.path()), None).unwrap();
     let mut summaries = Vec::new();
-    for keys in batches {
-        let samples = keys.iter().map(|&(p, s)| example(p, s)).collect();
-        let batch = Batch::new(example_problems(), samples).unwrap();
-        let summary = judge.evaluate(batch).unwrap();
+    for keys in BATCHES {
+        let summary = judge.evaluate(batch(keys)).unwrap();
         let got: BTreeMap<(u32, u32), Verdict> = summary
             .records
             .iter()
@@ -50,5 +76,58 @@ fn a_judge_keeps_its_fork_servers_warm_across_batches() {
     assert_eq!(stored, judged);
     let timelines = store.timelines().unwrap();
     assert_eq!(timelines.len(), 2, "one timeline per batch");
-    assert!(timelines.iter().all(|t| t.samples == 2), "{timelines:?}");
+    let sizes: Vec<usize> = timelines.iter().map(|t| t.samples).collect();
+    assert_eq!(sizes, BATCHES.map(<[_]>::len), "{timelines:?}");
+    summaries.into_iter().flat_map(|s| s.records).collect()
+}
+
+/// Submits the second batch once the first sample of the first came back (which a handle that
+/// answered only at the end could not give), and returns the records as they streamed back.
+fn stream_batches_submitted_while_others_run() -> Vec<SampleRecord> {
+    let run = tempfile::tempdir().unwrap();
+    let within = Duration::from_secs(120);
+    let mut evaluator = Evaluator::start(test_config(run.path()), None).unwrap();
+    let first = evaluator.submit(batch(BATCHES[0])).unwrap();
+    let earliest = evaluator.results().recv_timeout(within).unwrap();
+    assert_eq!(earliest.ticket, first);
+    let second = evaluator.submit(batch(BATCHES[1])).unwrap();
+    assert_ne!(first, second);
+    let mut outcomes = vec![earliest];
+    while outcomes.len() < BATCHES.iter().map(|b| b.len()).sum() {
+        outcomes.push(evaluator.results().recv_timeout(within).unwrap());
+    }
+    let summary = evaluator.finish().unwrap();
+
+    let tickets: BTreeMap<(u32, u32), Ticket> = outcomes
+        .iter()
+        .map(|o| ((o.sample.1, o.sample.2), o.ticket))
+        .collect();
+    let expected_tickets: BTreeMap<(u32, u32), Ticket> = [first, second]
+        .into_iter()
+        .zip(BATCHES)
+        .flat_map(|(ticket, keys)| keys.iter().map(move |&key| (key, ticket)))
+        .collect();
+    assert_eq!(
+        tickets, expected_tickets,
+        "each sample once, with its ticket"
+    );
+    let streamed: Vec<SampleRecord> = outcomes
+        .into_iter()
+        .map(|o| match o.outcome {
+            SampleOutcome::Judged(record) => *record,
+            other => panic!("{:?}: {other:?}", o.sample),
+        })
+        .collect();
+    assert!(streamed
+        .iter()
+        .all(|r| (r.verdict == Verdict::Correct) == r.speedup.is_some()));
+
+    // Stored once each, as streamed, with one timeline for the evaluator's whole run.
+    let store = Store::open(&run.path().join("dice.db")).unwrap();
+    assert_eq!(verdicts(&store.samples().unwrap()), verdicts(&streamed));
+    assert_eq!(verdicts(&summary.records), verdicts(&streamed));
+    let timelines = store.timelines().unwrap();
+    assert_eq!(timelines.len(), 1, "one timeline per evaluator");
+    assert_eq!(timelines[0].samples, streamed.len());
+    streamed
 }

@@ -1,0 +1,160 @@
+//! The evaluator as a long-lived handle, for callers that produce candidates while earlier ones
+//! are judged (RL rollouts, curation): batches are submitted at any time and flow into one
+//! running pipeline (the judge's fork servers, build cache and the run slots' reference processes
+//! stay warm), and what becomes of each sample streams back as soon as it is stored.
+
+use crate::batch::{Batch, Submission, Ticket};
+use crate::config::{Audit, EvalConfig};
+use crate::judge::Judge;
+use crate::run_queue::ProblemKey;
+use crate::writer::{sha256_hex, Summary};
+use anyhow::{anyhow, bail, Context, Result};
+use dice_store::{SampleKey, SampleRecord};
+use std::collections::HashMap;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Judges batches submitted while earlier ones still run, into the store at `cfg.db` (or the
+/// PostgreSQL run of `cfg.postgres`), each sample's result stored once; results come back on
+/// [`Evaluator::results`] in the order samples finish.
+///
+/// ```no_run
+/// # fn judge_all(cfg: dice_eval::EvalConfig, batches: Vec<dice_eval::Batch>) -> anyhow::Result<()> {
+/// use dice_eval::{Evaluator, SampleOutcome};
+/// let mut evaluator = Evaluator::start(cfg, None)?;
+/// let mut pending = 0;
+/// for batch in batches {
+///     pending += batch.len();
+///     evaluator.submit(batch)?;
+/// }
+/// for evaluated in evaluator.results().iter().take(pending) {
+///     if let SampleOutcome::Judged(record) = &evaluated.outcome {
+///         println!("{:?} {:?}: {}", evaluated.ticket, evaluated.sample, record.verdict);
+///     }
+/// }
+/// let summary = evaluator.finish()?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Evaluator {
+    /// Closed by [`Evaluator::finish`]: the pipeline ends once what was submitted is judged.
+    submissions: Option<Sender<Submission>>,
+    results: Receiver<Evaluated>,
+    pipeline: Option<JoinHandle<Result<Summary>>>,
+    next_ticket: u64,
+    /// The digest of each submitted problem's source: a problem key names one problem.
+    problems: HashMap<ProblemKey, String>,
+}
+
+/// What became of one submitted sample.
+#[derive(Clone, Debug)]
+pub struct Evaluated {
+    /// The submission the sample came in.
+    pub ticket: Ticket,
+    /// Its level, problem id and sample id.
+    pub sample: SampleKey,
+    pub outcome: SampleOutcome,
+}
+
+#[derive(Clone, Debug)]
+pub enum SampleOutcome {
+    /// Judged and stored: the record as stored (verdict, speedup, flags).
+    Judged(Box<SampleRecord>),
+    /// Its problem's reference failed (why): no verdict is stored, so a later run retries it.
+    ReferenceFailed(String),
+    /// Its result was in the store when it was submitted (only without `force`).
+    AlreadyStored,
+    /// Another process judging the same run stored its result.
+    JudgedElsewhere,
+}
+
+impl Evaluator {
+    /// Starts the judge (the interpreter checked, the fork servers importing torch; see
+    /// [`Judge::start`]) and its pipeline, which waits for submissions.
+    pub fn start(cfg: EvalConfig, audit: Option<Arc<dyn Audit>>) -> Result<Evaluator> {
+        let judge = Judge::start(cfg, audit)?;
+        let (submit, submissions) = mpsc::channel();
+        let (results_tx, results) = mpsc::channel();
+        let pipeline = std::thread::Builder::new()
+            .name("dice-eval".to_string())
+            .spawn(move || judge.serve(submissions, results_tx))
+            .context("cannot start the evaluator's thread")?;
+        Ok(Evaluator {
+            submissions: Some(submit),
+            results,
+            pipeline: Some(pipeline),
+            next_ticket: 0,
+            problems: HashMap::new(),
+        })
+    }
+
+    /// Adds `batch` to the work, beside what is still being judged; every one of its samples
+    /// comes back once on [`Evaluator::results`] with the returned ticket. Refuses a problem
+    /// submitted before with another source; once the pipeline failed, says why.
+    pub fn submit(&mut self, batch: Batch) -> Result<Ticket> {
+        for (key, problem) in &batch.problems {
+            let digest = sha256_hex(&problem.source);
+            match self.problems.get(key) {
+                Some(known) if *known != digest => bail!(
+                    "level {} problem {} was submitted before with another source: give each \
+                     problem its own id",
+                    key.0,
+                    key.1
+                ),
+                Some(_) => {}
+                None => {
+                    self.problems.insert(*key, digest);
+                }
+            }
+        }
+        let ticket = Ticket(self.next_ticket);
+        let submission = Submission { ticket, batch };
+        let sent = self
+            .submissions
+            .as_ref()
+            .is_some_and(|submissions| submissions.send(submission).is_ok());
+        if !sent {
+            let why = match self.stop() {
+                Ok(_) => anyhow!("the evaluator stopped"),
+                Err(e) => e,
+            };
+            return Err(why.context("the evaluator failed: start a new one"));
+        }
+        self.next_ticket += 1;
+        Ok(ticket)
+    }
+
+    /// The samples' outcomes, in the order they are known. The channel stays open while the
+    /// evaluator runs (count what you wait for); it ends early when the pipeline failed, and
+    /// [`Evaluator::finish`] then says why.
+    pub fn results(&self) -> &Receiver<Evaluated> {
+        &self.results
+    }
+
+    /// Waits for everything submitted to be judged, then ends the fork servers; the summary
+    /// counts every sample judged since the start (its timeline is stored with the run).
+    pub fn finish(mut self) -> Result<Summary> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<Summary> {
+        self.submissions.take();
+        let pipeline = self
+            .pipeline
+            .take()
+            .context("the evaluator has already stopped")?;
+        pipeline
+            .join()
+            .map_err(|_| anyhow!("the evaluator's thread panicked"))?
+    }
+}
+
+impl Drop for Evaluator {
+    /// Like [`Evaluator::finish`], without the summary: what was submitted is judged and stored.
+    fn drop(&mut self) {
+        if self.pipeline.is_some() {
+            let _ = self.stop();
+        }
+    }
+}
