@@ -23,6 +23,7 @@ pub(crate) mod kernelbench;
 pub(crate) mod model;
 pub(crate) mod problems;
 pub(crate) mod prompt;
+pub(crate) mod ranks;
 pub(crate) mod report;
 pub(crate) mod serve;
 pub(crate) mod tokenize;

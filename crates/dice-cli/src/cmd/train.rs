@@ -2,10 +2,10 @@
 //! trainer.
 
 use super::args::DeviceKind;
+use super::ranks::RankArgs;
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
 use dice_model::SdarTokenizer;
-use dice_train::collective::{launch_local_ranks, Collective, Rendezvous, SingleProcess};
 use dice_train::data::{model_block_length, select_datasets, PackedDataset, Qwen3Encoder};
 use dice_train::schedule::ScheduleKind;
 use dice_train::sft::config::{self, ComputeDType, SaveDType};
@@ -225,12 +225,8 @@ pub(crate) struct SftArgs {
     /// Print the packing statistics and exit, without loading the model.
     #[arg(long)]
     pub dry_run: bool,
-    /// Train with N ranks on this machine (one per GPU with --device cuda), as torchrun's
-    /// --nproc-per-node starts them; the step's rows are shared out among them. Launched by
-    /// torchrun, Slurm or Kubernetes instead, the ranks read RANK, WORLD_SIZE, LOCAL_RANK,
-    /// MASTER_ADDR and MASTER_PORT [default: 1].
-    #[arg(long, value_name = "N")]
-    pub nproc_per_node: Option<usize>,
+    #[command(flatten)]
+    pub ranks: RankArgs,
     /// Longest sample kept, in tokens after block padding [default: --row-tokens - 1, what
     /// LlamaFactory's cutoff_len: 6144 means with packing].
     #[arg(long, value_name = "N")]
@@ -254,20 +250,6 @@ pub(crate) fn run(command: TrainCommand) -> Result<()> {
         TrainCommand::Sft(a) => run_sft(a),
         TrainCommand::Rl(a) => super::train_rl::run(a),
     }
-}
-
-/// This command line without `--nproc-per-node`: what every launched rank runs.
-fn rank_args() -> Vec<std::ffi::OsString> {
-    let mut args = std::env::args_os().skip(1);
-    let mut kept = Vec::new();
-    while let Some(arg) = args.next() {
-        if arg == "--nproc-per-node" {
-            args.next();
-        } else if !arg.to_string_lossy().starts_with("--nproc-per-node=") {
-            kept.push(arg);
-        }
-    }
-    kept
 }
 
 /// The settings file (or the defaults) with the flags on top.
@@ -387,13 +369,8 @@ fn run_sft(a: SftArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let rendezvous = Rendezvous::from_env()?;
-    if let (Some(nproc), None) = (a.nproc_per_node, &rendezvous) {
-        return launch_local_ranks(nproc, &std::env::current_exe()?, &rank_args());
-    }
-    let collective: Box<dyn Collective> = match rendezvous {
-        Some(rendezvous) => rendezvous.join()?,
-        None => Box::new(SingleProcess),
+    let Some(collective) = a.ranks.join_or_launch()? else {
+        return Ok(());
     };
     let options = RunOptions {
         out: a.out.expect("clap requires --out without --dry-run"),

@@ -1,12 +1,14 @@
 //! `dice train rl`: BiC-RL. The flags map onto `dice_train::rl`'s settings, reward and trainer.
 
 use super::args::DeviceKind;
+use super::ranks::RankArgs;
 use super::train::TrainDType;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use dice_train::collective::SingleProcess;
 use dice_train::rl::config::{GridName, JudgeDevice};
-use dice_train::rl::{dry_run_report, JudgeReward, RlConfig, RlTrainer, Stage, TaskOrder};
+use dice_train::rl::{
+    dry_run_report, ContainsToken, JudgeReward, RlConfig, RlTrainer, Stage, TaskOrder,
+};
 use dice_train::sft::config::{ComputeDType, DeviceKind as TrainDevice};
 use dice_train::sft::{Resume, RunOptions};
 use std::path::PathBuf;
@@ -155,6 +157,11 @@ pub(crate) struct RlArgs {
     /// Reward a correct program its measured speedup (capped at 4) instead of 1.
     #[arg(long)]
     pub speedup_shaping: bool,
+    /// Reward 1 for a completion holding this token id, else 0, instead of judging its
+    /// program: a verifiable toy reward to check the loop, the ranks and a deployment without
+    /// the evaluator.
+    #[arg(long, value_name = "ID")]
+    pub reward_token: Option<u32>,
     /// Seed of the samples (and of --order shuffled) [default: 10086].
     #[arg(long, value_name = "S")]
     pub seed: Option<u64>,
@@ -174,6 +181,8 @@ pub(crate) struct RlArgs {
     /// step draws) and exit.
     #[arg(long)]
     pub dry_run: bool,
+    #[command(flatten)]
+    pub ranks: RankArgs,
 }
 
 /// The preset or settings file with the flags on top.
@@ -258,6 +267,9 @@ fn settings(a: &RlArgs) -> Result<RlConfig> {
     if a.speedup_shaping {
         c.reward.speedup_shaping = true;
     }
+    if a.reward_token.is_some() {
+        c.reward.contains_token = a.reward_token;
+    }
     set(&mut c.checkpoint.save_steps, a.save_steps);
     if a.eval_tasks.is_some() {
         c.eval.file.clone_from(&a.eval_tasks);
@@ -279,17 +291,35 @@ pub(crate) fn run(a: RlArgs) -> Result<()> {
         print!("{}", dry_run_report(config)?);
         return Ok(());
     }
+    let Some(collective) = a.ranks.join_or_launch()? else {
+        return Ok(());
+    };
+    let rank = collective.rank();
     let options = RunOptions {
         out: a.out.context("pass --out DIR")?,
         resume: a.resume.map_or(Resume::Auto, Resume::From),
         progress: true,
     };
     let out = options.out.clone();
-    let mut trainer = RlTrainer::new(config, options, Box::new(SingleProcess))?;
-    let source = format!("rl-tasks:{}", trainer.config().task_file().display());
-    let mut reward = JudgeReward::start(&trainer.config().reward, out.join("judge.db"), source)?;
-    let summary = trainer.train(&mut reward)?;
-    reward.shutdown();
+    let mut trainer = RlTrainer::new(config, options, collective)?;
+    let summary = match trainer.config().reward.contains_token {
+        Some(token) => trainer.train(&mut ContainsToken(token))?,
+        None => {
+            // Each rank judges its own tasks' candidates into a store of its own.
+            let db = match rank {
+                0 => out.join("judge.db"),
+                r => out.join(format!("judge-rank{r}.db")),
+            };
+            let source = format!("rl-tasks:{}", trainer.config().task_file().display());
+            let mut reward = JudgeReward::start(&trainer.config().reward, db, source)?;
+            let summary = trainer.train(&mut reward);
+            reward.shutdown();
+            summary?
+        }
+    };
+    if rank != 0 {
+        return Ok(());
+    }
     match summary.steps.last() {
         None => eprintln!(
             "the run in {} is already complete ({} steps): the model is in {}",

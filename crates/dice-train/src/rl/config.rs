@@ -132,6 +132,11 @@ pub struct RewardConfig {
     /// the project's .dice/venv, else python3].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub python: Option<PathBuf>,
+    /// Reward 1 for a completion holding this token id, else 0, instead of judging programs:
+    /// the verifiable toy reward ([`super::ContainsToken`]) that checks the loop, its ranks and
+    /// a deployment without the evaluator.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contains_token: Option<u32>,
 }
 
 impl Default for RewardConfig {
@@ -144,6 +149,7 @@ impl Default for RewardConfig {
             speedup_shaping: false,
             speedup_cap: 4.0,
             python: None,
+            contains_token: None,
         }
     }
 }
@@ -399,6 +405,7 @@ impl RlConfig {
                 "speedup_shaping": self.reward.speedup_shaping,
                 "correctness_trials": self.reward.correctness_trials,
                 "tolerance": self.reward.tolerance,
+                "contains_token": self.reward.contains_token,
             },
             "training": training,
             "optimizer": serde_json::to_value(self.optimizer).expect("settings serialize"),

@@ -55,7 +55,8 @@ pub struct SampleLoss {
 /// The loss of a group of samples and its gradient.
 #[derive(Debug, Clone)]
 pub struct PolicyLoss {
-    /// The mean of the samples' L_n.
+    /// The mean of the samples' L_n ([`policy_loss_and_grads`]) or their sum
+    /// ([`policy_loss_and_grad_sums`]).
     pub total: f32,
     pub samples: Vec<SampleLoss>,
     /// d total / d weight for every checkpoint tensor, keyed by its checkpoint name, in f32.
@@ -129,10 +130,33 @@ pub fn old_log_probs(model: &Sdar, replay: &Replay) -> Result<Vec<Vec<f32>>> {
 }
 
 /// The loss of the samples `range` of `replay` (mean of their L_n) and its gradient for every
-/// weight, against the old log-probabilities of [`old_log_probs`]. One sample at a time goes
-/// through the model, each with the checkpointed forward and backward of
-/// [`Sdar::masked_loss_and_grads`]; gradients are summed in f32.
+/// weight, against the old log-probabilities of [`old_log_probs`]: the sums of
+/// [`policy_loss_and_grad_sums`] divided by the number of samples.
 pub fn policy_loss_and_grads(
+    model: &Sdar,
+    replay: &Replay,
+    range: Range<usize>,
+    old_log_probs: &[Vec<f32>],
+    settings: &PolicyLossSettings,
+) -> Result<PolicyLoss> {
+    let scale = 1.0 / range.len().max(1) as f64;
+    let sums = policy_loss_and_grad_sums(model, replay, range, old_log_probs, settings)?;
+    let grads = sums
+        .grads
+        .into_iter()
+        .map(|(name, sum)| Ok((name, (sum * scale)?)))
+        .collect::<Result<_>>()?;
+    Ok(PolicyLoss {
+        total: (sums.samples.iter().map(|s| f64::from(s.loss)).sum::<f64>() * scale) as f32,
+        samples: sums.samples,
+        grads,
+    })
+}
+
+/// The sum of the L_n of the samples `range` of `replay` and its gradient for every weight.
+/// One sample at a time goes through the model, each with the checkpointed forward and
+/// backward of [`Sdar::masked_loss_and_grads`]; gradients are summed in f32, in sample order.
+pub fn policy_loss_and_grad_sums(
     model: &Sdar,
     replay: &Replay,
     range: Range<usize>,
@@ -190,12 +214,7 @@ pub fn policy_loss_and_grads(
             grads.insert(name, sum);
         }
     }
-    let scale = 1.0 / count as f64;
-    let grads = grads
-        .into_iter()
-        .map(|(name, sum)| Ok((name, (sum * scale)?)))
-        .collect::<Result<_>>()?;
-    let total = samples.iter().map(|s| f64::from(s.loss)).sum::<f64>() * scale;
+    let total = samples.iter().map(|s| f64::from(s.loss)).sum::<f64>();
     Ok(PolicyLoss {
         total: total as f32,
         samples,

@@ -25,7 +25,10 @@ pub mod trainer;
 
 pub use config::RlConfig;
 pub use dry_run::dry_run_report;
-pub use loss::{old_log_probs, policy_loss_and_grads, PolicyLoss, PolicyLossSettings, SampleLoss};
+pub use loss::{
+    old_log_probs, policy_loss_and_grad_sums, policy_loss_and_grads, PolicyLoss,
+    PolicyLossSettings, SampleLoss,
+};
 pub use replay::{BlockGrid, Replay, ReplaySample, ReplaySettings, ReplayedRecord, TraceRecord};
 pub use reward::{Candidate, ContainsToken, JudgeReward, Reward, Score};
 pub use task::{load_tasks, RlTask, Stage, TaskOrder};

@@ -23,9 +23,9 @@ use super::reward::{Candidate, Reward, Score};
 use super::rollout::{decoder, eval_params, roll_out, rollout_params, sample_seed};
 use super::task::{candidate_program, load_tasks, render_prompt, select_tasks, RlTask};
 use super::TraceRecord;
-use super::{old_log_probs, policy_loss_and_grads, PolicyLossSettings, Replay, ReplaySettings};
+use super::{old_log_probs, policy_loss_and_grad_sums, PolicyLossSettings, Replay, ReplaySettings};
 use crate::checkpoint::{checkpoint_name, checkpoints, Checkpointer, TrainerState, FINAL};
-use crate::collective::Collective;
+use crate::collective::{local_rank, Collective};
 use crate::metrics::MetricsLog;
 use crate::optim::{clip_grad_norm, AdamW};
 use crate::sft::config::DeviceKind;
@@ -39,6 +39,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::path::Path;
 use std::sync::mpsc::channel;
 use std::sync::Arc;
@@ -170,7 +171,7 @@ impl RlTrainer {
         let training = &config.training;
         let device = match training.device {
             DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Cuda => dice_model::device::cuda_device(collective.rank()).context(
+            DeviceKind::Cuda => dice_model::device::cuda_device(local_rank()?).context(
                 "cannot use CUDA (is this binary built with `--features cuda` and is a GPU visible?)",
             )?,
         };
@@ -200,7 +201,8 @@ impl RlTrainer {
         let mut step = 0;
         if let Some(dir) = &resume_from {
             let state = TrainerState::read(dir)?;
-            check_resumable(dir, &state, &config, &task_fingerprint)?;
+            let key = run_key(&config, collective.world_size());
+            check_resumable(dir, &state, &key, &task_fingerprint)?;
             step = state.step;
         }
         let weights = resume_from.as_deref().unwrap_or(config.model_dir());
@@ -385,12 +387,9 @@ impl RlTrainer {
             let Some(advantages) = group_advantages(&rewards) else {
                 continue;
             };
-            totals.groups_kept += 1.0;
+            totals.add_advantages(&advantages);
             let prompt = self.prompt_ids(task)?;
             for (r, advantage) in rolled.iter().zip(advantages) {
-                totals.advantage_sum += advantage;
-                totals.advantage_sq_sum += advantage * advantage;
-                totals.advantage_abs_max = totals.advantage_abs_max.max(advantage.abs());
                 records.push(TraceRecord {
                     prompt: prompt.clone(),
                     response: r.completion.token_ids.clone(),
@@ -400,7 +399,7 @@ impl RlTrainer {
             }
         }
         let update_started = Instant::now();
-        let update = self.update(&records)?;
+        let update = self.update(&records, group)?;
         let seconds_update = update_started.elapsed().as_secs_f64();
         let totals = totals.all_reduce(self.collective.as_ref())?;
         let samples = totals.samples.max(1.0);
@@ -561,8 +560,12 @@ impl RlTrainer {
         Ok((rolled, times))
     }
 
-    /// The TraceRL update of one step over this rank's records.
-    fn update(&mut self, records: &[TraceRecord]) -> Result<UpdateTotals> {
+    /// The TraceRL update of one step over this rank's records, `group` records per task.
+    ///
+    /// Every sum (gradients, loss, KL, token counts) is taken task group by task group and the
+    /// groups' sums are added in task order, on each rank and then over the ranks: ranks that
+    /// each hold one task group of an update sum exactly as one rank holding them all.
+    fn update(&mut self, records: &[TraceRecord], group: usize) -> Result<UpdateTotals> {
         let training = &self.config.training;
         let settings = ReplaySettings {
             block_size: training.block_size,
@@ -581,8 +584,8 @@ impl RlTrainer {
             self.optimizer.reset_moments()?;
         }
         let old = old_log_probs(&self.model, &replay)?;
-        let mut counts = [replay.samples.len() as f32];
-        self.collective.all_reduce_sum_f32(&mut counts)?;
+        let mut counts = [replay.samples.len() as f64];
+        self.collective.all_reduce_sum_f64(&mut counts)?;
         let global_samples = counts[0] as usize;
         let updates = global_samples.div_ceil(training.samples_per_update);
         let loss_settings = PolicyLossSettings {
@@ -590,36 +593,43 @@ impl RlTrainer {
             kl_beta: training.kl_beta,
         };
         let local = replay.samples.len();
-        let mut sums = UpdateSums {
-            entropy: old.iter().flatten().map(|&lp| -f64::from(lp)).sum(),
-            ..UpdateSums::default()
-        };
+        let mut sums = UpdateSums::default();
+        for run in group_runs(&replay, 0..local, group) {
+            sums.entropy += old[run]
+                .iter()
+                .flatten()
+                .map(|&lp| -f64::from(lp))
+                .sum::<f64>();
+        }
         let mut grad_norm = 0.0;
         for u in 0..updates {
             let range = rank_share(local, u, updates);
-            let mut grads = if range.is_empty() {
-                self.zero_grads()?
-            } else {
-                let loss = policy_loss_and_grads(
-                    &self.model,
-                    &replay,
-                    range.clone(),
-                    &old,
-                    &loss_settings,
-                )?;
-                let n = range.len() as f64;
-                sums.loss += f64::from(loss.total) * n;
-                sums.kl += loss.kl() * n;
+            let mut update_grads: Option<HashMap<String, Tensor>> = None;
+            for run in group_runs(&replay, range.clone(), group) {
+                let loss =
+                    policy_loss_and_grad_sums(&self.model, &replay, run, &old, &loss_settings)?;
+                sums.loss += loss.samples.iter().map(|s| f64::from(s.loss)).sum::<f64>();
+                sums.kl += loss.samples.iter().map(|s| s.kl).sum::<f64>();
                 sums.tokens += loss.loss_tokens() as f64;
                 sums.clipped += loss.clipped_tokens() as f64;
-                loss.grads
-                    .into_iter()
-                    .map(|(name, g)| Ok((name, (g * n)?)))
-                    .collect::<Result<HashMap<_, _>>>()?
+                update_grads = Some(match update_grads {
+                    None => loss.grads,
+                    Some(mut summed) => {
+                        for (name, grad) in loss.grads {
+                            let total = (&summed[&name] + grad)?;
+                            summed.insert(name, total);
+                        }
+                        summed
+                    }
+                });
+            }
+            let mut grads = match update_grads {
+                Some(grads) => grads,
+                None => self.zero_grads()?,
             };
-            let mut in_update = [range.len() as f32];
-            self.collective.all_reduce_sum_f32(&mut in_update)?;
-            let scale = training.grad_scale / f64::from(in_update[0]).max(1.0);
+            let mut in_update = [range.len() as f64];
+            self.collective.all_reduce_sum_f64(&mut in_update)?;
+            let scale = training.grad_scale / in_update[0].max(1.0);
             let mut names: Vec<String> = grads.keys().cloned().collect();
             names.sort();
             for name in names {
@@ -639,15 +649,9 @@ impl RlTrainer {
             self.optimizer.step(&grads, training.learning_rate)?;
         }
         self.device.synchronize()?;
-        let mut totals = [
-            sums.loss as f32,
-            sums.kl as f32,
-            sums.tokens as f32,
-            sums.clipped as f32,
-            sums.entropy as f32,
-        ];
-        self.collective.all_reduce_sum_f32(&mut totals)?;
-        let [loss, kl, tokens, clipped, entropy] = totals.map(f64::from);
+        let mut totals = [sums.loss, sums.kl, sums.tokens, sums.clipped, sums.entropy];
+        self.collective.all_reduce_sum_f64(&mut totals)?;
+        let [loss, kl, tokens, clipped, entropy] = totals;
         let n = (global_samples as f64).max(1.0);
         Ok(UpdateTotals {
             samples: global_samples,
@@ -755,7 +759,7 @@ impl RlTrainer {
                 epoch: (self.step as usize * self.config.rollout.tasks_per_step) as f64
                     / self.tasks.len() as f64,
                 data_fingerprint: self.task_fingerprint.clone(),
-                resume_key: self.config.resume_key(),
+                resume_key: run_key(&self.config, self.collective.world_size()),
             };
             let dir = self
                 .checkpointer
@@ -803,23 +807,41 @@ struct StepTotals {
     levels: [[f64; 2]; LEVELS],
 }
 
+/// A task group's sums are taken on their own, then added to the step's: the ranks' totals
+/// add up to one rank's exactly when each holds one group (see [`RlTrainer::update`]).
 impl StepTotals {
     fn add_group(&mut self, level: usize, rolled: &[Rolled]) {
-        for r in rolled {
-            let passed = f64::from(u8::from(r.score.passed && !r.score.deceptive));
-            self.samples += 1.0;
-            self.reward_sum += r.score.reward;
-            self.passed += passed;
-            self.deceptive += f64::from(u8::from(r.score.deceptive));
-            self.tokens += r.completion.token_ids.len() as f64;
-            let bucket = &mut self.levels[level.min(LEVELS - 1)];
-            bucket[0] += 1.0;
-            bucket[1] += passed;
-        }
+        let passed: f64 = rolled
+            .iter()
+            .map(|r| f64::from(u8::from(r.score.passed && !r.score.deceptive)))
+            .sum();
+        self.samples += rolled.len() as f64;
+        self.reward_sum += rolled.iter().map(|r| r.score.reward).sum::<f64>();
+        self.passed += passed;
+        self.deceptive += rolled
+            .iter()
+            .map(|r| f64::from(u8::from(r.score.deceptive)))
+            .sum::<f64>();
+        self.tokens += rolled
+            .iter()
+            .map(|r| r.completion.token_ids.len() as f64)
+            .sum::<f64>();
+        let bucket = &mut self.levels[level.min(LEVELS - 1)];
+        bucket[0] += rolled.len() as f64;
+        bucket[1] += passed;
+    }
+
+    fn add_advantages(&mut self, advantages: &[f64]) {
+        self.groups_kept += 1.0;
+        self.advantage_sum += advantages.iter().sum::<f64>();
+        self.advantage_sq_sum += advantages.iter().map(|a| a * a).sum::<f64>();
+        self.advantage_abs_max = advantages
+            .iter()
+            .fold(self.advantage_abs_max, |max, a| max.max(a.abs()));
     }
 
     fn all_reduce(mut self, collective: &dyn Collective) -> Result<Self> {
-        let mut values: Vec<f32> = [
+        let mut values: Vec<f64> = [
             self.samples,
             self.reward_sum,
             self.passed,
@@ -831,10 +853,9 @@ impl StepTotals {
         ]
         .into_iter()
         .chain(self.levels.iter().flatten().copied())
-        .map(|v| v as f32)
         .collect();
-        collective.all_reduce_sum_f32(&mut values)?;
-        let mut values = values.into_iter().map(f64::from);
+        collective.all_reduce_sum_f64(&mut values)?;
+        let mut values = values.into_iter();
         let mut next = || values.next().expect("as many values as were summed");
         self.samples = next();
         self.reward_sum = next();
@@ -848,10 +869,10 @@ impl StepTotals {
             *bucket = [next(), next()];
         }
         let world = collective.world_size();
-        let mut max = vec![0f32; world];
-        max[collective.rank()] = self.advantage_abs_max as f32;
-        collective.all_reduce_sum_f32(&mut max)?;
-        self.advantage_abs_max = f64::from(max.into_iter().fold(0.0, f32::max));
+        let mut max = vec![0.0; world];
+        max[collective.rank()] = self.advantage_abs_max;
+        collective.all_reduce_sum_f64(&mut max)?;
+        self.advantage_abs_max = max.into_iter().fold(0.0, f64::max);
         Ok(self)
     }
 
@@ -877,11 +898,36 @@ fn named_vars(vars: &VarMap) -> Vec<(String, Var)> {
     named
 }
 
+/// `range` of the replay's samples cut where the task group of their record changes (a kept
+/// group's `group` records come one after another).
+fn group_runs(replay: &Replay, range: Range<usize>, group: usize) -> Vec<Range<usize>> {
+    let group_of = |n: usize| replay.records[replay.samples[n].record].source / group;
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    for n in range {
+        match runs.last_mut() {
+            Some(run) if group_of(run.start) == group_of(n) => run.end = n + 1,
+            _ => runs.push(n..n + 1),
+        }
+    }
+    runs
+}
+
 /// Contiguous shares of `0..len` over `parts`, the first `len % parts` one longer.
-fn rank_share(len: usize, part: usize, parts: usize) -> std::ops::Range<usize> {
+fn rank_share(len: usize, part: usize, parts: usize) -> Range<usize> {
     let (size, longer) = (len / parts, len % parts);
     let start = part * size + part.min(longer);
     start..start + size + usize::from(part < longer)
+}
+
+/// The settings a checkpoint records and a resumed run must repeat: the config's, and the
+/// number of ranks when there are several (an update takes its share of every rank's replay
+/// samples, so the ranks decide which samples make an update).
+fn run_key(config: &RlConfig, world_size: usize) -> serde_json::Value {
+    let mut key = config.resume_key();
+    if world_size > 1 {
+        key["world_size"] = world_size.into();
+    }
+    key
 }
 
 /// SHA-256 of the task file's bytes.
@@ -896,11 +942,11 @@ fn file_fingerprint(path: &Path) -> Result<String> {
 fn check_resumable(
     dir: &Path,
     state: &TrainerState,
-    config: &RlConfig,
+    resume_key: &serde_json::Value,
     task_fingerprint: &str,
 ) -> Result<()> {
     if let Some((key, recorded, asked)) =
-        crate::sft::config::resume_key_difference(&state.resume_key, &config.resume_key())
+        crate::sft::config::resume_key_difference(&state.resume_key, resume_key)
     {
         bail!(
             "{} was trained with {key} = {recorded}, this run asks for {asked}: resume with the \
