@@ -106,6 +106,14 @@ impl Collective for SingleProcess {
     }
 }
 
+/// The part of `0..len` that rank `rank` of `world` takes: contiguous shares in rank order, the
+/// first `len % world` ranks one more. Rows of a step and shards of the parameters are cut so.
+pub fn contiguous_share(len: usize, rank: usize, world: usize) -> std::ops::Range<usize> {
+    let (size, longer) = (len / world, len % world);
+    let start = rank * size + rank.min(longer);
+    start..start + size + usize::from(rank < longer)
+}
+
 /// This process's GPU on its machine: torchrun's `LOCAL_RANK`, 0 when unset.
 pub fn local_rank() -> Result<usize> {
     Ok(Rendezvous::from_env()?.map_or(0, |r| r.local_rank))
@@ -588,6 +596,18 @@ mod tests {
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         })
+    }
+
+    #[test]
+    fn contiguous_shares_cover_the_range_once_in_order() {
+        for (len, world) in [(7, 3), (2, 4), (8, 2), (5, 1)] {
+            let all: Vec<usize> = (0..world)
+                .flat_map(|r| contiguous_share(len, r, world))
+                .collect();
+            assert_eq!(all, (0..len).collect::<Vec<_>>(), "{len} of {world} ranks");
+        }
+        assert_eq!(contiguous_share(7, 0, 3), 0..3);
+        assert_eq!(contiguous_share(7, 2, 3), 5..7);
     }
 
     #[test]

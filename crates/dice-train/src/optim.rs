@@ -7,6 +7,7 @@
 //! defaults of the HF Trainer that DICE's SFT runs unchanged; so is weight decay 0.0, the value
 //! of [`AdamWConfig::default`] (DICE's RL also sets 0).
 
+use crate::collective::{Collective, SingleProcess};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{
@@ -422,50 +423,17 @@ impl AdamW {
 
     /// Restores a state written by [`AdamW::save_state`] for the same weights: the moments, the
     /// step count, and the f32 weights (the model's weights are overwritten with them).
-    #[allow(unsafe_code)] // the state file is memory-mapped (12 bytes per parameter)
     pub fn load_state(&mut self, path: &Path) -> Result<()> {
-        let what = || format!("the optimizer state {}", path.display());
-        // SAFETY: the file is mapped read-only while it is read here; like every checkpoint
-        // reader we rely on nobody truncating it meanwhile.
-        let state = unsafe { MmapedSafetensors::new(path) }
-            .with_context(|| format!("cannot read {}", what()))?;
-        let stored = state.tensors().len();
-        let expected = 1 + 3 * self.params.len();
-        ensure!(
-            stored == expected,
-            "{} holds {stored} tensors, this model's state has {expected}: it belongs to another model",
-            what()
-        );
-        let steps = state
-            .load("step", &Device::Cpu)
-            .and_then(|t| t.to_scalar::<i64>())
-            .with_context(|| format!("{} has no valid `step`", what()))?;
-        let steps =
-            u64::try_from(steps).with_context(|| format!("{}: negative step {steps}", what()))?;
-        // Every header is checked before anything is restored, so a refused file changes nothing.
-        for param in &self.params {
-            for key in Self::state_keys(&param.name) {
-                let view = state.get(&key).with_context(|| {
-                    format!("{} has no `{key}`: it belongs to another model", what())
-                })?;
-                let f32 = DType::try_from(view.dtype()).ok() == Some(DType::F32);
-                ensure!(
-                    f32 && view.shape() == param.weight.dims(),
-                    "{}: `{key}` is {:?} {:?}, expected F32 {:?}",
-                    what(),
-                    view.dtype(),
-                    view.shape(),
-                    param.weight.dims()
-                );
-            }
-        }
+        let shapes: Vec<(&str, &[usize])> = self
+            .params
+            .iter()
+            .map(|p| (p.name.as_str(), p.weight.dims()))
+            .collect();
+        let (state, steps) = open_state(path, &shapes)?;
         for param in &mut self.params {
             let device = param.weight.device().clone();
-            let [exp_avg, exp_avg_sq, master] = Self::state_keys(&param.name).map(|key| {
-                state
-                    .load(&key, &device)
-                    .with_context(|| format!("cannot read `{key}` of {}", what()))
-            });
+            let [exp_avg, exp_avg_sq, master] =
+                Self::state_keys(&param.name).map(|key| state.load(&key, &device));
             param.exp_avg = exp_avg?;
             param.exp_avg_sq = exp_avg_sq?;
             param.set_master(master?)?;
@@ -473,6 +441,94 @@ impl AdamW {
         self.steps = steps;
         Ok(())
     }
+
+    /// f32 moment values held (m and v of every weight): what sharding the state divides.
+    pub fn moment_elements(&self) -> usize {
+        self.params
+            .iter()
+            .map(|p| p.exp_avg.elem_count() + p.exp_avg_sq.elem_count())
+            .sum()
+    }
+
+    /// Every weight's name with its f32 master, m and v, sorted by name.
+    pub(crate) fn state_tensors(&self) -> impl Iterator<Item = (&str, [Tensor; 3])> + '_ {
+        self.params.iter().map(|p| {
+            (
+                p.name.as_str(),
+                [p.master(), p.exp_avg.clone(), p.exp_avg_sq.clone()],
+            )
+        })
+    }
+
+    /// An optimizer in the state of `steps` steps: per weight its name, f32 master, m and v
+    /// (the masters become its weights).
+    pub(crate) fn from_state(
+        config: AdamWConfig,
+        steps: u64,
+        state: Vec<(String, [Tensor; 3])>,
+    ) -> Result<Self> {
+        let mut optimizer = Self::new(
+            state
+                .iter()
+                .map(|(name, [master, ..])| Ok((name.clone(), Var::from_tensor(master)?)))
+                .collect::<Result<Vec<_>>>()?,
+            config,
+        )?;
+        let mut state: HashMap<String, [Tensor; 3]> = state.into_iter().collect();
+        for param in &mut optimizer.params {
+            let [_, exp_avg, exp_avg_sq] =
+                state.remove(&param.name).expect("a state for every weight");
+            param.exp_avg = exp_avg;
+            param.exp_avg_sq = exp_avg_sq;
+        }
+        optimizer.steps = steps;
+        Ok(optimizer)
+    }
+}
+
+/// Opens a state file of [`AdamW::save_state`] and checks that it holds exactly the f32
+/// master, m and v of the named weights of these shapes; returns it with its step count.
+/// Every header is checked before anything is restored, so a refused file changes nothing.
+#[allow(unsafe_code)] // the state file is memory-mapped (12 bytes per parameter)
+pub(crate) fn open_state(
+    path: &Path,
+    shapes: &[(&str, &[usize])],
+) -> Result<(MmapedSafetensors, u64)> {
+    let what = || format!("the optimizer state {}", path.display());
+    // SAFETY: the file is mapped read-only while it is read here; like every checkpoint
+    // reader we rely on nobody truncating it meanwhile.
+    let state = unsafe { MmapedSafetensors::new(path) }
+        .with_context(|| format!("cannot read {}", what()))?;
+    let stored = state.tensors().len();
+    let expected = 1 + 3 * shapes.len();
+    ensure!(
+        stored == expected,
+        "{} holds {stored} tensors, this model's state has {expected}: it belongs to another model",
+        what()
+    );
+    let steps = state
+        .load("step", &Device::Cpu)
+        .and_then(|t| t.to_scalar::<i64>())
+        .with_context(|| format!("{} has no valid `step`", what()))?;
+    let steps =
+        u64::try_from(steps).with_context(|| format!("{}: negative step {steps}", what()))?;
+    for &(name, dims) in shapes {
+        for key in AdamW::state_keys(name) {
+            let view = state.get(&key).with_context(|| {
+                format!("{} has no `{key}`: it belongs to another model", what())
+            })?;
+            let f32 = DType::try_from(view.dtype()).ok() == Some(DType::F32);
+            ensure!(
+                f32 && view.shape() == dims,
+                "{}: `{key}` is {:?} {:?}, expected F32 {:?}",
+                what(),
+                view.dtype(),
+                view.shape(),
+                dims
+            );
+        }
+    }
+    Ok((state, steps))
 }
 
 /// Scales all gradients together so that their global L2 norm is at most `max_norm`, as
@@ -482,18 +538,32 @@ impl AdamW {
 /// below f32's resolution of the result). A non-finite norm is returned as it is and poisons
 /// the gradients, as in torch: the caller decides whether to skip the step.
 pub fn clip_grad_norm(grads: &mut HashMap<String, Tensor>, max_norm: f64) -> Result<f32> {
+    clip_sharded_grad_norm(grads, max_norm, &SingleProcess)
+}
+
+/// [`clip_grad_norm`] of a gradient sharded over the ranks of `collective`, each holding the
+/// gradients (or slices of them) in `grads`: the ranks' sums of squares are added in rank order,
+/// so every rank scales its shard by the same coefficient. The f64 sum is grouped by shard,
+/// which can move the f32 norm by one ulp at most, and only when the f64 sum falls within
+/// 1e-16 of an f32 rounding boundary.
+pub fn clip_sharded_grad_norm(
+    grads: &mut HashMap<String, Tensor>,
+    max_norm: f64,
+    collective: &dyn Collective,
+) -> Result<f32> {
     ensure!(
         max_norm > 0.0,
         "the gradient clipping norm must be positive, not {max_norm}"
     );
     let mut names: Vec<&String> = grads.keys().collect();
     names.sort();
-    let mut sum_of_squares = 0.0;
+    let mut sum_of_squares = [0.0];
     for name in names {
-        sum_of_squares += squared_norm(&grads[name])
+        sum_of_squares[0] += squared_norm(&grads[name])
             .with_context(|| format!("cannot take the norm of the gradient of `{name}`"))?;
     }
-    let total = sum_of_squares.sqrt() as f32;
+    collective.all_reduce_sum_f64(&mut sum_of_squares)?;
+    let total = sum_of_squares[0].sqrt() as f32;
     let coef = max_norm as f32 / (total + 1e-6);
     // `clamp(max = 1)` keeps a NaN, as torch's does.
     if coef < 1.0 || coef.is_nan() {

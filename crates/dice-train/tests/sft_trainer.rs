@@ -249,8 +249,9 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
 }
 
 /// Trains `config` with `world` ranks as threads joined through a TCP rendezvous on
-/// localhost, all writing to `out` (rank 0 alone does).
-fn run_ranks(world: usize, config: &SftConfig, out: &Path) {
+/// localhost, all writing to `out` (rank 0 alone does); returns the f32 moment values each
+/// rank's optimizer held.
+fn run_ranks(world: usize, config: &SftConfig, out: &Path) -> Vec<usize> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let mut listener = Some(listener);
@@ -271,17 +272,15 @@ fn run_ranks(world: usize, config: &SftConfig, out: &Path) {
                         resume: Resume::Auto,
                         progress: false,
                     };
-                    SftTrainer::new(config.clone(), options, Box::new(group))
-                        .unwrap()
-                        .train()
-                        .unwrap();
+                    let mut trainer =
+                        SftTrainer::new(config.clone(), options, Box::new(group)).unwrap();
+                    trainer.train().unwrap();
+                    trainer.moment_elements()
                 })
             })
             .collect();
-        for rank in ranks {
-            rank.join().unwrap();
-        }
-    });
+        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    })
 }
 
 /// The final weights of a run (saved in f32), by name.
@@ -381,4 +380,63 @@ fn two_ranks_with_accumulation_match_one_rank_up_to_the_order_of_the_sum() {
         largest <= 1e-5,
         "{differing} of {total} weights differ, by at most {largest:e}"
     );
+}
+
+/// `world` ranks with the optimizer state sharded (ZeRO `stage`), one row each per step, train
+/// as one rank accumulating `world` rows with the whole state: the same losses, gradient norms,
+/// weights and gathered optimizer state, bit for bit, over two steps. Each rank holds the
+/// moments of its 1/`world` share of the parameters only. Returns the sharded run's folder and
+/// settings.
+fn sharded_runs_match_one_rank(
+    dir: &Path,
+    world: usize,
+    stage: u8,
+    save_steps: u64,
+) -> (PathBuf, SftConfig) {
+    let model = tiny_model(dir);
+    let (one, sharded) = (dir.join("one"), dir.join("sharded"));
+    let mut config = parallel_settings(&model, 1, world);
+    config.training.max_steps = Some(2);
+    config.checkpoint.save_steps = save_steps;
+    let mut trainer = open_trainer(config.clone(), &one).unwrap();
+    trainer.train().unwrap();
+    let whole = trainer.moment_elements();
+    drop(trainer);
+    config.training.gradient_accumulation_steps = 1;
+    config.training.zero_stage = stage;
+    let moments = run_ranks(world, &config, &sharded);
+
+    assert_eq!(step_lines(&one).len(), 2);
+    assert_eq!(step_lines(&one), step_lines(&sharded));
+    assert_eq!(final_weights(&one), final_weights(&sharded));
+    let state = "checkpoint-2/optimizer.safetensors";
+    assert!(read(&one.join(state)) == read(&sharded.join(state)));
+    assert_eq!(moments.iter().sum::<usize>(), whole);
+    for held in &moments {
+        assert!(held.abs_diff(whole / world) <= 2, "{moments:?} of {whole}");
+    }
+    (sharded, config)
+}
+
+#[test]
+fn two_ranks_with_zero_2_train_as_one_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    sharded_runs_match_one_rank(dir.path(), 2, 2, 2);
+}
+
+/// Three ranks with ZeRO-1, then the run is taken back to its first checkpoint (as a kill -9
+/// after it leaves it) and resumed with ZeRO-2: each rank reads its shard of the gathered state,
+/// and the run ends with the same weights and state.
+#[test]
+fn three_ranks_with_zero_1_train_as_one_rank_and_resume_with_zero_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, mut config) = sharded_runs_match_one_rank(dir.path(), 3, 1, 1);
+    let weights = final_weights(&out);
+    let state = read(&out.join("checkpoint-2/optimizer.safetensors"));
+    std::fs::remove_dir_all(out.join("checkpoint-2")).unwrap();
+    std::fs::remove_dir_all(out.join("final")).unwrap();
+    config.training.zero_stage = 2;
+    run_ranks(3, &config, &out);
+    assert_eq!(final_weights(&out), weights);
+    assert!(read(&out.join("checkpoint-2/optimizer.safetensors")) == state);
 }

@@ -69,7 +69,14 @@ Slurm script and a Kubernetes Job for 2 nodes). A step takes --batch-size x
 over all its micro-batches, so N ranks make the update of one rank accumulating N times as many
 micro-batches (bit for bit with one micro-batch per rank). Rank 0 alone writes the output
 folder (give every rank the same --out on a shared file system); a run resumes with the same
-number of ranks.
+number of ranks. --zero-stage shards the optimizer state as DeepSpeed's ZeRO does: the
+parameters, flattened in name order, are cut into one contiguous shard per rank, and each rank
+keeps the f32 masters and AdamW moments of its shard only (1/N of the 12 bytes per parameter).
+Stage 1 all-reduces the gradient and keeps the shard, stage 2 reduce-scatters it; the global
+norm adds the shards' squared norms over the ranks, each rank updates its shard and the shards
+are all-gathered into every rank's weights. The weights are those of stage 0 (the default:
+every rank holds everything), bit for bit on the same device. Checkpoints gather the state on
+rank 0 and hold the same optimizer.safetensors at every stage, so a run resumes with any stage.
 
 Data. Records are LlamaFactory's: --dataset-info names a dataset_info.json (or the folder holding
 it) whose --dataset entries give file_name (relative to that folder; a folder means its files in
@@ -222,6 +229,11 @@ pub(crate) struct SftArgs {
     /// speed, the same results [default: 1024].
     #[arg(long, value_name = "N")]
     pub chunk_rows: Option<usize>,
+    /// Optimizer-state sharding over the ranks, as DeepSpeed's ZeRO: 0 every rank holds the
+    /// whole state, 1 each rank the f32 masters and moments of its 1/N of the parameters, 2 also
+    /// only its shard of the summed gradient; the same weights at every stage [default: 0].
+    #[arg(long, value_name = "0|1|2", value_parser = clap::value_parser!(u8).range(0..=2))]
+    pub zero_stage: Option<u8>,
     /// Print the packing statistics and exit, without loading the model.
     #[arg(long)]
     pub dry_run: bool,
@@ -320,6 +332,7 @@ fn settings(a: &SftArgs) -> Result<SftConfig> {
     set(&mut t.max_grad_norm, &a.max_grad_norm);
     set(&mut t.seed, &a.seed);
     set(&mut t.chunk_rows, &a.chunk_rows);
+    set(&mut t.zero_stage, &a.zero_stage);
     set(
         &mut t.device,
         &a.device.map(|d| match d {

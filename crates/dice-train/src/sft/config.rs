@@ -6,6 +6,7 @@
 use crate::data::PackOptions;
 use crate::optim::AdamWConfig;
 use crate::schedule::ScheduleKind;
+use crate::zero::ZeroStage;
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::DType;
 use serde::{Deserialize, Serialize};
@@ -131,6 +132,9 @@ pub struct TrainingConfig {
     /// Query and head rows per chunk of the checkpointed forward and backward (memory, not
     /// results).
     pub chunk_rows: usize,
+    /// How the optimizer state is spread over the ranks: 0 replicated, 1 sharded (ZeRO-1),
+    /// 2 sharded with reduce-scattered gradients (ZeRO-2). The same weights either way.
+    pub zero_stage: u8,
 }
 
 impl Default for TrainingConfig {
@@ -148,6 +152,7 @@ impl Default for TrainingConfig {
             device: DeviceKind::Cpu,
             dtype: None,
             chunk_rows: dice_model::sdar::QUERY_CHUNK,
+            zero_stage: 0,
         }
     }
 }
@@ -302,6 +307,7 @@ impl SftConfig {
             t.max_grad_norm
         );
         ensure!(t.chunk_rows > 0, "chunk_rows must be at least 1");
+        ZeroStage::from_number(t.zero_stage)?;
         t.dtype = Some(t.compute_dtype());
         ensure!(
             self.checkpoint.save_steps > 0 && self.eval.eval_steps > 0,
@@ -355,13 +361,15 @@ impl SftConfig {
     }
 
     /// The settings the weights of a run depend on, as JSON: training (but the device and the
-    /// chunking, which change rounding at most) and the optimizer. A checkpoint records them; a
+    /// chunking, which change rounding at most, and the ZeRO stage, which changes neither the
+    /// update, see [`crate::zero`], nor the checkpoint) and the optimizer. A checkpoint records them; a
     /// resumed run must ask for the same.
     pub fn resume_key(&self) -> serde_json::Value {
         let mut training = serde_json::to_value(&self.training).expect("settings serialize");
         if let Some(fields) = training.as_object_mut() {
             fields.remove("device");
             fields.remove("chunk_rows");
+            fields.remove("zero_stage");
         }
         serde_json::json!({
             "training": training,

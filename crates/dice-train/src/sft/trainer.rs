@@ -12,21 +12,23 @@
 //! micro-batch (the ranks' sums are added in rank order, as one rank accumulates), otherwise
 //! up to the rounding of a regrouped f32 sum. (DeepSpeed divides by the world size instead;
 //! with the reference's clipping at 1.0 both give the same clipped gradient whenever the
-//! norm exceeds 1.)
+//! norm exceeds 1.) With `zero_stage` 1 or 2 each rank keeps the optimizer state of one shard
+//! of the parameters only ([`crate::zero`]), for the same update.
 
 use super::config::{DeviceKind, SftConfig};
 use super::plan::{DataPlan, RunLength};
 use crate::checkpoint::{
     checkpoint_name, checkpoints, Checkpointer, TrainerState, FINAL, OPTIMIZER_STATE,
 };
-use crate::collective::{local_rank, Collective};
+use crate::collective::{contiguous_share, local_rank, Collective};
 use crate::data::{model_block_length, select_datasets, CleanRow, PackedDataset, Qwen3Encoder};
 use crate::metrics::{
     process_peak_rss, sft_step_flops, write_html, EvalMetrics, MetricsLog, StepMetrics,
 };
 use crate::noise::Noiser;
-use crate::optim::{clip_grad_norm, AdamW, GradientAccumulator};
+use crate::optim::GradientAccumulator;
 use crate::schedule::LrSchedule;
+use crate::zero::{DataParallelAdamW, ZeroStage};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use dice_model::memory::PeakMemory;
@@ -82,7 +84,7 @@ pub struct SftTrainer {
     collective: Box<dyn Collective>,
     device: Device,
     model: Sdar,
-    optimizer: AdamW,
+    optimizer: DataParallelAdamW,
     schedule: LrSchedule,
     data: PackedDataset,
     plan: DataPlan,
@@ -173,7 +175,8 @@ impl SftTrainer {
                 var.set(&collective.broadcast(var.as_tensor(), 0)?)?;
             }
         }
-        let mut optimizer = AdamW::new(vars, config.optimizer)?;
+        let stage = ZeroStage::from_number(training.zero_stage)?;
+        let mut optimizer = DataParallelAdamW::new(vars, config.optimizer, stage, &*collective)?;
         if let Some(dir) = &resume_from {
             optimizer.load_state(&dir.join(OPTIMIZER_STATE))?;
             ensure!(
@@ -238,6 +241,11 @@ impl SftTrainer {
 
     pub fn plan(&self) -> &DataPlan {
         &self.plan
+    }
+
+    /// f32 moment values this rank's optimizer holds (1/W of them with a sharded state).
+    pub fn moment_elements(&self) -> usize {
+        self.optimizer.moment_elements()
     }
 
     /// Trains to the end of the run: a checkpoint every `save_steps` steps and at the end, an
@@ -320,7 +328,8 @@ impl SftTrainer {
         let training = &self.config.training;
         let rows = self.plan.step_rows(step);
         let world = self.collective.world_size();
-        let mine: Vec<usize> = rank_share(rows.len(), self.collective.rank(), world).collect();
+        let mine: Vec<usize> =
+            contiguous_share(rows.len(), self.collective.rank(), world).collect();
 
         let mut accumulator = GradientAccumulator::default();
         let (mut loss_sum, mut tokens, mut flops) = (0f64, 0usize, 0f64);
@@ -344,16 +353,18 @@ impl SftTrainer {
             accumulator.add(result.grads)?;
         }
         let micro_batches = accumulator.micro_batches();
-        let mut grads = if micro_batches == 0 {
+        let grads = if micro_batches == 0 {
             self.zero_grads()?
         } else {
             accumulator.take()
         };
-        self.sum_over_ranks(&mut grads)?;
         let mut totals = [loss_sum, micro_batches as f64, tokens as f64, flops];
         self.collective.all_reduce_sum_f64(&mut totals)?;
         let [loss_sum, micro_batches, tokens, flops] = totals;
-        let grad_norm = clip_grad_norm(&mut grads, training.max_grad_norm)?;
+        let lr = self.schedule.lr(step);
+        let grad_norm =
+            self.optimizer
+                .step(grads, training.max_grad_norm, lr, &*self.collective)?;
         if !grad_norm.is_finite() {
             bail!(
                 "step {}: the gradient norm is {grad_norm}; the weights were left as they were. \
@@ -362,8 +373,6 @@ impl SftTrainer {
                 self.options.out.display()
             );
         }
-        let lr = self.schedule.lr(step);
-        self.optimizer.step(&grads, lr)?;
         self.step += 1;
         self.device.synchronize()?;
 
@@ -394,25 +403,10 @@ impl SftTrainer {
             .collect()
     }
 
-    /// The gradients' sum over the ranks (each rank's sum of its micro-batches), reduced in
-    /// name order so every rank issues the same sequence.
-    fn sum_over_ranks(&self, grads: &mut HashMap<String, Tensor>) -> Result<()> {
-        if self.collective.world_size() == 1 {
-            return Ok(());
-        }
-        let mut names: Vec<String> = grads.keys().cloned().collect();
-        names.sort();
-        for name in names {
-            let summed = self.collective.all_reduce_sum(&grads[&name])?;
-            grads.insert(name, summed);
-        }
-        Ok(())
-    }
-
     /// The loss of the held-out rows, logged as an eval line.
     fn evaluate(&mut self) -> Result<()> {
         let training = &self.config.training;
-        let mine = rank_share(
+        let mine = contiguous_share(
             self.held_out.len(),
             self.collective.rank(),
             self.collective.world_size(),
@@ -448,36 +442,29 @@ impl SftTrainer {
     }
 
     /// Rank 0 writes the folder `name` (the optimizer state too when `resumable`), prunes old
-    /// checkpoints and refreshes the HTML page; every rank waits for it.
+    /// checkpoints and refreshes the HTML page; every rank takes part in gathering a sharded
+    /// optimizer state and waits for rank 0.
     fn save(&self, name: &str, resumable: bool) -> Result<()> {
-        if self.collective.rank() == 0 {
-            let state = TrainerState {
-                step: self.step,
-                total_steps: self.plan.total_steps(),
-                epoch: self.plan.epoch(self.step),
-                data_fingerprint: self.data_fingerprint.clone(),
-                resume_key: run_key(&self.config, self.collective.world_size()),
-            };
-            let dir = self
-                .checkpointer
-                .save(name, &self.optimizer, &state, resumable)?;
-            tracing::info!("saved {}", dir.display());
-            self.checkpointer.prune()?;
-            if let Some(log) = &self.metrics {
-                let title = format!("dice train sft: {}", self.options.out.display());
-                write_html(log.path(), &self.options.out.join("metrics.html"), &title)?;
-            }
-        }
+        self.optimizer
+            .with_whole_state_on_rank0(&*self.collective, |optimizer| {
+                let state = TrainerState {
+                    step: self.step,
+                    total_steps: self.plan.total_steps(),
+                    epoch: self.plan.epoch(self.step),
+                    data_fingerprint: self.data_fingerprint.clone(),
+                    resume_key: run_key(&self.config, self.collective.world_size()),
+                };
+                let dir = self.checkpointer.save(name, optimizer, &state, resumable)?;
+                tracing::info!("saved {}", dir.display());
+                self.checkpointer.prune()?;
+                if let Some(log) = &self.metrics {
+                    let title = format!("dice train sft: {}", self.options.out.display());
+                    write_html(log.path(), &self.options.out.join("metrics.html"), &title)?;
+                }
+                Ok(())
+            })?;
         self.collective.barrier()
     }
-}
-
-/// The positions `0..len` of the rows of a step that rank `rank` of `world` takes: contiguous
-/// shares, the first `len % world` ranks one row more.
-fn rank_share(len: usize, rank: usize, world: usize) -> std::ops::Range<usize> {
-    let (size, longer) = (len / world, len % world);
-    let start = rank * size + rank.min(longer);
-    start..start + size + usize::from(rank < longer)
 }
 
 /// SHA-256 of the training rows, so a resumed run can tell that its data is the same.
@@ -531,23 +518,4 @@ fn check_resumable(
         dir.display()
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::rank_share;
-
-    #[test]
-    fn rank_shares_cover_the_rows_once_in_order() {
-        for (len, world) in [(7, 3), (2, 4), (8, 2), (5, 1)] {
-            let all: Vec<usize> = (0..world).flat_map(|r| rank_share(len, r, world)).collect();
-            assert_eq!(
-                all,
-                (0..len).collect::<Vec<_>>(),
-                "{len} rows, {world} ranks"
-            );
-        }
-        assert_eq!(rank_share(7, 0, 3), 0..3);
-        assert_eq!(rank_share(7, 2, 3), 5..7);
-    }
 }
