@@ -1,14 +1,17 @@
 //! `dice curate` end to end on the C++ CPU fixture of dice-curate: ingest, verify killed with
 //! SIGKILL and resumed (nothing judged before changes), export packed by `dice train sft
-//! --dry-run`, the report; and `split` on DICE's released pairs.
+//! --dry-run`, the report; `diversify` asking `dice serve` of the tiny checkpoint for kernels;
+//! and `split` on DICE's released pairs.
 
 mod common;
+mod tiny_model;
 
 use common::{dice, path_arg, stderr};
 use dice_store::{SampleRecord, Store};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use tiny_model::TinyServer;
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -156,4 +159,96 @@ fn split_reproduces_the_released_split() {
         std::fs::read_to_string(&splits).unwrap().lines().count(),
         99
     );
+}
+
+#[test]
+fn diversify_asks_dice_serve_and_records_each_attempt() {
+    // Three problems, one attempt each: the server answers three requests, then exits.
+    let mut server = TinyServer::start(3);
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-curate-build-cache");
+    let diversify = |endpoint: &str| {
+        dice(&[
+            "curate",
+            "diversify",
+            "--run",
+            path_arg(&run),
+            "--endpoint",
+            endpoint,
+            "--model-name",
+            "tiny",
+            "--scale",
+            "tiny",
+            "--components",
+            "rms_norm,softmax,mlp_swiglu",
+            "--variants",
+            "1",
+            "--attempts",
+            "1",
+            "--max-new-tokens",
+            "16",
+            "--correctness-trials",
+            "2",
+            "--perf-trials",
+            "8",
+            "--build-cache",
+            path_arg(&cache),
+        ])
+    };
+    let out = diversify(&server.endpoint);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        summary.contains("3 problems, 3 attempts judged, 0 kept"),
+        "{summary}"
+    );
+    assert!(server.wait_for_exit().success());
+
+    // The random model writes no program: each attempt is recorded with its verdict and why it
+    // was dropped.
+    let attempts = std::fs::read_to_string(run.join("diversify-attempts.jsonl")).unwrap();
+    let attempts: Vec<serde_json::Value> = attempts
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut problems: Vec<&str> = attempts
+        .iter()
+        .map(|a| a["problem"].as_str().unwrap())
+        .collect();
+    problems.sort_unstable();
+    assert_eq!(problems.len(), 3);
+    for (problem, component) in problems.iter().zip(["mlp_swiglu", "rms_norm", "softmax"]) {
+        assert!(problem.starts_with(component), "{problems:?}");
+    }
+    for a in &attempts {
+        assert_eq!(a["kept"], false, "{a}");
+        assert!(a["verdict"].is_string(), "{a}");
+        assert!(
+            a["reason"].as_str().unwrap().starts_with("verdict: "),
+            "{a}"
+        );
+    }
+    let answers = std::fs::read_to_string(run.join("diversify-answers.jsonl")).unwrap();
+    assert_eq!(answers.lines().count(), 3);
+
+    // Done already: the rerun asks the stopped server nothing and writes the same files.
+    let first = std::fs::read(run.join("diversify-attempts.jsonl")).unwrap();
+    let out = diversify(&server.endpoint);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), summary);
+    assert_eq!(
+        std::fs::read(run.join("diversify-attempts.jsonl")).unwrap(),
+        first
+    );
+
+    let out = dice(&["curate", "report", "--run", path_arg(&run)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    for line in ["| problems drawn | 3 |", "| attempts judged | 3 |"] {
+        assert!(
+            report.lines().any(|l| l == line),
+            "no {line:?} in:\n{report}"
+        );
+    }
 }

@@ -1,7 +1,8 @@
 //! The run's report (`report.md`, `report.html`): the funnel from records read to pairs kept,
 //! the speedups of correct pairs before and after the threshold, why pairs were dropped, and
-//! the duplicate clusters.
+//! the duplicate clusters; and diversify's problems, attempts and why attempts were dropped.
 
+use crate::diversify::DiversifySummary;
 use crate::ingest::IngestSummary;
 use crate::run::RunDir;
 use crate::verify::VerifySummary;
@@ -14,21 +15,24 @@ const BIN_EXPONENTS: std::ops::RangeInclusive<i32> = -6..=7;
 
 /// What the report shows, read from the run folder.
 struct Facts {
-    ingest: IngestSummary,
+    ingest: Option<IngestSummary>,
     verify: Option<VerifySummary>,
+    diversify: Option<DiversifySummary>,
 }
 
 /// Writes `report.md` and `report.html` into the run folder; returns their paths.
 pub fn write_report(run: &RunDir) -> Result<Vec<PathBuf>> {
-    let ingest: IngestSummary = read_json(&run.ingest_summary())
-        .with_context(|| format!("run `dice curate ingest --run {}` first", run.dir.display()))?;
-    let verify_path = run.verify_summary();
-    let verify = if verify_path.exists() {
-        Some(read_json(&verify_path)?)
-    } else {
-        None
+    let facts = Facts {
+        ingest: read_if_there(&run.ingest_summary())?,
+        verify: read_if_there(&run.verify_summary())?,
+        diversify: read_if_there(&run.diversify_summary())?,
     };
-    let facts = Facts { ingest, verify };
+    if facts.ingest.is_none() && facts.diversify.is_none() {
+        let dir = run.dir.display();
+        anyhow::bail!(
+            "{dir} holds no curate run: run `dice curate ingest --run {dir}` or `dice curate diversify --run {dir}` first"
+        );
+    }
     let md = run.dir.join("report.md");
     let html = run.dir.join("report.html");
     std::fs::write(&md, markdown(&facts))
@@ -38,6 +42,14 @@ pub fn write_report(run: &RunDir) -> Result<Vec<PathBuf>> {
     Ok(vec![md, html])
 }
 
+fn read_if_there<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<Option<T>> {
+    if path.exists() {
+        read_json(path).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
 fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -45,8 +57,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T
 }
 
 /// `(stage, count)` from records read to pairs kept.
-fn funnel(f: &Facts) -> Vec<(String, usize)> {
-    let i = &f.ingest;
+fn funnel(i: &IngestSummary, f: &Facts) -> Vec<(String, usize)> {
     let read: usize = i.read.values().sum();
     let mut rows = vec![
         ("records read".to_string(), read),
@@ -96,12 +107,49 @@ fn bin_label(e: i32) -> String {
 }
 
 fn markdown(f: &Facts) -> String {
-    let mut out = String::from("# dice curate\n\n## Funnel\n\n| stage | pairs |\n| --- | ---: |\n");
-    for (stage, n) in funnel(f) {
+    let mut out = String::from("# dice curate\n");
+    if let Some(ingest) = &f.ingest {
+        out.push_str(&ingest_markdown(ingest, f));
+    }
+    if let Some(d) = &f.diversify {
+        out.push_str(&diversify_markdown(d));
+    }
+    out
+}
+
+/// `(stage, count)` of diversify: problems drawn, attempts judged, problems kept.
+fn diversify_counts(d: &DiversifySummary) -> Vec<(String, usize)> {
+    vec![
+        ("problems drawn".to_string(), d.problems),
+        ("attempts judged".to_string(), d.attempts),
+        (
+            format!(
+                "problems kept: not deceptive, speedup ≥ {}x with 95 % confidence",
+                d.min_speedup
+            ),
+            d.kept,
+        ),
+    ]
+}
+
+fn diversify_markdown(d: &DiversifySummary) -> String {
+    let mut out = String::from("\n## Diversify\n\n| stage | count |\n| --- | ---: |\n");
+    for (stage, n) in diversify_counts(d) {
         let _ = writeln!(out, "| {stage} | {n} |");
     }
-    let read: Vec<String> = f
-        .ingest
+    out.push_str("\n| attempts dropped because | attempts |\n| --- | ---: |\n");
+    for (reason, n) in &d.dropped {
+        let _ = writeln!(out, "| {reason} | {n} |");
+    }
+    out
+}
+
+fn ingest_markdown(ingest: &IngestSummary, f: &Facts) -> String {
+    let mut out = String::from("\n## Funnel\n\n| stage | pairs |\n| --- | ---: |\n");
+    for (stage, n) in funnel(ingest, f) {
+        let _ = writeln!(out, "| {stage} | {n} |");
+    }
+    let read: Vec<String> = ingest
         .read
         .iter()
         .map(|(k, n)| format!("{k} {n}"))
@@ -126,7 +174,7 @@ fn markdown(f: &Facts) -> String {
             let _ = writeln!(out, "| {reason} | {n} |");
         }
     }
-    out.push_str(&clusters_markdown(&f.ingest));
+    out.push_str(&clusters_markdown(ingest));
     out
 }
 
@@ -159,30 +207,53 @@ fn esc(s: &str) -> String {
 }
 
 fn html_page(f: &Facts) -> String {
-    let mut body = String::from(
-        "<h1>dice curate</h1><h2>Funnel</h2><table><tr><th>stage</th><th>pairs</th></tr>",
-    );
-    for (stage, n) in funnel(f) {
-        let _ = write!(body, "<tr><td>{}</td><td>{n}</td></tr>", esc(&stage));
+    let mut body = String::from("<h1>dice curate</h1>");
+    if let Some(ingest) = &f.ingest {
+        body.push_str(&ingest_html(ingest, f));
     }
-    body.push_str("</table>");
+    if let Some(d) = &f.diversify {
+        body.push_str("<h2>Diversify</h2>");
+        body.push_str(&html_table(["stage", "count"], &diversify_counts(d)));
+        let dropped: Vec<(String, usize)> = d.dropped.clone().into_iter().collect();
+        body.push_str(&html_table(
+            ["attempts dropped because", "attempts"],
+            &dropped,
+        ));
+    }
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>dice curate</title><style>\
+body{{font-family:sans-serif;max-width:60em;margin:2em auto}}table{{border-collapse:collapse}}\
+td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}</style></head><body>{body}</body></html>\n"
+    )
+}
+
+fn html_table(head: [&str; 2], rows: &[(String, usize)]) -> String {
+    let mut table = format!("<table><tr><th>{}</th><th>{}</th></tr>", head[0], head[1]);
+    for (label, n) in rows {
+        let _ = write!(table, "<tr><td>{}</td><td>{n}</td></tr>", esc(label));
+    }
+    table.push_str("</table>");
+    table
+}
+
+fn ingest_html(ingest: &IngestSummary, f: &Facts) -> String {
+    let mut body = String::from("<h2>Funnel</h2>");
+    body.push_str(&html_table(["stage", "pairs"], &funnel(ingest, f)));
     if let Some(v) = &f.verify {
         body.push_str("<h2>Speedups of correct pairs</h2>");
         body.push_str(&speedup_svg(v));
-        body.push_str("<h2>Dropped pairs</h2><table><tr><th>reason</th><th>pairs</th></tr>");
-        for (reason, n) in &v.dropped {
-            let _ = write!(body, "<tr><td>{}</td><td>{n}</td></tr>", esc(reason));
-        }
-        body.push_str("</table>");
+        body.push_str("<h2>Dropped pairs</h2>");
+        let dropped: Vec<(String, usize)> = v.dropped.clone().into_iter().collect();
+        body.push_str(&html_table(["reason", "pairs"], &dropped));
     }
     let _ = write!(
         body,
         "<h2>Duplicate clusters</h2><p>{} clusters: {} exact and {} near duplicates dropped.</p><table><tr><th>kept</th><th>dropped (similarity)</th></tr>",
-        f.ingest.clusters.len(),
-        f.ingest.exact_duplicates,
-        f.ingest.near_duplicates
+        ingest.clusters.len(),
+        ingest.exact_duplicates,
+        ingest.near_duplicates
     );
-    for c in &f.ingest.clusters {
+    for c in &ingest.clusters {
         let dropped: Vec<String> = c
             .duplicates
             .iter()
@@ -196,11 +267,7 @@ fn html_page(f: &Facts) -> String {
         );
     }
     body.push_str("</table>");
-    format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>dice curate</title><style>\
-body{{font-family:sans-serif;max-width:60em;margin:2em auto}}table{{border-collapse:collapse}}\
-td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}</style></head><body>{body}</body></html>\n"
-    )
+    body
 }
 
 /// Bars per power-of-two bin, correct pairs in grey and kept ones in blue, with the threshold

@@ -2,11 +2,16 @@
 
 use super::args::DeviceKind;
 use super::eval::JudgeArgs;
-use anyhow::bail;
-use anyhow::Result;
+use anyhow::{bail, ensure, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use dice_curate::{Difficulty, ExportOptions, RunDir, SftFormat};
+use dice_curate::catalogue::{Component, Scale, COMPONENTS};
+use dice_curate::{
+    Difficulty, DiversifyOptions, ExportOptions, KernelPrompt, KernelWriter, Progress, RunDir,
+    SftFormat,
+};
+use dice_engine::{ApiClient, DecodeParams, DecodeSettings, Generator, Job, PromptStyle};
 use dice_eval::{Device, EvalConfig};
+use indicatif::ProgressBar;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -20,6 +25,11 @@ pub(crate) enum CurateCommand {
     /// threshold with confidence.
     #[command(after_help = VERIFY_MANUAL)]
     Verify(VerifyArgs),
+    /// Draw problems from a catalogue of LLM building blocks, ask an endpoint for kernels, and
+    /// keep the first attempt per problem that is correct, not deceptive and faster than the
+    /// threshold with confidence.
+    #[command(after_help = DIVERSIFY_MANUAL)]
+    Diversify(DiversifyArgs),
     /// Write the kept pairs as LlamaFactory SFT data and RL task files for both stages, in
     /// curriculum order.
     #[command(after_help = EXPORT_MANUAL)]
@@ -69,6 +79,41 @@ the reason it was dropped) and RUN_DIR/verify.json the counts.
 Example:
   dice curate verify --run runs/cuke --device cuda";
 
+const DIVERSIFY_MANUAL: &str = "\
+The catalogue (--components takes these names, or prefixes of them such as `attention`):
+  attention_{mha,gqa,mqa}_{causal,sliding}  q, k, v heads (GQA: groups of query heads share a
+                             key/value head; MQA: one), causal mask, or causal within a window
+  mlp_swiglu, mlp_geglu      down_proj(act(gate_proj(x)) * up_proj(x)), no biases
+  rms_norm, layer_norm       over the hidden size, with a learned weight (and bias)
+  rotary                     rotary position embedding, rotate-half form
+  softmax, cross_entropy     over the vocabulary
+  residual_mlp               x + SwiGLU(RMSNorm(x))
+  residual_attention         x + o_proj(GQA causal attention(RMSNorm(x)))
+Each entry is drawn --variants times at shapes and a dtype (fp32, bf16; at --scale kernelbench
+also fp16) from --seed: the same flags draw the same problems. --scale tiny draws tens of
+elements per dimension (CPU tests); --scale kernelbench the sizes of KernelBench and real LLM
+layers. Every problem is a KernelBench file (Model, get_inputs, get_init_inputs) whose tensors
+and parameters are made in its dtype; it is judged at that precision (--precision is ignored).
+
+Attempts go in rounds: each sends KernelBench's one-shot prompt of every problem without a
+kept attempt to the endpoint (chat completions), extracts the answer's first fenced program and
+judges it as `dice curate verify` judges a pair: strict mode, kept when correct, no reward-hack
+rule fired and the lower end of the speedup's 95 % interval is at least --min-speedup. A
+problem stops at its first kept attempt or after --attempts. Attempt k (from 0) samples with seed
+--seed + k, so attempts differ only when decoding samples (--top-k other than 1).
+
+The run folder keeps diversify-problems.jsonl (the drawn problems), diversify-answers.jsonl
+(each answer, appended as it arrives), diversify-{fp32,fp16,bf16}.db (the evaluator's stores),
+diversify-attempts.jsonl (every attempt: verdict, speedup and interval, kept or why dropped),
+diversify-pairs.jsonl (the kept pairs, which `dice curate export` adds to verify's) and
+diversify.json (counts). After any interruption the same command continues; a finished run
+asks and judges nothing. A local model answers through `dice serve`.
+
+Example:
+  dice serve --model models/dice-8b --port 8000 &
+  dice curate diversify --run runs/diverse --endpoint http://127.0.0.1:8000/v1 \\
+      --model-name dice-8b --scale kernelbench --variants 20 --device cuda";
+
 const EXPORT_MANUAL: &str = "\
 OUT then holds:
   sft.json, dataset_info.json  one record per kept pair: KernelBench's one-shot prompt of the
@@ -107,6 +152,71 @@ pub(crate) struct SplitArgs {
     /// Where to write one JSON object per split program: id, prefix, core, suffix.
     #[arg(long, value_name = "FILE.jsonl")]
     pub out: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DiversifyArgs {
+    /// The curate run folder (created).
+    #[arg(long, value_name = "RUN_DIR")]
+    pub run: PathBuf,
+    /// OpenAI-compatible API base that writes the kernels (e.g. http://127.0.0.1:8000/v1).
+    #[arg(long, value_name = "URL")]
+    pub endpoint: String,
+    /// Model name sent to the endpoint.
+    #[arg(long, value_name = "NAME")]
+    pub model_name: String,
+    /// Environment variable holding the endpoint's API key.
+    #[arg(long, value_name = "VAR")]
+    pub api_key_env: Option<String>,
+    /// Requests in flight at once against the endpoint.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub concurrency: usize,
+    /// Catalogue entries to draw from, by name or prefix, comma-separated (default: all).
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    pub components: Vec<String>,
+    /// How large the drawn shapes are.
+    #[arg(long, value_enum, default_value_t = ScaleArg::Kernelbench)]
+    pub scale: ScaleArg,
+    /// Problems drawn per catalogue entry (fewer when the scale has fewer distinct shapes).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub variants: u32,
+    /// Seeds the draws of shapes and dtypes, and (plus the attempt) the endpoint's sampling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Attempts per problem, at most.
+    #[arg(long, value_name = "N", default_value_t = dice_curate::DEFAULT_ATTEMPTS)]
+    pub attempts: u32,
+    /// Tokens the endpoint may write per answer.
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub max_new_tokens: usize,
+    /// Logits are divided by this before sampling.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens (1 = greedy, 0 = all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling mass (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Where attempts are judged (cuda: torch with CUDA, and nvcc on PATH).
+    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
+    pub device: DeviceKind,
+    /// Keep an attempt only when the lower end of its speedup's 95 % interval reaches this.
+    #[arg(long, value_name = "X", default_value_t = dice_curate::DEFAULT_MIN_SPEEDUP)]
+    pub min_speedup: f64,
+    /// Judge the attempts again, accepting stores judged with other settings.
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub judge: JudgeArgs,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum ScaleArg {
+    /// Tens of elements per dimension: every problem runs in milliseconds on a CPU.
+    Tiny,
+    /// KernelBench's sizes and those of real LLM layers (for a GPU).
+    Kernelbench,
 }
 
 #[derive(Args, Debug)]
@@ -198,6 +308,7 @@ pub(crate) fn run(command: CurateCommand) -> Result<()> {
         }
         CurateCommand::Export(a) => export(&a),
         CurateCommand::Verify(a) => verify(&a),
+        CurateCommand::Diversify(a) => diversify(&a),
         CurateCommand::Ingest(a) => ingest(&a),
         CurateCommand::Split(a) => split(&a),
     }
@@ -239,6 +350,134 @@ fn verify(a: &VerifyArgs) -> Result<()> {
         println!("dropped {n}: {reason}");
     }
     println!("{} lists every pair", run.verified().display());
+    Ok(())
+}
+
+/// The endpoint as diversify's kernel writer.
+struct EndpointWriter {
+    generator: Generator,
+    params: DecodeParams,
+}
+
+impl KernelWriter for EndpointWriter {
+    fn write(
+        &self,
+        prompts: Vec<KernelPrompt>,
+        store: &mut dyn FnMut(usize, String) -> Result<()>,
+    ) -> Result<()> {
+        let jobs = prompts
+            .into_iter()
+            .enumerate()
+            .map(|(key, prompt)| Job {
+                key,
+                text: prompt.text,
+                sample: prompt.attempt as usize,
+            })
+            .collect();
+        self.generator
+            .run(&self.params, PromptStyle::Chat, jobs, |key, answer| {
+                store(key, answer.text)
+            })
+    }
+}
+
+fn diversify(a: &DiversifyArgs) -> Result<()> {
+    ensure!(
+        a.attempts <= 1 || a.top_k != 1,
+        "--attempts {} with greedy decoding (--top-k 1) asks for the same kernel each time: sample (--top-k 0) or use --attempts 1",
+        a.attempts
+    );
+    ensure!(a.concurrency > 0, "--concurrency must be at least 1");
+    if let Some(unknown) = a
+        .components
+        .iter()
+        .find(|name| Component::matching(name).is_empty())
+    {
+        bail!("--components: no catalogue entry is called {unknown} (see `dice curate diversify --help`)");
+    }
+    let components = COMPONENTS
+        .into_iter()
+        .filter(|c| {
+            a.components.is_empty()
+                || a.components
+                    .iter()
+                    .any(|n| c.name().starts_with(n.as_str()))
+        })
+        .collect();
+    let options = DiversifyOptions {
+        components,
+        scale: match a.scale {
+            ScaleArg::Tiny => Scale::Tiny,
+            ScaleArg::Kernelbench => Scale::KernelBench,
+        },
+        variants: a.variants,
+        seed: a.seed,
+        attempts: a.attempts,
+        min_speedup: a.min_speedup,
+    };
+    let api_key =
+        match &a.api_key_env {
+            Some(var) => Some(std::env::var(var).with_context(|| {
+                format!("environment variable {var} (--api-key-env) is not set")
+            })?),
+            None => None,
+        };
+    let settings = DecodeSettings {
+        temperature: Some(a.temperature),
+        top_k: Some(a.top_k),
+        top_p: Some(a.top_p),
+        seed: Some(a.seed),
+        ..DecodeSettings::default()
+    };
+    let writer = EndpointWriter {
+        generator: Generator::Endpoint {
+            client: ApiClient::new(&a.endpoint, &a.model_name, api_key),
+            concurrency: a.concurrency,
+        },
+        params: settings.over(&DecodeParams::dice_eval(a.max_new_tokens))?,
+    };
+    let run = RunDir::new(&a.run);
+    let mut judging = EvalConfig::new(run.judge_store(), String::new());
+    judging.set_device(match a.device {
+        DeviceKind::Cpu => Device::Cpu,
+        DeviceKind::Cuda => Device::Cuda,
+    });
+    a.judge.apply(&mut judging);
+    judging.force = a.force;
+    judging.progress = true;
+    let mut bar: Option<ProgressBar> = None;
+    let s = dice_curate::diversify(
+        &run,
+        &options,
+        &judging,
+        &writer,
+        &mut |event| match event {
+            Progress::Asking { attempt, prompts } => {
+                if let Some(done) = bar.take() {
+                    done.finish();
+                }
+                let asking = ProgressBar::new(prompts as u64);
+                asking.set_message(format!("attempt {}: kernels asked", attempt + 1));
+                bar = Some(asking);
+            }
+            Progress::Answered => {
+                if let Some(asking) = &bar {
+                    asking.inc(1);
+                }
+            }
+        },
+    )?;
+    if let Some(done) = bar {
+        done.finish();
+    }
+    println!(
+        "{} problems, {} attempts judged, {} kept (speedup's lower bound >= {}x)",
+        s.problems, s.attempts, s.kept, s.min_speedup
+    );
+    for (reason, n) in &s.dropped {
+        println!("dropped {n}: {reason}");
+    }
+    println!("{} lists every attempt", run.diversify_attempts().display());
     Ok(())
 }
 
