@@ -198,7 +198,7 @@ fn two_ranks_take_the_steps_of_one() {
     );
     for file in [
         "checkpoint-2/optimizer.safetensors",
-        "final/model.safetensors.index.json",
+        "final/model-00001-of-00001.safetensors",
     ] {
         let bytes = |run: &Path| std::fs::read(run.join(file)).unwrap();
         assert!(bytes(&alone) == bytes(&ranks), "{file} differs");
@@ -210,6 +210,16 @@ fn two_ranks_take_the_steps_of_one() {
     written.sort();
     assert_eq!(
         written,
-        ["checkpoint-2", "config.toml", "final", "metrics.jsonl"]
+        [
+            "checkpoint-2",
+            "config.toml",
+            "final",
+            "metrics.html",
+            "metrics.jsonl"
+        ]
     );
+    let seconds = &two[1]["seconds_per_rank"];
+    assert_eq!(seconds.as_array().map(Vec::len), Some(2), "{seconds}");
+    let page = std::fs::read_to_string(ranks.join("metrics.html")).unwrap();
+    assert!(page.contains("<h2>pass rate per level"), "{page}");
 }

@@ -208,17 +208,17 @@ body{{font-family:sans-serif;margin:2em;color:#222}} svg{{background:#fafafa;bor
     dice_model::shards::write_atomically(html, |w| Ok(w.write_all(page.as_bytes())?))
 }
 
-fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
 
 /// One line of a chart: its label, its CSS class and its (step, value) points.
-type Series<'a> = (&'a str, &'a str, &'a [(f64, f64)]);
+pub(crate) type Series<'a> = (&'a str, &'a str, &'a [(f64, f64)]);
 
 /// One SVG line chart of the given series.
-fn chart(title: &str, series: &[Series]) -> String {
+pub(crate) fn chart(title: &str, series: &[Series]) -> String {
     const W: f64 = 800.0;
     const H: f64 = 300.0;
     const PAD: f64 = 50.0;

@@ -18,6 +18,7 @@ pub mod config;
 pub mod dry_run;
 pub mod loss;
 pub mod replay;
+pub mod report;
 pub mod reward;
 pub mod rollout;
 pub mod task;
@@ -32,4 +33,4 @@ pub use loss::{
 pub use replay::{BlockGrid, Replay, ReplaySample, ReplaySettings, ReplayedRecord, TraceRecord};
 pub use reward::{Candidate, ContainsToken, JudgeReward, Reward, Score};
 pub use task::{load_tasks, RlTask, Stage, TaskOrder};
-pub use trainer::{RlStepMetrics, RlSummary, RlTrainer};
+pub use trainer::{RankSeconds, RlStepMetrics, RlSummary, RlTrainer};

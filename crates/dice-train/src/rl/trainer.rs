@@ -95,6 +95,18 @@ pub struct RlStepMetrics {
     pub seconds_idle: f64,
     pub seconds_update: f64,
     pub seconds_step: f64,
+    /// Each rank's rollout, judge, idle and update seconds, in rank order (a rank is a GPU
+    /// with --device cuda).
+    pub seconds_per_rank: Vec<RankSeconds>,
+}
+
+/// One rank's share of a step's time.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct RankSeconds {
+    pub rollout: f64,
+    pub judge: f64,
+    pub idle: f64,
+    pub update: f64,
 }
 
 /// An evaluation's line in `metrics.jsonl`.
@@ -312,9 +324,7 @@ impl RlTrainer {
                 seconds_step = line.seconds_step,
                 "rl step"
             );
-            if let Some(log) = &mut self.metrics {
-                log.write(&line)?;
-            }
+            self.log(&line)?;
             summary.steps_run += 1;
             summary.steps.push(line);
             bar.suspend(|| self.save_step())?;
@@ -402,6 +412,7 @@ impl RlTrainer {
         let update = self.update(&records, group)?;
         let seconds_update = update_started.elapsed().as_secs_f64();
         let totals = totals.all_reduce(self.collective.as_ref())?;
+        let seconds_per_rank = self.seconds_per_rank(&times, seconds_update)?;
         let samples = totals.samples.max(1.0);
         let kept_samples = (totals.groups_kept * group as f64).max(1.0);
         let advantage_mean = totals.advantage_sum / kept_samples;
@@ -434,7 +445,26 @@ impl RlTrainer {
             seconds_idle: times.idle,
             seconds_update,
             seconds_step: started.elapsed().as_secs_f64(),
+            seconds_per_rank,
         })
+    }
+
+    /// Every rank's phase times, gathered on every rank.
+    fn seconds_per_rank(&self, times: &PhaseTimes, update: f64) -> Result<Vec<RankSeconds>> {
+        let mine = [times.rollout, times.judge, times.idle, update].map(|s| s as f32);
+        let world = self.collective.world_size();
+        let all = self
+            .collective
+            .all_gather_f32(&mine, &vec![mine.len(); world])?;
+        Ok(all
+            .chunks(mine.len())
+            .map(|s| RankSeconds {
+                rollout: f64::from(s[0]),
+                judge: f64::from(s[1]),
+                idle: f64::from(s[2]),
+                update: f64::from(s[3]),
+            })
+            .collect())
     }
 
     fn prompt_ids(&self, task: &RlTask) -> Result<Vec<u32>> {
@@ -728,10 +758,17 @@ impl RlTrainer {
             eval_seconds: started.elapsed().as_secs_f64(),
         };
         tracing::info!(step = line.step, pass_rate = line.eval_pass_rate, "rl eval");
-        if let Some(log) = &mut self.metrics {
-            log.write(&line)?;
-        }
-        Ok(())
+        self.log(&line)
+    }
+
+    /// Appends `line` to `metrics.jsonl` and redraws `metrics.html` (rank 0 only).
+    fn log(&mut self, line: &impl Serialize) -> Result<()> {
+        let Some(log) = &mut self.metrics else {
+            return Ok(());
+        };
+        log.write(line)?;
+        let title = format!("dice train rl · {}", self.options.out.display());
+        super::report::write_html(log.path(), &self.options.out.join("metrics.html"), &title)
     }
 
     /// The checkpoint after this step: resumable, and kept when the step is a multiple of
