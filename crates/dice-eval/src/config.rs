@@ -219,8 +219,9 @@ pub struct EvalConfig {
     pub perf_trials: u32,
     /// Timed trials are split into this many rounds, alternating candidate and baseline.
     pub timing_rounds: u32,
-    /// Stop the compile stage's processes while a candidate is timed (quiet.rs).
-    pub quiet_timing: bool,
+    /// The share of wall time the compile stage's processes may be stopped for timing windows,
+    /// over any 30 s (quiet.rs): 0 never stops them, 1 stops them for every window.
+    pub quiet_timing_share: f64,
     /// A side whose calls' coefficient of variation is above this is measured again...
     pub remeasure_above_cv: f64,
     /// ... at most this many times; the last measurement is kept.
@@ -265,7 +266,7 @@ impl EvalConfig {
             correctness_trials: 5,
             perf_trials: 100,
             timing_rounds: 10,
-            quiet_timing: true,
+            quiet_timing_share: 0.25,
             remeasure_above_cv: 0.15,
             max_remeasures: 2,
             atol: 1e-2,

@@ -22,7 +22,8 @@ pub(crate) struct JobContext {
     /// Environment of every child (the CUDA architectures extensions are built for): given per
     /// job, so the fork servers can start before the interpreter check has named the GPUs.
     pub env: Value,
-    /// The compile stage's process groups, stopped while a candidate is timed.
+    /// The compile stage's process groups, stopped while a candidate is timed (within
+    /// `cfg.quiet_timing_share`).
     pub build_groups: BuildGroups,
     /// The run's seed of correctness trials and timing inputs (python/protocol.py `Seeds`).
     pub seed: u64,
@@ -35,6 +36,7 @@ impl JobContext {
             crate::config::Device::Cuda => timing_cores(&usable_cores()),
             crate::config::Device::Cpu => Value::Null,
         };
+        let build_groups = BuildGroups::new(cfg.quiet_timing_share);
         JobContext {
             cfg,
             jobs_dir,
@@ -42,7 +44,7 @@ impl JobContext {
             users: SandboxUsers::new(),
             cores,
             env,
-            build_groups: BuildGroups::default(),
+            build_groups,
             seed,
         }
     }

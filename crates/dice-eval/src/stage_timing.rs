@@ -8,6 +8,7 @@ use crate::clock::StageClock;
 use crate::config::{Device, Timing};
 use crate::gate::Access;
 use crate::job::{times_of, JobContext, Outcome};
+use crate::quiet::Beside;
 use crate::runtime::{self, Finding, TimedRound};
 use crate::stage_reference::{judged_failure, Reference, ReferenceFailed};
 use crate::stats::{dispersion, reported_stats, speedup_interval, timing_stats};
@@ -26,6 +27,10 @@ pub(crate) struct Timings {
     /// The candidate's per-call time by the evaluator's clock, when its own contradicted it
     /// (runtime.rs `check_clock`): the speedup uses it instead of the reported mean.
     pub trusted_candidate_ms: Option<f64>,
+    /// What the compile stage did meanwhile.
+    pub builds: Beside,
+    /// Whether the timed process had cores of its own (python/protocol.py `Timer.run`).
+    pub pinned: bool,
 }
 
 impl Timings {
@@ -46,6 +51,20 @@ impl Timings {
                 speedup_interval(&per_round(&self.candidate), &per_round(&self.baseline));
         }
         outcome.timing_remeasures = self.remeasures;
+        // How the sample was timed, beside its stages: for reports, and for curation that keeps
+        // only samples timed on a quiet host.
+        let running = if self.pinned {
+            "timing: builds running, cores apart"
+        } else {
+            "timing: builds running"
+        };
+        outcome.stages.extend([
+            (
+                "timing: builds stopped".to_string(),
+                self.builds.stopped.as_secs_f64(),
+            ),
+            (running.to_string(), self.builds.running.as_secs_f64()),
+        ]);
     }
 }
 
@@ -94,6 +113,8 @@ pub(crate) fn time_side_by_side(
         baseline: Vec::new(),
         remeasures: 0,
         trusted_candidate_ms: None,
+        builds: Beside::default(),
+        pinned: !ctx.cores.is_null(),
     };
     let total = ctx.cfg.perf_trials;
     if total == 0 {
@@ -103,7 +124,7 @@ pub(crate) fn time_side_by_side(
     let mut found = Found::default();
     let alone = access.timed();
     // Dropped on every way out, unwinding included: the builds never stay stopped.
-    let quiet = ctx.cfg.quiet_timing.then(|| ctx.build_groups.quiet());
+    let quiet = ctx.build_groups.quiet();
     clock.lap("timing wait");
     // Every measurement's rounds, for the clock check: the more rounds, the likelier one of
     // them is quiet enough to clear an honest candidate.
@@ -124,6 +145,7 @@ pub(crate) fn time_side_by_side(
         }
         t.remeasures += 1;
     }
+    t.builds = quiet.beside();
     drop(quiet);
     drop(alone);
     clock.lap("timing");

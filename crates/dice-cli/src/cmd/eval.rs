@@ -90,14 +90,20 @@ pub(crate) struct JudgeArgs {
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub perf_trials: u32,
     /// Keep the machine quiet while a candidate is timed (the default): the compile stage's
-    /// processes (imports, compiler jobs) are stopped during each timing window and go on after
-    /// it, their time limit not counting the stop.
+    /// processes (imports, compiler jobs) are stopped during timing windows, for at most
+    /// --quiet-timing-share of any 30 s, and go on after them, their time limit not counting the
+    /// stop.
     #[arg(long, overrides_with = "no_quiet_timing")]
     pub quiet_timing: bool,
     /// Let builds run beside timing: cold batches finish sooner, timings of small kernels get
     /// noisier.
     #[arg(long, overrides_with = "quiet_timing")]
     pub no_quiet_timing: bool,
+    /// The share of wall time builds may be stopped for timing, over any 30 s (0 to 1); past it,
+    /// candidates are timed beside running builds, and each sample's stages say for how long. 1
+    /// stops them for every timing window, however much that delays a cold batch.
+    #[arg(long, value_name = "SHARE", default_value_t = 0.25, value_parser = parse_share)]
+    pub quiet_timing_share: f64,
     /// Measure a candidate and its baseline again when the coefficient of variation (standard
     /// deviation / mean) of either side's timed calls is above this.
     #[arg(long, value_name = "CV", default_value_t = 0.15)]
@@ -277,7 +283,11 @@ impl JudgeArgs {
         cfg.correctness_trials = self.correctness_trials.max(1);
         cfg.seed = self.input_seed;
         cfg.perf_trials = self.perf_trials;
-        cfg.quiet_timing = self.quiet_timing || !self.no_quiet_timing;
+        cfg.quiet_timing_share = if self.no_quiet_timing && !self.quiet_timing {
+            0.0
+        } else {
+            self.quiet_timing_share
+        };
         cfg.remeasure_above_cv = self.remeasure_above_cv;
         cfg.max_remeasures = self.max_remeasures;
         cfg.precision = match self.precision {
@@ -307,6 +317,16 @@ impl JudgeArgs {
         }
         cfg.python = self.python.clone();
         cfg.strict = self.strict;
+    }
+}
+
+/// A share of wall time, from 0 to 1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),
+        _ => Err(format!(
+            "{s} is not a share from 0 to 1 (0.25 for a quarter)"
+        )),
     }
 }
 
