@@ -223,3 +223,21 @@ fn two_ranks_take_the_steps_of_one() {
     let page = std::fs::read_to_string(ranks.join("metrics.html")).unwrap();
     assert!(page.contains("<h2>pass rate per level"), "{page}");
 }
+
+#[test]
+fn help_is_a_manual() {
+    let text = stdout(&common::dice(&["train", "rl", "--help"]));
+    for needle in [
+        "What a step does",
+        "dice-1.7b-stage2",
+        "--nproc-per-node <N>",
+        "Several ranks.",
+        "--reward-token <ID>",
+        "metrics.html",
+        "seconds_per_rank",
+        "Examples:",
+        "dice model init --config tests/data/sdar/golden/formula/config.json",
+    ] {
+        assert!(text.contains(needle), "no {needle:?} in:\n{text}");
+    }
+}

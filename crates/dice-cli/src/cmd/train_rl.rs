@@ -35,10 +35,21 @@ them) takes one step per 256 replay samples on the PPO-clip loss (eps 0.2) with 
 penalty (beta 0.01), gradients scaled by 1/32 as the reference's DeepSpeed does and clipped to
 norm 1.0.
 
-Settings. --preset picks DICE's configuration (dice-8b-stage1 by default; dice-8b-stage2,
-dice-4b-stage1/2, dice-1.7b-stage1/2: the sizes differ only in the engines' batch). --config F
-reads a TOML file instead (sections [model] [tasks] [rollout] [reward] [training] [optimizer]
-[checkpoint] [eval], the keys of OUT/config.toml); flags override either.
+Settings. --preset picks DICE's configuration (spec bicrl §2, §13):
+  dice-8b-stage1    --stage infill, 20 steps, prompts up to 2000 tokens, engines of 32
+                    sequences (evaluation 32): the default
+  dice-8b-stage2    --stage e2e, 100 steps, prompts up to 1500 tokens, engines of 48
+                    (evaluation 4)
+  dice-4b-stage1/2  as 8B, but stage-2 engines of 20
+  dice-1.7b-stage1/2  as 4B, but stage-1 evaluation engines of 16
+Every preset: 64 tasks x 16 samples per step, up to 4096 tokens, the sampling, loss and
+optimizer above, a checkpoint kept and an evaluation every 10 steps. A --stage other than the
+preset's takes the other stage's preset of the same size (no --preset: 8B). --config F reads a
+TOML file instead (sections [model] [tasks] [rollout] [reward] [training] [optimizer]
+[checkpoint] [eval], the keys of OUT/config.toml); flags override either. Every run writes its
+resolved settings to OUT/config.toml. --reward-token ID replaces the judge by a toy reward, 1
+for a completion holding that token id, else 0: it checks the loop, the ranks and a deployment
+without compiling anything.
 
 Task files: a JSON array or JSON Lines of objects with `pytorch_code`, and for --stage infill
 `prefix` and `suffix`; `level` (number or string) is kept for the per-level pass rates. DICE's
@@ -48,15 +59,32 @@ Output folder.
   checkpoint-STEP/  after every step (resumable); kept every --save-steps steps
   final/            the finished model (a Hugging Face folder, as dice train sft writes)
   config.toml       the run's settings
-  judge.db          the judge's verdicts of every candidate
+  judge.db          the judge's verdicts of every candidate (rank R > 0: judge-rankR.db)
   metrics.jsonl     one JSON object per RL step: step, tasks, samples, reward_mean, pass_rate,
                     deceptive_rate, pass_rate_by_level, groups_kept, advantage_mean/std/abs_max,
                     replay_samples, loss_tokens, loss, kl, clip_fraction, entropy, grad_norm,
                     updates, tokens_generated, rollout_tokens_per_s, seconds_rollout,
                     seconds_judge, seconds_idle (last completion to last verdict),
-                    seconds_update, seconds_step; and per evaluation (--eval-tasks, every
-                    --eval-steps steps: one greedy static sample per task) eval_pass_rate
+                    seconds_update, seconds_step (rank 0's), seconds_per_rank (each rank's
+                    rollout, judge, idle, update); and per evaluation (--eval-tasks, every
+                    --eval-steps steps: one greedy static sample per task) eval_tasks,
+                    eval_pass_rate, eval_deceptive_rate, eval_seconds
+  metrics.html      the curves of metrics.jsonl (inline SVG), redrawn after every step
 Resuming: run the same command again; a killed run continues after its last completed step.
+A progress bar shows the step, reward, pass rate and KL; RUST_LOG=info logs every step.
+
+Several ranks. --nproc-per-node N starts N ranks on this machine, as dice train sft does;
+torchrun, Slurm or Kubernetes start them through RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT. Each rank (LOCAL_RANK's GPU with --device cuda) takes a contiguous share of the
+step's tasks, rolls them out with its own engine, judges them and replays them; the loss
+normaliser is the largest over the ranks, and update u of the step sums the gradients of the
+u-th share of every rank's replay samples. Sums are taken task group by task group and added in
+task order, so ranks holding one task group each take exactly the step of one rank holding
+them all (tested bit for bit on the CPU); with several groups per rank the order of the sum
+differs, and each rank pads its replay samples to its own longest prompt and response, which
+can change the last bits. Rank 0 alone writes checkpoints, final/, config.toml and the metrics
+(give every rank the same --out on a shared file system); a run resumes with the same number
+of ranks. Not yet run on GPUs: NCCL between CUDA ranks is dice train sft's, tested there.
 
 --dry-run reads the tasks, renders and tokenizes every prompt and prints the tasks per level,
 the prompt lengths and the levels each step draws, without loading the weights.
@@ -67,7 +95,13 @@ Examples:
   dice train rl --model runs/s1/final/ --tasks end_to_end_kernel_generation_4000.json \\
       --stage e2e --preset dice-8b-stage2 --out runs/s2 --device cuda
   dice train rl --model sft-8b/ --tasks end_to_end_kernel_generation_4000.json --stage e2e \\
-      --preset dice-8b-stage2 --out runs/s2 --dry-run";
+      --preset dice-8b-stage2 --out runs/s2 --dry-run
+A tiny model on the CPU, two ranks, the toy reward (a minute; the path, not the learning):
+  dice model init --config tests/data/sdar/golden/formula/config.json --weights random \\
+      --seed 1 --tokenizer tests/data/sdar --out tiny/
+  dice train rl --model tiny/ --tasks tests/data/dice/end_to_end_kernel_generation_4000.json \\
+      --stage e2e --preset dice-1.7b-stage2 --tasks-per-step 2 --samples-per-task 4 \\
+      --max-tokens 16 --max-steps 2 --reward-token 16 --out runs/tiny-rl --nproc-per-node 2";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum StageArg {
@@ -104,10 +138,12 @@ pub(crate) struct RlArgs {
     /// What is rewarded [default: the preset's].
     #[arg(long, value_enum)]
     pub stage: Option<StageArg>,
-    /// Output folder: checkpoints, final/, config.toml, judge.db, metrics.jsonl.
+    /// Output folder: checkpoints, final/, config.toml, judge.db, metrics.jsonl, metrics.html.
     #[arg(long, value_name = "DIR", required_unless_present = "dry_run")]
     pub out: Option<PathBuf>,
-    /// DICE's settings for a model size and stage [default: dice-8b-stage1].
+    /// DICE's settings for a model size and stage: dice-8b-stage1, dice-8b-stage2,
+    /// dice-4b-stage1, dice-4b-stage2, dice-1.7b-stage1 or dice-1.7b-stage2 (below: what each
+    /// sets) [default: dice-8b-stage1].
     #[arg(long, value_name = "NAME", conflicts_with = "config")]
     pub preset: Option<String>,
     /// TOML file with the settings; flags given on the command line override it.
