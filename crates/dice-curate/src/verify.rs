@@ -11,7 +11,7 @@ use crate::run::{write_json, write_jsonl, RunDir};
 use crate::Pair;
 use anyhow::Result;
 use dice_eval::{
-    Batch, EvalConfig, EvalProblem, EvalSample, Judge, SampleRecord, StaticAudit, Store,
+    Batch, EvalConfig, EvalProblem, EvalSample, Evaluator, SampleRecord, StaticAudit, Store,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -93,9 +93,9 @@ pub fn verify(run: &RunDir, mut judging: EvalConfig, min_speedup: f64) -> Result
         })
         .collect();
     let audit = Arc::new(StaticAudit { strict: true });
-    let mut judge = Judge::start(judging.clone(), Some(audit))?;
-    judge.evaluate(Batch::new(problems, samples)?)?;
-    judge.shutdown();
+    let mut evaluator = Evaluator::start(judging.clone(), Some(audit))?;
+    evaluator.submit(Batch::new(problems, samples)?)?;
+    evaluator.finish()?;
 
     let store = Store::open(&judging.db)?;
     let records: HashMap<u32, SampleRecord> = store

@@ -16,19 +16,17 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// Judges batches submitted while earlier ones still run, into the store at `cfg.db` (or the
-/// PostgreSQL run of `cfg.postgres`), each sample's result stored once; results come back on
-/// [`Evaluator::results`] in the order samples finish.
+/// PostgreSQL run of `cfg.postgres`), each sample's result stored once; outcomes come back from
+/// [`Evaluator::next`] in the order samples finish.
 ///
 /// ```no_run
 /// # fn judge_all(cfg: dice_eval::EvalConfig, batches: Vec<dice_eval::Batch>) -> anyhow::Result<()> {
 /// use dice_eval::{Evaluator, SampleOutcome};
 /// let mut evaluator = Evaluator::start(cfg, None)?;
-/// let mut pending = 0;
 /// for batch in batches {
-///     pending += batch.len();
 ///     evaluator.submit(batch)?;
 /// }
-/// for evaluated in evaluator.results().iter().take(pending) {
+/// while let Some(evaluated) = evaluator.next()? {
 ///     if let SampleOutcome::Judged(record) = &evaluated.outcome {
 ///         println!("{:?} {:?}: {}", evaluated.ticket, evaluated.sample, record.verdict);
 ///     }
@@ -43,6 +41,8 @@ pub struct Evaluator {
     results: Receiver<Evaluated>,
     pipeline: Option<JoinHandle<Result<Summary>>>,
     next_ticket: u64,
+    /// Samples submitted whose outcome [`Evaluator::next`] has not returned yet.
+    outstanding: usize,
     /// The digest of each submitted problem's source: a problem key names one problem.
     problems: HashMap<ProblemKey, String>,
 }
@@ -85,12 +85,13 @@ impl Evaluator {
             results,
             pipeline: Some(pipeline),
             next_ticket: 0,
+            outstanding: 0,
             problems: HashMap::new(),
         })
     }
 
     /// Adds `batch` to the work, beside what is still being judged; every one of its samples
-    /// comes back once on [`Evaluator::results`] with the returned ticket. Refuses a problem
+    /// comes back once from [`Evaluator::next`] with the returned ticket. Refuses a problem
     /// submitted before with another source; once the pipeline failed, says why.
     pub fn submit(&mut self, batch: Batch) -> Result<Ticket> {
         for (key, problem) in &batch.problems {
@@ -109,6 +110,7 @@ impl Evaluator {
             }
         }
         let ticket = Ticket(self.next_ticket);
+        let samples = batch.len();
         let submission = Submission { ticket, batch };
         let sent = self
             .submissions
@@ -122,14 +124,27 @@ impl Evaluator {
             return Err(why.context("the evaluator failed: start a new one"));
         }
         self.next_ticket += 1;
+        self.outstanding += samples;
         Ok(ticket)
     }
 
-    /// The samples' outcomes, in the order they are known. The channel stays open while the
-    /// evaluator runs (count what you wait for); it ends early when the pipeline failed, and
-    /// [`Evaluator::finish`] then says why.
-    pub fn results(&self) -> &Receiver<Evaluated> {
-        &self.results
+    /// The outcome of the next submitted sample to finish, waiting for it; None once every
+    /// sample submitted so far has come back. When the pipeline failed, says why.
+    #[allow(clippy::should_implement_trait)] // fallible, unlike Iterator::next
+    pub fn next(&mut self) -> Result<Option<Evaluated>> {
+        if self.outstanding == 0 {
+            return Ok(None);
+        }
+        match self.results.recv() {
+            Ok(evaluated) => {
+                self.outstanding -= 1;
+                Ok(Some(evaluated))
+            }
+            Err(_) => Err(match self.stop() {
+                Ok(_) => anyhow!("the evaluator stopped with samples outstanding"),
+                Err(e) => e,
+            }),
+        }
     }
 
     /// Waits for everything submitted to be judged, then ends the fork servers; the summary

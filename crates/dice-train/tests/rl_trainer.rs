@@ -187,7 +187,7 @@ fn a_step_is_judged_by_the_evaluator() {
     )
     .unwrap();
     let summary = trainer.train(&mut reward).unwrap();
-    reward.shutdown();
+    reward.shutdown().unwrap();
     let step = &summary.steps[0];
     assert_eq!((step.tasks, step.samples), (1, 2));
     assert_eq!(step.pass_rate, 1.0, "{step:?}");

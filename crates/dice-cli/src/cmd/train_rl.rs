@@ -349,8 +349,10 @@ pub(crate) fn run(a: RlArgs) -> Result<()> {
             let source = format!("rl-tasks:{}", trainer.config().task_file().display());
             let mut reward = JudgeReward::start(&trainer.config().reward, db, source)?;
             let summary = trainer.train(&mut reward);
-            reward.shutdown();
-            summary?
+            let judge_ended = reward.shutdown();
+            let summary = summary?;
+            judge_ended?;
+            summary
         }
     };
     if rank != 0 {

@@ -5,9 +5,12 @@
 
 use super::config::{JudgeDevice, RewardConfig};
 use super::task::RlTask;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use dice_eval::store::Verdict;
-use dice_eval::{Batch, EvalConfig, EvalProblem, EvalSample, Judge, StaticAudit};
+use dice_eval::{
+    Batch, EvalConfig, EvalProblem, EvalSample, Evaluator, SampleOutcome, SampleRecord, StaticAudit,
+};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,10 +67,11 @@ impl Reward for ContainsToken {
 }
 
 /// The evaluator as the reward: candidates are judged in strict mode (the static and run-time
-/// reward-hack checks count against them) into the store `db`, with warm fork servers from one
+/// reward-hack checks count against them) into the store `db` by one [`Evaluator`] for the whole
+/// run, whose fork servers, build cache and problems' reference processes stay warm from one
 /// call to the next.
 pub struct JudgeReward {
-    judge: Judge,
+    evaluator: Evaluator,
     speedup_cap: Option<f64>,
 }
 
@@ -91,16 +95,16 @@ impl JudgeReward {
         }
         cfg.python.clone_from(&settings.python);
         let audit = Arc::new(StaticAudit { strict: true });
-        let judge = Judge::start(cfg, Some(audit)).context("cannot start the judge")?;
+        let evaluator = Evaluator::start(cfg, Some(audit)).context("cannot start the judge")?;
         Ok(Self {
-            judge,
+            evaluator,
             speedup_cap: settings.speedup_shaping.then_some(settings.speedup_cap),
         })
     }
 
-    /// Ends the judge's fork servers.
-    pub fn shutdown(self) {
-        self.judge.shutdown();
+    /// Ends the judge's fork servers, once its run's timeline is stored.
+    pub fn shutdown(self) -> Result<()> {
+        self.evaluator.finish().map(drop)
     }
 }
 
@@ -132,14 +136,29 @@ impl Reward for JudgeReward {
                 }
             })
             .collect();
-        let summary = self.judge.evaluate(Batch::new(problems, samples)?)?;
+        self.evaluator.submit(Batch::new(problems, samples)?)?;
+        // Only this call's samples are in flight: the outcomes are theirs, in any order.
+        let mut records: HashMap<(u32, u32, u32), SampleRecord> = HashMap::new();
+        while let Some(evaluated) = self.evaluator.next()? {
+            match evaluated.outcome {
+                SampleOutcome::Judged(record) => {
+                    records.insert(evaluated.sample, *record);
+                }
+                SampleOutcome::ReferenceFailed(_) => {}
+                SampleOutcome::AlreadyStored | SampleOutcome::JudgedElsewhere => {
+                    let (level, problem_id, sample_id) = evaluated.sample;
+                    bail!(
+                        "level {level} task {problem_id} sample {sample_id} was judged by another \
+                         process on the judge's store: give each trainer a store of its own"
+                    )
+                }
+            }
+        }
         candidates
             .iter()
             .map(|c| {
                 let (level, problem_id) = problem_key(&c.task);
-                let Some(record) = summary.records.iter().find(|r| {
-                    (r.level, r.problem_id, r.sample_id) == (level, problem_id, c.sample_id)
-                }) else {
+                let Some(record) = records.get(&(level, problem_id, c.sample_id)) else {
                     // Its task's reference failed: nothing to be right about.
                     return Ok(Score {
                         reward: 0.0,
