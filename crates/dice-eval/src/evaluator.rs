@@ -11,9 +11,10 @@ use crate::writer::{sha256_hex, Summary};
 use anyhow::{anyhow, bail, Context, Result};
 use dice_store::{SampleKey, SampleRecord};
 use std::collections::HashMap;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Judges batches submitted while earlier ones still run, into the store at `cfg.db` (or the
 /// PostgreSQL run of `cfg.postgres`), each sample's result stored once; outcomes come back from
@@ -132,15 +133,33 @@ impl Evaluator {
     /// sample submitted so far has come back. When the pipeline failed, says why.
     #[allow(clippy::should_implement_trait)] // fallible, unlike Iterator::next
     pub fn next(&mut self) -> Result<Option<Evaluated>> {
+        self.next_within(None)
+    }
+
+    /// Like [`Evaluator::next`], waiting at most `wait`: None also when no sample finished in
+    /// that time (for callers that have new work to submit meanwhile).
+    pub fn next_timeout(&mut self, wait: Duration) -> Result<Option<Evaluated>> {
+        self.next_within(Some(wait))
+    }
+
+    fn next_within(&mut self, wait: Option<Duration>) -> Result<Option<Evaluated>> {
         if self.outstanding == 0 {
             return Ok(None);
         }
-        match self.results.recv() {
+        let received = match wait {
+            None => self
+                .results
+                .recv()
+                .map_err(|_| RecvTimeoutError::Disconnected),
+            Some(wait) => self.results.recv_timeout(wait),
+        };
+        match received {
             Ok(evaluated) => {
                 self.outstanding -= 1;
                 Ok(Some(evaluated))
             }
-            Err(_) => Err(match self.stop() {
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => Err(match self.stop() {
                 Ok(_) => anyhow!("the evaluator stopped with samples outstanding"),
                 Err(e) => e,
             }),

@@ -5,10 +5,10 @@
 
 use super::config::{JudgeDevice, RewardConfig};
 use super::task::RlTask;
-use anyhow::{bail, Context, Result};
-use dice_eval::store::Verdict;
+use anyhow::{bail, ensure, Context, Result};
+use dice_eval::store::{SampleKey, Verdict};
 use dice_eval::{
-    Batch, EvalConfig, EvalProblem, EvalSample, Evaluator, SampleOutcome, SampleRecord, StaticAudit,
+    Batch, EvalConfig, EvalProblem, EvalSample, Evaluated, Evaluator, SampleOutcome, StaticAudit,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -43,6 +43,28 @@ pub struct Score {
 pub trait Reward: Send {
     /// One score per candidate, in order.
     fn score(&mut self, candidates: &[Candidate]) -> Result<Vec<Score>>;
+
+    /// Takes candidates and returns the scores ready now, by slot; the others come from
+    /// [`Reward::scored`]. A reward that judges in the background (the evaluator) returns at
+    /// once, so completions that finish meanwhile are judged beside these; by default they are
+    /// scored before it returns.
+    fn submit(&mut self, candidates: Vec<Candidate>) -> Result<Vec<(usize, Score)>> {
+        let scores = self.score(&candidates)?;
+        ensure!(
+            scores.len() == candidates.len(),
+            "the reward scored {} of {} completions",
+            scores.len(),
+            candidates.len()
+        );
+        Ok(candidates.iter().map(|c| c.slot).zip(scores).collect())
+    }
+
+    /// Scores of submitted candidates that became ready, by slot, waiting at most `wait` for
+    /// the first of them; none when every submitted candidate has its score.
+    fn scored(&mut self, wait: Duration) -> Result<Vec<(usize, Score)>> {
+        let _ = wait;
+        Ok(Vec::new())
+    }
 }
 
 /// Reward 1 when the completion holds a given token, else 0: a reward the tiny test models can
@@ -69,10 +91,13 @@ impl Reward for ContainsToken {
 /// The evaluator as the reward: candidates are judged in strict mode (the static and run-time
 /// reward-hack checks count against them) into the store `db` by one [`Evaluator`] for the whole
 /// run, whose fork servers, build cache and problems' reference processes stay warm from one
-/// call to the next.
+/// call to the next. Submitted candidates join those being judged; scores come back as each
+/// program's verdict is stored.
 pub struct JudgeReward {
     evaluator: Evaluator,
     speedup_cap: Option<f64>,
+    /// The slot of each candidate submitted and not scored yet, by its evaluator sample key.
+    slots: HashMap<SampleKey, usize>,
 }
 
 impl JudgeReward {
@@ -99,6 +124,7 @@ impl JudgeReward {
         Ok(Self {
             evaluator,
             speedup_cap: settings.speedup_shaping.then_some(settings.speedup_cap),
+            slots: HashMap::new(),
         })
     }
 
@@ -108,78 +134,101 @@ impl JudgeReward {
     }
 }
 
+impl JudgeReward {
+    /// The score of a sample the evaluator is done with, by its candidate's slot.
+    fn score_of(&mut self, evaluated: Evaluated) -> Result<(usize, Score)> {
+        let (level, problem_id, sample_id) = evaluated.sample;
+        let slot = self.slots.remove(&evaluated.sample).with_context(|| {
+            format!("the judge returned level {level} task {problem_id} sample {sample_id}, not submitted")
+        })?;
+        let record = match evaluated.outcome {
+            SampleOutcome::Judged(record) => record,
+            // Its task's reference failed: nothing to be right about.
+            SampleOutcome::ReferenceFailed(_) => {
+                let score = Score {
+                    reward: 0.0,
+                    passed: false,
+                    deceptive: false,
+                };
+                return Ok((slot, score));
+            }
+            SampleOutcome::AlreadyStored | SampleOutcome::JudgedElsewhere => bail!(
+                "level {level} task {problem_id} sample {sample_id} was judged by another \
+                 process on the judge's store: give each trainer a store of its own"
+            ),
+        };
+        let passed = record.verdict == Verdict::Correct;
+        let earned = passed && !record.deceptive;
+        let reward = match (earned, self.speedup_cap) {
+            (false, _) => 0.0,
+            (true, None) => 1.0,
+            (true, Some(cap)) => record.speedup.unwrap_or(1.0).min(cap),
+        };
+        let score = Score {
+            reward,
+            passed,
+            deceptive: record.deceptive,
+        };
+        Ok((slot, score))
+    }
+}
+
 impl Reward for JudgeReward {
     fn score(&mut self, candidates: &[Candidate]) -> Result<Vec<Score>> {
-        let mut problems: Vec<EvalProblem> = Vec::new();
-        let samples = candidates
-            .iter()
-            .map(|c| {
-                let (level, problem_id) = problem_key(&c.task);
-                if !problems
-                    .iter()
-                    .any(|p| (p.level, p.problem_id) == (level, problem_id))
-                {
-                    problems.push(EvalProblem {
-                        level,
-                        problem_id,
-                        name: format!("task_{}", c.task.index),
-                        source: c.task.pytorch_code.clone().into_bytes(),
-                        defect: None,
-                    });
-                }
-                EvalSample {
-                    level,
-                    problem_id,
-                    sample_id: c.sample_id,
-                    code: c.program.clone().map(String::into_bytes),
-                    origin: format!("{} sample {}", c.task.origin, c.sample_id),
-                }
-            })
-            .collect();
-        self.evaluator.submit(Batch::new(problems, samples)?)?;
-        // Only this call's samples are in flight: the outcomes are theirs, in any order.
-        let mut records: HashMap<(u32, u32, u32), SampleRecord> = HashMap::new();
+        let mut ready: HashMap<usize, Score> =
+            self.submit(candidates.to_vec())?.into_iter().collect();
         while let Some(evaluated) = self.evaluator.next()? {
-            match evaluated.outcome {
-                SampleOutcome::Judged(record) => {
-                    records.insert(evaluated.sample, *record);
-                }
-                SampleOutcome::ReferenceFailed(_) => {}
-                SampleOutcome::AlreadyStored | SampleOutcome::JudgedElsewhere => {
-                    let (level, problem_id, sample_id) = evaluated.sample;
-                    bail!(
-                        "level {level} task {problem_id} sample {sample_id} was judged by another \
-                         process on the judge's store: give each trainer a store of its own"
-                    )
-                }
-            }
+            let (slot, score) = self.score_of(evaluated)?;
+            ready.insert(slot, score);
         }
         candidates
             .iter()
             .map(|c| {
-                let (level, problem_id) = problem_key(&c.task);
-                let Some(record) = records.get(&(level, problem_id, c.sample_id)) else {
-                    // Its task's reference failed: nothing to be right about.
-                    return Ok(Score {
-                        reward: 0.0,
-                        passed: false,
-                        deceptive: false,
-                    });
-                };
-                let passed = record.verdict == Verdict::Correct;
-                let earned = passed && !record.deceptive;
-                let reward = match (earned, self.speedup_cap) {
-                    (false, _) => 0.0,
-                    (true, None) => 1.0,
-                    (true, Some(cap)) => record.speedup.unwrap_or(1.0).min(cap),
-                };
-                Ok(Score {
-                    reward,
-                    passed,
-                    deceptive: record.deceptive,
-                })
+                ready
+                    .remove(&c.slot)
+                    .context("the judge did not score a completion")
             })
             .collect()
+    }
+
+    fn submit(&mut self, candidates: Vec<Candidate>) -> Result<Vec<(usize, Score)>> {
+        let mut problems: Vec<EvalProblem> = Vec::new();
+        let mut samples = Vec::with_capacity(candidates.len());
+        for c in candidates {
+            let (level, problem_id) = problem_key(&c.task);
+            if !problems
+                .iter()
+                .any(|p| (p.level, p.problem_id) == (level, problem_id))
+            {
+                problems.push(EvalProblem {
+                    level,
+                    problem_id,
+                    name: format!("task_{}", c.task.index),
+                    source: c.task.pytorch_code.clone().into_bytes(),
+                    defect: None,
+                });
+            }
+            self.slots.insert((level, problem_id, c.sample_id), c.slot);
+            samples.push(EvalSample {
+                level,
+                problem_id,
+                sample_id: c.sample_id,
+                code: c.program.map(String::into_bytes),
+                origin: format!("{} sample {}", c.task.origin, c.sample_id),
+            });
+        }
+        self.evaluator.submit(Batch::new(problems, samples)?)?;
+        Ok(Vec::new())
+    }
+
+    fn scored(&mut self, wait: Duration) -> Result<Vec<(usize, Score)>> {
+        let mut ready = Vec::new();
+        let mut next = self.evaluator.next_timeout(wait)?;
+        while let Some(evaluated) = next {
+            ready.push(self.score_of(evaluated)?);
+            next = self.evaluator.next_timeout(Duration::ZERO)?;
+        }
+        Ok(ready)
     }
 }
 

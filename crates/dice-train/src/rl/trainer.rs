@@ -4,7 +4,8 @@
 //!    task's whole group is rolled out, rewarded and standardised on one rank;
 //! 2. render their prompts and roll each out `samples_per_task` times with the trainer's current
 //!    weights ([`super::rollout`]); every completion goes to the judging thread the moment it
-//!    finishes, so judging overlaps the rest of the rollout;
+//!    finishes, which hands it to the reward beside those still being judged, so judging
+//!    overlaps the rest of the rollout;
 //! 3. z-score the rewards within each task's group, dropping zero-variance groups;
 //! 4. replay the traces ([`Replay`]), take the old log-probabilities from the weights the step
 //!    started with, and update with the clipped loss and its KL penalty, `samples_per_update`
@@ -41,9 +42,9 @@ use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::Path;
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{channel, TryRecvError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The end-of-text token: the rollout's only stop token (`<|im_end|>` is not one, spec bicrl
 /// §5) and the pad of the replay.
@@ -149,6 +150,10 @@ struct PhaseTimes {
     judge: f64,
     idle: f64,
 }
+
+/// How long the judging thread waits for scores before it looks for new completions to hand
+/// over: a completion waits at most this long to join those being judged.
+const NEW_COMPLETIONS_POLL: Duration = Duration::from_millis(50);
 
 /// A BiC-RL run, set up and ready to train.
 pub struct RlTrainer {
@@ -518,19 +523,39 @@ impl RlTrainer {
             let judge = scope.spawn(move || -> Result<Judged> {
                 let mut scores = Vec::new();
                 let mut busy = 0.0;
-                while let Ok(first) = judging.recv() {
-                    let mut batch = vec![first];
-                    batch.extend(judging.try_iter());
+                // Completions handed to the reward and not scored yet.
+                let mut unscored = 0usize;
+                let mut rolling_out = true;
+                while rolling_out || unscored > 0 {
+                    // Waits for a completion only while nothing is being judged.
+                    let mut finished = Vec::new();
+                    if rolling_out && unscored == 0 {
+                        match judging.recv() {
+                            Ok(candidate) => finished.push(candidate),
+                            Err(_) => rolling_out = false,
+                        }
+                    }
+                    while rolling_out {
+                        match judging.try_recv() {
+                            Ok(candidate) => finished.push(candidate),
+                            Err(TryRecvError::Empty) => break,
+                            Err(TryRecvError::Disconnected) => rolling_out = false,
+                        }
+                    }
                     let t = Instant::now();
-                    let batch_scores = reward.score(&batch)?;
+                    unscored += finished.len();
+                    let mut ready = Vec::new();
+                    if !finished.is_empty() {
+                        ready = reward.submit(finished)?;
+                    }
+                    if ready.is_empty() && unscored > 0 {
+                        ready = reward.scored(NEW_COMPLETIONS_POLL)?;
+                    }
                     busy += t.elapsed().as_secs_f64();
-                    ensure!(
-                        batch_scores.len() == batch.len(),
-                        "the reward scored {} of {} completions",
-                        batch_scores.len(),
-                        batch.len()
-                    );
-                    scores.extend(batch.iter().map(|c| c.slot).zip(batch_scores));
+                    unscored = unscored
+                        .checked_sub(ready.len())
+                        .context("the reward scored more completions than it was given")?;
+                    scores.extend(ready);
                 }
                 Ok(Judged {
                     scores,
