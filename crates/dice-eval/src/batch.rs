@@ -60,8 +60,10 @@ pub(crate) struct Submission {
 }
 
 /// What the compile stage, the run slots and the store writer share while the pipeline runs:
-/// the judge's job context and interpreter, and every sample submitted so far with its problem.
-/// Samples are only ever added, so an index names one sample for the whole run.
+/// the judge's job context and interpreter, and the samples submitted and not yet told to the
+/// writer, with their problems. A sample's index names it for the whole run; the writer forgets
+/// it once it is done with it, so that an evaluator fed for a whole training run holds only the
+/// samples in flight.
 pub(crate) struct BatchContext<'j> {
     pub ctx: &'j JobContext,
     pub rt: &'j Arc<Runtime>,
@@ -74,7 +76,9 @@ pub(crate) struct BatchContext<'j> {
 #[derive(Default)]
 struct Submitted {
     problems: HashMap<ProblemKey, Arc<EvalProblem>>,
-    samples: Vec<(Ticket, Arc<EvalSample>)>,
+    samples: HashMap<usize, (Ticket, Arc<EvalSample>)>,
+    /// Samples submitted so far: the next one's index.
+    count: usize,
 }
 
 impl<'j> BatchContext<'j> {
@@ -104,18 +108,25 @@ impl<'j> BatchContext<'j> {
                 .entry(key)
                 .or_insert_with(|| Arc::new(problem));
         }
-        let first = submitted.samples.len();
-        let samples = batch.samples.into_iter().map(|s| (ticket, Arc::new(s)));
-        submitted.samples.extend(samples);
-        first..submitted.samples.len()
+        let first = submitted.count;
+        for sample in batch.samples {
+            let index = submitted.count;
+            submitted.samples.insert(index, (ticket, Arc::new(sample)));
+            submitted.count += 1;
+        }
+        first..submitted.count
     }
 
     pub(crate) fn sample(&self, index: usize) -> Arc<EvalSample> {
-        self.submitted().samples[index].1.clone()
+        self.submitted().samples[&index].1.clone()
     }
 
-    pub(crate) fn ticket(&self, index: usize) -> Ticket {
-        self.submitted().samples[index].0
+    /// The writer is done with sample `index`: its ticket and the sample.
+    pub(crate) fn forget(&self, index: usize) -> (Ticket, Arc<EvalSample>) {
+        self.submitted()
+            .samples
+            .remove(&index)
+            .expect("each sample is told to the writer once")
     }
 
     pub(crate) fn problem(&self, key: ProblemKey) -> Arc<EvalProblem> {
@@ -124,7 +135,7 @@ impl<'j> BatchContext<'j> {
 
     /// Samples submitted so far.
     pub(crate) fn len(&self) -> usize {
-        self.submitted().samples.len()
+        self.submitted().count
     }
 
     /// A sample's problem key, its problem, and its code (run samples always have code).

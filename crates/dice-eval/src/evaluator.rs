@@ -167,7 +167,8 @@ impl Evaluator {
     }
 
     /// Waits for everything submitted to be judged, then ends the fork servers; the summary
-    /// counts every sample judged since the start (its timeline is stored with the run).
+    /// counts every sample judged since the start (their records came from
+    /// [`Evaluator::next`]; its timeline is stored with the run).
     pub fn finish(mut self) -> Result<Summary> {
         self.stop()
     }

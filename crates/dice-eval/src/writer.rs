@@ -1,7 +1,7 @@
 //! The store writer of the pipeline: each finished sample audited, stored in its own transaction,
 //! counted into the [`Summary`] with a progress bar, and told to the evaluator's caller.
 
-use crate::batch::{BatchContext, Report};
+use crate::batch::{BatchContext, Report, Ticket};
 use crate::claims::Claims;
 use crate::config::{Audit, EvalSample};
 use crate::evaluator::{Evaluated, SampleOutcome};
@@ -20,7 +20,7 @@ pub struct Summary {
     /// Samples evaluated in this batch, per verdict.
     pub verdicts: BTreeMap<Verdict, usize>,
     /// The records of the samples evaluated in this batch, as stored, by level, problem and
-    /// sample id.
+    /// sample id (none for an evaluator, which hands each to its caller as it is stored).
     pub records: Vec<SampleRecord>,
     /// Samples already in the store and not re-evaluated.
     pub already_done: usize,
@@ -63,11 +63,10 @@ pub(crate) fn write_reports(
 ) -> Result<Summary> {
     let mut summary = Summary::default();
     let mut failed_problems: BTreeMap<ProblemKey, String> = BTreeMap::new();
-    let tell = |i: usize, outcome: SampleOutcome| {
+    let tell = |ticket: Ticket, s: &EvalSample, outcome: SampleOutcome| {
         if let Some(results) = &results {
-            let s = shared.sample(i);
             let _ = results.send(Evaluated {
-                ticket: shared.ticket(i),
+                ticket,
                 sample: (s.level, s.problem_id, s.sample_id),
                 outcome,
             });
@@ -80,7 +79,7 @@ pub(crate) fn write_reports(
                 failed_problems.remove(&key);
             }
             Report::ReferenceFailed(i, why) => {
-                let s = shared.sample(i);
+                let (ticket, s) = shared.forget(i);
                 claims
                     .store()
                     .set_reference_error(s.level, s.problem_id, Some(&why))?;
@@ -88,12 +87,18 @@ pub(crate) fn write_reports(
                 failed_problems.insert((s.level, s.problem_id), why.clone());
                 summary.skipped += 1;
                 bar.inc(1);
-                tell(i, SampleOutcome::ReferenceFailed(why));
+                tell(ticket, &s, SampleOutcome::ReferenceFailed(why));
             }
-            Report::AlreadyStored(i) => tell(i, SampleOutcome::AlreadyStored),
-            Report::JudgedElsewhere(i) => tell(i, SampleOutcome::JudgedElsewhere),
+            Report::AlreadyStored(i) => {
+                let (ticket, s) = shared.forget(i);
+                tell(ticket, &s, SampleOutcome::AlreadyStored);
+            }
+            Report::JudgedElsewhere(i) => {
+                let (ticket, s) = shared.forget(i);
+                tell(ticket, &s, SampleOutcome::JudgedElsewhere);
+            }
             Report::Sample(i, outcome) => {
-                let sample = shared.sample(i);
+                let (ticket, sample) = shared.forget(i);
                 let problem = shared.problem((sample.level, sample.problem_id));
                 let (mut record, extras) = into_record(&sample, *outcome);
                 if let Some(audit) = audit {
@@ -109,14 +114,18 @@ pub(crate) fn write_reports(
                         sample.origin
                     );
                     bar.inc(1);
-                    tell(i, SampleOutcome::JudgedElsewhere);
+                    tell(ticket, &sample, SampleOutcome::JudgedElsewhere);
                     continue;
                 }
                 *summary.verdicts.entry(record.verdict).or_default() += 1;
                 summary.timeline.last_outcome_s = Some(shared.started.elapsed().as_secs_f64());
                 bar.inc(1);
-                tell(i, SampleOutcome::Judged(Box::new(record.clone())));
-                summary.records.push(record);
+                // An evaluator's records go to its caller instead of piling up for a whole run.
+                if results.is_some() {
+                    tell(ticket, &sample, SampleOutcome::Judged(Box::new(record)));
+                } else {
+                    summary.records.push(record);
+                }
             }
         }
         bar.set_message(progress_message(&summary));
