@@ -1,13 +1,14 @@
 //! `dice curate` end to end on the C++ CPU fixture of dice-curate: ingest, verify killed with
 //! SIGKILL and resumed (nothing judged before changes), export packed by `dice train sft
 //! --dry-run`, the report; `diversify` asking `dice serve` of the tiny checkpoint for kernels;
-//! and `split` on DICE's released pairs.
+//! `export`'s levels from an evaluation run's samples and from `dice serve`, loaded by `dice
+//! train rl --dry-run`; and `split` on DICE's released pairs.
 
 mod common;
 mod tiny_model;
 
 use common::{dice, path_arg, stderr};
-use dice_store::{SampleRecord, Store};
+use dice_store::{SampleRecord, Store, Verdict};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -251,4 +252,156 @@ fn diversify_asks_dice_serve_and_records_each_attempt() {
             "no {line:?} in:\n{report}"
         );
     }
+}
+
+#[test]
+fn export_levels_come_from_a_run_or_dice_serve_and_load_for_rl() {
+    // The fixture's references as problem-only records: export needs no verify.
+    let tmp = tempfile::tempdir().unwrap();
+    let records: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(fixture()).unwrap()).unwrap();
+    let problems: Vec<serde_json::Value> = records
+        .iter()
+        .map(|r| serde_json::json!({"pytorch_code": r["pytorch_code"], "cuda_code": ""}))
+        .collect();
+    let input = tmp.path().join("problems.json");
+    std::fs::write(&input, serde_json::to_string(&problems).unwrap()).unwrap();
+    let run = tmp.path().join("run");
+    let out = dice(&[
+        "curate",
+        "ingest",
+        "--run",
+        path_arg(&run),
+        path_arg(&input),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pairs: Vec<serde_json::Value> = std::fs::read_to_string(run.join("pairs.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let data = tmp.path().join("data");
+    let export = |args: &[&str]| {
+        let base = [
+            "curate",
+            "export",
+            "--run",
+            path_arg(&run),
+            "--out",
+            path_arg(&data),
+        ];
+        dice(&[&base[..], args].concat())
+    };
+
+    // One problem of an evaluation run has the first task's source: 1 of 2 samples correct.
+    let eval_run = tmp.path().join("eval");
+    std::fs::create_dir_all(&eval_run).unwrap();
+    let mut store = Store::open(&eval_run.join("dice.db")).unwrap();
+    let source = pairs[0]["pytorch_code"].as_str().unwrap();
+    let problem = dice_store::ProblemRecord {
+        level: 1,
+        problem_id: 4,
+        name: "first".into(),
+        reference_error: None,
+    };
+    let sha256 = dice_curate::difficulty::source_sha256(source);
+    store.add_problems(&[(problem, sha256)]).unwrap();
+    for (sample_id, verdict) in [(0, Verdict::Correct), (1, Verdict::OutputMismatch)] {
+        let sample = SampleRecord {
+            level: 1,
+            problem_id: 4,
+            sample_id,
+            code_hash: None,
+            verdict,
+            message: None,
+            max_abs_error: None,
+            max_rel_error: None,
+            trials_passed: 0,
+            candidate_timing: None,
+            baseline_timing: None,
+            speedup: None,
+            speedup_interval: None,
+            timing_remeasures: 0,
+            flags: Vec::new(),
+            deceptive: false,
+            log_excerpt: String::new(),
+            wall_s: 0.0,
+            stages: Vec::new(),
+        };
+        store.put_sample(&sample, &Default::default()).unwrap();
+    }
+    drop(store);
+    let out = export(&["--difficulty", "run", "--eval-run", path_arg(&eval_run)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rest = pairs.len() - 1;
+    let expected = format!(
+        "difficulty by run: {} tasks (1: 0, 2: 1, 3: {rest}); {rest} unmeasured",
+        pairs.len()
+    );
+    assert!(text.contains(&expected), "{text}");
+
+    // dice serve of the tiny checkpoint rates every task once; its answers are cached.
+    let mut server = TinyServer::start(pairs.len());
+    let endpoint = |url: &str| {
+        export(&[
+            "--difficulty",
+            "endpoint",
+            "--endpoint",
+            url,
+            "--model-name",
+            "tiny",
+        ])
+    };
+    let out = endpoint(&server.endpoint);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(server.wait_for_exit().success());
+    let summary = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(summary.contains("difficulty by endpoint"), "{summary}");
+    let answers = std::fs::read_to_string(run.join("difficulty-answers.jsonl")).unwrap();
+    assert_eq!(answers.lines().count(), pairs.len());
+    let levels: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("difficulty.json")).unwrap())
+            .unwrap();
+    for task in levels["tasks"].as_array().unwrap() {
+        // The random model's answer parses to a level or falls back, and is kept either way.
+        assert!(task["answer"].is_string(), "{task}");
+        let status = task["status"].as_str().unwrap();
+        assert!(
+            status == "measured" || (status == "fallback" && task["level"] == 3),
+            "{task}"
+        );
+    }
+    let out = endpoint(&server.endpoint);
+    assert!(
+        out.status.success(),
+        "the rerun asked the stopped server: {}",
+        stderr(&out)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), summary);
+
+    let tokenizer = common::test_data().join("sdar");
+    let rl_tasks = data.join("rl_end_to_end.json");
+    let out = dice(&[
+        "train",
+        "rl",
+        "--model",
+        path_arg(&tokenizer),
+        "--dry-run",
+        "--tasks",
+        path_arg(&rl_tasks),
+        "--stage",
+        "e2e",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let loaded = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        loaded.contains(&format!("tasks: {} from", pairs.len())),
+        "{loaded}"
+    );
+
+    let out = dice(&["curate", "report", "--run", path_arg(&run)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(report.contains("## Difficulty"), "{report}");
 }

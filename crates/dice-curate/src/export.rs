@@ -17,15 +17,16 @@
 //! Both RL files are ordered by level, easiest first (the reference draws tasks in file order,
 //! so the order is the curriculum); ties keep ingest order.
 
+use crate::difficulty::{first_number, Measured};
 use crate::run::{read_jsonl, write_json, RunDir};
 use crate::split::split_program;
 use crate::Pair;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use dice_kernelbench::prompt::one_shot_prompt;
-use dice_kernelbench::read_records;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// How the SFT records are laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,10 +40,8 @@ pub enum SftFormat {
 pub enum Difficulty {
     /// The label the source gave (`level`; its first number), 0 without one.
     Label,
-    /// Pass rates per pair id (a JSON object `{id: rate}`, or records `{id, pass_rate}`), cut
-    /// into `levels` equal bands: rate 1 is level 1, rate 0 level `levels`. Tasks without a
-    /// rate get level `levels`.
-    PassRate { rates: PathBuf, levels: u32 },
+    /// Levels [`crate::difficulty`] measured; tasks without a measure get the hardest.
+    Measured(Measured),
 }
 
 #[derive(Clone, Debug)]
@@ -64,6 +63,26 @@ pub struct Exported {
     pub unsplit: usize,
     /// Tasks per level, over both RL files.
     pub levels: Vec<(u32, usize)>,
+    /// What `difficulty.json` in the run folder holds.
+    pub difficulty: DifficultySummary,
+}
+
+/// The levels of the RL tasks (each task once, whichever files hold it), as `difficulty.json`
+/// keeps them for the report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DifficultySummary {
+    /// `label`, `pass-rate-file`, `run` or `endpoint`.
+    pub method: String,
+    pub source: String,
+    /// Tasks per level, easiest first.
+    pub histogram: Vec<(u32, usize)>,
+    /// Tasks the method had no measure for, placed at the hardest level.
+    pub unmeasured: usize,
+    /// Tasks whose measure gave no level (an answer without one), placed at the hardest level.
+    pub fallback: usize,
+    /// Per task: `id`, `level`, `status` (`measured`, `unmeasured`, `fallback`, `label`) and the
+    /// measure's details.
+    pub tasks: Vec<Value>,
 }
 
 pub const SFT_FILE: &str = "sft.json";
@@ -75,34 +94,30 @@ pub fn export(run: &RunDir, options: &ExportOptions) -> Result<Exported> {
     let (pairs, kept) = curated(run)?;
     std::fs::create_dir_all(&options.out)
         .with_context(|| format!("cannot create {}", options.out.display()))?;
-    let level = levels(&pairs, &options.difficulty)?;
-    let mut ordered: Vec<&Pair> = pairs.iter().collect();
-    ordered.sort_by_key(|p| level[&p.id]);
+    let mut tasks: Vec<&Pair> = pairs.iter().filter(|p| is_rl_task(p, &kept)).collect();
+    let (level, difficulty) = levels(&tasks, &options.difficulty);
+    tasks.sort_by_key(|p| level[&p.id]);
 
     let mut exported = Exported::default();
     let mut sft = Vec::new();
     let mut infilling = Vec::new();
     let mut end_to_end = Vec::new();
-    for pair in &ordered {
+    for pair in &tasks {
         let task_level = level[&pair.id];
-        match (&pair.cuda_code, kept.contains(&pair.id)) {
-            (Some(program), true) => {
-                sft.push(sft_record(options.format, pair, program));
-                match split_program(program) {
-                    Ok(split) => infilling.push(json!({
-                        "id": pair.id,
-                        "level": task_level,
-                        "pytorch_code": pair.pytorch_code,
-                        "cuda_code": program,
-                        "prefix": split.prefix,
-                        "middle": split.core,
-                        "suffix": split.suffix,
-                    })),
-                    Err(_) => exported.unsplit += 1,
-                }
+        if let Some(program) = &pair.cuda_code {
+            sft.push(sft_record(options.format, pair, program));
+            match split_program(program) {
+                Ok(split) => infilling.push(json!({
+                    "id": pair.id,
+                    "level": task_level,
+                    "pytorch_code": pair.pytorch_code,
+                    "cuda_code": program,
+                    "prefix": split.prefix,
+                    "middle": split.core,
+                    "suffix": split.suffix,
+                })),
+                Err(_) => exported.unsplit += 1,
             }
-            (Some(_), false) => continue,
-            (None, _) => {}
         }
         end_to_end.push(json!({
             "idx": end_to_end.len(),
@@ -121,6 +136,8 @@ pub fn export(run: &RunDir, options: &ExportOptions) -> Result<Exported> {
     exported.infilling = infilling.len();
     exported.end_to_end = end_to_end.len();
     exported.levels = per_level.into_iter().collect();
+    write_json(&run.difficulty_summary(), &difficulty)?;
+    exported.difficulty = difficulty;
     write_json(&options.out.join(SFT_FILE), &sft)?;
     write_json(
         &options.out.join(DATASET_INFO_FILE),
@@ -131,19 +148,34 @@ pub fn export(run: &RunDir, options: &ExportOptions) -> Result<Exported> {
     Ok(exported)
 }
 
-/// The pairs to export and the ids of those kept: ingest's pairs with verify's verdicts, then
-/// the pairs diversify kept (a run folder may hold either or both).
+/// The tasks of the RL files, each once: the kept pairs and the problem-only records, in ingest
+/// order (what a difficulty measure is asked for).
+pub fn rl_tasks(run: &RunDir) -> Result<Vec<Pair>> {
+    let (pairs, kept) = curated(run)?;
+    Ok(pairs.into_iter().filter(|p| is_rl_task(p, &kept)).collect())
+}
+
+fn is_rl_task(pair: &Pair, kept: &HashSet<String>) -> bool {
+    pair.cuda_code.is_none() || kept.contains(&pair.id)
+}
+
+/// The pairs to export and the ids of those kept: ingest's pairs with verify's verdicts (none
+/// needed when every pair is problem-only), then the pairs diversify kept (a run folder may
+/// hold either or both).
 fn curated(run: &RunDir) -> Result<(Vec<Pair>, HashSet<String>)> {
     let diversified = run.diversify_pairs();
     let (mut pairs, mut kept) = (Vec::new(), HashSet::new());
     if run.pairs().exists() || !diversified.exists() {
         pairs = run.read_pairs()?;
-        kept = run
-            .read_verified()?
-            .into_iter()
-            .filter(|v| v.kept)
-            .map(|v| v.id)
-            .collect();
+        // Problem-only inputs (end-to-end tasks) have nothing to verify.
+        if pairs.iter().any(|p| p.cuda_code.is_some()) {
+            kept = run
+                .read_verified()?
+                .into_iter()
+                .filter(|v| v.kept)
+                .map(|v| v.id)
+                .collect();
+        }
     }
     if diversified.exists() {
         for pair in read_jsonl::<Pair>(&diversified)? {
@@ -183,87 +215,47 @@ fn dataset_info(name: &str, format: SftFormat) -> Value {
     json!({ name: entry })
 }
 
-/// The curriculum level of every pair id.
-fn levels(pairs: &[Pair], difficulty: &Difficulty) -> Result<HashMap<String, u32>> {
-    match difficulty {
-        Difficulty::Label => Ok(pairs
-            .iter()
-            .map(|p| (p.id.clone(), p.label.as_deref().map_or(0, first_number)))
-            .collect()),
-        Difficulty::PassRate { rates, levels } => {
-            if *levels == 0 {
-                bail!("--levels must be at least 1");
+/// The curriculum level of every task id, and the summary `difficulty.json` keeps.
+fn levels(tasks: &[&Pair], difficulty: &Difficulty) -> (HashMap<String, u32>, DifficultySummary) {
+    let mut summary = DifficultySummary::default();
+    let mut level = HashMap::new();
+    for task in tasks {
+        let (task_level, status, detail) = match difficulty {
+            Difficulty::Label => {
+                let label = task.label.as_deref();
+                let task_level = label.and_then(first_number).unwrap_or(0);
+                (task_level, "label", json!({ "label": label }))
             }
-            let rates = read_pass_rates(rates)?;
-            Ok(pairs
-                .iter()
-                .map(|p| {
-                    let level = rates
-                        .get(&p.id)
-                        .map_or(*levels, |&rate| pass_rate_level(rate, *levels));
-                    (p.id.clone(), level)
-                })
-                .collect())
+            Difficulty::Measured(measured) => match measured.tasks.get(&task.id) {
+                Some(m) if m.fallback => (m.level, "fallback", m.detail.clone()),
+                Some(m) => (m.level, "measured", m.detail.clone()),
+                None => (measured.levels, "unmeasured", Value::Null),
+            },
+        };
+        match status {
+            "unmeasured" => summary.unmeasured += 1,
+            "fallback" => summary.fallback += 1,
+            _ => {}
         }
+        let mut record = json!({ "id": task.id, "level": task_level, "status": status });
+        if let Value::Object(fields) = detail {
+            record.as_object_mut().expect("an object").extend(fields);
+        }
+        summary.tasks.push(record);
+        level.insert(task.id.clone(), task_level);
     }
-}
-
-/// Level 1 for a pass rate of 1, `levels` for 0, equal bands between.
-pub fn pass_rate_level(rate: f64, levels: u32) -> u32 {
-    let band = ((1.0 - rate.clamp(0.0, 1.0)) * f64::from(levels)).floor() as u32;
-    1 + band.min(levels - 1)
-}
-
-/// The first number in a label (`"2"`, `"level \boxed{2}"`), 0 without one.
-fn first_number(label: &str) -> u32 {
-    label
-        .split(|c: char| !c.is_ascii_digit())
-        .find(|s| !s.is_empty())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
-
-fn read_pass_rates(path: &Path) -> Result<HashMap<String, f64>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read pass rates from {}", path.display()))?;
-    if let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&text) {
-        return map
-            .into_iter()
-            .map(|(id, rate)| match rate.as_f64() {
-                Some(rate) => Ok((id, rate)),
-                None => bail!("{}: the pass rate of {id} is not a number", path.display()),
-            })
-            .collect();
+    let mut histogram: std::collections::BTreeMap<u32, usize> = Default::default();
+    if let Difficulty::Measured(measured) = difficulty {
+        histogram.extend((1..=measured.levels).map(|l| (l, 0)));
+        summary.method = measured.method.to_string();
+        summary.source = measured.source.clone();
+    } else {
+        summary.method = "label".to_string();
+        summary.source = "the records' `level`".to_string();
     }
-    read_records(path)?
-        .into_iter()
-        .map(|r| {
-            let id = r.required_str("id")?.to_string();
-            let rate = r.fields.get("pass_rate").and_then(Value::as_f64);
-            let rate = rate.with_context(|| format!("{}: no numeric `pass_rate`", r.origin))?;
-            Ok((id, rate))
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pass_rates_cut_into_equal_bands() {
-        let levels: Vec<u32> = [1.0, 0.9, 0.67, 0.5, 0.2, 0.0]
-            .iter()
-            .map(|&r| pass_rate_level(r, 3))
-            .collect();
-        assert_eq!(levels, [1, 1, 1, 2, 3, 3]);
-        assert_eq!(pass_rate_level(0.3, 1), 1);
+    for task_level in level.values() {
+        *histogram.entry(*task_level).or_default() += 1;
     }
-
-    #[test]
-    fn labels_give_their_first_number() {
-        assert_eq!(first_number("2"), 2);
-        assert_eq!(first_number("level \\boxed{3}"), 3);
-        assert_eq!(first_number("hard"), 0);
-    }
+    summary.histogram = histogram.into_iter().collect();
+    (level, summary)
 }

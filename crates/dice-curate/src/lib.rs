@@ -9,7 +9,8 @@
 //! * [`diversify`] draws problems from a [`catalogue`] of LLM building blocks, asks a
 //!   generator for kernels and keeps the first attempt per problem that verify's rule keeps.
 //! * [`export`] writes the kept pairs as LlamaFactory SFT data and RL task files for both stages
-//!   of BiC-RL, ordered by difficulty.
+//!   of BiC-RL, ordered by the levels [`difficulty`] measures (pass rates of a file or of a
+//!   run's samples, or an endpoint's ratings).
 //! * [`report`] shows the funnel, the speedups before and after the threshold, the drop
 //!   reasons and the duplicate clusters (Markdown and HTML).
 //! * [`split`] cuts a program into the prefix, core and suffix of a kernel-infilling task, on
@@ -17,6 +18,7 @@
 
 pub mod catalogue;
 pub mod dedup;
+pub mod difficulty;
 pub mod diversify;
 pub mod export;
 pub mod ingest;
@@ -25,11 +27,14 @@ pub mod run;
 pub mod split;
 pub mod verify;
 
+pub use difficulty::{Measure, Measured};
 pub use diversify::{
     diversify, Attempt, DiversifyOptions, DiversifySummary, KernelPrompt, KernelWriter, Progress,
     DEFAULT_ATTEMPTS,
 };
-pub use export::{export, Difficulty, ExportOptions, Exported, SftFormat};
+pub use export::{
+    export, rl_tasks, Difficulty, DifficultySummary, ExportOptions, Exported, SftFormat,
+};
 pub use ingest::{ingest, normalize, Cluster, DroppedRecord, IngestSummary, Pair};
 pub use report::write_report;
 pub use run::RunDir;

@@ -1,8 +1,10 @@
 //! The run's report (`report.md`, `report.html`): the funnel from records read to pairs kept,
 //! the speedups of correct pairs before and after the threshold, why pairs were dropped, and
-//! the duplicate clusters; and diversify's problems, attempts and why attempts were dropped.
+//! the duplicate clusters; diversify's problems, attempts and why attempts were dropped; and the
+//! RL tasks per curriculum level of the last export.
 
 use crate::diversify::DiversifySummary;
+use crate::export::DifficultySummary;
 use crate::ingest::IngestSummary;
 use crate::run::RunDir;
 use crate::verify::VerifySummary;
@@ -18,6 +20,7 @@ struct Facts {
     ingest: Option<IngestSummary>,
     verify: Option<VerifySummary>,
     diversify: Option<DiversifySummary>,
+    difficulty: Option<DifficultySummary>,
 }
 
 /// Writes `report.md` and `report.html` into the run folder; returns their paths.
@@ -26,6 +29,7 @@ pub fn write_report(run: &RunDir) -> Result<Vec<PathBuf>> {
         ingest: read_if_there(&run.ingest_summary())?,
         verify: read_if_there(&run.verify_summary())?,
         diversify: read_if_there(&run.diversify_summary())?,
+        difficulty: read_if_there(&run.difficulty_summary())?,
     };
     if facts.ingest.is_none() && facts.diversify.is_none() {
         let dir = run.dir.display();
@@ -114,7 +118,67 @@ fn markdown(f: &Facts) -> String {
     if let Some(d) = &f.diversify {
         out.push_str(&diversify_markdown(d));
     }
+    if let Some(d) = &f.difficulty {
+        out.push_str(&difficulty_markdown(d));
+    }
     out
+}
+
+/// One line on where the levels came from and how many tasks have none of their own.
+fn difficulty_origin(d: &DifficultySummary) -> String {
+    format!(
+        "{} RL tasks, levels by {} ({}); {} without a measure and {} whose measure gave no level are at the hardest level.",
+        d.tasks.len(),
+        d.method,
+        d.source,
+        d.unmeasured,
+        d.fallback
+    )
+}
+
+fn difficulty_markdown(d: &DifficultySummary) -> String {
+    let mut out = format!(
+        "\n## Difficulty\n\n{}\n\n| level | tasks |\n| --- | ---: |\n",
+        difficulty_origin(d)
+    );
+    for (level, n) in &d.histogram {
+        let _ = writeln!(out, "| {level} | {n} |");
+    }
+    out
+}
+
+/// The tasks per level as bars, easiest level left.
+fn difficulty_svg(d: &DifficultySummary) -> String {
+    let (width, height, bar) = (40.0, 160.0, 32.0);
+    let most = d
+        .histogram
+        .iter()
+        .map(|(_, n)| *n)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\">",
+        width * d.histogram.len() as f64 + 10.0,
+        height + 40.0
+    );
+    for (i, (level, n)) in d.histogram.iter().enumerate() {
+        let h = height * *n as f64 / most as f64;
+        let x = 5.0 + width * i as f64;
+        let _ = write!(
+            svg,
+            "<rect x=\"{x}\" y=\"{}\" width=\"{bar}\" height=\"{h}\" fill=\"#4a7ebb\"><title>level {level}: {n} tasks</title></rect>\
+<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\">{n}</text>\
+<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\">{level}</text>",
+            20.0 + height - h,
+            x + bar / 2.0,
+            15.0 + height - h,
+            x + bar / 2.0,
+            height + 35.0
+        );
+    }
+    svg.push_str("</svg>");
+    svg
 }
 
 /// `(stage, count)` of diversify: problems drawn, attempts judged, problems kept.
@@ -219,6 +283,20 @@ fn html_page(f: &Facts) -> String {
             ["attempts dropped because", "attempts"],
             &dropped,
         ));
+    }
+    if let Some(d) = &f.difficulty {
+        let rows: Vec<(String, usize)> = d
+            .histogram
+            .iter()
+            .map(|(level, n)| (level.to_string(), *n))
+            .collect();
+        let _ = write!(
+            body,
+            "<h2>Difficulty</h2><p>{}</p>{}",
+            esc(&difficulty_origin(d)),
+            difficulty_svg(d)
+        );
+        body.push_str(&html_table(["level", "tasks"], &rows));
     }
     format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>dice curate</title><style>\

@@ -97,6 +97,16 @@ impl RunDir {
         self.dir.join("diversify.json")
     }
 
+    /// The endpoint's difficulty ratings, appended as they arrive (never asked again).
+    pub fn difficulty_answers(&self) -> PathBuf {
+        self.dir.join("difficulty-answers.jsonl")
+    }
+
+    /// The levels export gave the RL tasks: the method, the histogram, each task's measure.
+    pub fn difficulty_summary(&self) -> PathBuf {
+        self.dir.join("difficulty.json")
+    }
+
     /// Reads the pairs ingest kept, with a clear error when ingest has not run.
     pub fn read_pairs(&self) -> Result<Vec<crate::Pair>> {
         let path = self.pairs();

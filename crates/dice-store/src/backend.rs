@@ -33,6 +33,10 @@ pub trait Backend: Send {
     /// Every problem, by level and id.
     fn problems(&self) -> Result<Vec<ProblemRecord>>;
 
+    /// The SHA-256 of every problem's source (hex), by level and id: what identifies a problem
+    /// across runs that number problems differently.
+    fn problem_sources(&self) -> Result<Vec<((u32, u32), String)>>;
+
     /// (level, problem_id, sample_id) of every finished sample.
     fn finished(&self) -> Result<HashSet<(u32, u32, u32)>>;
 

@@ -426,6 +426,19 @@ impl Backend for Postgres {
         })
     }
 
+    fn problem_sources(&self) -> Result<Vec<((u32, u32), String)>> {
+        read(self, |db, run| {
+            let rows = db.query(
+                "SELECT level, problem_id, source_sha256 FROM problems
+                 WHERE run = $1 ORDER BY level, problem_id",
+                &[&run],
+            )?;
+            rows.iter()
+                .map(|r| Ok(((u32_of(r, 0)?, u32_of(r, 1)?), r.get(2))))
+                .collect()
+        })
+    }
+
     fn finished(&self) -> Result<HashSet<(u32, u32, u32)>> {
         read(self, |db, run| {
             let rows = db.query(

@@ -317,6 +317,14 @@ impl Backend for Sqlite {
         rows.collect::<rusqlite::Result<_>>().map_err(Into::into)
     }
 
+    fn problem_sources(&self) -> Result<Vec<((u32, u32), String)>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT level, problem_id, source_sha256 FROM problems ORDER BY level, problem_id",
+        )?;
+        let rows = stmt.query_map([], |r| Ok(((r.get(0)?, r.get(1)?), r.get(2)?)))?;
+        rows.collect::<rusqlite::Result<_>>().map_err(Into::into)
+    }
+
     fn finished(&self) -> Result<HashSet<(u32, u32, u32)>> {
         let mut stmt = self
             .conn

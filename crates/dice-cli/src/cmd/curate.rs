@@ -11,6 +11,7 @@ use dice_curate::{
 };
 use dice_engine::{ApiClient, DecodeParams, DecodeSettings, Generator, Job, PromptStyle};
 use dice_eval::{Device, EvalConfig};
+use dice_store::Store;
 use indicatif::ProgressBar;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -124,13 +125,37 @@ OUT then holds:
   rl_end_to_end.json           stage 2: the kept pairs' references and every problem-only
                                record (idx, id, level, pytorch_code, cuda_code empty)
 The RL files are ordered by level, easiest first: the reference draws tasks in file order.
-Levels come from the records' own labels (--difficulty label: the first number of `level`, 0
-without one) or from pass rates (--difficulty pass-rate --pass-rates FILE: {id: rate} or
-records {id, pass_rate}, e.g. a model's correct samples over k per task; rate 1 is level 1,
-rate 0 level --levels, equal bands between, tasks without a rate last).
+The RL tasks are the kept pairs and the problem-only records; --difficulty says how their
+levels are measured:
+  label      the records' own `level` (its first number; 0 without one)
+  pass-rate  --pass-rates FILE: {id: rate} or records {id, pass_rate}
+  run        a model's samples of the tasks, judged by `dice eval` or `dice kernelbench`:
+             --eval-run RUN_DIR (its dice.db, opened read-only), or --store postgres://…
+             --eval-run NAME. A task's pass rate is its samples correct and not deceptive over
+             its samples judged (k per problem, as the run made them). Tasks meet the run's
+             problems by the SHA-256 of their source (the store keeps it for every problem),
+             so numbering does not matter, but the bytes do: evaluate the tasks as exported
+             (rl_end_to_end.json's pytorch_code, ingest's normalised references)
+  endpoint   an OpenAI-compatible --endpoint (--model-name) rates each task from 1 to --levels,
+             greedy, with this prompt (dice_curate::difficulty::RATING_PROMPT):
+               Rate how hard it is to write a correct CUDA kernel that runs faster than the
+               following PyTorch program, on a scale from 1 (easy: one elementwise operation)
+               to N (hard: several fused operations, reductions or irregular memory access).
+               Answer with the number only.  ```python <the reference>```
+             The answer's first number in 1..=N is the level. Answers are appended to
+             RUN_DIR/difficulty-answers.jsonl as they arrive: a rerun asks only tasks without
+             one (a changed --levels or reference asks again)
+Pass rates are cut into --levels equal bands: rate 1 is level 1, rate 0 level --levels. A task
+without a measure (no rate, no sample) and an answer without a level go to the hardest level,
+counted as unmeasured or fallback. RUN_DIR/difficulty.json keeps the method, the tasks per
+level and each task's level, status and measure; `dice curate report` shows the histogram.
 
-Example:
-  dice curate export --run runs/cuke --out data/cuke --difficulty pass-rate --pass-rates rates.json";
+Examples:
+  dice curate export --run runs/cuke --out data/cuke --difficulty pass-rate --pass-rates rates.json
+  dice kernelbench --pairs data/cuke/rl_end_to_end.json ... --run runs/k8   (k samples each)
+  dice curate export --run runs/cuke --out data/cuke --difficulty run --eval-run runs/k8
+  dice curate export --run runs/cuke --out data/cuke --difficulty endpoint \\
+      --endpoint http://127.0.0.1:8000/v1 --model-name mercury-coder --levels 5";
 
 const SPLIT_MANUAL: &str = "\
 The core is the kernel source load_inline receives (cuda_sources; cpp_sources when there are no
@@ -263,6 +288,10 @@ pub(crate) enum DifficultyArg {
     Label,
     /// Pass rates per task, from --pass-rates.
     PassRate,
+    /// Pass rates of a `dice eval` / `dice kernelbench` run's samples (--eval-run).
+    Run,
+    /// Levels an OpenAI-compatible --endpoint gives each task.
+    Endpoint,
 }
 
 #[derive(Args, Debug)]
@@ -286,9 +315,36 @@ pub(crate) struct ExportArgs {
     /// records {id, pass_rate}.
     #[arg(long, value_name = "FILE")]
     pub pass_rates: Option<PathBuf>,
-    /// Curriculum levels pass rates are cut into.
+    /// Curriculum levels pass rates are cut into, or the endpoint rates on.
     #[arg(long, value_name = "N", default_value_t = 3)]
     pub levels: u32,
+    /// For --difficulty run: the evaluation's run folder (its dice.db), or with --store its
+    /// run name.
+    #[arg(long, value_name = "RUN_DIR|NAME")]
+    pub eval_run: Option<PathBuf>,
+    /// For --difficulty run: the PostgreSQL database holding --eval-run
+    /// (postgres://USER@HOST:PORT/DB).
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
+    #[command(flatten)]
+    pub rater: RaterArgs,
+}
+
+/// The endpoint that rates difficulty (--difficulty endpoint).
+#[derive(Args, Debug)]
+pub(crate) struct RaterArgs {
+    /// OpenAI-compatible API base that rates the tasks (e.g. http://127.0.0.1:8000/v1).
+    #[arg(long, value_name = "URL")]
+    pub endpoint: Option<String>,
+    /// Model name sent to the endpoint.
+    #[arg(long, value_name = "NAME")]
+    pub model_name: Option<String>,
+    /// Environment variable holding the endpoint's API key.
+    #[arg(long, value_name = "VAR")]
+    pub api_key_env: Option<String>,
+    /// Requests in flight at once against the endpoint.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub concurrency: usize,
 }
 
 #[derive(Args, Debug)]
@@ -381,13 +437,33 @@ impl KernelWriter for EndpointWriter {
     }
 }
 
+/// The endpoint's client, its key read from `api_key_env`.
+fn endpoint_generator(
+    endpoint: &str,
+    model_name: &str,
+    api_key_env: Option<&str>,
+    concurrency: usize,
+) -> Result<Generator> {
+    ensure!(concurrency > 0, "--concurrency must be at least 1");
+    let api_key =
+        match api_key_env {
+            Some(var) => Some(std::env::var(var).with_context(|| {
+                format!("environment variable {var} (--api-key-env) is not set")
+            })?),
+            None => None,
+        };
+    Ok(Generator::Endpoint {
+        client: ApiClient::new(endpoint, model_name, api_key),
+        concurrency,
+    })
+}
+
 fn diversify(a: &DiversifyArgs) -> Result<()> {
     ensure!(
         a.attempts <= 1 || a.top_k != 1,
         "--attempts {} with greedy decoding (--top-k 1) asks for the same kernel each time: sample (--top-k 0) or use --attempts 1",
         a.attempts
     );
-    ensure!(a.concurrency > 0, "--concurrency must be at least 1");
     if let Some(unknown) = a
         .components
         .iter()
@@ -415,13 +491,6 @@ fn diversify(a: &DiversifyArgs) -> Result<()> {
         attempts: a.attempts,
         min_speedup: a.min_speedup,
     };
-    let api_key =
-        match &a.api_key_env {
-            Some(var) => Some(std::env::var(var).with_context(|| {
-                format!("environment variable {var} (--api-key-env) is not set")
-            })?),
-            None => None,
-        };
     let settings = DecodeSettings {
         temperature: Some(a.temperature),
         top_k: Some(a.top_k),
@@ -430,10 +499,12 @@ fn diversify(a: &DiversifyArgs) -> Result<()> {
         ..DecodeSettings::default()
     };
     let writer = EndpointWriter {
-        generator: Generator::Endpoint {
-            client: ApiClient::new(&a.endpoint, &a.model_name, api_key),
-            concurrency: a.concurrency,
-        },
+        generator: endpoint_generator(
+            &a.endpoint,
+            &a.model_name,
+            a.api_key_env.as_deref(),
+            a.concurrency,
+        )?,
         params: settings.over(&DecodeParams::dice_eval(a.max_new_tokens))?,
     };
     let run = RunDir::new(&a.run);
@@ -482,13 +553,62 @@ fn diversify(a: &DiversifyArgs) -> Result<()> {
 }
 
 fn export(a: &ExportArgs) -> Result<()> {
-    let difficulty = match (a.difficulty, &a.pass_rates) {
-        (DifficultyArg::Label, _) => Difficulty::Label,
-        (DifficultyArg::PassRate, Some(rates)) => Difficulty::PassRate {
-            rates: rates.clone(),
-            levels: a.levels,
-        },
-        (DifficultyArg::PassRate, None) => bail!("--difficulty pass-rate needs --pass-rates FILE"),
+    let run = RunDir::new(&a.run);
+    let difficulty = match a.difficulty {
+        DifficultyArg::Label => Difficulty::Label,
+        DifficultyArg::PassRate => {
+            let Some(rates) = &a.pass_rates else {
+                bail!("--difficulty pass-rate needs --pass-rates FILE");
+            };
+            Difficulty::Measured(dice_curate::difficulty::from_pass_rate_file(
+                rates, a.levels,
+            )?)
+        }
+        DifficultyArg::Run => {
+            let Some(eval_run) = &a.eval_run else {
+                bail!("--difficulty run needs --eval-run RUN_DIR (a `dice eval` or `dice kernelbench` run)");
+            };
+            let (store, location) = match &a.store {
+                Some(url) => {
+                    let name = eval_run.to_string_lossy();
+                    (
+                        Store::open_postgres(url, &name)?,
+                        format!("{url} (run {name})"),
+                    )
+                }
+                None => {
+                    let db = eval_run.join("dice.db");
+                    (Store::open_read_only(&db)?, db.display().to_string())
+                }
+            };
+            let tasks = dice_curate::rl_tasks(&run)?;
+            Difficulty::Measured(dice_curate::difficulty::from_run(
+                &store, &location, &tasks, a.levels,
+            )?)
+        }
+        DifficultyArg::Endpoint => {
+            let (Some(endpoint), Some(model_name)) = (&a.rater.endpoint, &a.rater.model_name)
+            else {
+                bail!("--difficulty endpoint needs --endpoint URL and --model-name NAME");
+            };
+            let rater = EndpointWriter {
+                generator: endpoint_generator(
+                    endpoint,
+                    model_name,
+                    a.rater.api_key_env.as_deref(),
+                    a.rater.concurrency,
+                )?,
+                params: DecodeParams::dice_eval(dice_curate::difficulty::RATING_TOKENS),
+            };
+            let tasks = dice_curate::rl_tasks(&run)?;
+            Difficulty::Measured(dice_curate::difficulty::from_endpoint(
+                &run,
+                &tasks,
+                &rater,
+                &format!("{endpoint} ({model_name})"),
+                a.levels,
+            )?)
+        }
     };
     let options = ExportOptions {
         out: a.out.clone(),
@@ -499,7 +619,7 @@ fn export(a: &ExportArgs) -> Result<()> {
         dataset: a.dataset.clone(),
         difficulty,
     };
-    let e = dice_curate::export(&RunDir::new(&a.run), &options)?;
+    let e = dice_curate::export(&run, &options)?;
     println!(
         "wrote {} SFT records, {} infilling tasks ({} kept pairs do not split), {} end-to-end tasks to {}",
         e.sft,
@@ -510,6 +630,21 @@ fn export(a: &ExportArgs) -> Result<()> {
     );
     let levels: Vec<String> = e.levels.iter().map(|(l, n)| format!("{l}: {n}")).collect();
     println!("RL tasks per level: {}", levels.join(", "));
+    let d = &e.difficulty;
+    let histogram: Vec<String> = d
+        .histogram
+        .iter()
+        .map(|(l, n)| format!("{l}: {n}"))
+        .collect();
+    println!(
+        "difficulty by {}: {} tasks ({}); {} unmeasured, {} fallback, at the hardest level; {} lists each",
+        d.method,
+        d.tasks.len(),
+        histogram.join(", "),
+        d.unmeasured,
+        d.fallback,
+        run.difficulty_summary().display()
+    );
     Ok(())
 }
 
