@@ -259,7 +259,14 @@ impl BuildGroups {
             state.stop_all(now);
             if state.share < 1.0 {
                 let (shared, stop) = (self.shared.clone(), state.stops);
-                std::thread::spawn(move || watch_share(&shared, stop));
+                let watch = std::thread::Builder::new()
+                    .name("quiet-share".into())
+                    .spawn(move || watch_share(&shared, stop));
+                // Unwatched, a stop could outlast the share: the builds go on instead.
+                if let Err(e) = watch {
+                    tracing::warn!("builds are not stopped for timing: cannot start a thread: {e}");
+                    state.resume_all(now);
+                }
             }
         }
         let start = state.totals_at(now);
