@@ -15,7 +15,9 @@
 //! The kept pairs are those `verify` kept and those `diversify` kept.
 //!
 //! Both RL files are ordered by level, easiest first (the reference draws tasks in file order,
-//! so the order is the curriculum); ties keep ingest order.
+//! so the order is the curriculum); ties keep ingest order. The levels are the records' labels
+//! or those [`crate::difficulty`] measured, and `difficulty.json` in the run folder keeps them
+//! for the report.
 
 use crate::difficulty::{first_number, Measured};
 use crate::run::{read_jsonl, write_json, RunDir};

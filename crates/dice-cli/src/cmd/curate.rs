@@ -134,8 +134,11 @@ levels are measured:
              --eval-run NAME. A task's pass rate is its samples correct and not deceptive over
              its samples judged (k per problem, as the run made them). Tasks meet the run's
              problems by the SHA-256 of their source (the store keeps it for every problem),
-             so numbering does not matter, but the bytes do: evaluate the tasks as exported
-             (rl_end_to_end.json's pytorch_code, ingest's normalised references)
+             so numbering does not matter, but the bytes do: the run's problems must be the
+             references as exported (rl_end_to_end.json's pytorch_code, ingest's normalised
+             text), e.g. `dice kernelbench` over the KernelBench tree ingested (clean files
+             normalise to themselves), or `dice eval --pairs FILE` with k records
+             {pytorch_code, cuda_code} per task (the problems of one source are pooled)
   endpoint   an OpenAI-compatible --endpoint (--model-name) rates each task from 1 to --levels,
              greedy, with this prompt (dice_curate::difficulty::RATING_PROMPT):
                Rate how hard it is to write a correct CUDA kernel that runs faster than the
@@ -152,7 +155,7 @@ level and each task's level, status and measure; `dice curate report` shows the 
 
 Examples:
   dice curate export --run runs/cuke --out data/cuke --difficulty pass-rate --pass-rates rates.json
-  dice kernelbench --pairs data/cuke/rl_end_to_end.json ... --run runs/k8   (k samples each)
+  dice kernelbench --model M --kernelbench KernelBench/ --levels 1 --samples 8 --run runs/k8
   dice curate export --run runs/cuke --out data/cuke --difficulty run --eval-run runs/k8
   dice curate export --run runs/cuke --out data/cuke --difficulty endpoint \\
       --endpoint http://127.0.0.1:8000/v1 --model-name mercury-coder --levels 5";
