@@ -98,11 +98,16 @@ fn stream_batches_submitted_while_others_run() -> Vec<SampleRecord> {
     assert_eq!(outcomes.len(), submitted);
     // A problem id names one problem for the evaluator's whole run.
     let mut changed = example_problems();
-    changed[0].source.extend_from_slice(b"\n# another version\n");
+    changed[0]
+        .source
+        .extend_from_slice(b"\n# another version\n");
     let refused = evaluator
         .submit(Batch::new(changed, vec![]).unwrap())
         .unwrap_err();
-    assert!(refused.to_string().contains("another source"), "{refused:#}");
+    assert!(
+        refused.to_string().contains("another source"),
+        "{refused:#}"
+    );
     let summary = evaluator.finish().unwrap();
 
     let tickets: BTreeMap<(u32, u32), Ticket> = outcomes
