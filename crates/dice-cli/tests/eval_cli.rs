@@ -120,6 +120,24 @@ fn bad_input_ends_with_one_clear_line() {
         text(&no_torch.stderr)
     );
 
+    // A percentage where a share is asked for.
+    let percent = dice_eval(
+        &[
+            jsonl.to_str().unwrap(),
+            "--kernelbench",
+            kb.to_str().unwrap(),
+            "--quiet-timing-share",
+            "25",
+        ],
+        &run,
+    );
+    assert!(!percent.status.success());
+    assert!(
+        text(&percent.stderr).contains("25 is not a share from 0 to 1"),
+        "{}",
+        text(&percent.stderr)
+    );
+
     let malformed = dir.path().join("bad.jsonl");
     std::fs::write(
         &malformed,
