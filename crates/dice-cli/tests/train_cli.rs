@@ -111,6 +111,7 @@ fn help_is_a_manual() {
         "--save-steps <N>",
         "--save-total-limit <K>",
         "--val-ratio <R>",
+        "--zero-stage <0|1|2>",
         "[default: 1e-5, the DICE recipe]",
         "OUT/config.toml",
         "metrics.jsonl",
@@ -314,7 +315,8 @@ fn succeeded(what: &str, out: Output) {
 
 /// Two ranks started by hand with torchrun's variables train on one machine and write one
 /// checkpoint and the final model through rank 0; `--nproc-per-node 2` starts the same two
-/// ranks itself, and one rank accumulating both micro-batches ends with the same bytes.
+/// ranks itself (with the optimizer state sharded, `--zero-stage 2`), and one rank accumulating
+/// both micro-batches ends with the same bytes.
 #[test]
 fn two_ranks_launched_with_torchrun_variables_train_as_one_rank() {
     let dir = tempfile::tempdir().unwrap();
@@ -354,9 +356,13 @@ fn two_ranks_launched_with_torchrun_variables_train_as_one_rank() {
     let launched = dir.path().join("launched");
     succeeded(
         "--nproc-per-node 2",
-        two_steps(model, &launched, &["--nproc-per-node", "2"])
-            .output()
-            .unwrap(),
+        two_steps(
+            model,
+            &launched,
+            &["--nproc-per-node", "2", "--zero-stage", "2"],
+        )
+        .output()
+        .unwrap(),
     );
     let alone = dir.path().join("alone");
     succeeded(

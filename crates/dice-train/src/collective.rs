@@ -8,11 +8,12 @@
 //! [`Collective::reduce_scatter_sum_f32`] and [`Collective::all_gather_f32`].
 //!
 //! [`TcpGroup`] runs ranks as processes (or threads) of one or several machines, met at a
-//! torchrun-style rendezvous address. Its reductions are deterministic: rank 0 adds the ranks'
+//! torchrun-style rendezvous address; ranks on CUDA GPUs switch to NCCL through it
+//! ([`for_device`]; the NCCL path has not yet run on a GPU). Its reductions are deterministic: rank 0 adds the ranks'
 //! buffers in rank order, so results never depend on timing.
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 use std::ffi::OsString;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -112,6 +113,26 @@ pub fn contiguous_share(len: usize, rank: usize, world: usize) -> std::ops::Rang
     let (size, longer) = (len / world, len % world);
     let start = rank * size + rank.min(longer);
     start..start + size + usize::from(rank < longer)
+}
+
+/// The collective the ranks of a run on `device` use: NCCL between CUDA ranks when there are
+/// several (in a binary built with the `cuda` feature; see [`crate::nccl`]), `collective`
+/// itself otherwise. NCCL's id travels over `collective`.
+pub fn for_device(collective: Box<dyn Collective>, device: &Device) -> Result<Box<dyn Collective>> {
+    if device.is_cuda() && collective.world_size() > 1 {
+        return nccl_group(&*collective, device);
+    }
+    Ok(collective)
+}
+
+#[cfg(feature = "cuda")]
+fn nccl_group(bootstrap: &dyn Collective, device: &Device) -> Result<Box<dyn Collective>> {
+    Ok(Box::new(crate::nccl::NcclGroup::new(bootstrap, device)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nccl_group(_: &dyn Collective, _: &Device) -> Result<Box<dyn Collective>> {
+    bail!("CUDA ranks talk through NCCL: build dice with `--features cuda`")
 }
 
 /// This process's GPU on its machine: torchrun's `LOCAL_RANK`, 0 when unset.

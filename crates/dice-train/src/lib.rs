@@ -9,6 +9,8 @@ pub mod checkpoint;
 pub mod collective;
 pub mod data;
 pub mod metrics;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod noise;
 pub mod optim;
 pub mod rl;

@@ -75,8 +75,10 @@ keeps the f32 masters and AdamW moments of its shard only (1/N of the 12 bytes p
 Stage 1 all-reduces the gradient and keeps the shard, stage 2 reduce-scatters it; the global
 norm adds the shards' squared norms over the ranks, each rank updates its shard and the shards
 are all-gathered into every rank's weights. The weights are those of stage 0 (the default:
-every rank holds everything), bit for bit on the same device. Checkpoints gather the state on
+every rank holds everything), bit for bit on the CPU. Checkpoints gather the state on
 rank 0 and hold the same optimizer.safetensors at every stage, so a run resumes with any stage.
+With --device cuda and several ranks, the ranks meet at the rendezvous and then talk through
+NCCL, one GPU per rank (a binary built with --features cuda; this path has not yet run on a GPU).
 
 Data. Records are LlamaFactory's: --dataset-info names a dataset_info.json (or the folder holding
 it) whose --dataset entries give file_name (relative to that folder; a folder means its files in

@@ -114,6 +114,7 @@ impl SftTrainer {
             )?,
         };
         let dtype = training.compute_dtype().dtype();
+        let collective = crate::collective::for_device(collective, &device)?;
 
         let tokenizer = SdarTokenizer::from_dir(config.tokenizer_dir())?;
         let encoder = Qwen3Encoder::new(&tokenizer)?;
