@@ -4,7 +4,8 @@
 //! number of attempts per problem, stopping at the first kept one.
 //!
 //! Attempts go in rounds: round k asks for attempt k of every problem without a kept attempt,
-//! then judges them. The run folder keeps every step, so an interrupted run continues where it
+//! then judges them through one long-lived [`Evaluator`] per store, so the fork servers, build
+//! cache and the run slots' references stay warm from round to round. The run folder keeps every step, so an interrupted run continues where it
 //! stopped and a finished one does nothing again:
 //! * `diversify-problems.jsonl`: the drawn problems (a rerun with other draw settings is refused);
 //! * `diversify-answers.jsonl`: each generator answer, appended as it arrives (never asked again);
@@ -21,14 +22,16 @@ use crate::verify::{category, decide};
 use crate::{Pair, VerifiedPair};
 use anyhow::{bail, Result};
 use dice_eval::{
-    Batch, EvalConfig, EvalProblem, EvalSample, Judge, SampleRecord, StaticAudit, Store,
+    Batch, EvalConfig, EvalProblem, EvalSample, Evaluator, SampleRecord, StaticAudit, Store,
 };
 use dice_kernelbench::extract_first_code;
 use dice_kernelbench::prompt::one_shot_prompt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The paper asked for kernels up to five times per problem.
@@ -141,6 +144,9 @@ pub fn diversify(
         }
     }
     let mut judged = Judged::default();
+    // One evaluator per store, started by the first round that judges in it and kept for the
+    // next rounds, so that its fork servers, build cache and references stay warm.
+    let mut evaluators: HashMap<PathBuf, Evaluator> = HashMap::new();
     for attempt in 0..options.attempts {
         let open: Vec<usize> = (0..problems.len())
             .filter(|&i| !judged.closed(i, options.min_speedup))
@@ -194,7 +200,18 @@ pub fn diversify(
                 )
             })
             .collect();
-        judge_round(run, judging, &problems, attempt, &programs, &mut judged)?;
+        judge_round(
+            run,
+            judging,
+            &problems,
+            attempt,
+            &programs,
+            &mut evaluators,
+            &mut judged,
+        )?;
+    }
+    for evaluator in evaluators.into_values() {
+        evaluator.finish()?;
     }
     write_outcomes(run, options, &problems, &answers, &judged)
 }
@@ -255,14 +272,16 @@ impl Judged {
     }
 }
 
-/// Judges attempt `attempt` of the problems in `programs`, each in the store of its precision;
-/// a store that holds every one of them already is only read.
+/// Judges attempt `attempt` of the problems in `programs`, each in the store of its precision
+/// through that store's evaluator in `evaluators` (started here the first time); a store that
+/// holds every one of them already is only read.
 fn judge_round(
     run: &RunDir,
     judging: &EvalConfig,
     problems: &[CatalogueProblem],
     attempt: u32,
     programs: &[(usize, Option<String>)],
+    evaluators: &mut HashMap<PathBuf, Evaluator>,
     judged: &mut Judged,
 ) -> Result<()> {
     let mut by_precision: BTreeMap<&str, Vec<&(usize, Option<String>)>> = BTreeMap::new();
@@ -283,11 +302,18 @@ fn judge_round(
             })
         };
         if !stored || judging.force {
-            let mut config = judging.clone();
-            config.db = db.clone();
-            config.precision = precision;
-            config.strict = true;
-            config.source = format!("dice curate diversify {}", problems_digest(problems));
+            let evaluator = match evaluators.entry(db.clone()) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => {
+                    let mut config = judging.clone();
+                    config.db = db.clone();
+                    config.precision = precision;
+                    config.strict = true;
+                    config.source = format!("dice curate diversify {}", problems_digest(problems));
+                    let audit = Arc::new(StaticAudit { strict: true });
+                    e.insert(Evaluator::start(config, Some(audit))?)
+                }
+            };
             let eval_problems = group
                 .iter()
                 .map(|&&(i, _)| EvalProblem {
@@ -308,10 +334,9 @@ fn judge_round(
                     origin: format!("{} attempt {attempt}", problems[*i].name),
                 })
                 .collect();
-            let audit = Arc::new(StaticAudit { strict: true });
-            let mut judge = Judge::start(config, Some(audit))?;
-            judge.evaluate(Batch::new(eval_problems, samples)?)?;
-            judge.shutdown();
+            evaluator.submit(Batch::new(eval_problems, samples)?)?;
+            // The round's outcomes are in the store once the evaluator has told them all.
+            while evaluator.next()?.is_some() {}
         }
         judged.read(&Store::open(&db)?)?;
     }
