@@ -95,21 +95,21 @@ impl Evaluator {
     /// comes back once from [`Evaluator::next`] with the returned ticket. Refuses a problem
     /// submitted before with another source; once the pipeline failed, says why.
     pub fn submit(&mut self, batch: Batch) -> Result<Ticket> {
-        for (key, problem) in &batch.problems {
-            let digest = sha256_hex(&problem.source);
-            match self.problems.get(key) {
-                Some(known) if *known != digest => bail!(
-                    "level {} problem {} was submitted before with another source: give each \
-                     problem its own id",
-                    key.0,
-                    key.1
-                ),
-                Some(_) => {}
-                None => {
-                    self.problems.insert(*key, digest);
-                }
-            }
+        let digests: Vec<(ProblemKey, String)> = batch
+            .problems
+            .iter()
+            .map(|(key, problem)| (*key, sha256_hex(&problem.source)))
+            .collect();
+        let changed = digests
+            .iter()
+            .find(|(key, digest)| self.problems.get(key).is_some_and(|known| known != digest));
+        if let Some(((level, problem_id), _)) = changed {
+            bail!(
+                "level {level} problem {problem_id} was submitted before with another source: \
+                 give each problem its own id"
+            );
         }
+        self.problems.extend(digests);
         let ticket = Ticket(self.next_ticket);
         let samples = batch.len();
         let submission = Submission { ticket, batch };
