@@ -5,6 +5,7 @@ use crate::problem::{InvalidProblem, Problem};
 use crate::records::read_records;
 use crate::validate::validate_problem_source;
 use anyhow::{bail, Result};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -23,17 +24,31 @@ pub struct PairSet {
 }
 
 /// Reads a JSON array or JSONL of objects with `pytorch_code` (the problem) and `cuda_code`
-/// (the candidate). The problem id is the object's `id`, or its 0-based position when absent.
+/// (the candidate). The problem id is the object's `id`, or its 0-based position when absent or
+/// a string (the hashes `dice curate export` writes; the problem is then named by it).
 pub fn load_pairs(path: &Path) -> Result<PairSet> {
-    let mut seen: BTreeMap<u32, String> = BTreeMap::new();
+    // Each pair's id as written and its problem id (`#N`), with the record that first used it.
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
     let mut set = PairSet::default();
     for (position, record) in read_records(path)?.into_iter().enumerate() {
-        let id = match record.u32_field("id")? {
-            Some(id) => id,
-            None => u32::try_from(position)?,
+        let (id, label) = match record.fields.get("id") {
+            // `dice curate export` names tasks by a content hash: the position numbers them.
+            Some(Value::String(name)) => (u32::try_from(position)?, name.clone()),
+            _ => {
+                let id = match record.u32_field("id")? {
+                    Some(id) => id,
+                    None => u32::try_from(position)?,
+                };
+                (id, id.to_string())
+            }
         };
-        if let Some(first) = seen.insert(id, record.origin.clone()) {
-            bail!("{}: pair id {id} is already used by {first}", record.origin);
+        for key in [label.clone(), format!("#{id}")] {
+            if let Some(first) = seen.insert(key, record.origin.clone()) {
+                bail!(
+                    "{}: pair id {label} is already used by {first}",
+                    record.origin
+                );
+            }
         }
         let source = record.required_str("pytorch_code")?.as_bytes().to_vec();
         let cuda_code = record.required_str("cuda_code")?;
@@ -55,7 +70,7 @@ pub fn load_pairs(path: &Path) -> Result<PairSet> {
         set.problems.push(Problem {
             level: PAIRS_LEVEL,
             problem_id: id,
-            name: format!("pair_{id}"),
+            name: format!("pair_{label}"),
             path: path.to_path_buf(),
             source,
         });

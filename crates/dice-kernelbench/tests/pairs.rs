@@ -59,6 +59,32 @@ fn jsonl_pairs_without_ids_use_positions() {
 }
 
 #[test]
+fn pairs_named_by_strings_are_numbered_by_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rl_end_to_end.json");
+    let task = |id: &str| serde_json::json!({"id": id, "pytorch_code": PROBLEM, "cuda_code": ""});
+    fs::write(
+        &path,
+        serde_json::json!([task("9f3a"), task("04bc")]).to_string(),
+    )
+    .unwrap();
+    let set = load_pairs(&path).unwrap();
+    let named: Vec<(u32, &str)> = set
+        .problems
+        .iter()
+        .map(|p| (p.problem_id, p.name.as_str()))
+        .collect();
+    assert_eq!(named, [(0, "pair_9f3a"), (1, "pair_04bc")]);
+    fs::write(
+        &path,
+        serde_json::json!([task("9f3a"), task("9f3a")]).to_string(),
+    )
+    .unwrap();
+    let msg = format!("{:#}", load_pairs(&path).unwrap_err());
+    assert!(msg.contains("pair id 9f3a is already used by"), "{msg}");
+}
+
+#[test]
 fn bad_pairs_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("pairs.json");
