@@ -23,6 +23,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{DType, Device, Storage, Tensor};
 use cudarc::driver::CudaSlice;
 use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
+use std::ffi::c_char;
 use std::sync::Mutex;
 
 /// One rank of an NCCL communicator on this process's GPU.
@@ -57,17 +58,18 @@ impl NcclGroup {
         } else {
             Id::uninit([0; ID_BYTES])
         };
+        // The id's bytes as f32 values 0..=255 (exact), whether c_char is signed or not.
         let bytes: Vec<f32> = mine
             .internal()
             .iter()
-            .map(|&b| f32::from(b as i8))
+            .map(|b| f32::from(b.to_ne_bytes()[0]))
             .collect();
         let shared = bootstrap
             .broadcast(&Tensor::from_vec(bytes, ID_BYTES, &Device::Cpu)?, 0)?
             .to_vec1::<f32>()?;
         let mut internal = [0; ID_BYTES];
         for (byte, value) in internal.iter_mut().zip(shared) {
-            *byte = value as i8 as _;
+            *byte = c_char::from_ne_bytes([value as u8]);
         }
         let comm = Comm::from_rank(device.cuda_stream(), rank, world_size, Id::uninit(internal))
             .map_err(|e| {
