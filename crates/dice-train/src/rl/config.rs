@@ -7,7 +7,9 @@
 use super::task::{Stage, TaskOrder};
 use super::BlockGrid;
 use crate::optim::AdamWConfig;
-use crate::sft::config::{CheckpointConfig, ComputeDType, DeviceKind};
+use crate::sft::config::{
+    read_settings, settings_from_toml, CheckpointConfig, ComputeDType, DeviceKind,
+};
 use anyhow::{bail, ensure, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -299,13 +301,11 @@ impl RlConfig {
 
     /// Reads a TOML settings file; keys it leaves out keep their defaults.
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the settings file {}", path.display()))?;
-        Self::from_toml(&text).with_context(|| format!("{} is not valid settings", path.display()))
+        read_settings(path)
     }
 
     pub fn from_toml(text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))
+        settings_from_toml(text)
     }
 
     pub fn to_toml(&self) -> Result<String> {

@@ -26,10 +26,9 @@ use super::task::{candidate_program, load_tasks, render_prompt, select_tasks, Rl
 use super::TraceRecord;
 use super::{old_log_probs, policy_loss_and_grad_sums, PolicyLossSettings, Replay, ReplaySettings};
 use crate::checkpoint::{checkpoint_name, checkpoints, Checkpointer, TrainerState, FINAL};
-use crate::collective::{local_rank, Collective};
+use crate::collective::{contiguous_share, Collective};
 use crate::metrics::MetricsLog;
 use crate::optim::{clip_grad_norm, AdamW};
-use crate::sft::config::DeviceKind;
 use crate::sft::{Resume, RunOptions};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
@@ -186,12 +185,8 @@ impl RlTrainer {
     ) -> Result<Self> {
         let config = config.resolve()?;
         let training = &config.training;
-        let device = match training.device {
-            DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Cuda => dice_model::device::cuda_device(local_rank()?).context(
-                "cannot use CUDA (is this binary built with `--features cuda` and is a GPU visible?)",
-            )?,
-        };
+        let device = training.device.rank_device()?;
+        let collective = crate::collective::for_device(collective, &device)?;
         let dtype = training.compute_dtype().dtype();
         let tasks: Vec<Arc<RlTask>> = load_tasks(config.task_file(), config.tasks.stage)?
             .into_iter()
@@ -375,7 +370,7 @@ impl RlTrainer {
             training.seed,
         );
         let (rank, world) = (self.collective.rank(), self.collective.world_size());
-        let share = rank_share(drawn.len(), rank, world);
+        let share = contiguous_share(drawn.len(), rank, world);
         let first_slot = share.start * group;
         let mine: Vec<Arc<RlTask>> = drawn[share]
             .iter()
@@ -658,7 +653,7 @@ impl RlTrainer {
         }
         let mut grad_norm = 0.0;
         for u in 0..updates {
-            let range = rank_share(local, u, updates);
+            let range = contiguous_share(local, u, updates);
             let mut update_grads: Option<HashMap<String, Tensor>> = None;
             for run in group_runs(&replay, range.clone(), group) {
                 let loss =
@@ -744,7 +739,7 @@ impl RlTrainer {
     /// Pass rate of the held-out tasks: one greedy, static completion each (spec bicrl §11).
     fn evaluate(&mut self, reward: &mut dyn Reward) -> Result<()> {
         let started = Instant::now();
-        let share = rank_share(
+        let share = contiguous_share(
             self.eval_tasks.len(),
             self.collective.rank(),
             self.collective.world_size(),
@@ -972,13 +967,6 @@ fn group_runs(replay: &Replay, range: Range<usize>, group: usize) -> Vec<Range<u
         }
     }
     runs
-}
-
-/// Contiguous shares of `0..len` over `parts`, the first `len % parts` one longer.
-fn rank_share(len: usize, part: usize, parts: usize) -> Range<usize> {
-    let (size, longer) = (len / parts, len % parts);
-    let start = part * size + part.min(longer);
-    start..start + size + usize::from(part < longer)
 }
 
 /// The settings a checkpoint records and a resumed run must repeat: the config's, and the

@@ -88,6 +88,32 @@ pub enum DeviceKind {
     Cuda,
 }
 
+impl DeviceKind {
+    /// This rank's device: its machine's GPU `LOCAL_RANK` for CUDA.
+    pub fn rank_device(self) -> Result<candle_core::Device> {
+        match self {
+            DeviceKind::Cpu => Ok(candle_core::Device::Cpu),
+            DeviceKind::Cuda => dice_model::device::cuda_device(crate::collective::local_rank()?)
+                .context(
+                    "cannot use CUDA (is this binary built with `--features cuda` and is a GPU \
+                     visible?)",
+                ),
+        }
+    }
+}
+
+/// Settings of type `T` read from the TOML file `path`; keys it leaves out keep their defaults.
+pub(crate) fn read_settings<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the settings file {}", path.display()))?;
+    settings_from_toml(&text).with_context(|| format!("{} is not valid settings", path.display()))
+}
+
+/// Settings of type `T` from TOML text, the parser's message on one line.
+pub(crate) fn settings_from_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
+    toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))
+}
+
 /// The dtype of the weights the model computes with (masters and moments are f32 always).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -230,13 +256,11 @@ const HOPPER_BF16_PEAK_TFLOPS: f64 = 989.0;
 impl SftConfig {
     /// Reads a TOML settings file; keys it leaves out keep their defaults.
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the settings file {}", path.display()))?;
-        Self::from_toml(&text).with_context(|| format!("{} is not valid settings", path.display()))
+        read_settings(path)
     }
 
     pub fn from_toml(text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))
+        settings_from_toml(text)
     }
 
     pub fn to_toml(&self) -> Result<String> {

@@ -15,12 +15,12 @@
 //! norm exceeds 1.) With `zero_stage` 1 or 2 each rank keeps the optimizer state of one shard
 //! of the parameters only ([`crate::zero`]), for the same update.
 
-use super::config::{DeviceKind, SftConfig};
+use super::config::SftConfig;
 use super::plan::{DataPlan, RunLength};
 use crate::checkpoint::{
     checkpoint_name, checkpoints, Checkpointer, TrainerState, FINAL, OPTIMIZER_STATE,
 };
-use crate::collective::{contiguous_share, local_rank, Collective};
+use crate::collective::{contiguous_share, Collective};
 use crate::data::{model_block_length, select_datasets, CleanRow, PackedDataset, Qwen3Encoder};
 use crate::metrics::{
     process_peak_rss, sft_step_flops, write_html, EvalMetrics, MetricsLog, StepMetrics,
@@ -107,12 +107,7 @@ impl SftTrainer {
     ) -> Result<Self> {
         let config = config.resolve()?;
         let training = &config.training;
-        let device = match training.device {
-            DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Cuda => dice_model::device::cuda_device(local_rank()?).context(
-                "cannot use CUDA (is this binary built with `--features cuda` and is a GPU visible?)",
-            )?,
-        };
+        let device = training.device.rank_device()?;
         let dtype = training.compute_dtype().dtype();
         let collective = crate::collective::for_device(collective, &device)?;
 
