@@ -19,7 +19,9 @@ def cpu_model():
 
 
 def main():
-    want_cuda = sys.argv[1] == "cuda"
+    # cuda: GPUs and nvcc; cuda-builds: nvcc alone (a CPU host building for GPU workers).
+    want_gpus = sys.argv[1] == "cuda"
+    want_nvcc = sys.argv[1] in ("cuda", "cuda-builds")
     try:
         import torch
         from torch.utils import cpp_extension
@@ -35,12 +37,13 @@ def main():
     }
     if info["ninja"] is None:
         sys.exit("ninja is not installed in this Python environment (pip install ninja)")
-    if want_cuda:
+    if want_gpus:
         if not torch.cuda.is_available():
             sys.exit("torch reports no usable CUDA device")
         for i in range(torch.cuda.device_count()):
             major, minor = torch.cuda.get_device_capability(i)
             info["gpus"].append({"name": torch.cuda.get_device_name(i), "arch": f"{major}.{minor}"})
+    if want_nvcc:
         nvcc = shutil.os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")
         try:
             out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout

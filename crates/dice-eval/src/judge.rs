@@ -8,7 +8,7 @@ use crate::config::{Audit, Device, EvalConfig, EvalProblem, EvalSample};
 use crate::evaluator::Evaluated;
 use crate::job::JobContext;
 use crate::pipeline::Workers;
-use crate::python::{PythonInfo, Runtime};
+use crate::python::{Probe, PythonInfo, Runtime};
 use crate::sandbox;
 use crate::writer::Summary;
 use crate::zygote::ZygoteSlot;
@@ -65,14 +65,12 @@ impl Judge {
         };
         let rt = Arc::new(Runtime::new(cfg.python.as_deref())?);
         sandbox::prepare(&cfg.build_cache)?;
-        let probe = rt.start_probe(cfg.device == Device::Cuda)?;
+        let probe = rt.start_probe(Probe::for_device(cfg.device))?;
 
         // The fork servers import torch while the interpreter is checked, not after it: each
         // import takes seconds, and the first candidate needs its device's fork server ready.
         let zygote_env = vec![("DICE_DEVICE".to_string(), cfg.device.as_str().to_string())];
-        let mut build_env = zygote_env.clone();
-        build_env.push(("CUDA_VISIBLE_DEVICES".to_string(), String::new()));
-        let build_zygote = Arc::new(ZygoteSlot::new(build_env, "zygote-build.log".to_string()));
+        let build_zygote = Arc::new(ZygoteSlot::for_builds(cfg.device));
         let start_device = |gpu| {
             let zygote = Arc::new(ZygoteSlot::for_device(&zygote_env, gpu));
             zygote.start_early(&rt);

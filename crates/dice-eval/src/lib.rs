@@ -44,6 +44,9 @@
 //!   takes the device's file lock in `RUN_DIR/locks/` (device_lock.rs) after the gate's, so it
 //!   has the device to itself across those processes too. Evaluations of other runs on the same
 //!   device are not excluded.
+//! * Builds may run apart from judging ([`prebuild`], `dice eval --stage build`): workers on
+//!   CPU-only hosts fill a build cache folder that GPU workers share, storing nothing else; the
+//!   GPU workers' compile stage then finds every build (or its failure) cached.
 //! * Start-up overlaps: the fork servers import torch while the interpreter is checked (the CUDA
 //!   architectures for builds reach children per job). Processes that are done (a CUDA context
 //!   takes ~0.5 s to die) end in the background while their slot goes on; a slot out of work
@@ -77,6 +80,7 @@ mod job;
 mod judge;
 mod lane;
 mod pipeline;
+mod prebuild;
 pub mod python;
 mod quiet;
 mod run_queue;
@@ -103,5 +107,6 @@ pub use dice_store::{
 pub use evaluator::{Evaluated, Evaluator, SampleOutcome};
 pub use excerpt::Excerpt;
 pub use judge::{evaluate, Judge};
+pub use prebuild::{prebuild, BuildSummary, Shard};
 pub use runtime::Finding;
 pub use writer::Summary;

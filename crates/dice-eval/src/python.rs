@@ -1,6 +1,7 @@
 //! The Python side: finding an interpreter with torch and ninja, checking it, and the embedded
 //! worker scripts written to a private runtime directory.
 
+use crate::config::Device;
 use anyhow::{bail, Context, Result};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -53,6 +54,34 @@ pub struct Runtime {
     pub dir: tempfile::TempDir,
 }
 
+/// What the interpreter must offer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// torch and ninja.
+    Cpu,
+    /// Also GPUs and nvcc.
+    Cuda,
+    /// Also nvcc, and no GPU: a CPU host that builds CUDA extensions (`dice eval --stage build`).
+    CudaBuilds,
+}
+
+impl Probe {
+    pub fn for_device(device: Device) -> Probe {
+        match device {
+            Device::Cpu => Probe::Cpu,
+            Device::Cuda => Probe::Cuda,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Probe::Cpu => "cpu",
+            Probe::Cuda => "cuda",
+            Probe::CudaBuilds => "cuda-builds",
+        }
+    }
+}
+
 impl Runtime {
     /// Finds the interpreter and writes the worker scripts; [`Runtime::start_probe`] checks it.
     pub fn new(explicit: Option<&Path>) -> Result<Runtime> {
@@ -75,14 +104,13 @@ impl Runtime {
         })
     }
 
-    /// Starts checking the interpreter (torch, ninja; with `cuda` also GPUs and nvcc): it imports
-    /// torch, seconds that the fork servers' own imports may overlap. Its output is a
-    /// [`PythonInfo`].
-    pub fn start_probe(&self, cuda: bool) -> Result<JsonScript> {
+    /// Starts checking the interpreter for `what`: it imports torch, seconds that the fork
+    /// servers' own imports may overlap. Its output is a [`PythonInfo`].
+    pub fn start_probe(&self, what: Probe) -> Result<JsonScript> {
         let mut probe = Command::new(&self.python);
         probe
             .arg(self.script("probe.py"))
-            .arg(if cuda { "cuda" } else { "cpu" })
+            .arg(what.as_str())
             .env("PATH", &self.path_env);
         JsonScript::start(
             &mut probe,

@@ -155,6 +155,15 @@ impl ZygoteSlot {
         }
     }
 
+    /// The slot of the compile stage's fork server, which sees no GPU (builds need none).
+    pub(crate) fn for_builds(device: crate::config::Device) -> Self {
+        let env = vec![
+            ("DICE_DEVICE".to_string(), device.as_str().to_string()),
+            ("CUDA_VISIBLE_DEVICES".to_string(), String::new()),
+        ];
+        ZygoteSlot::new(env, "zygote-build.log".to_string())
+    }
+
     /// The slot of a device's fork server: the CPU's, or GPU `gpu`'s (the only one it sees).
     pub(crate) fn for_device(env: &[(String, String)], gpu: Option<usize>) -> Self {
         let mut env = env.to_vec();

@@ -3,8 +3,8 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use dice_eval::{
-    Baseline, Batch, Device, EvalConfig, EvalProblem, EvalSample, Judge, Precision, StaticAudit,
-    Summary, Timing,
+    Baseline, Batch, BuildSummary, Device, EvalConfig, EvalProblem, EvalSample, Judge, Precision,
+    Shard, StaticAudit, Summary, Timing,
 };
 use dice_kernelbench::{
     load_candidates, load_pairs, Candidate, InvalidProblem, KernelBench, Problem,
@@ -29,8 +29,9 @@ pub(crate) struct EvalArgs {
     #[arg(long, value_name = "FILE")]
     pub pairs: Option<PathBuf>,
     /// The run directory (created; holds dice.db); with --store, the run's name in the database.
-    #[arg(long, value_name = "RUN_DIR")]
-    pub run: PathBuf,
+    /// --stage build needs none.
+    #[arg(long, value_name = "RUN_DIR", required_unless_present = "stage")]
+    pub run: Option<PathBuf>,
     /// The SQLite store [default: RUN_DIR/dice.db].
     #[arg(long, value_name = "FILE", conflicts_with = "store")]
     pub db: Option<PathBuf>,
@@ -46,6 +47,14 @@ pub(crate) struct EvalArgs {
     /// Re-evaluate samples already in the store (and accept changed settings).
     #[arg(long)]
     pub force: bool,
+    /// Which stages this worker runs.
+    #[arg(long, value_enum, default_value_t = StageArg::All)]
+    pub stage: StageArg,
+    /// With --stage build, N workers split the samples: worker K (0 <= K < N, e.g. a Slurm
+    /// array task id or a Kubernetes completion index) builds every Nth in the order of sample
+    /// keys, from the Kth on [default: 0/1, all of them].
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<Shard>,
     #[command(flatten)]
     pub judge: JudgeArgs,
 }
@@ -157,6 +166,16 @@ pub(crate) struct JudgeArgs {
     pub input_seed: Option<u64>,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StageArg {
+    /// Build, run, judge and time the candidates, storing their results.
+    All,
+    /// Only build the candidates' extensions into --build-cache, a folder that the judging
+    /// workers share; needs no GPU and stores nothing else. With --device cuda the host needs
+    /// nvcc, and TORCH_CUDA_ARCH_LIST set to the GPUs' architectures (9.0 for H100/H200).
+    Build,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum DeviceArg {
     Cpu,
@@ -199,6 +218,22 @@ pub(crate) fn run(a: EvalArgs) -> Result<()> {
     if samples.is_empty() {
         bail!("no candidates given");
     }
+    if a.shard.is_some() && a.stage != StageArg::Build {
+        bail!("--shard splits build workers: give it with --stage build");
+    }
+    if a.stage == StageArg::Build {
+        if a.store.is_some() || a.db.is_some() {
+            bail!("--stage build stores nothing: give it no --store or --db");
+        }
+        let mut cfg = EvalConfig::new(PathBuf::new(), source);
+        apply_device_and_judging(&mut cfg, &a);
+        cfg.progress = true;
+        let cache = cfg.build_cache.display().to_string();
+        let batch = Batch::new(eval_problems, samples)?;
+        let summary = dice_eval::prebuild(cfg, batch, a.shard.unwrap_or(Shard::ALL))?;
+        print_build_summary(&summary, &cache);
+        return Ok(());
+    }
     let cfg = config(&a, source)?;
     let results = match &cfg.postgres {
         Some((url, run)) => format!("run {run} in {url}"),
@@ -239,9 +274,12 @@ fn load_inputs(a: &EvalArgs) -> Result<Inputs> {
 }
 
 fn config(a: &EvalArgs, source: String) -> Result<EvalConfig> {
+    let Some(run) = &a.run else {
+        bail!("--run RUN_DIR is required to judge candidates (only --stage build goes without)");
+    };
     let (local, postgres) = match &a.store {
         Some(url) => {
-            let name = a.run.to_string_lossy().into_owned();
+            let name = run.to_string_lossy().into_owned();
             // The run's files of this host (its device locks), shared by its processes here.
             let folder_name: String = name
                 .chars()
@@ -250,21 +288,26 @@ fn config(a: &EvalArgs, source: String) -> Result<EvalConfig> {
             let local = std::env::temp_dir().join(format!("dice-run-{folder_name}"));
             (local, Some((url.clone(), name)))
         }
-        None => (a.run.clone(), None),
+        None => (run.clone(), None),
     };
     std::fs::create_dir_all(&local)
         .with_context(|| format!("cannot create {}", local.display()))?;
     let db = a.db.clone().unwrap_or_else(|| local.join("dice.db"));
     let mut cfg = EvalConfig::new(db, source);
     cfg.postgres = postgres;
+    apply_device_and_judging(&mut cfg, a);
+    cfg.force = a.force;
+    cfg.progress = true;
+    Ok(cfg)
+}
+
+/// The device, then the judging flags (the device decides some of their defaults).
+fn apply_device_and_judging(cfg: &mut EvalConfig, a: &EvalArgs) {
     cfg.set_device(match a.device {
         DeviceArg::Cpu => Device::Cpu,
         DeviceArg::Cuda => Device::Cuda,
     });
-    a.judge.apply(&mut cfg);
-    cfg.force = a.force;
-    cfg.progress = true;
-    Ok(cfg)
+    a.judge.apply(cfg);
 }
 
 impl JudgeArgs {
@@ -328,6 +371,16 @@ fn parse_share(s: &str) -> Result<f64, String> {
             "{s} is not a share from 0 to 1 (0.25 for a quarter)"
         )),
     }
+}
+
+/// Prints what a `--stage build` worker did; `cache` is the build cache it filled.
+fn print_build_summary(s: &BuildSummary, cache: &str) {
+    println!(
+        "{} samples in this shard: built {}, already cached {}, failed to build {}, no code {}, \
+         nothing to build {}",
+        s.in_shard, s.built, s.already_cached, s.failed, s.no_code, s.nothing_to_build
+    );
+    println!("build cache: {cache}");
 }
 
 /// Prints what `s` judged; `results` says where they are stored.

@@ -10,6 +10,7 @@ pub(crate) fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
 }
 
+#[allow(dead_code)]
 pub(crate) fn build_cache() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-eval-build-cache")
 }
