@@ -58,7 +58,9 @@ def probe_toolchain(with_cuda):
         torch_cuda=torch.version.cuda,
         cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI),
         python=sys.version,
-        platform=platform.platform(),
+        # The OS and C library, not the kernel's release (platform.platform() has it): hosts that
+        # share a cache run other kernels, which build the same binaries.
+        platform="-".join([platform.system(), *platform.libc_ver()]),
         machine=platform.machine(),
     )
     if with_cuda:
