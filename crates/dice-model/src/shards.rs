@@ -215,6 +215,12 @@ fn remove_stale_weights(dir: &Path, written: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Whether `file_name` is one of [`write_atomically`]'s temporary files (left behind when a
+/// process is killed while writing), which a folder's next owner may remove.
+pub fn is_atomic_temporary(file_name: &str) -> bool {
+    file_name.starts_with('.') && file_name.ends_with(".tmp")
+}
+
 /// Writes `path` through `write` under a temporary name beside it, synced, then renames it into
 /// place: a reader sees the old file or the complete new one, never a part.
 pub fn write_atomically<T>(

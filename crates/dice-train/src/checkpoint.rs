@@ -16,7 +16,9 @@ use crate::optim::AdamW;
 use crate::sft::config::SaveDType;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
-use dice_model::shards::{write_atomically, write_weights, IndexFile, StoredDType, StoredTensor};
+use dice_model::shards::{
+    is_atomic_temporary, write_atomically, write_weights, IndexFile, StoredDType, StoredTensor,
+};
 use dice_model::SdarConfig;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -128,18 +130,25 @@ impl Checkpointer {
         Ok(metrics)
     }
 
-    /// Removes the temporary folders of saves that an earlier process did not finish.
+    /// Removes the temporary folders of saves, and the temporary files of atomic writes
+    /// (metrics pages, settings), that an earlier process did not finish.
     pub fn remove_partial_saves(&self) -> Result<()> {
         let Ok(entries) = std::fs::read_dir(&self.out) else {
             return Ok(());
         };
         for entry in entries {
             let entry = entry?;
-            if entry.file_name().to_string_lossy().starts_with(PARTIAL) {
-                std::fs::remove_dir_all(entry.path()).with_context(|| {
-                    format!("cannot remove the partial save {}", entry.path().display())
-                })?;
-            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let removed = if name.starts_with(PARTIAL) {
+                std::fs::remove_dir_all(entry.path())
+            } else if is_atomic_temporary(&name) && entry.file_type()?.is_file() {
+                std::fs::remove_file(entry.path())
+            } else {
+                continue;
+            };
+            removed.with_context(|| {
+                format!("cannot remove the partial save {}", entry.path().display())
+            })?;
         }
         Ok(())
     }
