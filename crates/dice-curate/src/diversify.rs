@@ -371,16 +371,7 @@ fn write_outcomes(
                 judged.reference_errors.get(&i),
             ) {
                 (Some(record), _) => decide(&id, record, options.min_speedup),
-                (None, Some(error)) => VerifiedPair {
-                    id,
-                    verdict: None,
-                    speedup: None,
-                    speedup_low: None,
-                    speedup_high: None,
-                    flags: Vec::new(),
-                    kept: false,
-                    reason: Some(format!("reference failed: {error}")),
-                },
+                (None, Some(error)) => VerifiedPair::reference_failed(id, error),
                 // Asked but not judged yet (interrupted): the next run judges it.
                 (None, None) => break,
             };

@@ -42,6 +42,22 @@ pub struct VerifiedPair {
     pub reason: Option<String>,
 }
 
+impl VerifiedPair {
+    /// A pair dropped without a verdict: its problem's reference failed (`why`).
+    pub fn reference_failed(id: String, why: &str) -> VerifiedPair {
+        VerifiedPair {
+            id,
+            verdict: None,
+            speedup: None,
+            speedup_low: None,
+            speedup_high: None,
+            flags: Vec::new(),
+            kept: false,
+            reason: Some(format!("reference failed: {why}")),
+        }
+    }
+}
+
 /// What verify found, as `verify.json` holds it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VerifySummary {
@@ -121,16 +137,7 @@ pub fn verify(run: &RunDir, mut judging: EvalConfig, min_speedup: f64) -> Result
                 let why = reference_errors
                     .get(&problem_id)
                     .map_or("not judged", String::as_str);
-                VerifiedPair {
-                    id: pair.id.clone(),
-                    verdict: None,
-                    speedup: None,
-                    speedup_low: None,
-                    speedup_high: None,
-                    flags: Vec::new(),
-                    kept: false,
-                    reason: Some(format!("reference failed: {why}")),
-                }
+                VerifiedPair::reference_failed(pair.id.clone(), why)
             }
         };
         if let (Some(speedup), Some("correct")) = (outcome.speedup, outcome.verdict.as_deref()) {

@@ -12,6 +12,7 @@ use crate::record::{
 };
 use crate::verdict::Verdict;
 use anyhow::{anyhow, Context, Result};
+use postgres::types::ToSql;
 use postgres::{Client, GenericClient, NoTls, Row};
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -283,27 +284,28 @@ impl Postgres {
     ) -> Result<Attempt> {
         let [level, problem_id, sample_id] = key(sample);
         let run = self.run.as_str();
+        let claim: [&(dyn ToSql + Sync); 6] = [
+            &run,
+            &level,
+            &problem_id,
+            &sample_id,
+            &worker.as_str(),
+            &expires_at,
+        ];
         let mut tx = self.client.get_mut().transaction()?;
         let inserted = tx.execute(
             "INSERT INTO claims (run, level, problem_id, sample_id, worker, expires_at)
              VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
-            &[
-                &run,
-                &level,
-                &problem_id,
-                &sample_id,
-                &worker.as_str(),
-                &expires_at,
-            ],
+            &claim,
         )?;
         let taken_over = if inserted == 1 {
             None
         } else {
             let held = tx.query_opt(
                 "SELECT worker, expires_at FROM claims
-             WHERE run = $1 AND level = $2 AND problem_id = $3 AND sample_id = $4
-             FOR UPDATE SKIP LOCKED",
-                &[&run, &level, &problem_id, &sample_id],
+                 WHERE run = $1 AND level = $2 AND problem_id = $3 AND sample_id = $4
+                 FOR UPDATE SKIP LOCKED",
+                &claim[..4],
             )?;
             let Some(held) = held else {
                 return Ok(Attempt::Held);
@@ -319,14 +321,7 @@ impl Postgres {
             tx.execute(
                 "UPDATE claims SET worker = $5, expires_at = $6
                  WHERE run = $1 AND level = $2 AND problem_id = $3 AND sample_id = $4",
-                &[
-                    &run,
-                    &level,
-                    &problem_id,
-                    &sample_id,
-                    &worker.as_str(),
-                    &expires_at,
-                ],
+                &claim,
             )?;
             taken_over
         };

@@ -226,17 +226,8 @@ pub(crate) struct DiversifyArgs {
     /// Nucleus sampling mass (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
-    /// Where attempts are judged (cuda: torch with CUDA, and nvcc on PATH).
-    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
-    pub device: DeviceKind,
-    /// Keep an attempt only when the lower end of its speedup's 95 % interval reaches this.
-    #[arg(long, value_name = "X", default_value_t = dice_curate::DEFAULT_MIN_SPEEDUP)]
-    pub min_speedup: f64,
-    /// Judge the attempts again, accepting stores judged with other settings.
-    #[arg(long)]
-    pub force: bool,
     #[command(flatten)]
-    pub judge: JudgeArgs,
+    pub judging: CurateJudgeArgs,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -265,18 +256,40 @@ pub(crate) struct VerifyArgs {
     /// The curate run folder (after `dice curate ingest`).
     #[arg(long, value_name = "RUN_DIR")]
     pub run: PathBuf,
+    #[command(flatten)]
+    pub judging: CurateJudgeArgs,
+}
+
+/// How `verify` and `diversify` judge pairs and which they keep.
+#[derive(Args, Debug)]
+pub(crate) struct CurateJudgeArgs {
     /// Where pairs are judged (cuda: torch with CUDA, and nvcc on PATH).
     #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
     pub device: DeviceKind,
     /// Keep a pair only when the lower end of its speedup's 95 % interval reaches this.
     #[arg(long, value_name = "X", default_value_t = dice_curate::DEFAULT_MIN_SPEEDUP)]
     pub min_speedup: f64,
-    /// Judge every pair again, accepting a store judged with other settings or for other pairs
+    /// Judge everything again, accepting a store judged with other settings or for other pairs
     /// (after ingesting other inputs).
     #[arg(long)]
     pub force: bool,
     #[command(flatten)]
     pub judge: JudgeArgs,
+}
+
+impl CurateJudgeArgs {
+    /// The evaluator's settings for the judge store of `run`, with a progress bar.
+    fn eval_config(&self, run: &RunDir) -> EvalConfig {
+        let mut judging = EvalConfig::new(run.judge_store(), String::new());
+        judging.set_device(match self.device {
+            DeviceKind::Cpu => Device::Cpu,
+            DeviceKind::Cuda => Device::Cuda,
+        });
+        self.judge.apply(&mut judging);
+        judging.force = self.force;
+        judging.progress = true;
+        judging
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -392,15 +405,8 @@ fn ingest(a: &IngestArgs) -> Result<()> {
 
 fn verify(a: &VerifyArgs) -> Result<()> {
     let run = RunDir::new(&a.run);
-    let mut judging = EvalConfig::new(run.judge_store(), String::new());
-    judging.set_device(match a.device {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Cuda => Device::Cuda,
-    });
-    a.judge.apply(&mut judging);
-    judging.force = a.force;
-    judging.progress = true;
-    let s = dice_curate::verify(&run, judging, a.min_speedup)?;
+    let judging = a.judging.eval_config(&run);
+    let s = dice_curate::verify(&run, judging, a.judging.min_speedup)?;
     println!(
         "kept {} of {} pairs (speedup's lower bound >= {}x)",
         s.kept, s.pairs, s.min_speedup
@@ -492,7 +498,7 @@ fn diversify(a: &DiversifyArgs) -> Result<()> {
         variants: a.variants,
         seed: a.seed,
         attempts: a.attempts,
-        min_speedup: a.min_speedup,
+        min_speedup: a.judging.min_speedup,
     };
     let settings = DecodeSettings {
         temperature: Some(a.temperature),
@@ -511,14 +517,7 @@ fn diversify(a: &DiversifyArgs) -> Result<()> {
         params: settings.over(&DecodeParams::dice_eval(a.max_new_tokens))?,
     };
     let run = RunDir::new(&a.run);
-    let mut judging = EvalConfig::new(run.judge_store(), String::new());
-    judging.set_device(match a.device {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Cuda => Device::Cuda,
-    });
-    a.judge.apply(&mut judging);
-    judging.force = a.force;
-    judging.progress = true;
+    let judging = a.judging.eval_config(&run);
     let mut bar: Option<ProgressBar> = None;
     let s = dice_curate::diversify(
         &run,
