@@ -5,7 +5,7 @@
 mod postgres_server;
 mod records;
 
-use dice_store::{SampleExtras, Store, WorkerId};
+use dice_store::{ProblemRecord, SampleExtras, Store, WorkerId};
 use postgres_server::PostgresServer;
 use records::correct_sample;
 use std::time::{Duration, Instant};
@@ -75,4 +75,35 @@ fn a_sample_stored_while_claimed_is_finished_not_claimed_again() {
     assert!(bob.samples.is_empty(), "claimed again: {bob:?}");
     assert_eq!(bob.finished, [key]);
     assert!(alice_store.claim_holders().unwrap().is_empty());
+}
+
+/// Problems' source hashes read back from PostgreSQL as from SQLite, run by run (what
+/// `dice curate export --difficulty run` matches tasks by).
+#[test]
+fn problem_sources_read_back_as_from_sqlite() {
+    let Some(server) = PostgresServer::start() else {
+        return;
+    };
+    let problems = [(2, "b2"), (1, "a1"), (3, "c3")].map(|(problem_id, sha256)| {
+        let problem = ProblemRecord {
+            level: 1,
+            problem_id,
+            name: format!("{problem_id}_Test.py"),
+            reference_error: None,
+        };
+        (problem, sha256.to_string())
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut sqlite = Store::open(&dir.path().join("dice.db")).unwrap();
+    let mut postgres = Store::open_postgres(&server.url(), "sources").unwrap();
+    let mut other_run = Store::open_postgres(&server.url(), "other").unwrap();
+    other_run.add_problems(&problems[..1]).unwrap();
+    for store in [&mut sqlite, &mut postgres] {
+        store.add_problems(&problems).unwrap();
+    }
+    let expected = [((1, 1), "a1"), ((1, 2), "b2"), ((1, 3), "c3")]
+        .map(|(key, sha256)| (key, sha256.to_string()));
+    assert_eq!(sqlite.problem_sources().unwrap(), expected);
+    assert_eq!(postgres.problem_sources().unwrap(), expected);
+    assert_eq!(other_run.problem_sources().unwrap(), [expected[1].clone()]);
 }
