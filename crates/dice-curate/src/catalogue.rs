@@ -9,7 +9,7 @@
 //! variant count give the same files, and an entry's draws do not depend on which other
 //! entries are asked for.
 
-use dice_eval::Precision;
+use dice_eval::{Precision, SplitMix64};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt::Write;
@@ -602,7 +602,7 @@ fn render(component: Component, shape: &Shape, precision: Precision) -> Catalogu
 
 /// SplitMix64 seeded by the run's seed, the entry and the variant: each entry's draws are its
 /// own.
-struct SplitMix(u64);
+struct SplitMix(SplitMix64);
 
 impl SplitMix {
     fn new(seed: u64, entry: &str, variant: u32) -> SplitMix {
@@ -610,21 +610,13 @@ impl SplitMix {
         let name = entry.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
         });
-        SplitMix(
+        SplitMix(SplitMix64(
             seed ^ name.rotate_left(17) ^ u64::from(variant).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-        )
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        ))
     }
 
     fn pick<'a, T>(&mut self, choices: &'a [T]) -> &'a T {
-        &choices[(self.next() % choices.len() as u64) as usize]
+        &choices[self.0.below(choices.len())]
     }
 }
 

@@ -11,6 +11,7 @@
 //! 0.9999, one with 0.5 with probability 0.06; every candidate is then checked exactly, so the
 //! hashing only decides which pairs are compared.
 
+use dice_eval::SplitMix64;
 use regex::Regex;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeSet, HashMap};
@@ -80,12 +81,10 @@ pub fn jaccard(a: &BTreeSet<u64>, b: &BTreeSet<u64>) -> f64 {
     a.intersection(b).count() as f64 / union as f64
 }
 
-/// SplitMix64: the `i`-th hash function of the MinHash family is `mix(x ^ mix(i))`.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+/// SplitMix64's first output from `x`: the `i`-th hash function of the MinHash family is
+/// `mix(x ^ mix(i))`.
+fn mix(x: u64) -> u64 {
+    SplitMix64(x).next_u64()
 }
 
 fn signature(shingles: &BTreeSet<u64>) -> Vec<u64> {

@@ -109,4 +109,5 @@ pub use excerpt::Excerpt;
 pub use judge::{evaluate, Judge};
 pub use prebuild::{prebuild, BuildSummary, Shard};
 pub use runtime::Finding;
+pub use stats::SplitMix64;
 pub use writer::Summary;

@@ -121,11 +121,11 @@ pub(crate) fn speedup_interval(
     })
 }
 
-/// A small seeded generator for the bootstrap (SplitMix64).
-struct SplitMix64(u64);
+/// A small seeded generator (SplitMix64): the bootstrap's, and curation's draws and hashes.
+pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
-    fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -134,8 +134,8 @@ impl SplitMix64 {
     }
 
     /// Uniform in `0..n` (n > 0); the modulo bias is far below the bootstrap's own error.
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
     }
 }
 
