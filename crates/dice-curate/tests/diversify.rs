@@ -3,18 +3,20 @@
 //! rounds, each is recorded with its verdict, a rerun asks and judges nothing; and export takes
 //! the pairs diversify kept.
 
+mod common;
+
+use common::judging;
 use dice_curate::catalogue::{draw, Scale, COMPONENTS};
 use dice_curate::{
     diversify, export, Difficulty, DiversifyOptions, ExportOptions, KernelPrompt, KernelWriter,
     Pair, RunDir, SftFormat,
 };
-use dice_eval::{EvalConfig, Precision};
+use dice_eval::Precision;
 use dice_kernelbench::prompt::one_shot_prompt;
 use serde_json::Value;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::Duration;
 
 /// Answers attempt 0 without a program, attempt 1 with the reference itself as `ModelNew`
 /// (correct, and no faster than the reference).
@@ -45,16 +47,6 @@ impl KernelWriter for ReferenceWriter {
     }
 }
 
-fn judging() -> EvalConfig {
-    let mut cfg = EvalConfig::new("unused".into(), "unused".into());
-    cfg.build_cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-curate-build-cache");
-    cfg.timeout = Duration::from_secs(60);
-    cfg.correctness_trials = 2;
-    cfg.perf_trials = 8;
-    cfg.timing_rounds = 2;
-    cfg
-}
-
 #[test]
 fn every_tiny_entry_is_judged_and_a_rerun_does_nothing() {
     let options = DiversifyOptions {
@@ -78,7 +70,7 @@ fn every_tiny_entry_is_judged_and_a_rerun_does_nothing() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let run = RunDir::new(tmp.path().join("run"));
-    let summary = diversify(&run, &options, &judging(), &writer, &mut |_| {}).unwrap();
+    let summary = diversify(&run, &options, &judging(2, 8, 2), &writer, &mut |_| {}).unwrap();
 
     let attempts: Vec<Value> = std::fs::read_to_string(run.diversify_attempts())
         .unwrap()
@@ -119,7 +111,7 @@ fn every_tiny_entry_is_judged_and_a_rerun_does_nothing() {
     let modified = |path: &Path| std::fs::metadata(path).unwrap().modified().unwrap();
     let before: Vec<_> = stores.iter().map(|s| modified(s)).collect();
     let first = std::fs::read(run.diversify_attempts()).unwrap();
-    let again = diversify(&run, &options, &judging(), &writer, &mut |_| {}).unwrap();
+    let again = diversify(&run, &options, &judging(2, 8, 2), &writer, &mut |_| {}).unwrap();
     assert_eq!(again, summary);
     assert_eq!(writer.prompts.get(), 30);
     assert_eq!(std::fs::read(run.diversify_attempts()).unwrap(), first);
@@ -128,7 +120,7 @@ fn every_tiny_entry_is_judged_and_a_rerun_does_nothing() {
 
     // Other draw settings are refused in this run folder.
     let other = DiversifyOptions { seed: 4, ..options };
-    let refused = diversify(&run, &other, &judging(), &writer, &mut |_| {}).unwrap_err();
+    let refused = diversify(&run, &other, &judging(2, 8, 2), &writer, &mut |_| {}).unwrap_err();
     assert!(refused.to_string().contains("other settings"), "{refused}");
 }
 

@@ -2,25 +2,16 @@
 //! wrong one, a deceptive one, an exact duplicate and a problem without a kernel, each landing
 //! where it should; verifying again changes nothing.
 
+mod common;
+
+use common::judging;
 use dice_curate::{
     export, ingest, verify, write_report, Difficulty, ExportOptions, RunDir, SftFormat,
     DEFAULT_MIN_SPEEDUP,
 };
-use dice_eval::EvalConfig;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
-
-fn judging() -> EvalConfig {
-    let mut cfg = EvalConfig::new("unused".into(), "unused".into());
-    cfg.build_cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-curate-build-cache");
-    cfg.timeout = Duration::from_secs(60);
-    cfg.correctness_trials = 3;
-    cfg.perf_trials = 48;
-    cfg.timing_rounds = 8;
-    cfg
-}
 
 #[test]
 fn each_fixture_pair_lands_where_it_should() {
@@ -38,7 +29,7 @@ fn each_fixture_pair_lands_where_it_should() {
     );
     assert_eq!(ingested.problem_only, 1);
 
-    let summary = verify(&run, judging(), DEFAULT_MIN_SPEEDUP).unwrap();
+    let summary = verify(&run, judging(3, 48, 8), DEFAULT_MIN_SPEEDUP).unwrap();
     let pairs = run.read_pairs().unwrap();
     let verified = run.read_verified().unwrap();
     let by_origin: BTreeMap<String, &dice_curate::VerifiedPair> = verified
@@ -159,7 +150,7 @@ fn each_fixture_pair_lands_where_it_should() {
     // Every pair is in the store: verifying again judges nothing and writes the same file.
     let first = std::fs::read(run.verified()).unwrap();
     assert_eq!(
-        verify(&run, judging(), DEFAULT_MIN_SPEEDUP).unwrap(),
+        verify(&run, judging(3, 48, 8), DEFAULT_MIN_SPEEDUP).unwrap(),
         summary
     );
     assert_eq!(std::fs::read(run.verified()).unwrap(), first);
