@@ -52,18 +52,17 @@ fn verify_command(run: &Path) -> Command {
     command
 }
 
+/// `dice curate ingest --run RUN INPUT`, which must succeed.
+fn ingest(run: &Path, input: &Path) {
+    let out = dice(&["curate", "ingest", "--run", path_arg(run), path_arg(input)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
 #[test]
 fn curate_run_survives_kill_9_and_exports_trainable_data() {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    let out = dice(&[
-        "curate",
-        "ingest",
-        "--run",
-        path_arg(&run),
-        path_arg(&fixture()),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    ingest(&run, &fixture());
 
     let mut verifying = verify_command(&run)
         .stdout(Stdio::null())
@@ -267,14 +266,7 @@ fn export_levels_come_from_a_run_or_dice_serve_and_load_for_rl() {
     let input = tmp.path().join("problems.json");
     std::fs::write(&input, serde_json::to_string(&problems).unwrap()).unwrap();
     let run = tmp.path().join("run");
-    let out = dice(&[
-        "curate",
-        "ingest",
-        "--run",
-        path_arg(&run),
-        path_arg(&input),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    ingest(&run, &input);
     let pairs: Vec<serde_json::Value> = std::fs::read_to_string(run.join("pairs.jsonl"))
         .unwrap()
         .lines()
