@@ -61,6 +61,7 @@ class Timer:
         self.last = None
         self.reused = None
         self.started = False
+        self.untimed_calls = 0  # made by the last run before its timed ones
         self.cuda = setup.device.type == "cuda"
         self.l2 = persisting_l2.Guard(setup.device)
 
@@ -70,8 +71,9 @@ class Timer:
         self.l2.reset()
         try:
             with torch.set_grad_enabled(not self.baseline):
+                self.untimed_calls = 0
                 if not self.started:
-                    self._warm_up()
+                    self.untimed_calls = self._warm_up() + self.method.discard_first
                     self.started = True
                     for _ in range(self.method.discard_first):
                         self._trial()
@@ -87,6 +89,7 @@ class Timer:
             self.setup.sync()
         if self.cuda and self.method.empty_cache:
             torch.cuda.empty_cache()
+        return warmups
 
     def _trial(self):
         if not self.cuda:

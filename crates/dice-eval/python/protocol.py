@@ -139,6 +139,7 @@ class Timer:
         self.sets = [setup.inputs(problem, seed) for seed in setup.seeds.timing]
         self.buffers = [v.clone() if isinstance(v, torch.Tensor) else v for v in self.sets[0]]
         self.calls = 0
+        self.untimed_calls = 0  # made by the last run before its timed ones: the warm-ups
         self.kept = [[] for _ in self.sets]
         self.alive = [None] * len(self.sets)
         self.last = [None] * len(self.sets)
@@ -161,9 +162,9 @@ class Timer:
         gc.disable()
         try:
             with torch.no_grad():
-                if self.calls == 0:
-                    for _ in range(WARMUP_CALLS):
-                        self._call(0)
+                self.untimed_calls = WARMUP_CALLS if self.calls == 0 else 0
+                for _ in range(self.untimed_calls):
+                    self._call(0)
                 return [self._timed(self.calls % len(self.sets), final=i >= n - len(self.sets)) for i in range(n)]
         finally:
             if collecting:

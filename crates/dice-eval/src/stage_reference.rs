@@ -7,6 +7,7 @@ use crate::clock::StageClock;
 use crate::config::EvalProblem;
 use crate::gate::Access;
 use crate::job::{common_request, times_of, JobContext};
+use crate::runtime::TimedRound;
 use crate::zygote::Zygote;
 use dice_store::Verdict;
 use serde_json::{json, Value};
@@ -251,12 +252,9 @@ impl Reference {
         }))
     }
 
-    /// Timings of `n` calls in ms, and the evaluator-side wall time of the batch.
-    pub(crate) fn time(
-        &mut self,
-        ctx: &JobContext,
-        n: u32,
-    ) -> Result<(Vec<f64>, f64), ReferenceFailed> {
+    /// A round of `n` timed calls: their times in ms as the reference reported them, the
+    /// evaluator-side wall time of the round, and the untimed warm-up calls it made first.
+    pub(crate) fn time(&mut self, ctx: &JobContext, n: u32) -> Result<TimedRound, ReferenceFailed> {
         let started = Instant::now();
         let reply = self.request(
             ctx,
@@ -267,7 +265,13 @@ impl Reference {
         if let Some(found) = reply["persisting_l2"].as_str() {
             self.environment_l2 = Some(found.to_string());
         }
-        Ok((times_of(&reply), started.elapsed().as_secs_f64() * 1e3))
+        Ok(TimedRound {
+            reported_ms: times_of(&reply),
+            wall_ms: started.elapsed().as_secs_f64() * 1e3,
+            warmup_calls: reply["untimed"]
+                .as_u64()
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        })
     }
 
     pub(crate) fn close(self) {

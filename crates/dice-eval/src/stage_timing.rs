@@ -225,12 +225,7 @@ fn measure(
                 warmup_calls,
             });
         } else {
-            let (reported_ms, wall_ms) = reference.time(ctx, n)?;
-            baseline.push(TimedRound {
-                reported_ms,
-                wall_ms,
-                warmup_calls: 0,
-            });
+            baseline.push(reference.time(ctx, n)?);
         }
     }
     Ok(Ok((candidate, baseline)))
