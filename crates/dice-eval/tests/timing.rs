@@ -104,6 +104,8 @@ fn a_forged_clock_is_caught_and_earns_no_speedup() {
     assert!(timer_inconsistent(forger), "{forger:#?}");
     assert!(forger.deceptive);
     assert_eq!(forger.speedup_interval, None);
+    // Measured again for as long as allowed: every round contradicts it, not a burst of load.
+    assert_eq!(forger.timing_remeasures, 2, "{forger:#?}");
 
     assert_eq!(honest.verdict, Verdict::Correct, "{honest:?}");
     assert!(!timer_inconsistent(honest), "{honest:#?}");

@@ -118,6 +118,8 @@ pub(crate) struct JudgeArgs {
     #[arg(long, value_name = "CV", default_value_t = 0.15)]
     pub remeasure_above_cv: f64,
     /// Measurements made again at most, per candidate; the last one is stored, with the count.
+    /// A candidate is also measured again while the evaluator's wall clock contradicts the
+    /// times it reports (a forged clock contradicts every round; a burst of load, a few).
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub max_remeasures: u32,
     /// atol = rtol of the correctness check (KernelBench v0.1 / DICE: 1e-2).
