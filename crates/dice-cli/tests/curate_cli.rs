@@ -254,6 +254,33 @@ fn diversify_asks_dice_serve_and_records_each_attempt() {
 }
 
 #[test]
+fn diversify_refuses_settings_that_cannot_apply_in_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let refused = |extra: &[&str], why: &str| {
+        let mut args = vec![
+            "curate",
+            "diversify",
+            "--run",
+            path_arg(&run),
+            "--endpoint",
+            "http://127.0.0.1:9/v1",
+            "--model-name",
+            "tiny",
+        ];
+        args.extend_from_slice(extra);
+        let out = dice(&args);
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(why), "{err}");
+    };
+    refused(&["--precision", "bf16"], "--precision does not apply");
+    refused(&["--attempts", "3", "--top-k", "1"], "greedy decoding");
+    assert!(!run.exists());
+}
+
+#[test]
 fn export_levels_come_from_a_run_or_dice_serve_and_load_for_rl() {
     // The fixture's references as problem-only records: export needs no verify.
     let tmp = tempfile::tempdir().unwrap();

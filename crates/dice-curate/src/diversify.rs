@@ -22,7 +22,8 @@ use crate::verify::{category, decide};
 use crate::{Pair, VerifiedPair};
 use anyhow::{bail, Result};
 use dice_eval::{
-    Batch, EvalConfig, EvalProblem, EvalSample, Evaluator, SampleRecord, StaticAudit, Store,
+    Batch, EvalConfig, EvalProblem, EvalSample, Evaluator, Precision, SampleRecord, StaticAudit,
+    Store,
 };
 use dice_kernelbench::extract_first_code;
 use dice_kernelbench::prompt::one_shot_prompt;
@@ -50,6 +51,9 @@ pub struct DiversifyOptions {
     /// Attempts per problem, at most.
     pub attempts: u32,
     pub min_speedup: f64,
+    /// Judge each problem at KernelBench HEAD's tolerance for its dtype (fp32 1e-4, fp16 and
+    /// bf16 1e-2) instead of the judging settings' atol and rtol.
+    pub kernelbench_tolerance: bool,
 }
 
 /// One request for a kernel: KernelBench's one-shot prompt of a problem.
@@ -116,8 +120,9 @@ pub enum Progress {
 }
 
 /// Draws the problems, asks `writer` for kernels and judges them with `judging` (its device,
-/// trials and tolerances are the caller's; its store, precision, source and strictness are set
-/// here) until each problem has a kept attempt or `options.attempts`.
+/// trials and tolerances are the caller's, unless `options.kernelbench_tolerance`; its store,
+/// precision, source and strictness are set here) until each problem has a kept attempt or
+/// `options.attempts`.
 pub fn diversify(
     run: &RunDir,
     options: &DiversifyOptions,
@@ -130,6 +135,11 @@ pub fn diversify(
     }
     run.create()?;
     let problems = problems_of_run(run, options)?;
+    let settings = StoreSettings {
+        judging,
+        kernelbench_tolerance: options.kernelbench_tolerance,
+        source: format!("dice curate diversify {}", problems_digest(&problems)),
+    };
     let index: HashMap<&str, usize> = problems
         .iter()
         .enumerate()
@@ -202,7 +212,7 @@ pub fn diversify(
             .collect();
         judge_round(
             run,
-            judging,
+            &settings,
             &problems,
             attempt,
             &programs,
@@ -277,7 +287,7 @@ impl Judged {
 /// holds every one of them already is only read.
 fn judge_round(
     run: &RunDir,
-    judging: &EvalConfig,
+    settings: &StoreSettings<'_>,
     problems: &[CatalogueProblem],
     attempt: u32,
     programs: &[(usize, Option<String>)],
@@ -301,15 +311,11 @@ fn judge_round(
                 known.records.contains_key(&(*i, attempt)) || known.reference_errors.contains_key(i)
             })
         };
-        if !stored || judging.force {
+        if !stored || settings.judging.force {
             let evaluator = match evaluators.entry(db.clone()) {
                 Entry::Occupied(e) => e.into_mut(),
                 Entry::Vacant(e) => {
-                    let mut config = judging.clone();
-                    config.db = db.clone();
-                    config.precision = precision;
-                    config.strict = true;
-                    config.source = format!("dice curate diversify {}", problems_digest(problems));
+                    let config = settings.config(db.clone(), precision);
                     let audit = Arc::new(StaticAudit { strict: true });
                     e.insert(Evaluator::start(config, Some(audit))?)
                 }
@@ -407,6 +413,30 @@ fn write_outcomes(
     Ok(summary)
 }
 
+/// How the store of each precision judges: the caller's settings, in strict mode, at the
+/// precision of its problems and, under `kernelbench_tolerance`, at that dtype's tolerance.
+struct StoreSettings<'a> {
+    judging: &'a EvalConfig,
+    kernelbench_tolerance: bool,
+    /// Names the drawn problems, so a store judged for other problems is refused.
+    source: String,
+}
+
+impl StoreSettings<'_> {
+    fn config(&self, db: PathBuf, precision: Precision) -> EvalConfig {
+        let mut config = self.judging.clone();
+        config.db = db;
+        config.precision = precision;
+        if self.kernelbench_tolerance {
+            config.atol = precision.kernelbench_tolerance();
+            config.rtol = config.atol;
+        }
+        config.strict = true;
+        config.source.clone_from(&self.source);
+        config
+    }
+}
+
 fn problems_digest(problems: &[CatalogueProblem]) -> String {
     let mut hasher = Sha256::new();
     for problem in problems {
@@ -414,4 +444,42 @@ fn problems_digest(problems: &[CatalogueProblem]) -> String {
         hasher.update([0]);
     }
     hex::encode(hasher.finalize())[..16].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_store_judges_at_its_precision_and_under_kernelbench_tolerance_at_its_dtypes() {
+        let mut judging = EvalConfig::new(PathBuf::from("judge.db"), "verify".into());
+        judging.atol = 0.05;
+        judging.rtol = 0.05;
+        let mut settings = StoreSettings {
+            judging: &judging,
+            kernelbench_tolerance: false,
+            source: "dice curate diversify 0123".into(),
+        };
+        let bf16 = settings.config("diversify-bf16.db".into(), Precision::Bf16);
+        assert_eq!(bf16.db, PathBuf::from("diversify-bf16.db"));
+        assert_eq!(
+            (bf16.precision, bf16.atol, bf16.rtol),
+            (Precision::Bf16, 0.05, 0.05)
+        );
+        assert!(bf16.strict);
+        assert_eq!(bf16.source, "dice curate diversify 0123");
+        settings.kernelbench_tolerance = true;
+        for (precision, tolerance) in [
+            (Precision::Fp32, 1e-4),
+            (Precision::Fp16, 1e-2),
+            (Precision::Bf16, 1e-2),
+        ] {
+            let config = settings.config("store.db".into(), precision);
+            assert_eq!(
+                (config.atol, config.rtol),
+                (tolerance, tolerance),
+                "{precision:?}"
+            );
+        }
+    }
 }

@@ -56,6 +56,7 @@ fn every_tiny_entry_is_judged_and_a_rerun_does_nothing() {
         seed: 3,
         attempts: 2,
         min_speedup: 2.0,
+        kernelbench_tolerance: false,
     };
     let problems = draw(&options.components, options.scale, 1, options.seed);
     assert_eq!(problems.len(), COMPONENTS.len());

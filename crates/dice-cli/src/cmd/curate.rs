@@ -94,7 +94,8 @@ Each entry is drawn --variants times at shapes and a dtype (fp32, bf16; at --sca
 also fp16) from --seed: the same flags draw the same problems. --scale tiny draws tens of
 elements per dimension (CPU tests); --scale kernelbench the sizes of KernelBench and real LLM
 layers. Every problem is a KernelBench file (Model, get_inputs, get_init_inputs) whose tensors
-and parameters are made in its dtype; it is judged at that precision (--precision is ignored).
+and parameters are made in its dtype; it is judged at that precision (so --precision is refused),
+and --kernelbench-tolerance takes the tolerance of that dtype.
 
 Attempts go in rounds: each sends KernelBench's one-shot prompt of every problem without a
 kept attempt to the endpoint (chat completions), extracts the answer's first fenced program and
@@ -480,6 +481,10 @@ fn diversify(a: &DiversifyArgs) -> Result<()> {
     {
         bail!("--components: no catalogue entry is called {unknown} (see `dice curate diversify --help`)");
     }
+    ensure!(
+        a.judging.judge.precision.is_none(),
+        "--precision does not apply to diversify: each drawn problem is judged in its own dtype (see `dice curate diversify --help`)"
+    );
     let components = COMPONENTS
         .into_iter()
         .filter(|c| {
@@ -499,6 +504,7 @@ fn diversify(a: &DiversifyArgs) -> Result<()> {
         seed: a.seed,
         attempts: a.attempts,
         min_speedup: a.judging.min_speedup,
+        kernelbench_tolerance: a.judging.judge.kernelbench_tolerance,
     };
     let settings = DecodeSettings {
         temperature: Some(a.temperature),

@@ -134,9 +134,9 @@ pub(crate) struct JudgeArgs {
     #[arg(long)]
     pub kernelbench_tolerance: bool,
     /// The dtype floating-point inputs and parameters are cast to, for the reference and the
-    /// candidate alike.
-    #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
-    pub precision: PrecisionArg,
+    /// candidate alike [default: fp32].
+    #[arg(long, value_enum)]
+    pub precision: Option<PrecisionArg>,
     /// What speedups are measured against.
     #[arg(long, value_enum, default_value_t = BaselineArg::Eager)]
     pub baseline: BaselineArg,
@@ -335,7 +335,7 @@ impl JudgeArgs {
         };
         cfg.remeasure_above_cv = self.remeasure_above_cv;
         cfg.max_remeasures = self.max_remeasures;
-        cfg.precision = match self.precision {
+        cfg.precision = match self.precision.unwrap_or(PrecisionArg::Fp32) {
             PrecisionArg::Fp32 => Precision::Fp32,
             PrecisionArg::Fp16 => Precision::Fp16,
             PrecisionArg::Bf16 => Precision::Bf16,
