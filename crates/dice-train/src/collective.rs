@@ -56,6 +56,12 @@ pub trait Collective: Send + Sync {
 
     /// Returns once every rank has called it.
     fn barrier(&self) -> Result<()>;
+
+    /// Whether the ranks met at a rendezvous (torchrun's, or `--nproc-per-node`'s, even a
+    /// single rank): CUDA ranks then talk through NCCL ([`for_device`]).
+    fn met_at_rendezvous(&self) -> bool {
+        true
+    }
 }
 
 /// One rank alone: every collective is the identity.
@@ -105,6 +111,10 @@ impl Collective for SingleProcess {
     fn barrier(&self) -> Result<()> {
         Ok(())
     }
+
+    fn met_at_rendezvous(&self) -> bool {
+        false
+    }
 }
 
 /// The part of `0..len` that rank `rank` of `world` takes: contiguous shares in rank order, the
@@ -115,11 +125,12 @@ pub fn contiguous_share(len: usize, rank: usize, world: usize) -> std::ops::Rang
     start..start + size + usize::from(rank < longer)
 }
 
-/// The collective the ranks of a run on `device` use: NCCL between CUDA ranks when there are
-/// several (in a binary built with the `cuda` feature; see [`crate::nccl`]), `collective`
+/// The collective the ranks of a run on `device` use: NCCL between CUDA ranks that met at a
+/// rendezvous, as torchrun's ranks use it (in a binary built with the `cuda` feature; see
+/// [`crate::nccl`]), even one alone, so that one GPU can check the NCCL path; `collective`
 /// itself otherwise. NCCL's id travels over `collective`.
 pub fn for_device(collective: Box<dyn Collective>, device: &Device) -> Result<Box<dyn Collective>> {
-    if device.is_cuda() && collective.world_size() > 1 {
+    if device.is_cuda() && collective.met_at_rendezvous() {
         return nccl_group(&*collective, device);
     }
     Ok(collective)
@@ -687,6 +698,15 @@ mod tests {
                 .unwrap();
             assert_eq!(values, [1.5, 7.0]);
         }
+    }
+
+    #[test]
+    fn ranks_of_a_rendezvous_even_one_would_use_nccl_on_cuda_and_a_lone_process_not() {
+        assert!(!SingleProcess.met_at_rendezvous());
+        assert_eq!(on_ranks(1, |group| group.met_at_rendezvous()), [true]);
+        // On the CPU every collective stays what it is.
+        let lone = for_device(Box::new(SingleProcess), &Device::Cpu).unwrap();
+        assert!(!lone.met_at_rendezvous());
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! communicator has been created by it yet.
 //!
 //! The ranks meet through an existing collective (the torchrun rendezvous's
-//! [`crate::collective::TcpGroup`]), over which rank 0 broadcasts the NCCL unique id; NCCL then
-//! connects the GPUs itself. The communicator runs on the candle device's stream, so its
+//! [`crate::collective::TcpGroup`], of one rank too: `--nproc-per-node 1` checks this path on a
+//! single GPU), over which rank 0 broadcasts the NCCL unique id; NCCL then connects the GPUs
+//! itself. The communicator runs on the candle device's stream, so its
 //! operations are ordered with the model's kernels without extra synchronisation.
 //!
 //! NCCL adds the ranks' buffers in the order of its ring or tree, not in rank order: sums over

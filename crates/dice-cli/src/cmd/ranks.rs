@@ -9,8 +9,9 @@ use std::ffi::OsString;
 
 #[derive(Args, Debug)]
 pub(crate) struct RankArgs {
-    /// Train with N ranks on this machine (one per GPU with --device cuda), as torchrun's
-    /// --nproc-per-node starts them; each step's work is shared out among them. Launched by
+    /// Train with N ranks on this machine (one per GPU with --device cuda, talking through NCCL,
+    /// even N = 1), as torchrun's --nproc-per-node starts them; each step's work is shared out
+    /// among them. Launched by
     /// torchrun, Slurm or Kubernetes instead, the ranks read RANK, WORLD_SIZE, LOCAL_RANK,
     /// MASTER_ADDR and MASTER_PORT [default: 1].
     #[arg(long, value_name = "N")]

@@ -77,8 +77,9 @@ norm adds the shards' squared norms over the ranks, each rank updates its shard 
 are all-gathered into every rank's weights. The weights are those of stage 0 (the default:
 every rank holds everything), bit for bit on the CPU. Checkpoints gather the state on
 rank 0 and hold the same optimizer.safetensors at every stage, so a run resumes with any stage.
-With --device cuda and several ranks, the ranks meet at the rendezvous and then talk through
-NCCL, one GPU per rank (a binary built with --features cuda; this path has not yet run on a GPU).
+With --device cuda, ranks that met at a rendezvous (started by --nproc-per-node or torchrun, even
+one alone) talk through NCCL, one GPU per rank, so --nproc-per-node 1 checks the NCCL path on a
+single GPU (a binary built with --features cuda; this path has not yet run on a GPU).
 
 Data. Records are LlamaFactory's: --dataset-info names a dataset_info.json (or the folder holding
 it) whose --dataset entries give file_name (relative to that folder; a folder means its files in

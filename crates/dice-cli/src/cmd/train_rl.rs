@@ -84,7 +84,7 @@ them all (tested bit for bit on the CPU); with several groups per rank the order
 differs, and each rank pads its replay samples to its own longest prompt and response, which
 can change the last bits. Rank 0 alone writes checkpoints, final/, config.toml and the metrics
 (give every rank the same --out on a shared file system); a run resumes with the same number
-of ranks. Not yet run on GPUs: NCCL between CUDA ranks is dice train sft's, tested there.
+of ranks. CUDA ranks talk through NCCL as dice train sft's do (not yet run on a GPU).
 
 --dry-run reads the tasks, renders and tokenizes every prompt and prints the tasks per level,
 the prompt lengths and the levels each step draws, without loading the weights.
