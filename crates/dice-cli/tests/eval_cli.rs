@@ -83,6 +83,11 @@ fn evaluates_resumes_and_refuses_changed_settings() {
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    let more_rounds = dice_eval(&[&args[..], &["--timing-rounds", "2"]].concat(), &run);
+    assert!(!more_rounds.status.success());
+    let err = text(&more_rounds.stderr);
+    assert!(err.contains("(timing rounds)"), "{err}");
 }
 
 #[test]

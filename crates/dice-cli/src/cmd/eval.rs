@@ -98,6 +98,12 @@ pub(crate) struct JudgeArgs {
     /// Timed calls of each correct candidate and of its baseline (0: no timing).
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub perf_trials: u32,
+    /// Rounds the timed calls of each side are made in (at most --perf-trials; under --timing
+    /// dice the sides alternate round by round). The speedup's interval and the check of the
+    /// candidate's clock against the evaluator's work over rounds, so more rounds make both
+    /// surer, and a burst of load in one round weighs less.
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub timing_rounds: u32,
     /// Keep the machine quiet while a candidate is timed (the default): the compile stage's
     /// processes (imports, compiler jobs) are stopped during timing windows, for at most
     /// --quiet-timing-share of any 30 s, and go on after them, their time limit not counting the
@@ -328,6 +334,7 @@ impl JudgeArgs {
         cfg.correctness_trials = self.correctness_trials.max(1);
         cfg.seed = self.input_seed;
         cfg.perf_trials = self.perf_trials;
+        cfg.timing_rounds = self.timing_rounds;
         cfg.quiet_timing_share = if self.no_quiet_timing && !self.quiet_timing {
             0.0
         } else {
