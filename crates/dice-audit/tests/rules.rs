@@ -454,6 +454,11 @@ fn file_writes_are_judged_by_mode_and_path() {
         "pathlib.Path('out.txt').write_text('x')",
         "import shutil\nshutil.rmtree('/tmp/cache')",
         "from shutil import copyfile",
+        // Out of a fresh temporary folder, or into one that was not made fresh.
+        "import os, tempfile\nD = tempfile.mkdtemp()\nopen(os.path.join(D, '../../x.cu'), 'w')",
+        "import os, tempfile\nD = tempfile.mkdtemp()\nopen(os.path.join(D, '/etc/x'), 'w')",
+        "import tempfile\nD = pathlib.Path(tempfile.mkdtemp())\n(D / '..' / 'x').write_text('y')",
+        "import os, tempfile\nD = tempfile.gettempdir()\nopen(os.path.join(D, 'x.cu'), 'w')",
     ] {
         assert!(
             has(
@@ -470,6 +475,11 @@ fn file_writes_are_judged_by_mode_and_path() {
         "pathlib.Path('/tmp/x').open()",
         "import tempfile\nBUILD = tempfile.mkdtemp()",
         "import shutil\nNVCC = shutil.which('nvcc')",
+        // Sources written into a folder tempfile made for this process, to build from.
+        "import os, tempfile\nD = tempfile.mkdtemp()\nP = os.path.join(D, 'relu.cu')\nopen(P, 'w')",
+        "import os, tempfile\nopen(os.path.join(tempfile.mkdtemp(), 'k', 'relu.cpp'), 'w')",
+        "import tempfile\nD = pathlib.Path(tempfile.mkdtemp())\n(D / 'relu.cu').open('w')",
+        "import tempfile\n(pathlib.Path(tempfile.mkdtemp()) / 'relu.cu').write_text('src')",
     ] {
         assert!(write(inside).findings.is_empty(), "{inside}");
     }

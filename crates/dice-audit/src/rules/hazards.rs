@@ -210,7 +210,13 @@ fn call(module: &PyModule, node: Node, report: &mut Report) {
             .child_by_field_name("attribute")
             .map(|a| module.text(a))
             .unwrap_or("");
+        let object = function.child_by_field_name("object");
         match method {
+            "write_text" | "write_bytes" | "touch"
+                if object.is_some_and(|o| in_fresh_temporary_folder(module, o, 0)) =>
+            {
+                return;
+            }
             "write_text" | "write_bytes" | "touch" | "symlink_to" | "hardlink_to" => {
                 report.error(
                     Rule::FileWriteOutsideWorkdir,
@@ -402,14 +408,8 @@ fn file_write(
     let literal = path
         .map(|p| strings::resolve(module, p))
         .filter(|p| p.complete);
-    let inside = literal.as_ref().is_some_and(|p| {
-        let p = p.text.as_str();
-        !p.is_empty()
-            && !p.starts_with('/')
-            && !p.starts_with('~')
-            && !p.split(['/', '\\']).any(|c| c == "..")
-    });
-    if inside {
+    let inside = literal.as_ref().is_some_and(|p| stays_below(&p.text));
+    if inside || path.is_some_and(|p| in_fresh_temporary_folder(module, p, 0)) {
         return;
     }
     let shown = literal
@@ -420,6 +420,72 @@ fn file_write(
         offset,
         format!("`{what}` writes to {shown}, outside the work folder"),
     );
+}
+
+/// A relative path that cannot climb out of the folder it is joined to.
+fn stays_below(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with('/')
+        && !path.starts_with('~')
+        && !path.split(['/', '\\']).any(|c| c == "..")
+}
+
+/// Whether `path` names a place inside a folder `tempfile.mkdtemp()` created for this process
+/// (directly, through a module-level name, or joined with literal relative parts by
+/// `os.path.join`, `pathlib.Path` or `/`): a fresh private folder, where honest programs write
+/// the sources they build, that nothing else reads.
+fn in_fresh_temporary_folder(module: &PyModule, path: Node, depth: usize) -> bool {
+    const MAX_DEPTH: usize = 8;
+    let path = strings::follow_name(module, path, 0);
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    let relative_literal = |node: Node| {
+        let part = strings::resolve(module, node);
+        part.complete && stays_below(&part.text)
+    };
+    match path.kind() {
+        "call" => {
+            let Some(function) = path
+                .child_by_field_name("function")
+                .and_then(|f| module.resolve(f))
+            else {
+                return false;
+            };
+            let args: Vec<Node> = path
+                .child_by_field_name("arguments")
+                .map(named_children)
+                .unwrap_or_default();
+            match function.as_str() {
+                "tempfile.mkdtemp" => true,
+                "os.path.join" | "pathlib.Path" | "pathlib.PurePath" => {
+                    args.first()
+                        .is_some_and(|&base| in_fresh_temporary_folder(module, base, depth + 1))
+                        && args[1..].iter().all(|&part| relative_literal(part))
+                }
+                _ => false,
+            }
+        }
+        "binary_operator" => {
+            let slash = path
+                .child_by_field_name("operator")
+                .is_some_and(|op| module.text(op) == "/");
+            match (
+                slash,
+                path.child_by_field_name("left"),
+                path.child_by_field_name("right"),
+            ) {
+                (true, Some(left), Some(right)) => {
+                    in_fresh_temporary_folder(module, left, depth + 1) && relative_literal(right)
+                }
+                _ => false,
+            }
+        }
+        "parenthesized_expression" => path
+            .named_child(0)
+            .is_some_and(|inner| in_fresh_temporary_folder(module, inner, depth + 1)),
+        _ => false,
+    }
 }
 
 fn is_patch_root(module: &PyModule, dotted: &str) -> bool {
