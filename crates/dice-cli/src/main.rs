@@ -12,7 +12,8 @@ use std::process::ExitCode;
     about = "Evaluate, generate and train CUDA kernels written by block-diffusion language models",
     long_about = "dice evaluates candidate kernels on KernelBench (compile, correctness, speedup, fast_p, \
 reward-hack detection), generates kernels with SDAR / DICE block-diffusion models or any \
-OpenAI-compatible endpoint, and fine-tunes them with block-diffusion SFT (BiC-RL is planned).\n\n\
+OpenAI-compatible endpoint, curates training pairs, and fine-tunes the models with \
+block-diffusion SFT and BiC-RL (TraceRL rewarded by the evaluator).\n\n\
 Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug, or RUST_LOG=dice_eval=debug) for more detail."
 )]
 struct Cli {
@@ -55,7 +56,8 @@ enum Command {
     /// export SFT and RL task files, report; split programs for kernel infilling.
     #[command(subcommand)]
     Curate(cmd::curate::CurateCommand),
-    /// Fine-tune a block-diffusion model: supervised (SFT) on chat data.
+    /// Fine-tune a block-diffusion model: supervised (SFT) on chat data, then BiC-RL (TraceRL)
+    /// rewarded by the evaluator.
     #[command(subcommand)]
     Train(cmd::train::TrainCommand),
 }
