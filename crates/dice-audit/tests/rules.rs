@@ -459,6 +459,10 @@ fn file_writes_are_judged_by_mode_and_path() {
         "import os, tempfile\nD = tempfile.mkdtemp()\nopen(os.path.join(D, '/etc/x'), 'w')",
         "import tempfile\nD = pathlib.Path(tempfile.mkdtemp())\n(D / '..' / 'x').write_text('y')",
         "import os, tempfile\nD = tempfile.gettempdir()\nopen(os.path.join(D, 'x.cu'), 'w')",
+        // A name that is also bound to another place in the function.
+        "import os, tempfile\ndef build(src, out):\n    d = tempfile.mkdtemp()\n    d = out\n    open(os.path.join(d, 'k.cu'), 'w')",
+        "import os, tempfile\ndef build(src):\n    with open('/tmp/x') as d:\n        open(os.path.join(d, 'k.cu'), 'w')",
+        "import os, tempfile\ndef build(src, d=None):\n    if d is None:\n        d = tempfile.mkdtemp()\n    open(os.path.join(d, 'k.cu'), 'w')",
     ] {
         assert!(
             has(
@@ -480,6 +484,8 @@ fn file_writes_are_judged_by_mode_and_path() {
         "import os, tempfile\nopen(os.path.join(tempfile.mkdtemp(), 'k', 'relu.cpp'), 'w')",
         "import tempfile\nD = pathlib.Path(tempfile.mkdtemp())\n(D / 'relu.cu').open('w')",
         "import tempfile\n(pathlib.Path(tempfile.mkdtemp()) / 'relu.cu').write_text('src')",
+        "import os, tempfile\ndef build(src):\n    d = tempfile.mkdtemp()\n    p = os.path.join(d, 'k.cu')\n    with open(p, 'w') as f:\n        f.write(src)",
+        "import os, tempfile\ndef build(src):\n    with tempfile.TemporaryDirectory() as d:\n        open(os.path.join(d, 'k.cu'), 'w').write(src)",
     ] {
         assert!(write(inside).findings.is_empty(), "{inside}");
     }

@@ -8,7 +8,7 @@ use crate::context::Context;
 use crate::finding::{Report, Rule};
 use crate::module::{leftmost_identifier, PyModule};
 use crate::strings;
-use crate::syntax::{descendants, named_children};
+use crate::syntax::{ancestor, assignments, descendants, named_children};
 
 /// Modules whose attributes a candidate must never rebind.
 const PATCH_ROOTS: [&str; 9] = [
@@ -430,15 +430,30 @@ fn stays_below(path: &str) -> bool {
         && !path.split(['/', '\\']).any(|c| c == "..")
 }
 
-/// Whether `path` names a place inside a folder `tempfile.mkdtemp()` created for this process
-/// (directly, through a module-level name, or joined with literal relative parts by
-/// `os.path.join`, `pathlib.Path` or `/`): a fresh private folder, where honest programs write
-/// the sources they build, that nothing else reads.
+/// Whether `path` names a place inside a folder `tempfile.mkdtemp()` (or a
+/// `with tempfile.TemporaryDirectory() as …`) created for this process: directly, through a
+/// name bound to one (at module level, or only to such folders in the enclosing function), or
+/// joined with literal relative parts by `os.path.join`, `pathlib.Path` or `/`. A fresh private
+/// folder, where honest programs write the sources they build, that nothing else reads.
 fn in_fresh_temporary_folder(module: &PyModule, path: Node, depth: usize) -> bool {
     const MAX_DEPTH: usize = 8;
     let path = strings::follow_name(module, path, 0);
     if depth > MAX_DEPTH {
         return false;
+    }
+    if path.kind() == "identifier" {
+        let bound = local_bindings(module, path);
+        return !bound.is_empty()
+            && bound.iter().all(|binding| match *binding {
+                Binding::Value(value) => in_fresh_temporary_folder(module, value, depth + 1),
+                Binding::WithTarget(manager) => {
+                    manager.kind() == "call"
+                        && manager
+                            .child_by_field_name("function")
+                            .and_then(|f| module.resolve(f))
+                            .is_some_and(|f| f == "tempfile.TemporaryDirectory")
+                }
+            });
     }
     let relative_literal = |node: Node| {
         let part = strings::resolve(module, node);
@@ -486,6 +501,46 @@ fn in_fresh_temporary_folder(module: &PyModule, path: Node, depth: usize) -> boo
             .is_some_and(|inner| in_fresh_temporary_folder(module, inner, depth + 1)),
         _ => false,
     }
+}
+
+/// How a name is bound inside a function.
+enum Binding<'t> {
+    /// `name = value`.
+    Value(Node<'t>),
+    /// `with manager as name`: the name is what the manager's `__enter__` returns.
+    WithTarget(Node<'t>),
+}
+
+/// Every binding of the identifier `name` in the function around it (plain assignments and
+/// `with … as` targets); none at module level, or when it is one of the function's parameters
+/// (the caller may pass any path).
+fn local_bindings<'t>(module: &PyModule<'t>, name: Node<'t>) -> Vec<Binding<'t>> {
+    let Some(function) = ancestor(name, &["function_definition"]) else {
+        return Vec::new();
+    };
+    let wanted = module.text(name);
+    let is_name = |node: Node| node.kind() == "identifier" && module.text(node) == wanted;
+    let parameters = function.child_by_field_name("parameters");
+    if parameters.is_some_and(|p| descendants(p).into_iter().any(is_name)) {
+        return Vec::new();
+    }
+    let mut bound: Vec<Binding<'t>> = assignments(function)
+        .filter(|(left, _)| is_name(*left))
+        .map(|(_, right)| Binding::Value(right))
+        .collect();
+    for pattern in descendants(function)
+        .into_iter()
+        .filter(|n| n.kind() == "as_pattern")
+    {
+        let parts = named_children(pattern);
+        if let (Some(&manager), Some(&target)) = (parts.first(), parts.last()) {
+            let target = named_children(target).first().copied().unwrap_or(target);
+            if parts.len() == 2 && is_name(target) {
+                bound.push(Binding::WithTarget(manager));
+            }
+        }
+    }
+    bound
 }
 
 fn is_patch_root(module: &PyModule, dotted: &str) -> bool {
