@@ -463,6 +463,8 @@ fn file_writes_are_judged_by_mode_and_path() {
         "import os, tempfile\ndef build(src, out):\n    d = tempfile.mkdtemp()\n    d = out\n    open(os.path.join(d, 'k.cu'), 'w')",
         "import os, tempfile\ndef build(src):\n    with open('/tmp/x') as d:\n        open(os.path.join(d, 'k.cu'), 'w')",
         "import os, tempfile\ndef build(src, d=None):\n    if d is None:\n        d = tempfile.mkdtemp()\n    open(os.path.join(d, 'k.cu'), 'w')",
+        // A function's own name shadows the module's temporary folder.
+        "import os, tempfile\nD = tempfile.mkdtemp()\ndef build(out):\n    D = out\n    open(os.path.join(D, 'k.cu'), 'w')",
     ] {
         assert!(
             has(

@@ -437,12 +437,11 @@ fn stays_below(path: &str) -> bool {
 /// folder, where honest programs write the sources they build, that nothing else reads.
 fn in_fresh_temporary_folder(module: &PyModule, path: Node, depth: usize) -> bool {
     const MAX_DEPTH: usize = 8;
-    let path = strings::follow_name(module, path, 0);
     if depth > MAX_DEPTH {
         return false;
     }
-    if path.kind() == "identifier" {
-        let bound = local_bindings(module, path);
+    // A function's own name shadows the module's.
+    if let Some(bound) = local_bindings(module, path) {
         return !bound.is_empty()
             && bound.iter().all(|binding| match *binding {
                 Binding::Value(value) => in_fresh_temporary_folder(module, value, depth + 1),
@@ -455,6 +454,7 @@ fn in_fresh_temporary_folder(module: &PyModule, path: Node, depth: usize) -> boo
                 }
             });
     }
+    let path = strings::follow_name(module, path, 0);
     let relative_literal = |node: Node| {
         let part = strings::resolve(module, node);
         part.complete && stays_below(&part.text)
@@ -512,17 +512,19 @@ enum Binding<'t> {
 }
 
 /// Every binding of the identifier `name` in the function around it (plain assignments and
-/// `with … as` targets); none at module level, or when it is one of the function's parameters
-/// (the caller may pass any path).
-fn local_bindings<'t>(module: &PyModule<'t>, name: Node<'t>) -> Vec<Binding<'t>> {
-    let Some(function) = ancestor(name, &["function_definition"]) else {
-        return Vec::new();
-    };
+/// `with … as` targets); none when it is one of the function's parameters (the caller may pass
+/// any path); `None` when `name` is not an identifier the enclosing function binds (a
+/// module-level name, or an expression).
+fn local_bindings<'t>(module: &PyModule<'t>, name: Node<'t>) -> Option<Vec<Binding<'t>>> {
+    if name.kind() != "identifier" {
+        return None;
+    }
+    let function = ancestor(name, &["function_definition"])?;
     let wanted = module.text(name);
     let is_name = |node: Node| node.kind() == "identifier" && module.text(node) == wanted;
     let parameters = function.child_by_field_name("parameters");
     if parameters.is_some_and(|p| descendants(p).into_iter().any(is_name)) {
-        return Vec::new();
+        return Some(Vec::new());
     }
     let mut bound: Vec<Binding<'t>> = assignments(function)
         .filter(|(left, _)| is_name(*left))
@@ -540,7 +542,7 @@ fn local_bindings<'t>(module: &PyModule<'t>, name: Node<'t>) -> Vec<Binding<'t>>
             }
         }
     }
-    bound
+    (!bound.is_empty()).then_some(bound)
 }
 
 fn is_patch_root(module: &PyModule, dotted: &str) -> bool {
