@@ -323,7 +323,7 @@ fn export_levels_come_from_a_run_or_dice_serve_and_load_for_rl() {
         name: "first".into(),
         reference_error: None,
     };
-    let sha256 = dice_curate::difficulty::source_sha256(source);
+    let sha256 = dice_eval::sha256_hex(source.as_bytes());
     store.add_problems(&[(problem, sha256)]).unwrap();
     for (sample_id, verdict) in [(0, Verdict::Correct), (1, Verdict::OutputMismatch)] {
         let sample = SampleRecord {

@@ -21,11 +21,11 @@ use crate::diversify::{KernelPrompt, KernelWriter};
 use crate::run::RunDir;
 use crate::Pair;
 use anyhow::{bail, Context, Result};
+use dice_eval::sha256_hex;
 use dice_kernelbench::read_records;
 use dice_store::Store;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
@@ -114,7 +114,8 @@ pub fn from_run(store: &Store, location: &str, tasks: &[Pair], levels: u32) -> R
     }
     let mut measured = HashMap::new();
     for task in tasks {
-        let Some(problems) = problems_by_source.get(&source_sha256(&task.pytorch_code)) else {
+        let Some(problems) = problems_by_source.get(&sha256_hex(task.pytorch_code.as_bytes()))
+        else {
             continue;
         };
         let (correct, judged) = problems
@@ -178,7 +179,7 @@ pub fn from_endpoint(
             let prompt = RATING_PROMPT
                 .replace("{levels}", &levels.to_string())
                 .replace("{source}", &t.pytorch_code);
-            (source_sha256(&prompt), prompt)
+            (sha256_hex(prompt.as_bytes()), prompt)
         })
         .collect();
     let missing: Vec<usize> = (0..tasks.len())
@@ -244,11 +245,6 @@ pub(crate) fn first_number(text: &str) -> Option<u32> {
     text.split(|c: char| !c.is_ascii_digit())
         .find(|s| !s.is_empty())
         .and_then(|s| s.parse().ok())
-}
-
-/// The SHA-256 (hex) of a task's source, as a run's store keeps it for each problem.
-pub fn source_sha256(text: &str) -> String {
-    hex::encode(Sha256::digest(text.as_bytes()))
 }
 
 fn read_pass_rates(path: &Path) -> Result<HashMap<String, f64>> {

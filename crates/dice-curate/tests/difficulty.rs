@@ -4,11 +4,12 @@
 //! level falling back to the hardest); export orders the tasks by them and the report shows the
 //! histogram.
 
-use dice_curate::difficulty::{from_endpoint, from_run, source_sha256};
+use dice_curate::difficulty::{from_endpoint, from_run};
 use dice_curate::{
     export, ingest, rl_tasks, write_report, Difficulty, ExportOptions, KernelPrompt, KernelWriter,
     Pair, RunDir, SftFormat,
 };
+use dice_eval::sha256_hex;
 use dice_store::{ProblemRecord, SampleExtras, SampleRecord, Store, Verdict};
 use serde_json::Value;
 use std::cell::Cell;
@@ -89,7 +90,7 @@ fn pass_rates_of_a_run_meet_tasks_by_source_hash() {
     let tmp = tempfile::tempdir().unwrap();
     let (run, tasks) = problem_only_run(tmp.path());
     assert!(tasks.len() >= 4, "{} tasks", tasks.len());
-    let hash = |t: &Pair| source_sha256(&t.pytorch_code);
+    let hash = |t: &Pair| sha256_hex(t.pytorch_code.as_bytes());
 
     let mut store = Store::open(&tmp.path().join("eval.db")).unwrap();
     let problem = |level, problem_id| ProblemRecord {
@@ -107,7 +108,7 @@ fn pass_rates_of_a_run_meet_tasks_by_source_hash() {
             (problem(2, 7), hash(&tasks[1])),
             (
                 problem(2, 8),
-                source_sha256(&tasks[2].pytorch_code.replace('\n', "\r\n")),
+                sha256_hex(tasks[2].pytorch_code.replace('\n', "\r\n").as_bytes()),
             ),
             (problem(3, 1), hash(&tasks[3])),
         ])

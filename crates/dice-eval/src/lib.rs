@@ -110,4 +110,4 @@ pub use judge::{evaluate, Judge};
 pub use prebuild::{prebuild, BuildSummary, Shard};
 pub use runtime::Finding;
 pub use stats::SplitMix64;
-pub use writer::Summary;
+pub use writer::{sha256_hex, Summary};

@@ -204,6 +204,8 @@ fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) 
     (record, extras)
 }
 
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+/// SHA-256 in hex: of a sample's code (`code_hash`) and of a problem's source, as the store
+/// keeps them.
+pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
