@@ -129,7 +129,7 @@ pub(crate) fn time_side_by_side(
     // Every measurement's rounds, for the clock check: the more rounds, the likelier one of
     // them is quiet enough to clear an honest candidate.
     let (mut all_candidate, mut all_baseline) = (Vec::new(), Vec::new());
-    loop {
+    let mismatch = loop {
         let first = t.candidate.is_empty();
         match measure(ctx, child, reference, rounds, first, &mut found)? {
             Ok((candidate, baseline)) => {
@@ -139,16 +139,16 @@ pub(crate) fn time_side_by_side(
             }
             Err(failure) => return Ok(Err(failure)),
         }
+        let mismatch = runtime::check_clock(&all_candidate, &all_baseline);
         let settled = !ctx.cfg.timing.remeasures() || t.remeasures == ctx.cfg.max_remeasures;
         // A clock contradicted by a few rounds may be a burst of load that hit all of them:
         // more rounds are unlikely to be hit all alike, while a forged clock contradicts every
         // one.
-        let suspect = || runtime::check_clock(&all_candidate, &all_baseline).is_some();
-        if settled || !(too_dispersed(ctx, &t) || suspect()) {
-            break;
+        if settled || !(too_dispersed(ctx, &t) || mismatch.is_some()) {
+            break mismatch;
         }
         t.remeasures += 1;
-    }
+    };
     t.builds = quiet.beside();
     drop(quiet);
     drop(alone);
@@ -171,7 +171,7 @@ pub(crate) fn time_side_by_side(
             }
         }
     }
-    if let Some(mismatch) = runtime::check_clock(&all_candidate, &all_baseline) {
+    if let Some(mismatch) = mismatch {
         evidence.findings.push(mismatch.finding);
         t.trusted_candidate_ms = Some(mismatch.trusted_mean_ms);
     }
