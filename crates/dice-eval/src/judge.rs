@@ -53,12 +53,6 @@ impl Judge {
     /// before it is stored.
     pub fn start(cfg: EvalConfig, audit: Option<Arc<dyn Audit>>) -> Result<Judge> {
         let started = Instant::now();
-        std::fs::create_dir_all(&cfg.build_cache).with_context(|| {
-            format!(
-                "cannot create the build cache {}",
-                cfg.build_cache.display()
-            )
-        })?;
         let mut store = match &cfg.postgres {
             Some((url, run)) => Store::open_postgres(url, run)?,
             None => Store::open(&cfg.db)?,

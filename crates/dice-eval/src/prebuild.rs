@@ -18,7 +18,7 @@ use crate::sandbox;
 use crate::stage_build::{self, Built};
 use crate::writer::progress_bar;
 use crate::zygote::ZygoteSlot;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde_json::json;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,12 +86,6 @@ pub fn prebuild(cfg: EvalConfig, batch: Batch, shard: Shard) -> Result<BuildSumm
              architectures (9.0 for H100/H200), so that the builds get the keys they look up"
         );
     }
-    std::fs::create_dir_all(&cfg.build_cache).with_context(|| {
-        format!(
-            "cannot create the build cache {}",
-            cfg.build_cache.display()
-        )
-    })?;
     let rt = Runtime::new(cfg.python.as_deref())?;
     sandbox::prepare(&cfg.build_cache)?;
     let probe = rt.start_probe(match cfg.device {

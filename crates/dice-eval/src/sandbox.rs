@@ -60,11 +60,13 @@ impl SandboxUsers {
     }
 }
 
-/// When the evaluator runs as root (sandboxed children then drop to other users), makes the
-/// build cache the evaluator's alone: its folder writable by no one else, and entries that a
-/// sandbox user owns (an older evaluator let the compile stage write the cache) removed. An
-/// unprivileged evaluator's children stay its own user.
+/// Creates the build cache and, when the evaluator runs as root (sandboxed children then drop
+/// to other users), makes it the evaluator's alone: its folder writable by no one else, and
+/// entries that a sandbox user owns (an older evaluator let the compile stage write the cache)
+/// removed. An unprivileged evaluator's children stay its own user.
 pub(crate) fn prepare(build_cache: &Path) -> Result<()> {
+    std::fs::create_dir_all(build_cache)
+        .with_context(|| format!("cannot create the build cache {}", build_cache.display()))?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Ok(());
