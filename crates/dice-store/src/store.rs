@@ -27,6 +27,29 @@ impl Store {
     pub fn open_postgres(url: &str, run: &str) -> Result<Store> {
         Ok(Store(Box::new(Postgres::open(url, run)?)))
     }
+
+    /// A run's store, to read its results, and where it is (for messages): the run named
+    /// `run_dir` in the PostgreSQL database at `url`, else the SQLite file `db` (by default
+    /// `run_dir/dice.db`) opened read-only.
+    pub fn open_run_to_read(
+        run_dir: &Path,
+        db: Option<&Path>,
+        url: Option<&str>,
+    ) -> Result<(Store, String)> {
+        Ok(match url {
+            Some(url) => {
+                let name = run_dir.to_string_lossy();
+                (
+                    Store::open_postgres(url, &name)?,
+                    format!("{url} (run {name})"),
+                )
+            }
+            None => {
+                let db = db.map_or_else(|| run_dir.join("dice.db"), Path::to_path_buf);
+                (Store::open_read_only(&db)?, db.display().to_string())
+            }
+        })
+    }
 }
 
 impl Deref for Store {

@@ -576,19 +576,7 @@ fn export(a: &ExportArgs) -> Result<()> {
             let Some(eval_run) = &a.eval_run else {
                 bail!("--difficulty run needs --eval-run RUN_DIR (a `dice eval` or `dice kernelbench` run)");
             };
-            let (store, location) = match &a.store {
-                Some(url) => {
-                    let name = eval_run.to_string_lossy();
-                    (
-                        Store::open_postgres(url, &name)?,
-                        format!("{url} (run {name})"),
-                    )
-                }
-                None => {
-                    let db = eval_run.join("dice.db");
-                    (Store::open_read_only(&db)?, db.display().to_string())
-                }
-            };
+            let (store, location) = Store::open_run_to_read(eval_run, None, a.store.as_deref())?;
             let tasks = dice_curate::rl_tasks(&run)?;
             Difficulty::Measured(dice_curate::difficulty::from_run(
                 &store, &location, &tasks, a.levels,

@@ -82,19 +82,8 @@ pub(crate) fn run(args: ReportArgs) -> Result<()> {
 
 fn one_run(run_dir: &Path, args: &ReportArgs) -> Result<String> {
     let thresholds = parse_thresholds(args.fast_p.as_deref().unwrap_or(DEFAULT_FAST_P))?;
-    let (store, location) = match &args.store {
-        Some(url) => {
-            let name = run_dir.to_string_lossy();
-            (
-                Store::open_postgres(url, &name)?,
-                format!("{url} (run {name})"),
-            )
-        }
-        None => {
-            let db = args.db.clone().unwrap_or_else(|| run_dir.join("dice.db"));
-            (Store::open_read_only(&db)?, db.display().to_string())
-        }
-    };
+    let (store, location) =
+        Store::open_run_to_read(run_dir, args.db.as_deref(), args.store.as_deref())?;
     let Some(report) = read_report(&store, &thresholds, args.strict)? else {
         bail!(no_run_yet(&location));
     };
