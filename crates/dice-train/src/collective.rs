@@ -95,11 +95,7 @@ impl Collective for SingleProcess {
     }
 
     fn all_gather_f32(&self, mine: &[f32], counts: &[usize]) -> Result<Vec<f32>> {
-        ensure!(
-            counts == [mine.len()],
-            "one rank gives {} values to an all-gather of segments {counts:?}",
-            mine.len()
-        );
+        check_gather_counts(counts, 0, 1, mine.len())?;
         Ok(mine.to_vec())
     }
 
@@ -512,12 +508,7 @@ impl Collective for TcpGroup {
     }
 
     fn all_gather_f32(&self, mine: &[f32], counts: &[usize]) -> Result<Vec<f32>> {
-        ensure!(
-            counts.len() == self.world_size && counts[self.rank] == mine.len(),
-            "rank {} gives {} values to an all-gather of segments {counts:?}",
-            self.rank,
-            mine.len()
-        );
+        check_gather_counts(counts, self.rank, self.world_size, mine.len())?;
         let total: usize = counts.iter().sum();
         let world = self.world_size;
         self.gather_then_scatter(mine, counts, &vec![total; world], |buffers| {
@@ -551,10 +542,25 @@ fn host_f32(tensor: &Tensor) -> Result<Vec<f32>> {
     Ok(tensor.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)
 }
 
-fn check_counts(counts: &[usize], world_size: usize, len: usize) -> Result<()> {
+/// A reduce-scatter's segments: one per rank, together `len` values.
+pub(crate) fn check_counts(counts: &[usize], world_size: usize, len: usize) -> Result<()> {
     ensure!(
         counts.len() == world_size && counts.iter().sum::<usize>() == len,
         "the segments {counts:?} do not fit {len} values over {world_size} ranks"
+    );
+    Ok(())
+}
+
+/// An all-gather's segments: one per rank, `rank`'s of `mine` values.
+pub(crate) fn check_gather_counts(
+    counts: &[usize],
+    rank: usize,
+    world_size: usize,
+    mine: usize,
+) -> Result<()> {
+    ensure!(
+        counts.len() == world_size && counts[rank] == mine,
+        "rank {rank} gives {mine} values to an all-gather of segments {counts:?}"
     );
     Ok(())
 }

@@ -17,7 +17,7 @@
 //! NCCL's reduce-scatter and all-gather take equal segments, so segments of unequal lengths
 //! are padded to the longest.
 
-use crate::collective::Collective;
+use crate::collective::{check_counts, check_gather_counts, Collective};
 use anyhow::{anyhow, ensure, Context, Result};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;
@@ -189,12 +189,7 @@ impl Collective for NcclGroup {
     }
 
     fn reduce_scatter_sum_f32(&self, values: &[f32], counts: &[usize]) -> Result<Vec<f32>> {
-        ensure!(
-            counts.len() == self.world_size && counts.iter().sum::<usize>() == values.len(),
-            "the segments {counts:?} do not fit {} values over {} ranks",
-            values.len(),
-            self.world_size
-        );
+        check_counts(counts, self.world_size, values.len())?;
         let segment = counts.iter().copied().max().unwrap_or(0);
         if segment == 0 {
             return Ok(Vec::new());
@@ -218,12 +213,7 @@ impl Collective for NcclGroup {
     }
 
     fn all_gather_f32(&self, mine: &[f32], counts: &[usize]) -> Result<Vec<f32>> {
-        ensure!(
-            counts.len() == self.world_size && counts[self.rank] == mine.len(),
-            "rank {} gives {} values to an all-gather of segments {counts:?}",
-            self.rank,
-            mine.len()
-        );
+        check_gather_counts(counts, self.rank, self.world_size, mine.len())?;
         let segment = counts.iter().copied().max().unwrap_or(0);
         if segment == 0 {
             return Ok(Vec::new());
