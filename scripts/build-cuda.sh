@@ -19,10 +19,17 @@ if [[ ! -x $cu/bin/nvcc ]]; then
     "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-cccl==13.0.*" "nvidia-cuda-nvrtc==13.0.*" \
     "nvidia-cublas==13.0.*" "nvidia-curand==10.4.0.*"
 fi
+# NCCL (dice-train's collectives between CUDA ranks) is linked like the other libraries; at run
+# time torch's own nvidia/nccl/lib provides libnccl.so.2.
+nccl=$site/nvidia/nccl
+if [[ ! -f $nccl/lib/libnccl.so.2 ]]; then
+  "$tool/venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "nvidia-nccl-cu13==2.*"
+fi
 link=$tool/link
 mkdir -p "$link"
 for lib in cublas cublasLt cudart nvrtc; do ln -sf "$cu/lib/lib$lib.so.13" "$link/lib$lib.so"; done
 ln -sf "$cu/lib/libcurand.so.10" "$link/libcurand.so"
+ln -sf "$nccl/lib/libnccl.so.2" "$link/libnccl.so"
 cd "$root"
 cargo fetch --locked
 if [[ ! -f $link/libcuda.so ]]; then

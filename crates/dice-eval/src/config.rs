@@ -5,9 +5,17 @@ use dice_store::{KernelProfile, SampleRecord};
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where work runs: candidates' programs, a model, a trainer's ranks. The one device enum of
+/// the workspace: the CLI's `--device` flags parse into it (clap's `ValueEnum` behind the `clap`
+/// feature) and configuration files name it in lower case.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
 pub enum Device {
+    /// The CPU: C++ candidates, CPU models and trainers (tests, machines without a GPU).
+    #[default]
     Cpu,
+    /// NVIDIA GPUs through CUDA.
     Cuda,
 }
 
@@ -16,6 +24,24 @@ impl Device {
         match self {
             Device::Cpu => "cpu",
             Device::Cuda => "cuda",
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            other => Err(format!("unknown device '{other}': expected cpu or cuda")),
         }
     }
 }
