@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on CPU: sets up the pinned Python environment the evaluator's
 # workers use (first time only), checks formatting and the workspace's lints, then runs every
-# Rust test of the workspace. Arguments go to `cargo test`.
+# Rust test of the workspace, the test binaries side by side (scripts/run-tests.py; --jobs N,
+# default 3 or $DICE_TEST_JOBS). Other arguments go to cargo's build, those after `--` to every
+# test binary (a name filter, --ignored, --test-threads N).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -17,4 +19,4 @@ scripts/setup-python.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 export DICE_CACHE=${DICE_CACHE:-$root/.dice/cache}
-cargo test --workspace --locked "$@"
+python3 scripts/run-tests.py "$@"

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The training issue's GPU evidence (SFT speed, memory, NCCL at one rank), run on the H200 machine
+# from the repository root:
+#   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
+# (STEP: sft-nccl, bench-1.7b, bench-4b, kernels-1.7b; all by default)
+# reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
+# (an ignored folder carried to the machine; nothing of it is committed):
+#   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
+# Writes steps.txt and each step's output to OUT, by default the run's folder
+# bench/runs/<date>-<commit>-<machine> (bench/run-folder.sh).
+set -uo pipefail
+DATA=$(realpath "${DATA:?}")
+OUT=${OUT:-$(bash bench/run-folder.sh)} || exit 1
+mkdir -p "$OUT" && OUT=$(realpath "$OUT")
+# The binary links libnccl.so.2 and CUDA 13's libraries: torch's wheels carry both.
+nvidia=$(python3 -c 'import nvidia, os; print(nvidia.__path__[0])')
+export LD_LIBRARY_PATH=$nvidia/cu13/lib:$nvidia/nccl/lib
+bin=/tmp/dice-cuda configs=tests/data/sdar/configs
+unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; }
+unxz "$DATA/dice.xz" "$bin" && chmod +x "$bin"
+start=$(date +%s) budget=${BUDGET_S:-3600}
+left() { echo $(( budget - ($(date +%s) - start) )); }
+steps=" $* "
+wanted() { [[ $steps == "  " || $steps == *" $1 "* ]]; }
+run() { # name, cap seconds, dice args...   (GPU utilisation sampled each second beside it)
+  local name=$1 cap=$2; shift 2
+  wanted "$name" || return 0
+  local limit=$(( $(left) < cap ? $(left) : cap ))
+  (( limit > 10 )) || { echo "$name skipped: no time left" | tee -a "$OUT/steps.txt"; return; }
+  nvidia-smi dmon -s um -d 1 >"$OUT/$name.dmon" 2>&1 &
+  local dmon=$! t0=$(date +%s)
+  timeout "$limit" "$bin" "$@" >"$OUT/$name.txt" 2>&1
+  echo "$name rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
+  kill $dmon 2>/dev/null
+  tail -15 "$OUT/$name.txt"
+  # Mean SM utilisation over the samples that saw any (the model's build and the start excluded).
+  awk '$1 ~ /^[0-9]+$/ && $2 > 0 {n++; s += $2} END {if (n) printf "  sm%% mean over %d busy samples: %.0f\n", n, s / n}' \
+    "$OUT/$name.dmon" | tee -a "$OUT/steps.txt"
+}
+# DICE trains on 6,144-token packed rows; the bench packs one synthetic row (p = 0.5 noise).
+run bench-1.7b 240 bench train --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 \
+  --tokens 6144 --steps 2 --json "$OUT/bench-1.7b.json"
+run bench-4b 240 bench train --config "$configs/sdar-4b.json" --device cuda --dtype bf16 \
+  --tokens 6144 --steps 2 --json "$OUT/bench-4b.json"
+# The trainer through NCCL at world size one (--nproc-per-node 1): a random 1.7B model trained on
+# the 99 DICE pairs as {prompt, response} rows.
+if wanted sft-nccl; then
+  "$bin" model init --config "$configs/sdar-1.7b.json" --weights random --seed 1 \
+    --tokenizer tests/data/sdar --out /tmp/m17 --force >"$OUT/model-init.txt" 2>&1
+  python3 - <<'PY'
+import json
+pairs = json.load(open("tests/data/dice/kernel_infilling_evaluation.json"))
+with open("/tmp/pairs.jsonl", "w") as f:
+    for p in pairs:
+        f.write(json.dumps({"prompt": "Write a CUDA kernel for this PyTorch program.\n" + p["pytorch_code"],
+                            "response": p["cuda_code"]}) + "\n")
+PY
+  run sft-nccl 240 train sft --model /tmp/m17 --data /tmp/pairs.jsonl --out /tmp/sft --device cuda \
+    --nproc-per-node 1 --max-steps 3 --save-steps 1000 --save-total-limit 1
+  cp /tmp/sft/metrics.jsonl "$OUT/sft-nccl-metrics.jsonl" 2>/dev/null
+fi
+# Where one step's GPU time goes, kernel by kernel (Nsight Compute, one metric, clocks and caches
+# left alone): the sum of kernel times against the step's wall time is the host's share.
+if wanted kernels-1.7b && (( $(left) > 30 )); then
+  t0=$(date +%s)
+  timeout "$(( $(left) < 300 ? $(left) : 300 ))" ncu --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv "$bin" bench train --config "$configs/sdar-1.7b.json" \
+    --device cuda --dtype bf16 --tokens 6144 --steps 1 >"$OUT/kernels-1.7b.csv" 2>"$OUT/kernels-1.7b.err"
+  echo "kernels-1.7b rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
+  python3 - "$OUT/kernels-1.7b.csv" <<'PY' | tee "$OUT/kernels-1.7b.txt"
+import collections, csv, sys
+lines = open(sys.argv[1], errors="replace").read().splitlines()
+head = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+if head is None:
+    sys.exit("no kernel rows")
+total, launches = collections.Counter(), collections.Counter()
+for row in csv.DictReader(lines[head:]):
+    if row.get("Metric Name") != "gpu__time_duration.sum":
+        continue
+    name = row["Kernel Name"].split("(")[0].split("<")[0]
+    scale = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0}[row["Metric Unit"]]
+    total[name] += float(row["Metric Value"].replace(",", "")) * scale
+    launches[name] += 1
+all_s = sum(total.values())
+print(f"{sum(launches.values())} launches, {all_s * 1e3:.1f} ms of kernel time")
+print("| kernel | launches | ms | share |")
+print("| --- | ---: | ---: | ---: |")
+for name, s in total.most_common(40):
+    print(f"| {name} | {launches[name]} | {s * 1e3:.2f} | {100 * s / all_s:.1f}% |")
+PY
+fi
