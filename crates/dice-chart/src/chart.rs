@@ -17,7 +17,7 @@ const MARKED_POINTS: usize = 40;
 const FONT: f64 = 11.0;
 const TITLE_FONT: f64 = 13.0;
 /// The width of a character at `FONT`, for laying out text without measuring it.
-const CHAR_WIDTH: f64 = 0.6 * FONT;
+const CHAR_WIDTH: f64 = 0.58 * FONT;
 const PAD: f64 = 8.0;
 const ROW: f64 = 16.0;
 /// The dashes of a reference line, in its legend entry too.
@@ -462,7 +462,12 @@ impl Frame {
         };
         let band_label = chart.missing.as_deref().map_or(0.0, text_width);
         let left = PAD + y_title + widest_y.max(band_label) + 8.0;
-        let last_x = x.ticks.last().map_or(0.0, |(_, l)| text_width(l) / 2.0);
+        // The last tick's label, centred on the plot's right edge, may reach past it; a
+        // category's stays within its slot.
+        let last_x = match chart.x.kind {
+            Kind::Categories(_) => 0.0,
+            _ => x.ticks.last().map_or(0.0, |(_, l)| text_width(l) / 2.0),
+        };
         let right = chart.width - PAD - last_x.max(8.0);
         let colours = chart.colours();
         let legend = legend_rows(legend_entries(chart, &colours), right - left);
