@@ -236,22 +236,20 @@ impl Chart {
 
     /// Adds a dashed vertical line at `x`, named `label` in the legend.
     #[must_use]
-    pub fn rule_at_x(mut self, x: f64, label: &str, colour: &str) -> Self {
-        self.rules.push(Rule {
-            vertical: true,
-            at: x,
-            label: label.to_string(),
-            colour: colour.to_string(),
-        });
-        self
+    pub fn rule_at_x(self, x: f64, label: &str, colour: &str) -> Self {
+        self.rule(true, x, label, colour)
     }
 
     /// Adds a dashed horizontal line at `y`, named `label` in the legend.
     #[must_use]
-    pub fn rule_at_y(mut self, y: f64, label: &str, colour: &str) -> Self {
+    pub fn rule_at_y(self, y: f64, label: &str, colour: &str) -> Self {
+        self.rule(false, y, label, colour)
+    }
+
+    fn rule(mut self, vertical: bool, at: f64, label: &str, colour: &str) -> Self {
         self.rules.push(Rule {
-            vertical: false,
-            at: y,
+            vertical,
+            at,
             label: label.to_string(),
             colour: colour.to_string(),
         });
