@@ -9,9 +9,12 @@ use crate::ingest::IngestSummary;
 use crate::run::RunDir;
 use crate::verify::VerifySummary;
 use anyhow::{Context, Result};
+use dice_chart::{escape, Axis, Bar, Chart, Series};
 use std::fmt::Write;
 use std::path::PathBuf;
 
+/// The threshold line of the speedup chart.
+const THRESHOLD_COLOUR: &str = "#c33";
 /// Speedup histogram bins: powers of two from 2⁻⁶ to 2⁷ (values outside go to the end bins).
 const BIN_EXPONENTS: std::ops::RangeInclusive<i32> = -6..=7;
 
@@ -149,36 +152,35 @@ fn difficulty_markdown(d: &DifficultySummary) -> String {
 
 /// The tasks per level as bars, easiest level left.
 fn difficulty_svg(d: &DifficultySummary) -> String {
-    let (width, height, bar) = (40.0, 160.0, 32.0);
-    let most = d
+    let levels = d
         .histogram
         .iter()
-        .map(|(_, n)| *n)
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\">",
-        width * d.histogram.len() as f64 + 10.0,
-        height + 40.0
-    );
-    for (i, (level, n)) in d.histogram.iter().enumerate() {
-        let h = height * *n as f64 / most as f64;
-        let x = 5.0 + width * i as f64;
-        let _ = write!(
-            svg,
-            "<rect x=\"{x}\" y=\"{}\" width=\"{bar}\" height=\"{h}\" fill=\"#4a7ebb\"><title>level {level}: {n} tasks</title></rect>\
-<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\">{n}</text>\
-<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" font-size=\"11\">{level}</text>",
-            20.0 + height - h,
-            x + bar / 2.0,
-            15.0 + height - h,
-            x + bar / 2.0,
-            height + 35.0
-        );
-    }
-    svg.push_str("</svg>");
-    svg
+        .map(|(level, _)| level.to_string())
+        .collect();
+    let bars = d
+        .histogram
+        .iter()
+        .enumerate()
+        .map(|(i, (level, n))| Bar {
+            from: i as f64 - 0.35,
+            to: i as f64 + 0.35,
+            value: *n as f64,
+            tip: format!("level {level}: {n} tasks"),
+        })
+        .collect();
+    Chart::new(
+        "RL tasks per curriculum level",
+        Axis::categories("curriculum level", levels),
+        Axis::integer("tasks").including(0.0),
+    )
+    .untitled()
+    .size(480.0, 240.0)
+    .with(
+        Series::bars("RL tasks", bars)
+            .colour("#4a7ebb")
+            .with_values(),
+    )
+    .svg()
 }
 
 /// `(stage, count)` of diversify: problems drawn, attempts judged, problems kept.
@@ -264,12 +266,6 @@ fn clusters_markdown(i: &IngestSummary) -> String {
     out
 }
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
 fn html_page(f: &Facts) -> String {
     let mut body = String::from("<h1>dice curate</h1>");
     if let Some(ingest) = &f.ingest {
@@ -293,22 +289,23 @@ fn html_page(f: &Facts) -> String {
         let _ = write!(
             body,
             "<h2>Difficulty</h2><p>{}</p>{}",
-            esc(&difficulty_origin(d)),
+            escape(&difficulty_origin(d)),
             difficulty_svg(d)
         );
         body.push_str(&html_table(["level", "tasks"], &rows));
     }
     format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>dice curate</title><style>\
-body{{font-family:sans-serif;max-width:60em;margin:2em auto}}table{{border-collapse:collapse}}\
-td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}</style></head><body>{body}</body></html>\n"
+body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;color:#222}}\
+table{{border-collapse:collapse;margin:.5em 0 1.5em}}td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}\
+th{{background:#f2f2f2}}svg{{display:block;max-width:100%;height:auto;margin:.5em 0}}</style></head><body>{body}</body></html>\n"
     )
 }
 
 fn html_table(head: [&str; 2], rows: &[(String, usize)]) -> String {
     let mut table = format!("<table><tr><th>{}</th><th>{}</th></tr>", head[0], head[1]);
     for (label, n) in rows {
-        let _ = write!(table, "<tr><td>{}</td><td>{n}</td></tr>", esc(label));
+        let _ = write!(table, "<tr><td>{}</td><td>{n}</td></tr>", escape(label));
     }
     table.push_str("</table>");
     table
@@ -335,12 +332,12 @@ fn ingest_html(ingest: &IngestSummary, f: &Facts) -> String {
         let dropped: Vec<String> = c
             .duplicates
             .iter()
-            .map(|(origin, j)| format!("{} ({j:.2})", esc(origin)))
+            .map(|(origin, j)| format!("{} ({j:.2})", escape(origin)))
             .collect();
         let _ = write!(
             body,
             "<tr><td>{}</td><td>{}</td></tr>",
-            esc(&c.kept),
+            escape(&c.kept),
             dropped.join("<br>")
         );
     }
@@ -348,51 +345,39 @@ fn ingest_html(ingest: &IngestSummary, f: &Facts) -> String {
     body
 }
 
-/// Bars per power-of-two bin, correct pairs in grey and kept ones in blue, with the threshold
-/// as a red line.
+/// Bars per power-of-two bin, correct pairs in grey and kept ones in blue over them, with the
+/// threshold as a red line.
 fn speedup_svg(v: &VerifySummary) -> String {
     let (all, kept) = (histogram(&v.speedups_correct), histogram(&v.speedups_kept));
-    let top = all.iter().copied().max().unwrap_or(0).max(1) as f64;
-    let (width, height, bar) = (40.0 * all.len() as f64 + 40.0, 220.0, 40.0);
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{}\">",
-        height + 40.0
-    );
-    let lo = *BIN_EXPONENTS.start();
-    for (k, e) in BIN_EXPONENTS.enumerate() {
-        let x = 20.0 + bar * k as f64;
-        for (count, colour) in [(all[k], "#bbb"), (kept[k], "#36c")] {
-            let h = height * count as f64 / top;
-            let _ = write!(
-                svg,
-                "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{h}\" fill=\"{colour}\"/>",
-                x + 2.0,
-                height - h,
-                bar - 4.0
-            );
-        }
-        if all[k] > 0 {
-            let _ = write!(
-                svg,
-                "<text x=\"{}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\">{}</text>",
-                x + bar / 2.0,
-                height - 4.0 - height * all[k] as f64 / top,
-                all[k]
-            );
-        }
-        if (e - lo) % 2 == 0 {
-            let _ = write!(
-                svg,
-                "<text x=\"{x}\" y=\"{}\" font-size=\"10\">{}</text>",
-                height + 14.0,
-                esc(&bin_label(e).replace('–', "-"))
-            );
-        }
-    }
-    let threshold_x = 20.0 + bar * (v.min_speedup.log2() - f64::from(lo));
-    let _ = write!(svg, "<line x1=\"{threshold_x}\" y1=\"0\" x2=\"{threshold_x}\" y2=\"{height}\" stroke=\"#c33\" stroke-width=\"2\"/><text x=\"{}\" y=\"12\" font-size=\"11\" fill=\"#c33\">{}x</text>", threshold_x + 4.0, v.min_speedup);
-    let _ = write!(svg, "<text x=\"20\" y=\"{}\" font-size=\"11\">grey: correct pairs; blue: kept (log₂ bins of the speedup)</text></svg>", height + 32.0);
-    svg
+    let bars = |counts: &[usize]| -> Vec<Bar> {
+        BIN_EXPONENTS
+            .enumerate()
+            .map(|(k, e)| Bar {
+                from: f64::from(e).exp2(),
+                to: f64::from(e + 1).exp2(),
+                value: counts[k] as f64,
+                tip: format!("{}: {} correct, {} kept", bin_label(e), all[k], kept[k]),
+            })
+            .collect()
+    };
+    Chart::new(
+        "Speedups of correct pairs",
+        Axis::ratio("speedup over the reference (log scale, power-of-two bins)"),
+        Axis::integer("pairs").including(0.0),
+    )
+    .untitled()
+    .with(
+        Series::bars("correct", bars(&all))
+            .colour("#bbb")
+            .with_values(),
+    )
+    .with(Series::bars("kept", bars(&kept)).colour("#36c"))
+    .rule_at_x(
+        v.min_speedup,
+        &format!("threshold {}×", v.min_speedup),
+        THRESHOLD_COLOUR,
+    )
+    .svg()
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! What a training run reports: one JSON object per line in `metrics.jsonl` (a step line per
-//! optimizer step, an eval line per evaluation), an HTML page of the loss curves drawn from it,
-//! the model FLOPs of a two-stream step (for tokens/s' companion, MFU), and peak memory.
+//! optimizer step, an eval line per evaluation), an HTML page of its curves (every quantity
+//! against the step), the model FLOPs of a two-stream step (for tokens/s' companion, MFU), and
+//! peak memory.
 //!
 //! # FLOPs of an SFT step
 //!
@@ -24,6 +25,7 @@
 //! softmax and the optimizer are left out, as is customary.
 
 use anyhow::{Context, Result};
+use dice_chart::{escape, format_number, Axis, Chart, Series};
 use dice_model::SdarConfig;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -155,147 +157,394 @@ fn line_step(line: &str) -> Option<u64> {
     serde_json::from_str::<serde_json::Value>(line).ok()?["step"].as_u64()
 }
 
-/// Writes the loss curves of `metrics.jsonl` as a self-contained HTML page (inline SVG, no
-/// script): the training loss and the evaluation loss against the step, and the learning rate.
+/// What a metrics page shows: the keys of its summary line and its charts. Keys of
+/// `metrics.jsonl` no chart names get a chart of their own, so the page draws every quantity
+/// the run records.
+pub(crate) struct Page {
+    /// `(key, label)` of the values the line above the charts gives for the last line that has
+    /// the first key.
+    pub(crate) summary: &'static [(&'static str, &'static str)],
+    pub(crate) charts: &'static [ChartSpec],
+}
+
+/// A chart of a metrics page: its title, what its y axis measures and the `(key, label)` of
+/// its lines. A key is a path through the line's objects and arrays (`pass_rate_by_level.*`,
+/// `seconds_per_rank.*.rollout`), a `*` standing for any one step of it, which replaces the
+/// `*` of the label (`level *` → `level 2`).
+pub(crate) struct ChartSpec {
+    pub(crate) title: &'static str,
+    pub(crate) y: Quantity,
+    pub(crate) keys: &'static [(&'static str, &'static str)],
+}
+
+impl ChartSpec {
+    pub(crate) const fn new(
+        title: &'static str,
+        y: Quantity,
+        keys: &'static [(&'static str, &'static str)],
+    ) -> Self {
+        Self { title, y, keys }
+    }
+}
+
+/// What a chart's values are, with its y axis title.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Quantity {
+    /// Any real value (a loss, an advantage): the axis spans the values.
+    Real(&'static str),
+    /// A size (seconds, tokens/s, a norm): the axis starts at 0, so heights compare.
+    Amount(&'static str),
+    /// Whole numbers from 0: ticks on whole numbers only.
+    Count(&'static str),
+    /// Shares from 0 to 1, read in percent.
+    Share(&'static str),
+    /// Bytes from 0, drawn in GiB.
+    Bytes(&'static str),
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+impl Quantity {
+    fn axis(self) -> Axis {
+        match self {
+            Quantity::Real(title) => Axis::real(title),
+            Quantity::Amount(title) | Quantity::Bytes(title) => Axis::real(title).including(0.0),
+            Quantity::Count(title) => Axis::integer(title).including(0.0),
+            Quantity::Share(title) => Axis::percent(title).including(0.0),
+        }
+    }
+
+    /// A recorded value in the chart's units.
+    fn drawn(self, value: f64) -> f64 {
+        match self {
+            Quantity::Bytes(_) => value / GIB,
+            _ => value,
+        }
+    }
+
+    fn format(self, value: f64) -> String {
+        match self {
+            Quantity::Bytes(_) => format!("{} GiB", format_number(value / GIB)),
+            _ => self.axis().format(value),
+        }
+    }
+}
+
+/// The charts of an SFT run's page.
+const SFT_PAGE: Page = Page {
+    summary: &[
+        ("loss", "loss"),
+        ("epoch", "epoch"),
+        ("lr", "lr"),
+        ("grad_norm", "grad norm"),
+        ("tokens_per_s", "tokens/s"),
+        ("mfu", "MFU"),
+        ("memory", "peak memory"),
+    ],
+    charts: &[
+        ChartSpec::new(
+            "loss",
+            Quantity::Real("loss"),
+            &[("loss", "train"), ("eval_loss", "held-out")],
+        ),
+        ChartSpec::new(
+            "learning rate",
+            Quantity::Real("learning rate"),
+            &[("lr", "learning rate")],
+        ),
+        ChartSpec::new(
+            "gradient norm (before clipping)",
+            Quantity::Amount("global norm"),
+            &[("grad_norm", "gradient norm")],
+        ),
+        ChartSpec::new(
+            "throughput",
+            Quantity::Amount("tokens/s"),
+            &[("tokens_per_s", "tokens/s (every rank)")],
+        ),
+        ChartSpec::new(
+            "model FLOP/s",
+            Quantity::Amount("TFLOP/s"),
+            &[("tflops", "model TFLOP/s")],
+        ),
+        ChartSpec::new(
+            "model FLOPs utilisation",
+            Quantity::Share("MFU"),
+            &[("mfu", "MFU")],
+        ),
+        ChartSpec::new(
+            "peak memory",
+            Quantity::Bytes("GiB"),
+            &[("memory", "peak memory")],
+        ),
+        ChartSpec::new(
+            "seconds per step",
+            Quantity::Amount("seconds"),
+            &[("step_time_s", "wall seconds")],
+        ),
+        ChartSpec::new(
+            "tokens per step",
+            Quantity::Count("tokens"),
+            &[("tokens", "packed-row tokens (every rank)")],
+        ),
+        ChartSpec::new(
+            "epoch",
+            Quantity::Amount("epochs"),
+            &[("epoch", "epochs done")],
+        ),
+        ChartSpec::new(
+            "held-out rows",
+            Quantity::Count("rows"),
+            &[("eval_rows", "rows evaluated")],
+        ),
+    ],
+};
+
+/// Writes the curves of an SFT run's `metrics.jsonl` as a self-contained HTML page (inline
+/// SVG, no script): every quantity against the step.
 pub fn write_html(metrics: &Path, html: &Path, title: &str) -> Result<()> {
+    write_page(metrics, html, title, &SFT_PAGE)
+}
+
+/// Writes the curves of `metrics` as `page` lays them out to `html`.
+pub(crate) fn write_page(metrics: &Path, html: &Path, title: &str, page: &Page) -> Result<()> {
     let text = std::fs::read_to_string(metrics)
         .with_context(|| format!("cannot read {}", metrics.display()))?;
-    let (mut loss, mut eval, mut lr) = (Vec::new(), Vec::new(), Vec::new());
-    let mut last = None;
-    for line in text.lines() {
-        let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let Some(step) = value["step"].as_f64() else {
-            continue;
-        };
-        if let Some(l) = value["loss"].as_f64() {
-            loss.push((step, l));
-            lr.push((step, value["lr"].as_f64().unwrap_or(0.0)));
-            last = Some(value.clone());
-        }
-        if let Some(l) = value["eval_loss"].as_f64() {
-            eval.push((step, l));
-        }
-    }
-    let mut page = String::new();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let html_text = render_page(&lines, title, page);
+    dice_model::shards::write_atomically(html, |w| Ok(w.write_all(html_text.as_bytes())?))
+}
+
+fn render_page(lines: &[serde_json::Value], title: &str, page: &Page) -> String {
     let title = escape(title);
-    writeln!(
-        page,
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title>\n<style>\
-body{{font-family:sans-serif;margin:2em;color:#222}} svg{{background:#fafafa;border:1px solid #ddd}}\
- .train{{stroke:#1f77b4}} .eval{{stroke:#d62728}} .lr{{stroke:#2ca02c}} text{{font-size:12px}}\
-</style></head><body>\n<h1>{title}</h1>"
-    )?;
-    if let Some(last) = last {
-        writeln!(
-            page,
-            "<p>step {} · epoch {:.3} · loss {:.4} · lr {:.3e} · grad norm {:.4} · {:.0} tokens/s</p>",
-            last["step"],
-            last["epoch"].as_f64().unwrap_or(0.0),
-            last["loss"].as_f64().unwrap_or(f64::NAN),
-            last["lr"].as_f64().unwrap_or(0.0),
-            last["grad_norm"].as_f64().unwrap_or(f64::NAN),
-            last["tokens_per_s"].as_f64().unwrap_or(0.0),
-        )?;
-    }
-    page += &chart(
-        "loss",
-        &[("train", "train", &loss), ("eval", "eval", &eval)],
+    let mut html = format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n<style>\
+body{{font-family:system-ui,sans-serif;margin:2em;color:#222}}\
+.charts{{display:grid;grid-template-columns:repeat(auto-fill,minmax(480px,1fr));gap:1.5em 2em}}\
+figure{{margin:0}}h2{{font-size:1.05em;margin:0 0 .2em}}svg{{display:block;width:100%;height:auto}}\
+</style></head><body>\n<h1>{title}</h1>\n"
     );
-    page += &chart("learning rate", &[("lr", "lr", &lr)]);
-    page += "</body></html>\n";
-    dice_model::shards::write_atomically(html, |w| Ok(w.write_all(page.as_bytes())?))
-}
-
-pub(crate) fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// One line of a chart: its label, its CSS class and its (step, value) points.
-pub(crate) type Series<'a> = (&'a str, &'a str, &'a [(f64, f64)]);
-
-/// One SVG line chart of the given series.
-pub(crate) fn chart(title: &str, series: &[Series]) -> String {
-    const W: f64 = 800.0;
-    const H: f64 = 300.0;
-    const PAD: f64 = 50.0;
-    let points = series.iter().flat_map(|(_, _, p)| p.iter());
-    let finite: Vec<&(f64, f64)> = points.filter(|(_, y)| y.is_finite()).collect();
-    let mut svg = format!("<h2>{}</h2>\n", escape(title));
-    if finite.is_empty() {
-        svg += "<p>no data yet</p>\n";
-        return svg;
+    if let Some(summary) = summary(lines, page) {
+        let _ = writeln!(html, "<p>{}</p>", escape(&summary));
     }
-    let (x0, x1) = bounds(finite.iter().map(|p| p.0));
-    let (y0, y1) = bounds(finite.iter().map(|p| p.1));
-    let x = |v: f64| PAD + (v - x0) / (x1 - x0) * (W - 2.0 * PAD);
-    let y = |v: f64| H - PAD - (v - y0) / (y1 - y0) * (H - 2.0 * PAD);
-    svg += &format!("<svg width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\">\n");
-    svg += &format!(
-        "<line x1=\"{PAD}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"#888\"/>\
-<line x1=\"{PAD}\" y1=\"{PAD}\" x2=\"{PAD}\" y2=\"{b}\" stroke=\"#888\"/>\n",
-        b = H - PAD,
-        r = W - PAD
-    );
-    for (v, anchor_y) in [(y0, H - PAD), (y1, PAD)] {
-        svg += &format!(
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
-            PAD - 4.0,
-            anchor_y + 4.0,
-            label(v)
+    let recorded = Recorded::read(lines);
+    if recorded.keys.is_empty() {
+        html.push_str("<p>no data yet</p>\n");
+    }
+    html.push_str("<div class=\"charts\">\n");
+    for chart in charts(&recorded, page) {
+        // The keys on hover: where to find the numbers in `metrics.jsonl`.
+        let _ = writeln!(
+            html,
+            "<figure title=\"metrics.jsonl: {}\"><h2>{}</h2>{}</figure>",
+            escape(&chart.paths.join(", ")),
+            escape(&chart.title),
+            chart.chart.svg()
         );
     }
-    for (v, anchor_x) in [(x0, PAD), (x1, W - PAD)] {
-        svg += &format!(
-            "<text x=\"{anchor_x}\" y=\"{}\" text-anchor=\"middle\">step {}</text>\n",
-            H - PAD + 16.0,
-            label(v)
-        );
-    }
-    for (k, (name, class, points)) in series.iter().enumerate() {
-        let path: Vec<String> = points
-            .iter()
-            .filter(|(_, v)| v.is_finite())
-            .map(|&(s, v)| format!("{:.1},{:.1}", x(s), y(v)))
-            .collect();
-        if path.is_empty() {
-            continue;
+    html.push_str("</div>\n</body></html>\n");
+    html
+}
+
+/// `step N · label value · …` of the last line with the summary's first key.
+fn summary(lines: &[serde_json::Value], page: &Page) -> Option<String> {
+    let (first, _) = page.summary.first()?;
+    let last = lines.iter().rev().find(|l| l[first].is_number())?;
+    let mut parts = vec![format!("step {}", last["step"])];
+    for &(key, label) in page.summary {
+        if let Some(value) = last[key].as_f64() {
+            let quantity = page
+                .charts
+                .iter()
+                .find(|c| c.keys.iter().any(|(k, _)| *k == key))
+                .map_or(Quantity::Real(""), |c| c.y);
+            parts.push(format!("{label} {}", quantity.format(value)));
         }
-        svg += &format!(
-            "<polyline class=\"{class}\" fill=\"none\" stroke-width=\"1.5\" points=\"{}\"/>\n",
-            path.join(" ")
-        );
-        svg += &format!(
-            "<text x=\"{}\" y=\"{}\" class=\"{class}\" fill=\"currentColor\">— {name}</text>\n",
-            W - PAD - 80.0,
-            PAD + 14.0 * k as f64
-        );
     }
-    svg += "</svg>\n";
-    svg
+    Some(parts.join(" · "))
 }
 
-/// The range of `values`, widened when it is a single value.
-fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-        (lo.min(v), hi.max(v))
-    });
-    if hi > lo {
-        (lo, hi)
-    } else {
-        (lo - 0.5, hi + 0.5)
+/// Every number of `metrics.jsonl` by its key path, in the order the keys first appear.
+struct Recorded {
+    keys: Vec<RecordedKey>,
+}
+
+struct RecordedKey {
+    /// The path through the line: `loss`, `pass_rate_by_level.2`, `seconds_per_rank.0.idle`.
+    path: String,
+    /// `(step, value)` of the lines that have it.
+    points: Vec<(f64, f64)>,
+    /// Whether every value is a whole number as written (counts).
+    whole: bool,
+}
+
+impl Recorded {
+    fn read(lines: &[serde_json::Value]) -> Self {
+        let mut keys: Vec<RecordedKey> = Vec::new();
+        for line in lines {
+            let Some(step) = line["step"].as_f64() else {
+                continue;
+            };
+            let mut numbers = Vec::new();
+            flatten(String::new(), line, &mut numbers);
+            for (path, value, whole) in numbers {
+                if path == "step" {
+                    continue;
+                }
+                match keys.iter_mut().find(|k| k.path == path) {
+                    Some(key) => {
+                        key.points.push((step, value));
+                        key.whole &= whole;
+                    }
+                    None => keys.push(RecordedKey {
+                        path,
+                        points: vec![(step, value)],
+                        whole,
+                    }),
+                }
+            }
+        }
+        Self { keys }
+    }
+
+    /// The first and last step.
+    fn steps(&self) -> Option<(f64, f64)> {
+        let steps = self.keys.iter().flat_map(|k| k.points.iter().map(|p| p.0));
+        steps.fold(None, |range, s| match range {
+            None => Some((s, s)),
+            Some((lo, hi)) => Some((f64::min(lo, s), f64::max(hi, s))),
+        })
     }
 }
 
-fn label(v: f64) -> String {
-    if v != 0.0 && (v.abs() < 1e-2 || v.abs() >= 1e5) {
-        format!("{v:.2e}")
-    } else {
-        format!("{v:.3}")
+/// The numbers of `value` with their key paths and whether they are written as whole numbers.
+fn flatten(path: String, value: &serde_json::Value, out: &mut Vec<(String, f64, bool)>) {
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match value {
+        serde_json::Value::Number(n) => {
+            if let Some(v) = n.as_f64() {
+                out.push((path.clone(), v, n.is_i64() || n.is_u64()));
+            }
+        }
+        serde_json::Value::Object(map) => {
+            for (key, v) in map {
+                flatten(join(key), v, out);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                flatten(join(&i.to_string()), v, out);
+            }
+        }
+        _ => {}
     }
+}
+
+/// What `pattern` (`*` standing for one step of the path) captures of `path`: `Some("")` for an
+/// exact match, `Some(step)` for the step under the `*`, `None` when it does not match.
+fn capture<'p>(pattern: &str, path: &'p str) -> Option<&'p str> {
+    let (pattern, path): (Vec<&str>, Vec<&'p str>) =
+        (pattern.split('.').collect(), path.split('.').collect());
+    if pattern.len() != path.len() {
+        return None;
+    }
+    let mut captured = "";
+    for (p, s) in pattern.iter().zip(path) {
+        if *p == "*" {
+            captured = s;
+        } else if p != &s {
+            return None;
+        }
+    }
+    Some(captured)
+}
+
+/// The key paths of `lines` that none of `page`'s charts names (they get charts of their own).
+#[cfg(test)]
+pub(crate) fn layout_misses(lines: &[serde_json::Value], page: &Page) -> Vec<String> {
+    charts(&Recorded::read(lines), page)
+        .into_iter()
+        .filter(|c| !page.charts.iter().any(|spec| spec.title == c.title))
+        .flat_map(|c| c.paths)
+        .collect()
+}
+
+/// A chart of a page with the key paths it draws.
+struct PageChart {
+    title: String,
+    chart: Chart,
+    paths: Vec<String>,
+}
+
+/// The page's charts that have data, then one chart per recorded key none of them draws.
+fn charts(recorded: &Recorded, page: &Page) -> Vec<PageChart> {
+    let step_axis = || {
+        let axis = Axis::integer("step");
+        match recorded.steps() {
+            // Every chart of the page spans the same steps, so they line up.
+            Some((first, last)) => axis.including(first).including(last),
+            None => axis,
+        }
+    };
+    let mut drawn = vec![false; recorded.keys.len()];
+    let mut charts = Vec::new();
+    for spec in page.charts {
+        let mut chart = Chart::new(spec.title, step_axis(), spec.y.axis())
+            .untitled()
+            .size(560.0, 250.0);
+        let mut paths = Vec::new();
+        for &(pattern, label) in spec.keys {
+            let mut matched: Vec<(&str, usize)> = recorded
+                .keys
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !drawn[*i])
+                .filter_map(|(i, k)| Some((capture(pattern, &k.path)?, i)))
+                .collect();
+            // Levels and ranks in numeric order (a JSON object's keys come sorted as text).
+            matched.sort_by_key(|(part, _)| part.parse::<u64>().unwrap_or(u64::MAX));
+            for (part, i) in matched {
+                drawn[i] = true;
+                let key = &recorded.keys[i];
+                let points = key.points.iter().map(|&(s, v)| (s, spec.y.drawn(v)));
+                chart = chart.with(Series::line(&label.replace('*', part), points.collect()));
+                paths.push(key.path.clone());
+            }
+        }
+        if !paths.is_empty() {
+            charts.push(PageChart {
+                title: spec.title.to_string(),
+                chart,
+                paths,
+            });
+        }
+    }
+    for (key, _) in recorded.keys.iter().zip(&drawn).filter(|(_, d)| !**d) {
+        let y = if key.whole {
+            Axis::integer(&key.path)
+        } else {
+            Axis::real(&key.path)
+        };
+        let chart = Chart::new(&key.path, step_axis(), y)
+            .untitled()
+            .size(560.0, 250.0)
+            .with(Series::line(&key.path, key.points.clone()));
+        charts.push(PageChart {
+            title: key.path.clone(),
+            chart,
+            paths: vec![key.path.clone()],
+        });
+    }
+    charts
 }
 
 #[cfg(test)]
@@ -345,8 +594,122 @@ mod tests {
         write_html(&path, &html, "run <1>").unwrap();
         let page = std::fs::read_to_string(&html).unwrap();
         assert!(page.contains("<title>run &lt;1&gt;</title>"));
-        assert!(page.contains("<polyline class=\"train\""));
-        assert!(page.contains("<polyline class=\"eval\""));
+        let loss = page.split("<h2>loss</h2>").nth(1).unwrap();
+        let loss = &loss[..loss.find("</figure>").unwrap()];
+        assert_eq!(loss.matches("<polyline").count(), 2);
+        assert!(loss.contains(">train</text></g>") && loss.contains(">held-out</text></g>"));
         assert!(!page.contains("<script"));
+    }
+
+    /// The lines an SFT run writes: every field of its step and eval lines.
+    fn sft_lines(steps: u64) -> Vec<serde_json::Value> {
+        let mut lines = Vec::new();
+        for step in 1..=steps {
+            let s = step as f64;
+            lines.push(
+                serde_json::to_value(StepMetrics {
+                    step,
+                    epoch: s / steps as f64,
+                    loss: 2.5 / s.sqrt(),
+                    lr: 3e-5 * s.min(5.0) / 5.0,
+                    grad_norm: 1.5 / s.sqrt(),
+                    tokens: 65_536,
+                    tokens_per_s: 12_000.0 + 100.0 * (s % 3.0),
+                    tflops: 310.5,
+                    mfu: Some(0.31 + 0.001 * s),
+                    memory: Some(70 << 30),
+                    step_time_s: 5.4,
+                })
+                .unwrap(),
+            );
+            if step % 10 == 0 {
+                lines.push(
+                    serde_json::to_value(EvalMetrics {
+                        step,
+                        epoch: s / steps as f64,
+                        eval_loss: 2.0 / s.sqrt(),
+                        eval_rows: 64,
+                    })
+                    .unwrap(),
+                );
+            }
+        }
+        lines
+    }
+
+    #[test]
+    fn every_key_of_the_sft_lines_has_its_own_named_chart() {
+        let lines = sft_lines(40);
+        assert_eq!(layout_misses(&lines, &SFT_PAGE), Vec::<String>::new());
+        let page = render_page(&lines, "sft", &SFT_PAGE);
+        for heading in [
+            "loss",
+            "learning rate",
+            "gradient norm (before clipping)",
+            "throughput",
+            "model FLOPs utilisation",
+            "peak memory",
+            "seconds per step",
+        ] {
+            assert!(page.contains(&format!("<h2>{heading}</h2>")), "{heading}");
+        }
+        assert!(
+            page.contains(
+                "<p>step 40 · loss 0.3953 · epoch 1 · lr 3e-5 · grad norm 0.2372 · \
+                 tokens/s 12100 · MFU 35.0% · peak memory 70 GiB</p>"
+            ),
+            "{page}"
+        );
+        // Steps tick on whole numbers, never `step 1.000`.
+        for step in ["1", "10", "20", "30", "40"] {
+            assert!(page.contains(&format!("text-anchor=\"middle\">{step}</text>")));
+        }
+        assert!(!page.contains(".000<") && !page.contains("step 1.0"));
+        assert!(page.contains(">step</text>"));
+        // MFU in percent, memory in GiB.
+        let mfu = page
+            .split("<h2>model FLOPs utilisation</h2>")
+            .nth(1)
+            .unwrap();
+        assert!(mfu[..mfu.find("</figure>").unwrap()].contains("%</text>"));
+        let memory = page.split("<h2>peak memory</h2>").nth(1).unwrap();
+        assert!(memory[..memory.find("</figure>").unwrap()]
+            .contains("<title>peak memory, step 40: 70</title>"));
+    }
+
+    #[test]
+    fn a_key_no_chart_names_gets_a_chart_of_its_own() {
+        let lines: Vec<serde_json::Value> = [
+            r#"{"step":1,"loss":2.0,"novel":3,"nested":{"a":[0.5,1.5]}}"#,
+            r#"{"step":2,"loss":1.0,"novel":4,"nested":{"a":[0.25,1.0]}}"#,
+            r#"{"step":2,"eval_loss":1.5,"flag":true,"name":"x"}"#,
+        ]
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+        let recorded = Recorded::read(&lines);
+        let mut drawn: Vec<String> = charts(&recorded, &SFT_PAGE)
+            .into_iter()
+            .flat_map(|c| c.paths)
+            .collect();
+        drawn.sort();
+        assert_eq!(
+            drawn,
+            ["eval_loss", "loss", "nested.a.0", "nested.a.1", "novel"]
+        );
+        let mut misses = layout_misses(&lines, &SFT_PAGE);
+        misses.sort();
+        assert_eq!(misses, ["nested.a.0", "nested.a.1", "novel"]);
+        let page = render_page(&lines, "sft", &SFT_PAGE);
+        assert!(page.contains("<h2>novel</h2>") && page.contains("<h2>nested.a.1</h2>"));
+        // A count keeps whole-number ticks.
+        let novel = page.split("<h2>novel</h2>").nth(1).unwrap();
+        assert!(!novel[..novel.find("</figure>").unwrap()].contains(".5</text>"));
+    }
+
+    #[test]
+    fn an_empty_log_says_there_is_no_data_yet() {
+        let page = render_page(&[], "sft", &SFT_PAGE);
+        assert!(page.contains("<p>no data yet</p>") && !page.contains("<svg"));
     }
 }

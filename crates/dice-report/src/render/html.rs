@@ -2,17 +2,18 @@
 
 use super::svg::{rate_bars, speedup_histogram, strip_chart, Mark, RatePair};
 use super::{
-    compared_run_settings, esc, metric_rows, optional_ms, percent, run_settings, speedup_cell,
+    compared_run_settings, metric_rows, optional_ms, percent, run_settings, speedup_cell,
     COMPARED_RUN_COLUMNS, COMPARISON_LEGEND,
 };
 use crate::compare::{Comparison, PaperScores};
 use crate::report::{Report, Scoring};
+use dice_chart::escape;
 use std::fmt::Write;
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;color:#222}\
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em}\
 td.n{text-align:right}th{background:#f2f2f2}.headline{background:#e8f4f2}\
-tr.deceptive td{background:#fdecec}";
+tr.deceptive td{background:#fdecec}svg{display:block;max-width:100%;height:auto;margin:.5em 0}";
 
 pub(super) fn render(r: &Report) -> String {
     let mut out = format!(
@@ -22,7 +23,7 @@ pub(super) fn render(r: &Report) -> String {
     );
     out.push_str("<table>");
     for (k, v) in run_settings(r) {
-        let _ = write!(out, "<tr><th>{k}</th><td>{}</td></tr>", esc(&v));
+        let _ = write!(out, "<tr><th>{k}</th><td>{}</td></tr>", escape(&v));
     }
     out.push_str("</table>");
 
@@ -49,9 +50,9 @@ pub(super) fn render(r: &Report) -> String {
             let _ = write!(
                 out,
                 "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
-                esc(&row.label),
-                esc(&row.raw),
-                esc(&row.robust)
+                escape(&row.label),
+                escape(&row.raw),
+                escape(&row.robust)
             );
         }
         out.push_str("</table><p>Verdicts (all samples): ");
@@ -60,7 +61,7 @@ pub(super) fn render(r: &Report) -> String {
             .iter()
             .map(|(v, n)| format!("{v} {n}"))
             .collect();
-        out.push_str(&esc(&verdicts.join(", ")));
+        out.push_str(&escape(&verdicts.join(", ")));
         let _ = write!(
             out,
             ". Deceptive samples: {}; flagged: {}.</p>",
@@ -80,7 +81,7 @@ pub(super) fn render(r: &Report) -> String {
             })
             .collect();
         out.push_str(&strip_chart(
-            &format!("Level {level}: speedup per problem (red = deceptive)"),
+            &format!("Level {level}: speedup per problem"),
             &points,
         ));
     }
@@ -96,8 +97,8 @@ pub(super) fn render(r: &Report) -> String {
                 "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
                 e.level,
                 e.problem_id,
-                esc(&e.name),
-                esc(&e.reference_error)
+                escape(&e.name),
+                escape(&e.reference_error)
             );
         }
         out.push_str("</table>");
@@ -114,7 +115,7 @@ pub(super) fn render(r: &Report) -> String {
                 out,
                 "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{:.3}</td>\
                  <td class=\"n\">{:.1}</td></tr>",
-                esc(&t.stage),
+                escape(&t.stage),
                 t.samples,
                 t.median_s,
                 t.total_s
@@ -141,15 +142,15 @@ pub(super) fn render(r: &Report) -> String {
              <td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             s.level,
             s.problem_id,
-            esc(s.name.as_deref().unwrap_or("")),
+            escape(s.name.as_deref().unwrap_or("")),
             s.sample_id,
             s.verdict,
             speedup_cell(s),
             optional_ms(s.candidate_ms),
             optional_ms(s.baseline_ms),
             if s.deceptive { "yes" } else { "no" },
-            esc(&s.flags.join(", ")),
-            esc(s.message.as_deref().unwrap_or(""))
+            escape(&s.flags.join(", ")),
+            escape(s.message.as_deref().unwrap_or(""))
         );
     }
     out.push_str("</table></body></html>\n");
@@ -162,7 +163,7 @@ pub(super) fn render_comparison(c: &Comparison) -> String {
          <title>dice runs side by side</title><style>{STYLE}.charts{{display:flex;\
          flex-wrap:wrap;gap:1em}}</style></head><body><h1>dice runs side by side</h1>\
          <p>{} Shaded: the headline of the run's own report.</p><table><tr>",
-        esc(COMPARISON_LEGEND)
+        escape(COMPARISON_LEGEND)
     );
     for column in COMPARED_RUN_COLUMNS {
         let _ = write!(out, "<th>{column}</th>");
@@ -171,7 +172,7 @@ pub(super) fn render_comparison(c: &Comparison) -> String {
     for run in &c.runs {
         out.push_str("<tr>");
         for value in compared_run_settings(run) {
-            let _ = write!(out, "<td>{}</td>", esc(&value));
+            let _ = write!(out, "<td>{}</td>", escape(&value));
         }
         out.push_str("</tr>");
     }
@@ -183,7 +184,7 @@ pub(super) fn render_comparison(c: &Comparison) -> String {
             "<h2>Level {level}</h2><table><tr><th rowspan=\"2\">metric</th>"
         );
         for run in &c.runs {
-            let _ = write!(out, "<th colspan=\"2\">{}</th>", esc(&run.label));
+            let _ = write!(out, "<th colspan=\"2\">{}</th>", escape(&run.label));
         }
         out.push_str("</tr><tr>");
         for run in &c.runs {

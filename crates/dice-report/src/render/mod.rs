@@ -169,13 +169,6 @@ fn headline_name(scoring: Scoring) -> &'static str {
     }
 }
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
 fn percent(x: f64) -> String {
     format!("{:.1}%", 100.0 * x)
 }
