@@ -10,7 +10,7 @@
 //! renamed: a folder named `checkpoint-STEP` or `final` is always complete, whenever the
 //! process was killed.
 
-use crate::collective::Collective;
+use crate::dist::Collective;
 use crate::metrics::MetricsLog;
 use crate::optim::AdamW;
 use crate::sft::config::SaveDType;

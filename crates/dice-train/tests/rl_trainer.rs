@@ -4,7 +4,7 @@
 
 use dice_model::init::{InitWeights, ModelInit};
 use dice_model::SdarConfig;
-use dice_train::collective::SingleProcess;
+use dice_train::dist::SingleProcess;
 use dice_train::rl::{
     Candidate, ContainsToken, JudgeReward, Reward, RlConfig, RlTrainer, Score, Stage,
 };

@@ -8,7 +8,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use dice_model::init::{InitWeights, ModelInit};
 use dice_model::{Sdar, SdarConfig, TwoStreamBatch};
-use dice_train::collective::{SingleProcess, TcpGroup};
+use dice_train::dist::{SingleProcess, TcpGroup};
 use dice_train::noise::Noiser;
 use dice_train::schedule::ScheduleKind;
 use dice_train::sft::config::SaveDType;

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use dice_train::collective::{launch_local_ranks, Collective, Rendezvous, SingleProcess};
+use dice_train::dist::{join_or_launch, Collective};
 use std::ffi::OsString;
 
 #[derive(Args, Debug)]
@@ -22,15 +22,7 @@ impl RankArgs {
     /// This process's place in the run: its collective, or `None` once the `--nproc-per-node`
     /// ranks it started with this command line have all finished.
     pub(crate) fn join_or_launch(&self) -> Result<Option<Box<dyn Collective>>> {
-        let rendezvous = Rendezvous::from_env()?;
-        if let (Some(nproc), None) = (self.nproc_per_node, &rendezvous) {
-            launch_local_ranks(nproc, &std::env::current_exe()?, &rank_args())?;
-            return Ok(None);
-        }
-        Ok(Some(match rendezvous {
-            Some(rendezvous) => rendezvous.join()?,
-            None => Box::new(SingleProcess),
-        }))
+        join_or_launch(self.nproc_per_node, &std::env::current_exe()?, &rank_args())
     }
 }
 

@@ -1,14 +1,13 @@
 //! `dice train`: block-diffusion fine-tuning. The flags map onto `dice_train`'s settings and
 //! trainer.
 
-use super::args::DeviceKind;
 use super::ranks::RankArgs;
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
 use dice_model::SdarTokenizer;
 use dice_train::data::{model_block_length, select_datasets, PackedDataset, Qwen3Encoder};
 use dice_train::schedule::ScheduleKind;
-use dice_train::sft::config::{self, ComputeDType, SaveDType};
+use dice_train::sft::config::{ComputeDType, SaveDType};
 use dice_train::sft::{Resume, RunOptions, SftConfig, SftTrainer};
 use std::path::PathBuf;
 
@@ -199,7 +198,7 @@ pub(crate) struct SftArgs {
     pub max_grad_norm: Option<f64>,
     /// Where the model trains [default: cpu]; cuda needs a binary built with `--features cuda`.
     #[arg(long, value_enum)]
-    pub device: Option<DeviceKind>,
+    pub device: Option<dice_eval::Device>,
     /// Compute dtype [default: f32 on the CPU, bf16 on CUDA].
     #[arg(long, value_enum)]
     pub dtype: Option<TrainDType>,
@@ -336,13 +335,7 @@ fn settings(a: &SftArgs) -> Result<SftConfig> {
     set(&mut t.seed, &a.seed);
     set(&mut t.chunk_rows, &a.chunk_rows);
     set(&mut t.zero_stage, &a.zero_stage);
-    set(
-        &mut t.device,
-        &a.device.map(|d| match d {
-            DeviceKind::Cpu => config::DeviceKind::Cpu,
-            DeviceKind::Cuda => config::DeviceKind::Cuda,
-        }),
-    );
+    set(&mut t.device, &a.device);
     if let Some(dtype) = a.dtype {
         t.dtype = Some(match dtype {
             TrainDType::F32 => ComputeDType::F32,

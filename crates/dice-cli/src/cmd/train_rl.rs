@@ -1,15 +1,14 @@
 //! `dice train rl`: BiC-RL. The flags map onto `dice_train::rl`'s settings, reward and trainer.
 
-use super::args::DeviceKind;
 use super::ranks::RankArgs;
 use super::train::TrainDType;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use dice_train::rl::config::{GridName, JudgeDevice};
+use dice_train::rl::config::GridName;
 use dice_train::rl::{
     dry_run_report, ContainsToken, JudgeReward, RlConfig, RlTrainer, Stage, TaskOrder,
 };
-use dice_train::sft::config::{ComputeDType, DeviceKind as TrainDevice};
+use dice_train::sft::config::ComputeDType;
 use dice_train::sft::{Resume, RunOptions};
 use std::path::PathBuf;
 
@@ -155,13 +154,13 @@ pub(crate) struct RlArgs {
     /// Where the model trains and decodes [default: cpu]; cuda needs a binary built with
     /// `--features cuda`.
     #[arg(long, value_enum)]
-    pub device: Option<DeviceKind>,
+    pub device: Option<dice_eval::Device>,
     /// Compute dtype [default: f32 on the CPU, bf16 on CUDA].
     #[arg(long, value_enum)]
     pub dtype: Option<TrainDType>,
     /// Where candidates are judged [default: the training device].
     #[arg(long, value_enum)]
-    pub judge_device: Option<DeviceKind>,
+    pub judge_device: Option<dice_eval::Device>,
     /// The Python (with torch and ninja) the judge's workers run [default: DICE_PYTHON, else
     /// .dice/venv, else python3].
     #[arg(long, value_name = "PATH")]
@@ -284,18 +283,15 @@ fn settings(a: &RlArgs) -> Result<RlConfig> {
             GridArg::Reference => GridName::Reference,
         }),
     );
-    set(&mut t.device, a.device.map(train_device));
+    set(&mut t.device, a.device);
     if let Some(dtype) = a.dtype {
         t.dtype = Some(match dtype {
             TrainDType::F32 => ComputeDType::F32,
             TrainDType::Bf16 => ComputeDType::Bf16,
         });
     }
-    if let Some(device) = a.judge_device {
-        c.reward.judge_device = Some(match device {
-            DeviceKind::Cpu => JudgeDevice::Cpu,
-            DeviceKind::Cuda => JudgeDevice::Cuda,
-        });
+    if a.judge_device.is_some() {
+        c.reward.judge_device = a.judge_device;
     }
     if a.python.is_some() {
         c.reward.python.clone_from(&a.python);
@@ -312,13 +308,6 @@ fn settings(a: &RlArgs) -> Result<RlConfig> {
     }
     set(&mut c.eval.eval_steps, a.eval_steps);
     Ok(c)
-}
-
-fn train_device(d: DeviceKind) -> TrainDevice {
-    match d {
-        DeviceKind::Cpu => TrainDevice::Cpu,
-        DeviceKind::Cuda => TrainDevice::Cuda,
-    }
 }
 
 pub(crate) fn run(a: RlArgs) -> Result<()> {

@@ -7,10 +7,9 @@
 use super::task::{Stage, TaskOrder};
 use super::BlockGrid;
 use crate::optim::AdamWConfig;
-use crate::sft::config::{
-    read_settings, settings_from_toml, CheckpointConfig, ComputeDType, DeviceKind,
-};
+use crate::sft::config::{read_settings, settings_from_toml, CheckpointConfig, ComputeDType};
 use anyhow::{bail, ensure, Context, Result};
+use dice_eval::Device;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -105,22 +104,14 @@ impl Default for RolloutConfig {
     }
 }
 
-/// Where the judge of candidates runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JudgeDevice {
-    /// CPU C++ candidates (tests, machines without a GPU).
-    Cpu,
-    Cuda,
-}
-
 /// How candidates are rewarded (spec bicrl §6).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RewardConfig {
-    /// [default: the training device]
+    /// Where candidates are judged: `cpu` (C++ candidates; tests, machines without a GPU) or
+    /// `cuda` [default: the training device].
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub judge_device: Option<JudgeDevice>,
+    pub judge_device: Option<Device>,
     /// Correctness trials per candidate (the reference runs 1).
     pub correctness_trials: u32,
     /// atol = rtol of the correctness check.
@@ -184,7 +175,7 @@ pub struct TrainingConfig {
     /// `reference` (the reference trainer's, spec bicrl §16.3).
     pub grid: GridName,
     pub seed: u64,
-    pub device: DeviceKind,
+    pub device: Device,
     /// [default: f32 on the CPU, bf16 on CUDA]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<ComputeDType>,
@@ -208,7 +199,7 @@ impl Default for TrainingConfig {
             max_response_len: 4096,
             grid: GridName::Rollout,
             seed: 10086,
-            device: DeviceKind::Cpu,
+            device: Device::Cpu,
             dtype: None,
         }
     }
@@ -217,8 +208,8 @@ impl Default for TrainingConfig {
 impl TrainingConfig {
     pub fn compute_dtype(&self) -> ComputeDType {
         self.dtype.unwrap_or(match self.device {
-            DeviceKind::Cpu => ComputeDType::F32,
-            DeviceKind::Cuda => ComputeDType::Bf16,
+            Device::Cpu => ComputeDType::F32,
+            Device::Cuda => ComputeDType::Bf16,
         })
     }
 }
@@ -357,11 +348,7 @@ impl RlConfig {
         );
         ensure!(t.shrink > 0, "shrink must be at least 1");
         t.dtype = Some(t.compute_dtype());
-        let device = t.device;
-        self.reward.judge_device.get_or_insert(match device {
-            DeviceKind::Cpu => JudgeDevice::Cpu,
-            DeviceKind::Cuda => JudgeDevice::Cuda,
-        });
+        self.reward.judge_device.get_or_insert(t.device);
         ensure!(
             self.checkpoint.save_steps > 0 && self.eval.eval_steps > 0,
             "save_steps and eval_steps must be at least 1"

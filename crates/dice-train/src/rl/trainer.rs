@@ -26,7 +26,7 @@ use super::task::{candidate_program, load_tasks, render_prompt, select_tasks, Rl
 use super::TraceRecord;
 use super::{old_log_probs, policy_loss_and_grad_sums, PolicyLossSettings, Replay, ReplaySettings};
 use crate::checkpoint::{checkpoint_name, checkpoints, Checkpointer, TrainerState, FINAL};
-use crate::collective::{contiguous_share, Collective};
+use crate::dist::{contiguous_share, Collective};
 use crate::metrics::MetricsLog;
 use crate::optim::{clip_grad_norm, AdamW};
 use crate::sft::{Resume, RunOptions};
@@ -185,8 +185,8 @@ impl RlTrainer {
     ) -> Result<Self> {
         let config = config.resolve()?;
         let training = &config.training;
-        let device = training.device.rank_device()?;
-        let collective = crate::collective::for_device(collective, &device)?;
+        let device = crate::dist::rank_device(training.device)?;
+        let collective = crate::dist::for_device(collective, &device)?;
         let dtype = training.compute_dtype().dtype();
         let tasks: Vec<Arc<RlTask>> = load_tasks(config.task_file(), config.tasks.stage)?
             .into_iter()
@@ -1015,7 +1015,7 @@ fn check_resumable(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::SingleProcess;
+    use crate::dist::SingleProcess;
 
     #[test]
     fn step_totals_count_passes_per_level() {

@@ -4,11 +4,12 @@
 //! Trainer's defaults it runs with.
 
 use crate::data::PackOptions;
+use crate::dist::zero::ZeroStage;
 use crate::optim::AdamWConfig;
 use crate::schedule::ScheduleKind;
-use crate::zero::ZeroStage;
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::DType;
+use dice_eval::Device;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -79,29 +80,6 @@ impl Default for DataConfig {
     }
 }
 
-/// Where the model trains.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeviceKind {
-    #[default]
-    Cpu,
-    Cuda,
-}
-
-impl DeviceKind {
-    /// This rank's device: its machine's GPU `LOCAL_RANK` for CUDA.
-    pub fn rank_device(self) -> Result<candle_core::Device> {
-        match self {
-            DeviceKind::Cpu => Ok(candle_core::Device::Cpu),
-            DeviceKind::Cuda => dice_model::device::cuda_device(crate::collective::local_rank()?)
-                .context(
-                    "cannot use CUDA (is this binary built with `--features cuda` and is a GPU \
-                     visible?)",
-                ),
-        }
-    }
-}
-
 /// Settings of type `T` read from the TOML file `path`; keys it leaves out keep their defaults.
 pub(crate) fn read_settings<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
     let text = std::fs::read_to_string(path)
@@ -151,7 +129,8 @@ pub struct TrainingConfig {
     pub max_grad_norm: f64,
     /// Seed of the data order, the noise and the validation split.
     pub seed: u64,
-    pub device: DeviceKind,
+    /// Where the model trains: each rank on the CPU, or on its machine's GPU `LOCAL_RANK`.
+    pub device: Device,
     /// [default: f32 on the CPU, bf16 on CUDA]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<ComputeDType>,
@@ -175,7 +154,7 @@ impl Default for TrainingConfig {
             gradient_accumulation_steps: 1,
             max_grad_norm: 1.0,
             seed: 42,
-            device: DeviceKind::Cpu,
+            device: Device::Cpu,
             dtype: None,
             chunk_rows: dice_model::sdar::QUERY_CHUNK,
             zero_stage: 0,
@@ -187,8 +166,8 @@ impl TrainingConfig {
     /// The compute dtype, its default resolved.
     pub fn compute_dtype(&self) -> ComputeDType {
         self.dtype.unwrap_or(match self.device {
-            DeviceKind::Cpu => ComputeDType::F32,
-            DeviceKind::Cuda => ComputeDType::Bf16,
+            Device::Cpu => ComputeDType::F32,
+            Device::Cuda => ComputeDType::Bf16,
         })
     }
 }
@@ -345,7 +324,7 @@ impl SftConfig {
             self.checkpoint.max_shard_bytes > 0,
             "max_shard_bytes must be positive"
         );
-        if self.metrics.peak_tflops.is_none() && self.training.device == DeviceKind::Cuda {
+        if self.metrics.peak_tflops.is_none() && self.training.device == Device::Cuda {
             self.metrics.peak_tflops = Some(HOPPER_BF16_PEAK_TFLOPS);
         }
         if let Some(peak) = self.metrics.peak_tflops {
@@ -386,7 +365,7 @@ impl SftConfig {
 
     /// The settings the weights of a run depend on, as JSON: training (but the device and the
     /// chunking, which change rounding at most, and the ZeRO stage, which changes neither the
-    /// update, see [`crate::zero`], nor the checkpoint) and the optimizer. A checkpoint records them; a
+    /// update, see [`crate::dist::zero`], nor the checkpoint) and the optimizer. A checkpoint records them; a
     /// resumed run must ask for the same.
     pub fn resume_key(&self) -> serde_json::Value {
         let mut training = serde_json::to_value(&self.training).expect("settings serialize");
@@ -480,7 +459,7 @@ mod tests {
         let a = SftConfig::default();
         let mut b = a.clone();
         b.training.learning_rate = 2e-5;
-        b.training.device = DeviceKind::Cuda;
+        b.training.device = Device::Cuda;
         b.optimizer.weight_decay = 0.1;
         assert_eq!(
             resume_key_difference(&a.resume_key(), &a.resume_key()),

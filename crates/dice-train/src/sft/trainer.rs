@@ -13,22 +13,22 @@
 //! up to the rounding of a regrouped f32 sum. (DeepSpeed divides by the world size instead;
 //! with the reference's clipping at 1.0 both give the same clipped gradient whenever the
 //! norm exceeds 1.) With `zero_stage` 1 or 2 each rank keeps the optimizer state of one shard
-//! of the parameters only ([`crate::zero`]), for the same update.
+//! of the parameters only ([`crate::dist::zero`]), for the same update.
 
 use super::config::SftConfig;
 use super::plan::{DataPlan, RunLength};
 use crate::checkpoint::{
     checkpoint_name, checkpoints, Checkpointer, TrainerState, FINAL, OPTIMIZER_STATE,
 };
-use crate::collective::{contiguous_share, Collective};
 use crate::data::{model_block_length, select_datasets, CleanRow, PackedDataset, Qwen3Encoder};
+use crate::dist::zero::{DataParallelAdamW, ZeroStage};
+use crate::dist::{contiguous_share, Collective};
 use crate::metrics::{
     process_peak_rss, sft_step_flops, write_html, EvalMetrics, MetricsLog, StepMetrics,
 };
 use crate::noise::Noiser;
 use crate::optim::GradientAccumulator;
 use crate::schedule::LrSchedule;
-use crate::zero::{DataParallelAdamW, ZeroStage};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use dice_model::memory::PeakMemory;
@@ -107,9 +107,9 @@ impl SftTrainer {
     ) -> Result<Self> {
         let config = config.resolve()?;
         let training = &config.training;
-        let device = training.device.rank_device()?;
+        let device = crate::dist::rank_device(training.device)?;
         let dtype = training.compute_dtype().dtype();
-        let collective = crate::collective::for_device(collective, &device)?;
+        let collective = crate::dist::for_device(collective, &device)?;
 
         let tokenizer = SdarTokenizer::from_dir(config.tokenizer_dir())?;
         let encoder = Qwen3Encoder::new(&tokenizer)?;

@@ -24,7 +24,7 @@
 //! the stage and a run resumes with any stage. Rank 0 then holds the whole state on the host
 //! for the time of the save. Resuming, every rank maps the file and reads its shard.
 
-use crate::collective::{contiguous_share, Collective};
+use super::collective::{contiguous_share, Collective};
 use crate::optim::{clip_grad_norm, clip_sharded_grad_norm, open_state, AdamW, AdamWConfig};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
