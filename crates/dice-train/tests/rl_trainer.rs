@@ -8,7 +8,8 @@ use dice_train::dist::SingleProcess;
 use dice_train::rl::{
     Candidate, ContainsToken, JudgeReward, Reward, RlConfig, RlTrainer, Score, Stage,
 };
-use dice_train::sft::{Resume, RunOptions};
+use dice_train::run::settings::Settings;
+use dice_train::run::{Resume, RunOptions};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -55,7 +56,7 @@ fn settings(model: &Path, tasks: &Path, steps: u64) -> RlConfig {
     config.rollout.samples_per_task = 4;
     config.rollout.max_tokens = 8;
     config.training.total_steps = steps;
-    config.training.learning_rate = 1e-2;
+    config.training.run.learning_rate = 1e-2;
     config.training.samples_per_update = 64;
     config.checkpoint.save_steps = 5;
     config
@@ -181,7 +182,7 @@ fn a_step_is_judged_by_the_evaluator() {
     let out = dir.path().join("run");
     let mut trainer = open(config, &out).unwrap();
     let mut reward = JudgeReward::start(
-        &trainer.config().reward,
+        &trainer.run().config().reward,
         out.join("judge.db"),
         "rl test".into(),
     )
@@ -220,11 +221,11 @@ fn a_run_continues_after_its_last_completed_step() {
         .unwrap()
         .train(&mut TokenCensus::default())
         .unwrap();
-    assert_eq!(first.steps_run, 2);
+    assert_eq!(first.steps_run(), 2);
     assert!(out.join("checkpoint-2").is_dir() && !out.join("checkpoint-1").exists());
 
     let mut resumed = open(settings(&model, &tasks, 3), &out).unwrap();
-    assert_eq!(resumed.step(), 2);
+    assert_eq!(resumed.run().step(), 2);
     let second = resumed.train(&mut TokenCensus::default()).unwrap();
     assert_eq!(second.steps.iter().map(|s| s.step).collect::<Vec<_>>(), [3]);
     assert!(out.join("checkpoint-3").is_dir() && !out.join("checkpoint-2").exists());
