@@ -27,20 +27,24 @@ pub struct RlStepMetrics {
     pub pass_rate_by_level: BTreeMap<u32, f64>,
     /// Task groups with a learning signal (not all equally rewarded).
     pub groups_kept: usize,
+    /// Whether the step updated the weights: false when every task group's completions were
+    /// rewarded alike (no group kept), so that there was nothing to learn from.
+    pub learned: bool,
     pub advantage_mean: f64,
     pub advantage_std: f64,
     pub advantage_abs_max: f64,
     pub replay_samples: usize,
     pub loss_tokens: usize,
-    /// Mean loss over the step's updates.
-    pub loss: f64,
+    /// Mean loss over the step's updates; null, as the update's other numbers, when the step
+    /// learned nothing.
+    pub loss: Option<f64>,
     /// Mean k3 KL term over the replay samples.
-    pub kl: f64,
-    pub clip_fraction: f64,
+    pub kl: Option<f64>,
+    pub clip_fraction: Option<f64>,
     /// Mean −log π_old of the decoded tokens: the policy's entropy on what it decoded.
-    pub entropy: f64,
+    pub entropy: Option<f64>,
     /// Gradient norm (before clipping) of the step's last update.
-    pub grad_norm: f64,
+    pub grad_norm: Option<f64>,
     pub updates: usize,
     pub tokens_generated: u64,
     pub rollout_tokens_per_s: f64,
@@ -77,8 +81,21 @@ pub struct RlEvalMetrics {
 
 impl StepLine for RlStepMetrics {
     fn describe(&self) -> String {
-        let (reward, pass, kl) = (self.reward_mean, self.pass_rate, self.kl);
-        format!("reward {reward:.3} · pass {pass:.3} · kl {kl:.2e}")
+        let (reward, pass) = (self.reward_mean, self.pass_rate);
+        match self.kl {
+            Some(kl) => format!("reward {reward:.3} · pass {pass:.3} · kl {kl:.2e}"),
+            None => format!("reward {reward:.3} · pass {pass:.3} · nothing learned"),
+        }
+    }
+
+    fn note(&self) -> Option<String> {
+        (!self.learned).then(|| {
+            format!(
+                "RL step {} learned nothing: the completions of every task group were rewarded \
+                 alike (mean reward {:.3}), so no group was kept and the weights were not updated",
+                self.step, self.reward_mean
+            )
+        })
     }
 }
 

@@ -5,7 +5,8 @@
 //!    task's whole group is rolled out, rewarded and standardised on one rank;
 //! 2. render their prompts and roll each out `samples_per_task` times with the trainer's current
 //!    weights, every completion judged as it finishes ([`super::rollout`]);
-//! 3. z-score the rewards within each task's group, dropping zero-variance groups;
+//! 3. z-score the rewards within each task's group, dropping zero-variance groups (a step whose
+//!    groups are all dropped learns nothing, and says so: [`RlStepMetrics::learned`]);
 //! 4. replay the traces ([`Replay`]), take the old log-probabilities from the weights the step
 //!    started with, and update with the clipped loss and its KL penalty, `samples_per_update`
 //!    replay samples per AdamW step (data-parallel over the ranks through the
@@ -245,10 +246,16 @@ impl RlSteps {
                 });
             }
         }
-        let update_started = Instant::now();
-        let update = self.update(run, &records, group)?;
-        let seconds_update = update_started.elapsed().as_secs_f64();
         let totals = totals.all_reduce(run.collective.as_ref())?;
+        // The sums tell every rank alike whether any rank kept a group: all update, or none.
+        let learned = totals.groups_kept > 0.0;
+        let update_started = Instant::now();
+        let update = if learned {
+            self.update(run, &records, group)?
+        } else {
+            UpdateTotals::default()
+        };
+        let seconds_update = update_started.elapsed().as_secs_f64();
         let seconds_per_rank = seconds_per_rank(run.collective.as_ref(), &times, seconds_update)?;
         let samples = totals.samples.max(1.0);
         let kept_samples = (totals.groups_kept * group as f64).max(1.0);
@@ -262,6 +269,7 @@ impl RlSteps {
             deceptive_rate: totals.deceptive / samples,
             pass_rate_by_level: totals.pass_rate_by_level(),
             groups_kept: totals.groups_kept as usize,
+            learned,
             advantage_mean,
             advantage_std: (totals.advantage_sq_sum / kept_samples - advantage_mean.powi(2))
                 .max(0.0)
@@ -422,11 +430,11 @@ impl RlSteps {
             samples: global_samples,
             loss_tokens: tokens as usize,
             updates,
-            loss: loss / n,
-            kl: kl / n,
-            clip_fraction: clipped / tokens.max(1.0),
-            entropy: entropy / tokens.max(1.0),
-            grad_norm,
+            loss: Some(loss / n),
+            kl: Some(kl / n),
+            clip_fraction: Some(clipped / tokens.max(1.0)),
+            entropy: Some(entropy / tokens.max(1.0)),
+            grad_norm: Some(grad_norm),
         })
     }
 
@@ -483,15 +491,17 @@ struct UpdateSums {
     entropy: f64,
 }
 
+/// What one step's update did: nothing when the step learned nothing.
+#[derive(Default)]
 struct UpdateTotals {
     samples: usize,
     loss_tokens: usize,
     updates: usize,
-    loss: f64,
-    kl: f64,
-    clip_fraction: f64,
-    entropy: f64,
-    grad_norm: f64,
+    loss: Option<f64>,
+    kl: Option<f64>,
+    clip_fraction: Option<f64>,
+    entropy: Option<f64>,
+    grad_norm: Option<f64>,
 }
 
 /// Every rank's phase times, gathered on every rank.

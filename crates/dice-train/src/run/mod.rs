@@ -93,6 +93,12 @@ pub trait StepLine: Serialize {
     /// A few words on the step for the progress bar, the log (`RUST_LOG=info`) and the
     /// summary ("loss 0.1234 · …").
     fn describe(&self) -> String;
+
+    /// What the user must hear of this step even without `RUST_LOG` (a step that learned
+    /// nothing), logged as a warning by rank 0.
+    fn note(&self) -> Option<String> {
+        None
+    }
 }
 
 /// What a run's data is, so that a resumed run can tell it is the same: a SHA-256, and what
@@ -287,6 +293,9 @@ impl<C: Settings> Run<C> {
             let description = line.describe();
             tracing::info!("{} {}: {description}", S::STEP_NAME, self.step);
             bar.set_message(description);
+            if let (Some(note), 0) = (line.note(), self.collective.rank()) {
+                bar.suspend(|| tracing::warn!("{note}"));
+            }
             self.log(&line)?;
             let end = self.step == total;
             if let Some(every) = steps.eval_steps(&self.config) {

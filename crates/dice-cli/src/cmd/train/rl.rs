@@ -24,7 +24,7 @@ suffix; end-to-end candidates are the answer's first code block. The judge runs 
 strict mode: reward 1 for a program that compiles, matches the reference (atol = rtol 1e-2) and
 is not flagged as a reward hack, else 0 (--speedup-shaping: a correct program earns its speedup,
 capped). Rewards are z-scored within each task's group; groups whose rewards are all equal are
-dropped. The traces are replayed round by round (TraceRL) on the block grid they were sampled
+dropped (when every group is, the step learns nothing and a warning says so). The traces are replayed round by round (TraceRL) on the block grid they were sampled
 on (--grid reference: the reference trainer's, spec bicrl §16.3), old log-probabilities come
 from the step's starting weights, and AdamW (lr 1e-6, betas 0.9/0.999, eps 1e-8, no weight
 decay; moments reset every step as the reference's fresh optimizer, --keep-moments to keep
@@ -58,7 +58,9 @@ Output folder.
   config.toml       the run's settings
   judge.db          the judge's verdicts of every candidate (rank R > 0: judge-rankR.db)
   metrics.jsonl     one JSON object per RL step: step, tasks, samples, reward_mean, pass_rate,
-                    deceptive_rate, pass_rate_by_level, groups_kept, advantage_mean/std/abs_max,
+                    deceptive_rate, pass_rate_by_level, groups_kept, learned (false when no
+                    group was kept: the step learned nothing, and loss, kl, clip_fraction,
+                    entropy and grad_norm are null), advantage_mean/std/abs_max,
                     replay_samples, loss_tokens, loss, kl, clip_fraction, entropy, grad_norm,
                     updates, tokens_generated, rollout_tokens_per_s, seconds_rollout,
                     seconds_judge, seconds_idle (last completion to last verdict),
