@@ -112,7 +112,7 @@ fn help_is_a_manual() {
         "--save-total-limit <K>",
         "--val-ratio <R>",
         "--zero-stage <0|1|2>",
-        "[default: 1e-5, the DICE recipe]",
+        "[default: the DICE recipes': 1e-5 for sft, 1e-6 for rl]",
         "OUT/config.toml",
         "metrics.jsonl",
         "checkpoint-STEP/",

@@ -7,7 +7,7 @@
 //! defaults of the HF Trainer that DICE's SFT runs unchanged; so is weight decay 0.0, the value
 //! of [`AdamWConfig::default`] (DICE's RL also sets 0).
 
-use crate::collective::{Collective, SingleProcess};
+use crate::dist::{Collective, SingleProcess};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 /// The shape of the schedule after warmup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum ScheduleKind {
     /// The peak learning rate until the end (the reference's).

@@ -2,14 +2,16 @@
 //! 151,936-token vocabulary): it learns a verifiable toy reward, its output folder holds the
 //! metrics, settings and checkpoints, and a killed run resumes after its last step.
 
+use candle_core::Device;
 use dice_model::init::{InitWeights, ModelInit};
 use dice_model::SdarConfig;
-use dice_train::collective::SingleProcess;
+use dice_train::dist::SingleProcess;
 use dice_train::rl::{
     Candidate, ContainsToken, JudgeReward, Reward, RlConfig, RlTrainer, Score, Stage,
 };
-use dice_train::sft::{Resume, RunOptions};
-use std::collections::HashMap;
+use dice_train::run::settings::Settings;
+use dice_train::run::{Resume, RunOptions, StepLine};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 fn workspace_data() -> PathBuf {
@@ -55,7 +57,7 @@ fn settings(model: &Path, tasks: &Path, steps: u64) -> RlConfig {
     config.rollout.samples_per_task = 4;
     config.rollout.max_tokens = 8;
     config.training.total_steps = steps;
-    config.training.learning_rate = 1e-2;
+    config.training.run.learning_rate = 1e-2;
     config.training.samples_per_update = 64;
     config.checkpoint.save_steps = 5;
     config
@@ -181,7 +183,7 @@ fn a_step_is_judged_by_the_evaluator() {
     let out = dir.path().join("run");
     let mut trainer = open(config, &out).unwrap();
     let mut reward = JudgeReward::start(
-        &trainer.config().reward,
+        &trainer.run().config().reward,
         out.join("judge.db"),
         "rl test".into(),
     )
@@ -220,11 +222,11 @@ fn a_run_continues_after_its_last_completed_step() {
         .unwrap()
         .train(&mut TokenCensus::default())
         .unwrap();
-    assert_eq!(first.steps_run, 2);
+    assert_eq!(first.steps_run(), 2);
     assert!(out.join("checkpoint-2").is_dir() && !out.join("checkpoint-1").exists());
 
     let mut resumed = open(settings(&model, &tasks, 3), &out).unwrap();
-    assert_eq!(resumed.step(), 2);
+    assert_eq!(resumed.run().step(), 2);
     let second = resumed.train(&mut TokenCensus::default()).unwrap();
     assert_eq!(second.steps.iter().map(|s| s.step).collect::<Vec<_>>(), [3]);
     assert!(out.join("checkpoint-3").is_dir() && !out.join("checkpoint-2").exists());
@@ -241,4 +243,74 @@ fn a_run_continues_after_its_last_completed_step() {
     let written = RlConfig::read(&out.join("config.toml")).unwrap();
     assert_eq!(written.training.total_steps, 3);
     assert_eq!(written.rollout.samples_per_task, 4);
+}
+
+/// Every weight of the model folder `dir`, by name, as f32.
+fn weights(dir: &Path) -> BTreeMap<String, Vec<f32>> {
+    let mut weights = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            for (name, tensor) in candle_core::safetensors::load(&path, &Device::Cpu).unwrap() {
+                let values = tensor.to_dtype(candle_core::DType::F32).unwrap();
+                weights.insert(name, values.flatten_all().unwrap().to_vec1().unwrap());
+            }
+        }
+    }
+    assert!(!weights.is_empty(), "no weights in {}", dir.display());
+    weights
+}
+
+/// A step whose completions are rewarded alike in every task group has no group with a
+/// learning signal: its line says that it learned nothing (`learned` false, the update's
+/// numbers null, a warning's words), and it takes no optimizer step, so the weights stay the
+/// start model's.
+#[test]
+fn a_step_whose_groups_are_all_rewarded_alike_learns_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tasks = task_file(dir.path());
+    let out = dir.path().join("run");
+    let summary = open(settings(&model, &tasks, 1), &out)
+        .unwrap()
+        .train(&mut TokenCensus::default())
+        .unwrap();
+    let step = &summary.steps[0];
+    assert!(!step.learned, "{step:?}");
+    assert_eq!(
+        (step.groups_kept, step.updates, step.replay_samples),
+        (0, 0, 0)
+    );
+    assert_eq!((step.loss, step.kl, step.grad_norm), (None, None, None));
+    assert!(
+        step.describe().ends_with("nothing learned"),
+        "{}",
+        step.describe()
+    );
+    let note = step.note().expect("a step that learned nothing says so");
+    assert!(note.starts_with("RL step 1 learned nothing"), "{note}");
+    let line: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(line["learned"], false, "{line}");
+    assert!(
+        line["loss"].is_null() && line["grad_norm"].is_null(),
+        "{line}"
+    );
+    let state = candle_core::safetensors::load(
+        out.join("checkpoint-1/optimizer.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    assert_eq!(
+        state["step"].to_scalar::<i64>().unwrap(),
+        0,
+        "an AdamW step was taken"
+    );
+    assert_eq!(weights(&out.join("final")), weights(&model));
 }

@@ -8,11 +8,12 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use dice_model::init::{InitWeights, ModelInit};
 use dice_model::{Sdar, SdarConfig, TwoStreamBatch};
-use dice_train::collective::{SingleProcess, TcpGroup};
+use dice_train::dist::{SingleProcess, TcpGroup};
 use dice_train::noise::Noiser;
+use dice_train::run::settings::{SaveDType, Settings};
+use dice_train::run::{Resume, RunOptions};
 use dice_train::schedule::ScheduleKind;
-use dice_train::sft::config::SaveDType;
-use dice_train::sft::{Resume, RunOptions, SftConfig, SftTrainer};
+use dice_train::sft::{SftConfig, SftTrainer};
 use std::path::{Path, PathBuf};
 
 fn workspace_data() -> PathBuf {
@@ -41,7 +42,7 @@ fn settings(model: &Path, steps: u64, lr: f64) -> SftConfig {
     config.data.files = vec![common::fixture("overfit.jsonl")];
     config.data.row_tokens = 128;
     config.training.max_steps = Some(steps);
-    config.training.learning_rate = lr;
+    config.training.run.learning_rate = lr;
     config.training.lr_scheduler = ScheduleKind::ConstantWithWarmup;
     config.training.warmup_ratio = 0.0;
     config.training.per_device_train_batch_size = 4;
@@ -93,7 +94,7 @@ fn sixteen_samples_are_overfit() {
 
 /// Logits of the two-stream forward on a noised training row.
 fn logits(model: &Sdar, config: &SftConfig) -> Tensor {
-    let tokenizer = dice_model::SdarTokenizer::from_dir(config.tokenizer_dir()).unwrap();
+    let tokenizer = dice_model::SdarTokenizer::from_dir(config.model.tokenizer_dir()).unwrap();
     let encoder = dice_train::data::Qwen3Encoder::new(&tokenizer).unwrap();
     let datasets = dice_train::data::select_datasets(&config.data.files, None, &[]).unwrap();
     let data = dice_train::data::PackedDataset::build(&datasets, &encoder, &config.pack_options(4))
@@ -127,7 +128,7 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
 
     // Settings: config.toml holds the resolved settings and reads back as them.
     let written = SftConfig::read(&out.join("config.toml")).unwrap();
-    assert_eq!(&written, trainer.config());
+    assert_eq!(&written, trainer.run().config());
     assert_eq!(written.clone().resolve().unwrap(), written);
 
     // Metrics: a line per step with every field, an eval line every two steps.
@@ -196,14 +197,14 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
     // The final folder loads as a model with the trained model's logits, bit for bit.
     let loaded = Sdar::load(&final_dir, DType::F32, &Device::Cpu).unwrap();
     let (ours, theirs) = (
-        logits(trainer.model(), trainer.config()),
-        logits(&loaded, trainer.config()),
+        logits(trainer.run().model(), trainer.run().config()),
+        logits(&loaded, trainer.run().config()),
     );
     assert_eq!(
         ours.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
         theirs.flatten_all().unwrap().to_vec1::<f32>().unwrap()
     );
-    let settings_again = trainer.config().clone();
+    let settings_again = trainer.run().config().clone();
     drop(trainer);
 
     // Resume: back to checkpoint-2, the later folders gone, then the same run again.
@@ -215,9 +216,9 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
     std::fs::remove_dir_all(out.join("checkpoint-4")).unwrap();
     std::fs::remove_dir_all(&final_dir).unwrap();
     let mut resumed = open_trainer(settings_again, &out).unwrap();
-    assert_eq!(resumed.step(), 2);
+    assert_eq!(resumed.run().step(), 2);
     let summary = resumed.train().unwrap();
-    assert_eq!(summary.steps_run, 2);
+    assert_eq!(summary.steps_run(), 2);
     for (k, straight) in straight_weights.iter().enumerate() {
         let name = format!("model-0000{}-of-00003.safetensors", k + 1);
         assert!(read(&final_dir.join(&name)) == *straight, "{name} differs");
@@ -234,12 +235,12 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
     }
 
     // A finished run does nothing when run again; other settings are refused.
-    let mut config = resumed.config().clone();
+    let mut config = resumed.run().config().clone();
     drop(resumed);
     let mut done = open_trainer(config.clone(), &out).unwrap();
-    assert_eq!(done.train().unwrap().steps_run, 0);
+    assert_eq!(done.train().unwrap().steps_run(), 0);
     drop(done);
-    config.training.learning_rate = 2e-3;
+    config.training.run.learning_rate = 2e-3;
     let refused = open_trainer(config, &out).err().unwrap().to_string();
     assert!(
         refused
@@ -275,7 +276,7 @@ fn run_ranks(world: usize, config: &SftConfig, out: &Path) -> Vec<usize> {
                     let mut trainer =
                         SftTrainer::new(config.clone(), options, Box::new(group)).unwrap();
                     trainer.train().unwrap();
-                    trainer.moment_elements()
+                    trainer.run().moment_elements()
                 })
             })
             .collect();
@@ -400,7 +401,7 @@ fn sharded_runs_match_one_rank(
     config.checkpoint.save_steps = save_steps;
     let mut trainer = open_trainer(config.clone(), &one).unwrap();
     trainer.train().unwrap();
-    let whole = trainer.moment_elements();
+    let whole = trainer.run().moment_elements();
     drop(trainer);
     config.training.gradient_accumulation_steps = 1;
     config.training.zero_stage = stage;

@@ -7,10 +7,11 @@
 use super::task::{Stage, TaskOrder};
 use super::BlockGrid;
 use crate::optim::AdamWConfig;
-use crate::sft::config::{
-    read_settings, settings_from_toml, CheckpointConfig, ComputeDType, DeviceKind,
+use crate::run::settings::{
+    existing, without, CheckpointConfig, ModelConfig, Recipe, RunParts, RunTraining, Settings,
 };
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Result};
+use dice_eval::Device;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -37,14 +38,6 @@ pub struct RlConfig {
     pub optimizer: AdamWConfig,
     pub checkpoint: CheckpointConfig,
     pub eval: EvalConfig,
-}
-
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ModelConfig {
-    /// The start model folder (the SFT model for stage 1, the stage-1 model for stage 2).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,22 +98,14 @@ impl Default for RolloutConfig {
     }
 }
 
-/// Where the judge of candidates runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JudgeDevice {
-    /// CPU C++ candidates (tests, machines without a GPU).
-    Cpu,
-    Cuda,
-}
-
 /// How candidates are rewarded (spec bicrl §6).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RewardConfig {
-    /// [default: the training device]
+    /// Where candidates are judged: `cpu` (C++ candidates; tests, machines without a GPU) or
+    /// `cuda` [default: the training device].
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub judge_device: Option<JudgeDevice>,
+    pub judge_device: Option<Device>,
     /// Correctness trials per candidate (the reference runs 1).
     pub correctness_trials: u32,
     /// atol = rtol of the correctness check.
@@ -165,10 +150,12 @@ pub struct TrainingConfig {
     /// Replay samples per optimizer update (8 ranks × 32 accumulated micro-batches in the
     /// reference); the last update of a step takes what is left.
     pub samples_per_update: usize,
-    pub learning_rate: f64,
+    /// The learning rate, clipping, seed (of the samples and of a shuffled task order), device
+    /// and dtype.
+    #[serde(flatten)]
+    pub run: RunTraining<RlRecipe>,
     pub clip_eps: f32,
     pub kl_beta: f32,
-    pub max_grad_norm: f64,
     /// Gradients are multiplied by this before clipping: 1/32 reproduces the reference's
     /// double division by its accumulation steps under DeepSpeed (spec bicrl §9.4).
     pub grad_scale: f64,
@@ -183,11 +170,6 @@ pub struct TrainingConfig {
     /// The block grid traces are replayed on: `rollout` (the grid they were sampled on) or
     /// `reference` (the reference trainer's, spec bicrl §16.3).
     pub grid: GridName,
-    pub seed: u64,
-    pub device: DeviceKind,
-    /// [default: f32 on the CPU, bf16 on CUDA]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dtype: Option<ComputeDType>,
 }
 
 impl Default for TrainingConfig {
@@ -195,10 +177,9 @@ impl Default for TrainingConfig {
         Self {
             total_steps: 20,
             samples_per_update: 256,
-            learning_rate: 1e-6,
+            run: RunTraining::default(),
             clip_eps: 0.2,
             kl_beta: 0.01,
-            max_grad_norm: 1.0,
             grad_scale: 1.0 / 32.0,
             reset_moments: true,
             block_size: 4,
@@ -207,28 +188,28 @@ impl Default for TrainingConfig {
             max_prompt_len: 2000,
             max_response_len: 4096,
             grid: GridName::Rollout,
-            seed: 10086,
-            device: DeviceKind::Cpu,
-            dtype: None,
         }
     }
 }
 
-impl TrainingConfig {
-    pub fn compute_dtype(&self) -> ComputeDType {
-        self.dtype.unwrap_or(match self.device {
-            DeviceKind::Cpu => ComputeDType::F32,
-            DeviceKind::Cuda => ComputeDType::Bf16,
-        })
-    }
+/// DICE's BiC-RL recipe: the defaults of the settings every run has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RlRecipe {}
+
+impl Recipe for RlRecipe {
+    const LEARNING_RATE: f64 = 1e-6;
+    const SEED: u64 = 10086;
 }
 
 /// [`BlockGrid`] as the settings name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum GridName {
+    /// The block grid each trace was sampled on.
     #[default]
     Rollout,
+    /// The reference trainer's grid (response blocks from the response start).
     Reference,
 }
 
@@ -299,25 +280,9 @@ impl RlConfig {
         Ok(config)
     }
 
-    /// Reads a TOML settings file; keys it leaves out keep their defaults.
-    pub fn read(path: &Path) -> Result<Self> {
-        read_settings(path)
-    }
-
-    pub fn from_toml(text: &str) -> Result<Self> {
-        settings_from_toml(text)
-    }
-
-    pub fn to_toml(&self) -> Result<String> {
-        Ok(toml::to_string(self)?)
-    }
-
     /// The settings a run uses: paths made absolute, the dtype resolved, every value checked.
     pub fn resolve(mut self) -> Result<Self> {
-        let Some(model) = &self.model.path else {
-            bail!("no model: pass --model DIR (or set [model] path in the settings file)");
-        };
-        self.model.path = Some(existing(model, "model folder")?);
+        self.model.resolve()?;
         let Some(file) = &self.tasks.file else {
             bail!("no tasks: pass --tasks FILE (or set [tasks] file in the settings file)");
         };
@@ -340,15 +305,8 @@ impl RlConfig {
             t.samples_per_update > 0,
             "samples_per_update must be at least 1"
         );
-        ensure!(
-            t.learning_rate.is_finite() && t.learning_rate >= 0.0,
-            "the learning rate must be finite and not negative, not {}",
-            t.learning_rate
-        );
-        ensure!(
-            t.max_grad_norm > 0.0 && t.grad_scale > 0.0,
-            "max_grad_norm and grad_scale must be positive"
-        );
+        t.run.resolve()?;
+        ensure!(t.grad_scale > 0.0, "grad_scale must be positive");
         ensure!(
             t.block_size == self.rollout.block_length,
             "the training block size ({}) must be the rollout's block length ({}): traces are replayed block by block",
@@ -356,25 +314,9 @@ impl RlConfig {
             self.rollout.block_length
         );
         ensure!(t.shrink > 0, "shrink must be at least 1");
-        t.dtype = Some(t.compute_dtype());
-        let device = t.device;
-        self.reward.judge_device.get_or_insert(match device {
-            DeviceKind::Cpu => JudgeDevice::Cpu,
-            DeviceKind::Cuda => JudgeDevice::Cuda,
-        });
-        ensure!(
-            self.checkpoint.save_steps > 0 && self.eval.eval_steps > 0,
-            "save_steps and eval_steps must be at least 1"
-        );
+        self.reward.judge_device.get_or_insert(t.run.device);
+        self.checkpoint.check(self.eval.eval_steps)?;
         Ok(self)
-    }
-
-    /// The model folder (resolved settings have one).
-    pub fn model_dir(&self) -> &Path {
-        self.model
-            .path
-            .as_deref()
-            .expect("resolved settings name a model")
     }
 
     /// The task file (resolved settings have one).
@@ -384,39 +326,31 @@ impl RlConfig {
             .as_deref()
             .expect("resolved settings name a task file")
     }
+}
 
-    /// The settings the weights depend on, as JSON: a checkpoint records them and a resumed
-    /// run must ask for the same (the device, the engines' batch size, the evaluation and the
-    /// run's length aside: a finished run can be extended).
-    pub fn resume_key(&self) -> serde_json::Value {
-        let mut training = serde_json::to_value(&self.training).expect("settings serialize");
-        if let Some(fields) = training.as_object_mut() {
-            fields.remove("device");
-            fields.remove("total_steps");
-        }
-        let mut rollout = serde_json::to_value(&self.rollout).expect("settings serialize");
-        if let Some(fields) = rollout.as_object_mut() {
-            fields.remove("max_active");
-        }
+impl Settings for RlConfig {
+    /// The tasks' stage and order, the rollout, the reward, the training and the optimizer:
+    /// not the device, the engines' batch size, the evaluation or the run's length (a
+    /// finished run can be extended).
+    fn resume_key(&self) -> serde_json::Value {
         serde_json::json!({
             "tasks": {"stage": self.tasks.stage, "order": self.tasks.order},
-            "rollout": rollout,
+            "rollout": without(&self.rollout, &["max_active"]),
             "reward": {
                 "speedup_shaping": self.reward.speedup_shaping,
                 "correctness_trials": self.reward.correctness_trials,
                 "tolerance": self.reward.tolerance,
                 "contains_token": self.reward.contains_token,
             },
-            "training": training,
-            "optimizer": serde_json::to_value(self.optimizer).expect("settings serialize"),
+            "training": without(&self.training, &["device", "total_steps"]),
+            "optimizer": self.optimizer,
         })
     }
-}
 
-fn existing(path: &Path, what: &str) -> Result<PathBuf> {
-    ensure!(path.exists(), "cannot find the {what} {}", path.display());
-    std::path::absolute(path)
-        .with_context(|| format!("cannot resolve the {what} {}", path.display()))
+    fn run_parts(&self) -> RunParts<'_> {
+        let (model, checkpoint) = (&self.model, &self.checkpoint);
+        RunParts::new(model, &self.training.run, self.optimizer, checkpoint)
+    }
 }
 
 #[cfg(test)]
@@ -429,7 +363,7 @@ mod tests {
         assert_eq!(config.rollout.tasks_per_step, 64);
         assert_eq!(config.rollout.samples_per_task, 16);
         assert_eq!(config.rollout.dynamic_threshold, 0.9);
-        assert_eq!(config.training.learning_rate, 1e-6);
+        assert_eq!(config.training.run.learning_rate, 1e-6);
         assert_eq!(
             (config.training.clip_eps, config.training.kl_beta),
             (0.2, 0.01)

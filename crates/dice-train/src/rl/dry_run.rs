@@ -13,7 +13,7 @@ pub fn dry_run_report(config: RlConfig) -> Result<String> {
     let config = config.resolve()?;
     let stage = config.tasks.stage;
     let tasks = load_tasks(config.task_file(), stage)?;
-    let tokenizer = SdarTokenizer::from_dir(config.model_dir())?;
+    let tokenizer = SdarTokenizer::from_dir(config.model.tokenizer_dir())?;
     let lengths = tasks
         .iter()
         .map(|task| Ok(tokenizer.encode(&render_prompt(task, stage)?)?.len()))
@@ -68,7 +68,7 @@ pub fn dry_run_report(config: RlConfig) -> Result<String> {
                 rollout.tasks_per_step,
                 tasks.len(),
                 config.tasks.order,
-                training.seed,
+                training.run.seed,
             ) {
                 *counts.entry(tasks[t].level).or_default() += 1;
             }

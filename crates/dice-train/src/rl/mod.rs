@@ -17,6 +17,7 @@ pub mod advantage;
 pub mod config;
 pub mod dry_run;
 pub mod loss;
+pub mod metrics;
 pub mod replay;
 pub mod report;
 pub mod reward;
@@ -30,7 +31,8 @@ pub use loss::{
     old_log_probs, policy_loss_and_grad_sums, policy_loss_and_grads, PolicyLoss,
     PolicyLossSettings, SampleLoss,
 };
+pub use metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics};
 pub use replay::{BlockGrid, Replay, ReplaySample, ReplaySettings, ReplayedRecord, TraceRecord};
 pub use reward::{Candidate, ContainsToken, JudgeReward, Reward, Score};
 pub use task::{load_tasks, RlTask, Stage, TaskOrder};
-pub use trainer::{RankSeconds, RlStepMetrics, RlSummary, RlTrainer};
+pub use trainer::RlTrainer;

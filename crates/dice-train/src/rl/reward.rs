@@ -3,7 +3,7 @@
 //! not flagged deceptive, else 0; speedup shaping on request); [`ContainsToken`] is a verifiable
 //! toy reward for tests of the loop.
 
-use super::config::{JudgeDevice, RewardConfig};
+use super::config::RewardConfig;
 use super::task::RlTask;
 use anyhow::{bail, ensure, Context, Result};
 use dice_eval::store::{SampleKey, Verdict};
@@ -104,10 +104,7 @@ impl JudgeReward {
     /// Starts the judge on `settings.judge_device` (the CPU when unset: resolved settings set it).
     pub fn start(settings: &RewardConfig, db: PathBuf, source: String) -> Result<Self> {
         let mut cfg = EvalConfig::new(db, source);
-        cfg.set_device(match settings.judge_device {
-            Some(JudgeDevice::Cpu) | None => dice_eval::Device::Cpu,
-            Some(JudgeDevice::Cuda) => dice_eval::Device::Cuda,
-        });
+        cfg.set_device(settings.judge_device.unwrap_or_default());
         cfg.strict = true;
         cfg.correctness_trials = settings.correctness_trials;
         cfg.atol = settings.tolerance;

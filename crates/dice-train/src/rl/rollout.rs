@@ -1,18 +1,28 @@
 //! Rollouts (spec bicrl §5): the trainer's weights decode the step's prompts in the engine, in
 //! memory (the decoder's model is built over the trainer's own `Var`s, so an update is seen by
 //! the next rollout without a copy through the disk), and each completion is handed on as it
-//! finishes, with its trace.
+//! finishes, with its trace: to the judging thread ([`roll_out_and_score`]), which hands it to
+//! the reward beside those still being judged, so judging overlaps the rest of the rollout.
 
 use super::config::{EvalConfig, RolloutConfig};
+use super::reward::{Candidate, Reward, Score};
+use super::task::{candidate_program, RlTask, Stage};
 use anyhow::{Context, Result};
 use candle_core::{DType, Device};
 use candle_nn::{VarBuilder, VarMap};
 use dice_engine::{
     Completion, DecodeParams, Engine, EngineConfig, Event, Overflow, Request, SamplingParams,
-    SdarDecoder, Strategy,
+    SdarDecoder, Strategy, TextCodec,
 };
 use dice_model::{Sdar, SdarConfig};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc::{channel, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the judging thread waits for scores before it looks for new completions to hand
+/// over: a completion waits at most this long to join those being judged.
+const NEW_COMPLETIONS_POLL: Duration = Duration::from_millis(50);
 
 /// The decoding of training rollouts: dynamic threshold, temperature sampling, stopping at
 /// `stop_ids` or exactly `max_tokens` tokens.
@@ -112,4 +122,148 @@ pub fn roll_out(
         }
     }
     Ok(())
+}
+
+/// A rolled-out completion with its score.
+pub(crate) struct Rolled {
+    pub(crate) completion: Completion,
+    pub(crate) score: Score,
+}
+
+/// What rolling out and judging a set of prompts took.
+#[derive(Default)]
+pub(crate) struct PhaseTimes {
+    pub(crate) rollout: f64,
+    /// Time the judge spent judging (overlapping the rollout).
+    pub(crate) judge: f64,
+    /// Time from the last completion to the last verdict.
+    pub(crate) idle: f64,
+}
+
+/// What the judging thread hands back: each completion's score by slot, the time it spent
+/// scoring, and when it finished.
+struct Judged {
+    scores: Vec<(usize, Score)>,
+    busy: f64,
+    done: Instant,
+}
+
+/// How the completions of a rollout become candidates for the judge.
+pub(crate) struct Candidates<'a> {
+    /// The tasks rolled out, `group` requests each (slot `s` is task `s / group`'s).
+    pub(crate) tasks: &'a [Arc<RlTask>],
+    pub(crate) group: usize,
+    pub(crate) stage: Stage,
+    pub(crate) codec: &'a TextCodec,
+    /// The judge's sample id of slot 0 (slot `s` is judged as `sample_id_base + s`).
+    pub(crate) sample_id_base: usize,
+}
+
+/// Decodes `requests` (numbered by slot, 0..n) with up to `max_active` at once and scores each
+/// completion with `reward` in a judging thread the moment it finishes; returns them in slot
+/// order with the phase times.
+pub(crate) fn roll_out_and_score(
+    decoder: SdarDecoder,
+    requests: Vec<(usize, Request)>,
+    max_active: usize,
+    candidates: &Candidates,
+    reward: &mut dyn Reward,
+) -> Result<(Vec<Rolled>, PhaseTimes)> {
+    let mut completions: Vec<Option<Completion>> = vec![None; requests.len()];
+    let (to_judge, judging) = channel::<Candidate>();
+    let started = Instant::now();
+    let (rolled_out, judged) = std::thread::scope(|scope| {
+        let judge = scope.spawn(move || -> Result<Judged> {
+            let mut scores = Vec::new();
+            let mut busy = 0.0;
+            // Completions handed to the reward and not scored yet.
+            let mut unscored = 0usize;
+            let mut rolling_out = true;
+            while rolling_out || unscored > 0 {
+                // Waits for a completion only while nothing is being judged.
+                let mut finished = Vec::new();
+                if rolling_out && unscored == 0 {
+                    match judging.recv() {
+                        Ok(candidate) => finished.push(candidate),
+                        Err(_) => rolling_out = false,
+                    }
+                }
+                while rolling_out {
+                    match judging.try_recv() {
+                        Ok(candidate) => finished.push(candidate),
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => rolling_out = false,
+                    }
+                }
+                let t = Instant::now();
+                unscored += finished.len();
+                let mut ready = Vec::new();
+                if !finished.is_empty() {
+                    ready = reward.submit(finished)?;
+                }
+                if ready.is_empty() && unscored > 0 {
+                    ready = reward.scored(NEW_COMPLETIONS_POLL)?;
+                }
+                busy += t.elapsed().as_secs_f64();
+                unscored = unscored
+                    .checked_sub(ready.len())
+                    .context("the reward scored more completions than it was given")?;
+                scores.extend(ready);
+            }
+            Ok(Judged {
+                scores,
+                busy,
+                done: Instant::now(),
+            })
+        });
+        let rolled_out = roll_out(decoder, requests, max_active, |slot, completion| {
+            let task = &candidates.tasks[slot / candidates.group];
+            let text = candidates.codec.completion_text(&completion.token_ids)?;
+            let candidate = Candidate {
+                slot,
+                task: task.clone(),
+                sample_id: u32::try_from(candidates.sample_id_base + slot)
+                    .context("more samples than the judge's sample ids can number")?,
+                token_ids: completion.token_ids.clone(),
+                program: candidate_program(task, candidates.stage, &text),
+            };
+            completions[slot] = Some(completion);
+            to_judge
+                .send(candidate)
+                .map_err(|_| anyhow::anyhow!("the judge stopped"))
+        })
+        .map(|()| Instant::now());
+        drop(to_judge);
+        let judged = judge
+            .join()
+            .map_err(|_| anyhow::anyhow!("the judging thread panicked"));
+        (rolled_out, judged)
+    });
+    let Judged {
+        scores,
+        busy,
+        done: judged_at,
+    } = judged??;
+    let rolled_out_at = rolled_out?;
+    let mut scores: HashMap<usize, Score> = scores.into_iter().collect();
+    let rolled = completions
+        .into_iter()
+        .enumerate()
+        .map(|(slot, completion)| {
+            Ok(Rolled {
+                completion: completion.context("a request finished without a completion")?,
+                score: scores
+                    .remove(&slot)
+                    .context("a completion was not scored")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let times = PhaseTimes {
+        rollout: (rolled_out_at - started).as_secs_f64(),
+        judge: busy,
+        idle: judged_at
+            .saturating_duration_since(rolled_out_at)
+            .as_secs_f64(),
+    };
+    Ok((rolled, times))
 }

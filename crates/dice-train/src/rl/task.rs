@@ -19,6 +19,7 @@ use std::path::Path;
 
 /// What the policy is rewarded for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
     /// Stage 1: fill the core of a kernel into a fixed prefix/suffix scaffold.
@@ -85,6 +86,7 @@ fn task(index: usize, record: &Record, stage: Stage) -> Result<RlTask> {
 
 /// The order tasks are drawn in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum TaskOrder {
     /// File order with wrap-around (DICE's `sequential_select`): the file's order is the

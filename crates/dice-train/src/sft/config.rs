@@ -4,13 +4,16 @@
 //! Trainer's defaults it runs with.
 
 use crate::data::PackOptions;
+use crate::dist::zero::ZeroStage;
 use crate::optim::AdamWConfig;
+use crate::run::settings::{
+    existing, without, CheckpointConfig, ModelConfig, Recipe, RunParts, RunTraining, Settings,
+};
 use crate::schedule::ScheduleKind;
-use crate::zero::ZeroStage;
-use anyhow::{bail, ensure, Context, Result};
-use candle_core::DType;
+use anyhow::{ensure, Result};
+use dice_eval::Device;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Everything an SFT run is configured with.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -24,17 +27,6 @@ pub struct SftConfig {
     pub checkpoint: CheckpointConfig,
     pub eval: EvalConfig,
     pub metrics: MetricsConfig,
-}
-
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ModelConfig {
-    /// The base model folder (config.json, safetensors, tokenizer files, chat template).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<PathBuf>,
-    /// The tokenizer folder, when not the model folder.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tokenizer: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,56 +71,13 @@ impl Default for DataConfig {
     }
 }
 
-/// Where the model trains.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DeviceKind {
-    #[default]
-    Cpu,
-    Cuda,
-}
+/// DICE's SFT recipe: the defaults of the settings every run has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SftRecipe {}
 
-impl DeviceKind {
-    /// This rank's device: its machine's GPU `LOCAL_RANK` for CUDA.
-    pub fn rank_device(self) -> Result<candle_core::Device> {
-        match self {
-            DeviceKind::Cpu => Ok(candle_core::Device::Cpu),
-            DeviceKind::Cuda => dice_model::device::cuda_device(crate::collective::local_rank()?)
-                .context(
-                    "cannot use CUDA (is this binary built with `--features cuda` and is a GPU \
-                     visible?)",
-                ),
-        }
-    }
-}
-
-/// Settings of type `T` read from the TOML file `path`; keys it leaves out keep their defaults.
-pub(crate) fn read_settings<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the settings file {}", path.display()))?;
-    settings_from_toml(&text).with_context(|| format!("{} is not valid settings", path.display()))
-}
-
-/// Settings of type `T` from TOML text, the parser's message on one line.
-pub(crate) fn settings_from_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
-    toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))
-}
-
-/// The dtype of the weights the model computes with (masters and moments are f32 always).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ComputeDType {
-    F32,
-    Bf16,
-}
-
-impl ComputeDType {
-    pub fn dtype(self) -> DType {
-        match self {
-            ComputeDType::F32 => DType::F32,
-            ComputeDType::Bf16 => DType::BF16,
-        }
-    }
+impl Recipe for SftRecipe {
+    const LEARNING_RATE: f64 = 1e-5;
+    const SEED: u64 = 42;
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -138,8 +87,10 @@ pub struct TrainingConfig {
     pub epochs: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u64>,
-    /// Peak learning rate.
-    pub learning_rate: f64,
+    /// The learning rate (the peak), clipping, seed (of the data order, the noise and the
+    /// validation split), device and dtype.
+    #[serde(flatten)]
+    pub run: RunTraining<SftRecipe>,
     pub lr_scheduler: ScheduleKind,
     /// Share of the steps spent warming up (rounded up).
     pub warmup_ratio: f64,
@@ -147,14 +98,6 @@ pub struct TrainingConfig {
     pub per_device_train_batch_size: usize,
     /// Micro-batches whose gradients are summed into one optimizer step.
     pub gradient_accumulation_steps: usize,
-    /// Global gradient-norm clipping.
-    pub max_grad_norm: f64,
-    /// Seed of the data order, the noise and the validation split.
-    pub seed: u64,
-    pub device: DeviceKind,
-    /// [default: f32 on the CPU, bf16 on CUDA]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dtype: Option<ComputeDType>,
     /// Query and head rows per chunk of the checkpointed forward and backward (memory, not
     /// results).
     pub chunk_rows: usize,
@@ -168,62 +111,13 @@ impl Default for TrainingConfig {
         Self {
             epochs: 3.0,
             max_steps: None,
-            learning_rate: 1e-5,
+            run: RunTraining::default(),
             lr_scheduler: ScheduleKind::ConstantWithWarmup,
             warmup_ratio: 0.03,
             per_device_train_batch_size: 1,
             gradient_accumulation_steps: 1,
-            max_grad_norm: 1.0,
-            seed: 42,
-            device: DeviceKind::Cpu,
-            dtype: None,
             chunk_rows: dice_model::sdar::QUERY_CHUNK,
             zero_stage: 0,
-        }
-    }
-}
-
-impl TrainingConfig {
-    /// The compute dtype, its default resolved.
-    pub fn compute_dtype(&self) -> ComputeDType {
-        self.dtype.unwrap_or(match self.device {
-            DeviceKind::Cpu => ComputeDType::F32,
-            DeviceKind::Cuda => ComputeDType::Bf16,
-        })
-    }
-}
-
-/// The dtype checkpoint weights are stored in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SaveDType {
-    /// The SDAR checkpoints' dtype: the f32 masters rounded to nearest even.
-    #[default]
-    Bf16,
-    /// The f32 masters as they are.
-    F32,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CheckpointConfig {
-    /// A checkpoint every this many optimizer steps (and always at the end).
-    pub save_steps: u64,
-    /// Checkpoints kept, the newest ones; all when unset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub save_total_limit: Option<usize>,
-    pub save_dtype: SaveDType,
-    /// Weight bytes per safetensors shard.
-    pub max_shard_bytes: u64,
-}
-
-impl Default for CheckpointConfig {
-    fn default() -> Self {
-        Self {
-            save_steps: 500,
-            save_total_limit: None,
-            save_dtype: SaveDType::Bf16,
-            max_shard_bytes: dice_model::init::DEFAULT_MAX_SHARD_BYTES,
         }
     }
 }
@@ -253,31 +147,33 @@ pub struct MetricsConfig {
 /// H100 / H200 SXM dense bf16 tensor-core peak, TFLOP/s.
 const HOPPER_BF16_PEAK_TFLOPS: f64 = 989.0;
 
+impl Settings for SftConfig {
+    fn run_parts(&self) -> RunParts<'_> {
+        let (model, checkpoint) = (&self.model, &self.checkpoint);
+        RunParts::new(model, &self.training.run, self.optimizer, checkpoint)
+    }
+
+    /// Training (but the device and the chunking, which change rounding at most, and the ZeRO
+    /// stage, which changes neither the update, see [`crate::dist::zero`], nor the
+    /// checkpoint) and the optimizer.
+    fn resume_key(&self) -> serde_json::Value {
+        serde_json::json!({
+            "training": without(&self.training, &["device", "chunk_rows", "zero_stage"]),
+            "optimizer": self.optimizer,
+        })
+    }
+
+    fn zero_stage(&self) -> Result<ZeroStage> {
+        ZeroStage::from_number(self.training.zero_stage)
+    }
+}
+
 impl SftConfig {
-    /// Reads a TOML settings file; keys it leaves out keep their defaults.
-    pub fn read(path: &Path) -> Result<Self> {
-        read_settings(path)
-    }
-
-    pub fn from_toml(text: &str) -> Result<Self> {
-        settings_from_toml(text)
-    }
-
-    pub fn to_toml(&self) -> Result<String> {
-        Ok(toml::to_string(self)?)
-    }
-
     /// The settings a run uses: defaults that depend on other settings filled in (dtype,
     /// cutoff, peak TFLOP/s), paths made absolute (so the written settings work from any
     /// folder), and every value checked.
     pub fn resolve(mut self) -> Result<Self> {
-        let Some(model) = &self.model.path else {
-            bail!("no model: pass --model DIR (or set [model] path in the settings file)");
-        };
-        self.model.path = Some(existing(model, "model folder")?);
-        if let Some(tokenizer) = &self.model.tokenizer {
-            self.model.tokenizer = Some(existing(tokenizer, "tokenizer folder")?);
-        }
+        self.model.resolve()?;
         ensure!(
             !self.data.files.is_empty() || !self.data.datasets.is_empty(),
             "no training data: pass --data FILE or --dataset-info F --dataset NAME"
@@ -311,11 +207,7 @@ impl SftConfig {
                 t.epochs
             ),
         }
-        ensure!(
-            t.learning_rate.is_finite() && t.learning_rate >= 0.0,
-            "the learning rate must be finite and not negative, not {}",
-            t.learning_rate
-        );
+        t.run.resolve()?;
         ensure!(
             (0.0..=1.0).contains(&t.warmup_ratio),
             "warmup_ratio must be in [0, 1], not {}",
@@ -325,27 +217,10 @@ impl SftConfig {
             t.per_device_train_batch_size > 0 && t.gradient_accumulation_steps > 0,
             "per_device_train_batch_size and gradient_accumulation_steps must be at least 1"
         );
-        ensure!(
-            t.max_grad_norm > 0.0,
-            "max_grad_norm must be positive, not {}",
-            t.max_grad_norm
-        );
         ensure!(t.chunk_rows > 0, "chunk_rows must be at least 1");
         ZeroStage::from_number(t.zero_stage)?;
-        t.dtype = Some(t.compute_dtype());
-        ensure!(
-            self.checkpoint.save_steps > 0 && self.eval.eval_steps > 0,
-            "save_steps and eval_steps must be at least 1"
-        );
-        ensure!(
-            self.checkpoint.save_total_limit != Some(0),
-            "save_total_limit must be at least 1 (leave it out to keep every checkpoint)"
-        );
-        ensure!(
-            self.checkpoint.max_shard_bytes > 0,
-            "max_shard_bytes must be positive"
-        );
-        if self.metrics.peak_tflops.is_none() && self.training.device == DeviceKind::Cuda {
+        self.checkpoint.check(self.eval.eval_steps)?;
+        if self.metrics.peak_tflops.is_none() && self.training.run.device == Device::Cuda {
             self.metrics.peak_tflops = Some(HOPPER_BF16_PEAK_TFLOPS);
         }
         if let Some(peak) = self.metrics.peak_tflops {
@@ -355,19 +230,6 @@ impl SftConfig {
             );
         }
         Ok(self)
-    }
-
-    /// The model folder (resolved settings have one).
-    pub fn model_dir(&self) -> &Path {
-        self.model
-            .path
-            .as_deref()
-            .expect("resolved settings name a model")
-    }
-
-    /// The folder of the tokenizer files: the tokenizer folder, else the model's.
-    pub fn tokenizer_dir(&self) -> &Path {
-        self.model.tokenizer.as_deref().unwrap_or(self.model_dir())
     }
 
     /// How the samples are packed, for a model of `block_length`.
@@ -383,63 +245,6 @@ impl SftConfig {
             preprocessing_num_workers: self.data.preprocessing_num_workers,
         }
     }
-
-    /// The settings the weights of a run depend on, as JSON: training (but the device and the
-    /// chunking, which change rounding at most, and the ZeRO stage, which changes neither the
-    /// update, see [`crate::zero`], nor the checkpoint) and the optimizer. A checkpoint records them; a
-    /// resumed run must ask for the same.
-    pub fn resume_key(&self) -> serde_json::Value {
-        let mut training = serde_json::to_value(&self.training).expect("settings serialize");
-        if let Some(fields) = training.as_object_mut() {
-            fields.remove("device");
-            fields.remove("chunk_rows");
-            fields.remove("zero_stage");
-        }
-        serde_json::json!({
-            "training": training,
-            "optimizer": serde_json::to_value(self.optimizer).expect("settings serialize"),
-        })
-    }
-}
-
-/// The first setting where two [`SftConfig::resume_key`]s differ, as `(key, recorded, asked)`.
-pub fn resume_key_difference(
-    recorded: &serde_json::Value,
-    asked: &serde_json::Value,
-) -> Option<(String, String, String)> {
-    fn walk(
-        path: &str,
-        a: &serde_json::Value,
-        b: &serde_json::Value,
-    ) -> Option<(String, String, String)> {
-        match (a.as_object(), b.as_object()) {
-            (Some(a), Some(b)) => {
-                let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-                keys.sort();
-                keys.dedup();
-                keys.into_iter().find_map(|k| {
-                    let null = serde_json::Value::Null;
-                    let key = if path.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{path}.{k}")
-                    };
-                    walk(&key, a.get(k).unwrap_or(&null), b.get(k).unwrap_or(&null))
-                })
-            }
-            _ if a == b => None,
-            _ => Some((path.to_string(), a.to_string(), b.to_string())),
-        }
-    }
-    walk("", recorded, asked)
-}
-
-/// `path` made absolute (as given otherwise, so messages name it as the user wrote it), when it
-/// exists.
-fn existing(path: &Path, what: &str) -> Result<PathBuf> {
-    ensure!(path.exists(), "cannot find the {what} {}", path.display());
-    std::path::absolute(path)
-        .with_context(|| format!("cannot resolve the {what} {}", path.display()))
 }
 
 fn absolute_all(paths: &[PathBuf], what: &str) -> Result<Vec<PathBuf>> {
@@ -449,18 +254,19 @@ fn absolute_all(paths: &[PathBuf], what: &str) -> Result<Vec<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::settings::{resume_key_difference, SaveDType};
 
     #[test]
     fn the_defaults_are_the_dice_recipe() {
         let config = SftConfig::default();
-        assert_eq!(config.training.learning_rate, 1e-5);
+        assert_eq!(config.training.run.learning_rate, 1e-5);
         assert_eq!(config.training.epochs, 3.0);
         assert_eq!(
             config.training.lr_scheduler,
             ScheduleKind::ConstantWithWarmup
         );
         assert_eq!(config.training.warmup_ratio, 0.03);
-        assert_eq!(config.training.max_grad_norm, 1.0);
+        assert_eq!(config.training.run.max_grad_norm, 1.0);
         assert_eq!(config.optimizer, AdamWConfig::default());
         assert_eq!(config.data.row_tokens, 6144);
         assert_eq!(config.checkpoint.save_dtype, SaveDType::Bf16);
@@ -479,8 +285,8 @@ mod tests {
     fn the_first_difference_of_two_resume_keys_is_named() {
         let a = SftConfig::default();
         let mut b = a.clone();
-        b.training.learning_rate = 2e-5;
-        b.training.device = DeviceKind::Cuda;
+        b.training.run.learning_rate = 2e-5;
+        b.training.run.device = Device::Cuda;
         b.optimizer.weight_decay = 0.1;
         assert_eq!(
             resume_key_difference(&a.resume_key(), &a.resume_key()),

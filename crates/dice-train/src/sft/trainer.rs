@@ -1,5 +1,5 @@
-//! The SFT training loop: data, model, optimizer, schedule, checkpoints, metrics and the
-//! collective put together. One optimizer step: take the step's packed rows
+//! The SFT training loop's steps (the loop itself, checkpoints, resuming and metrics are the
+//! run's, [`crate::run`]). One optimizer step: take the step's packed rows
 //! ([`DataPlan::step_rows`]), noise each with the generator of (seed, step, row), run the
 //! checkpointed loss and gradients one micro-batch of rows at a time and sum the gradients,
 //! sum them over the ranks, clip their global norm, and let AdamW apply the schedule's
@@ -13,319 +13,144 @@
 //! up to the rounding of a regrouped f32 sum. (DeepSpeed divides by the world size instead;
 //! with the reference's clipping at 1.0 both give the same clipped gradient whenever the
 //! norm exceeds 1.) With `zero_stage` 1 or 2 each rank keeps the optimizer state of one shard
-//! of the parameters only ([`crate::zero`]), for the same update.
+//! of the parameters only ([`crate::dist::zero`]), for the same update.
 
 use super::config::SftConfig;
+use super::packing::{pack, training_datasets};
 use super::plan::{DataPlan, RunLength};
-use crate::checkpoint::{
-    checkpoint_name, checkpoints, Checkpointer, TrainerState, FINAL, OPTIMIZER_STATE,
-};
-use crate::collective::{contiguous_share, Collective};
-use crate::data::{model_block_length, select_datasets, CleanRow, PackedDataset, Qwen3Encoder};
-use crate::metrics::{
-    process_peak_rss, sft_step_flops, write_html, EvalMetrics, MetricsLog, StepMetrics,
-};
+use crate::data::{select_datasets, CleanRow, PackedDataset};
+use crate::dist::zero::StepSettings;
+use crate::dist::{contiguous_share, Collective};
+use crate::metrics::{process_peak_rss, sft_step_flops, write_html, EvalMetrics, StepMetrics};
 use crate::noise::Noiser;
 use crate::optim::GradientAccumulator;
+use crate::run::{DataFingerprint, Run, RunOptions, StepLine, Steps, TrainSummary};
 use crate::schedule::LrSchedule;
-use crate::zero::{DataParallelAdamW, ZeroStage};
-use anyhow::{bail, ensure, Context, Result};
-use candle_core::{DType, Device, Tensor, Var};
+use anyhow::{ensure, Context, Result};
 use dice_model::memory::PeakMemory;
-use dice_model::{PackedRow, Sdar, SdarTokenizer, TwoStreamBatch};
-use indicatif::{ProgressBar, ProgressStyle};
+use dice_model::{PackedRow, TwoStreamBatch};
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 /// The step the held-out rows are noised as: the same draw at every evaluation, and never a
 /// training step's.
 const EVAL_NOISE_STEP: u64 = u64::MAX;
 
-/// Where a run starts from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resume {
-    /// The newest complete checkpoint in the output folder, or the base model when there is
-    /// none.
-    Auto,
-    /// This checkpoint folder.
-    From(PathBuf),
-}
-
-/// How a run is carried out (not what it computes).
-#[derive(Debug, Clone)]
-pub struct RunOptions {
-    /// The output folder: checkpoints, `final/`, `config.toml`, `metrics.jsonl`,
-    /// `metrics.html`.
-    pub out: PathBuf,
-    pub resume: Resume,
-    /// Draw a progress bar on stderr (hidden when stderr is not a terminal).
-    pub progress: bool,
-}
-
-/// What [`SftTrainer::train`] did.
-#[derive(Debug, Clone)]
-pub struct TrainSummary {
-    /// Steps taken by this call (0 when the run was already complete).
-    pub steps_run: u64,
-    /// Steps of the whole run.
-    pub total_steps: u64,
-    /// The loss of the last step taken by this call.
-    pub last_loss: Option<f64>,
-    /// The finished model.
-    pub final_dir: PathBuf,
-}
-
 /// An SFT run, set up and ready to train.
 pub struct SftTrainer {
-    config: SftConfig,
-    options: RunOptions,
-    collective: Box<dyn Collective>,
-    device: Device,
-    model: Sdar,
-    optimizer: DataParallelAdamW,
-    schedule: LrSchedule,
+    run: Run<SftConfig>,
+    sft: SftSteps,
+}
+
+/// SFT's part of the loop: the packed rows, which of them each step takes, their noise and
+/// the learning-rate schedule.
+struct SftSteps {
     data: PackedDataset,
     plan: DataPlan,
     held_out: Vec<CleanRow>,
     noiser: Noiser,
-    checkpointer: Checkpointer,
-    /// Rank 0's log; other ranks write none.
-    metrics: Option<MetricsLog>,
-    data_fingerprint: String,
-    step: u64,
+    schedule: LrSchedule,
 }
 
 impl SftTrainer {
     /// Resolves `config`, packs the data, loads the model (from the checkpoint it resumes
     /// from, else the base model) and the optimizer state, and prepares the output folder.
-    pub fn new(
-        config: SftConfig,
-        options: RunOptions,
-        collective: Box<dyn Collective>,
-    ) -> Result<Self> {
+    pub fn new(config: SftConfig, options: RunOptions, ranks: Box<dyn Collective>) -> Result<Self> {
         let config = config.resolve()?;
         let training = &config.training;
-        let device = training.device.rank_device()?;
-        let dtype = training.compute_dtype().dtype();
-        let collective = crate::collective::for_device(collective, &device)?;
-
-        let tokenizer = SdarTokenizer::from_dir(config.tokenizer_dir())?;
-        let encoder = Qwen3Encoder::new(&tokenizer)?;
-        let pack = config.pack_options(model_block_length(config.model_dir())?);
-        let datasets = select_datasets(
-            &config.data.files,
-            config.data.dataset_info.as_deref(),
-            &config.data.datasets,
-        )?;
-        let data = PackedDataset::build(&datasets, &encoder, &pack)?;
+        let data = pack(&config, &training_datasets(&config)?)?;
         tracing::info!("training data:\n{}", data.stats());
-        let world = collective.world_size();
-        let rows_per_step =
-            training.per_device_train_batch_size * training.gradient_accumulation_steps * world;
+        let rows_per_step = training.per_device_train_batch_size
+            * training.gradient_accumulation_steps
+            * ranks.world_size();
         let length = match training.max_steps {
             Some(steps) => RunLength::Steps(steps),
             None => RunLength::Epochs(training.epochs),
         };
+        let (seed, warmup_ratio) = (training.run.seed, training.warmup_ratio);
         let plan = DataPlan::new(
             data.len(),
             config.data.val_ratio,
-            training.seed,
+            seed,
             rows_per_step,
             length,
         )?;
         let held_out = if config.data.val_files.is_empty() {
             plan.held_out_rows().iter().map(|&r| data.row(r)).collect()
         } else {
-            let files = select_datasets(&config.data.val_files, None, &[])?;
-            let val = PackedDataset::build(&files, &encoder, &pack)?;
+            let val = pack(
+                &config,
+                &select_datasets(&config.data.val_files, None, &[])?,
+            )?;
             tracing::info!("validation data:\n{}", val.stats());
             (0..val.len()).map(|r| val.row(r)).collect()
         };
-        let data_fingerprint = fingerprint(&data, plan.train_rows());
-
-        let resume_from = match &options.resume {
-            Resume::From(dir) => Some(dir.clone()),
-            Resume::Auto => checkpoints(&options.out)?.pop().map(|(_, dir)| dir),
-        };
-        let mut step = 0;
-        if let Some(dir) = &resume_from {
-            let state = TrainerState::read(dir)?;
-            check_resumable(dir, &state, &run_key(&config, world), &data_fingerprint)?;
-            step = state.step;
-        }
-        let weights = resume_from.as_deref().unwrap_or(config.model_dir());
-        let (model, varmap) = Sdar::load_trainable(weights, dtype, &device)?;
-        let vars: Vec<(String, Var)> = varmap
-            .data()
-            .lock()
-            .expect("the model's VarMap is not poisoned")
-            .iter()
-            .map(|(name, var)| (name.clone(), var.clone()))
-            .collect();
-        if world > 1 {
-            let mut names: Vec<&(String, Var)> = vars.iter().collect();
-            names.sort_by(|a, b| a.0.cmp(&b.0));
-            for (_, var) in names {
-                var.set(&collective.broadcast(var.as_tensor(), 0)?)?;
-            }
-        }
-        let stage = ZeroStage::from_number(training.zero_stage)?;
-        let mut optimizer = DataParallelAdamW::new(vars, config.optimizer, stage, &*collective)?;
-        if let Some(dir) = &resume_from {
-            optimizer.load_state(&dir.join(OPTIMIZER_STATE))?;
-            ensure!(
-                optimizer.steps() == step,
-                "{}: the optimizer state has {} steps, the trainer state {step}",
-                dir.display(),
-                optimizer.steps()
-            );
-            tracing::info!("resuming from {} at step {step}", dir.display());
-        }
         let schedule = LrSchedule::with_warmup_ratio(
             training.lr_scheduler,
-            training.learning_rate,
-            training.warmup_ratio,
+            training.run.learning_rate,
+            warmup_ratio,
             plan.total_steps(),
         );
-        let noiser = Noiser::new(training.seed, model.config().mask_token_id);
-        let checkpointer = Checkpointer {
-            out: options.out.clone(),
-            base_model: config.model_dir().to_path_buf(),
-            tokenizer: config.tokenizer_dir().to_path_buf(),
-            model_config: model.config().clone(),
-            save_dtype: config.checkpoint.save_dtype,
-            max_shard_bytes: config.checkpoint.max_shard_bytes,
-            save_total_limit: config.checkpoint.save_total_limit,
+        let data_fingerprint = DataFingerprint {
+            sha256: fingerprint(&data, plan.train_rows()),
+            covers: "its packed rows",
+            keep: "the same data and packing settings",
         };
-
-        let metrics = checkpointer.open_run_folder(&*collective, &config.to_toml()?, step)?;
-        Ok(Self {
-            config,
-            options,
-            collective,
-            device,
-            model,
-            optimizer,
-            schedule,
+        let run = Run::open(config, data_fingerprint, options, ranks)?;
+        ensure!(
+            run.optimizer.steps() == run.step(),
+            "the checkpoint's optimizer state has {} steps, its trainer state {}: resume from a \
+             checkpoint of dice train sft",
+            run.optimizer.steps(),
+            run.step()
+        );
+        let noiser = Noiser::new(seed, run.model.config().mask_token_id);
+        let sft = SftSteps {
             data,
             plan,
             held_out,
             noiser,
-            checkpointer,
-            metrics,
-            data_fingerprint,
-            step,
-        })
+            schedule,
+        };
+        Ok(Self { run, sft })
     }
 
-    /// The resolved settings (what `config.toml` holds).
-    pub fn config(&self) -> &SftConfig {
-        &self.config
-    }
-
-    /// The model as it trains.
-    pub fn model(&self) -> &Sdar {
-        &self.model
-    }
-
-    /// Optimizer steps done.
-    pub fn step(&self) -> u64 {
-        self.step
-    }
-
-    pub fn plan(&self) -> &DataPlan {
-        &self.plan
-    }
-
-    /// f32 moment values this rank's optimizer holds (1/W of them with a sharded state).
-    pub fn moment_elements(&self) -> usize {
-        self.optimizer.moment_elements()
+    /// The run: its settings, model and step.
+    pub fn run(&self) -> &Run<SftConfig> {
+        &self.run
     }
 
     /// Trains to the end of the run: a checkpoint every `save_steps` steps and at the end, an
     /// evaluation of the held-out rows every `eval_steps` steps and at the end, then the
     /// finished model in `final/`.
-    pub fn train(&mut self) -> Result<TrainSummary> {
-        let total = self.plan.total_steps();
-        let final_dir = self.options.out.join(FINAL);
-        let mut summary = TrainSummary {
-            steps_run: 0,
-            total_steps: total,
-            last_loss: None,
-            final_dir: final_dir.clone(),
-        };
-        if self.step >= total && final_dir.join("config.json").is_file() {
-            tracing::info!(
-                "the run in {} is complete ({total} steps)",
-                self.options.out.display()
-            );
-            return Ok(summary);
-        }
-        let bar = self.progress_bar(total);
-        while self.step < total {
-            let line = self.train_step()?;
-            summary.steps_run += 1;
-            summary.last_loss = Some(line.loss);
-            bar.set_position(self.step);
-            bar.set_message(format!(
-                "loss {:.4} · {:.0} tokens/s",
-                line.loss, line.tokens_per_s
-            ));
-            tracing::info!(
-                step = line.step,
-                loss = line.loss,
-                lr = line.lr,
-                grad_norm = line.grad_norm,
-                tokens_per_s = line.tokens_per_s,
-                "train"
-            );
-            if let Some(log) = &mut self.metrics {
-                log.write(&line)?;
-            }
-            let end = self.step == total;
-            if !self.held_out.is_empty()
-                && (end || self.step.is_multiple_of(self.config.eval.eval_steps))
-            {
-                self.evaluate()?;
-            }
-            if end || self.step.is_multiple_of(self.config.checkpoint.save_steps) {
-                let name = checkpoint_name(self.step);
-                bar.suspend(|| self.save(&name, true))?;
-            }
-        }
-        bar.finish_and_clear();
-        self.save(FINAL, false)?;
-        Ok(summary)
+    pub fn train(&mut self) -> Result<TrainSummary<StepMetrics>> {
+        self.run.train(&mut self.sft)
+    }
+}
+
+impl Steps for SftSteps {
+    type Config = SftConfig;
+    type Line = StepMetrics;
+    const STEP_NAME: &'static str = "step";
+    const COMMAND: &'static str = "dice train sft";
+
+    fn total_steps(&self, _: &SftConfig) -> u64 {
+        self.plan.total_steps()
     }
 
-    fn progress_bar(&self, total: u64) -> ProgressBar {
-        if !self.options.progress || self.collective.rank() != 0 {
-            return ProgressBar::hidden();
-        }
-        let bar = ProgressBar::new(total);
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30}] step {pos}/{len} · {msg} · ETA {eta}",
-            )
-            .expect("a valid template")
-            .progress_chars("=> "),
-        );
-        bar.set_position(self.step);
-        bar
+    fn epoch(&self, _: &SftConfig, steps: u64) -> f64 {
+        self.plan.epoch(steps)
     }
 
-    /// One optimizer step; returns its metrics line.
-    fn train_step(&mut self) -> Result<StepMetrics> {
+    fn step(&mut self, run: &mut Run<SftConfig>) -> Result<StepMetrics> {
         let started = Instant::now();
-        let peak = PeakMemory::start(&self.device)?;
-        let step = self.step;
-        let training = &self.config.training;
+        let peak = PeakMemory::start(&run.device)?;
+        let step = run.step();
+        let training = &run.config().training;
         let rows = self.plan.step_rows(step);
-        let world = self.collective.world_size();
-        let mine: Vec<usize> =
-            contiguous_share(rows.len(), self.collective.rank(), world).collect();
+        let world = run.collective.world_size();
+        let mine: Vec<usize> = contiguous_share(rows.len(), run.collective.rank(), world).collect();
 
         let mut accumulator = GradientAccumulator::default();
         let (mut loss_sum, mut tokens, mut flops) = (0f64, 0usize, 0f64);
@@ -335,14 +160,14 @@ impl SftTrainer {
                 .map(|&k| self.noiser.noise(self.data.row(rows[k]), step, k as u64))
                 .collect();
             let batch = TwoStreamBatch::new(&noised)?;
-            let result = self
+            let result = run
                 .model
                 .sft_loss_and_grads(&batch, training.chunk_rows)
                 .with_context(|| format!("step {}: the loss and gradients failed", step + 1))?;
             loss_sum += f64::from(result.loss);
             tokens += noised.iter().map(|r| r.input_ids.len()).sum::<usize>();
             flops += sft_step_flops(
-                self.model.config(),
+                run.model.config(),
                 batch.sample_lens(),
                 batch.selected().len(),
             );
@@ -350,35 +175,30 @@ impl SftTrainer {
         }
         let micro_batches = accumulator.micro_batches();
         let grads = if micro_batches == 0 {
-            self.zero_grads()?
+            // A rank without rows in the last step of an epoch.
+            run.zero_grads()?
         } else {
             accumulator.take()
         };
         let mut totals = [loss_sum, micro_batches as f64, tokens as f64, flops];
-        self.collective.all_reduce_sum_f64(&mut totals)?;
+        run.collective.all_reduce_sum_f64(&mut totals)?;
         let [loss_sum, micro_batches, tokens, flops] = totals;
-        let lr = self.schedule.lr(step);
-        let grad_norm =
-            self.optimizer
-                .step(grads, training.max_grad_norm, lr, &*self.collective)?;
-        if !grad_norm.is_finite() {
-            bail!(
-                "step {}: the gradient norm is {grad_norm}; the weights were left as they were. \
-                 Lower the learning rate, or resume from the last checkpoint in {}",
-                step + 1,
-                self.options.out.display()
-            );
-        }
-        self.step += 1;
-        self.device.synchronize()?;
+        let update = StepSettings {
+            grad_scale: 1.0,
+            max_grad_norm: training.run.max_grad_norm,
+            lr: self.schedule.lr(step),
+        };
+        let peak_tflops = run.config().metrics.peak_tflops;
+        let grad_norm = run.update(grads, &update)?;
+        run.device.synchronize()?;
 
         let seconds = started.elapsed().as_secs_f64();
-        let peak_flops = self.config.metrics.peak_tflops.map(|t| t * 1e12);
+        let peak_flops = peak_tflops.map(|t| t * 1e12);
         Ok(StepMetrics {
-            step: self.step,
-            epoch: self.plan.epoch(self.step),
+            step: step + 1,
+            epoch: self.plan.epoch(step + 1),
             loss: loss_sum / micro_batches.max(1.0),
-            lr,
+            lr: update.lr,
             grad_norm: f64::from(grad_norm),
             tokens: tokens as u64,
             tokens_per_s: tokens / seconds,
@@ -389,23 +209,17 @@ impl SftTrainer {
         })
     }
 
-    /// Zero gradients, for a rank without rows in the last step of an epoch.
-    fn zero_grads(&self) -> Result<HashMap<String, Tensor>> {
-        self.model
-            .config()
-            .tensor_shapes()
-            .into_iter()
-            .map(|(name, shape)| Ok((name, Tensor::zeros(shape, DType::F32, &self.device)?)))
-            .collect()
+    fn eval_steps(&self, config: &SftConfig) -> Option<u64> {
+        (!self.held_out.is_empty()).then_some(config.eval.eval_steps)
     }
 
     /// The loss of the held-out rows, logged as an eval line.
-    fn evaluate(&mut self) -> Result<()> {
-        let training = &self.config.training;
+    fn evaluate(&mut self, run: &mut Run<SftConfig>) -> Result<()> {
+        let training = &run.config().training;
         let mine = contiguous_share(
             self.held_out.len(),
-            self.collective.rank(),
-            self.collective.world_size(),
+            run.collective.rank(),
+            run.collective.world_size(),
         );
         let mut totals = [0f32; 2];
         for micro in mine
@@ -420,46 +234,35 @@ impl SftTrainer {
                 })
                 .collect();
             let batch = TwoStreamBatch::new(&noised)?;
-            totals[0] += self.model.sft_loss_value(&batch, training.chunk_rows)?;
+            totals[0] += run.model.sft_loss_value(&batch, training.chunk_rows)?;
             totals[1] += 1.0;
         }
-        self.collective.all_reduce_sum_f32(&mut totals)?;
+        run.collective.all_reduce_sum_f32(&mut totals)?;
         let line = EvalMetrics {
-            step: self.step,
-            epoch: self.plan.epoch(self.step),
+            step: run.step(),
+            epoch: self.plan.epoch(run.step()),
             eval_loss: f64::from(totals[0]) / f64::from(totals[1]).max(1.0),
             eval_rows: self.held_out.len(),
         };
         tracing::info!(step = line.step, eval_loss = line.eval_loss, "eval");
-        if let Some(log) = &mut self.metrics {
-            log.write(&line)?;
-        }
-        Ok(())
+        run.log(&line)
     }
 
-    /// Rank 0 writes the folder `name` (the optimizer state too when `resumable`), prunes old
-    /// checkpoints and refreshes the HTML page; every rank takes part in gathering a sharded
-    /// optimizer state and waits for rank 0.
-    fn save(&self, name: &str, resumable: bool) -> Result<()> {
-        self.optimizer
-            .with_whole_state_on_rank0(&*self.collective, |optimizer| {
-                let state = TrainerState {
-                    step: self.step,
-                    total_steps: self.plan.total_steps(),
-                    epoch: self.plan.epoch(self.step),
-                    data_fingerprint: self.data_fingerprint.clone(),
-                    resume_key: run_key(&self.config, self.collective.world_size()),
-                };
-                let dir = self.checkpointer.save(name, optimizer, &state, resumable)?;
-                tracing::info!("saved {}", dir.display());
-                self.checkpointer.prune()?;
-                if let Some(log) = &self.metrics {
-                    let title = format!("dice train sft: {}", self.options.out.display());
-                    write_html(log.path(), &self.options.out.join("metrics.html"), &title)?;
-                }
-                Ok(())
-            })?;
-        self.collective.barrier()
+    fn checkpoint_every_step(&self) -> bool {
+        false
+    }
+
+    fn draw_page(&self, metrics: &Path, html: &Path, title: &str) -> Result<()> {
+        write_html(metrics, html, title)
+    }
+}
+
+impl StepLine for StepMetrics {
+    fn describe(&self) -> String {
+        format!(
+            "loss {:.4} · lr {:.2e} · grad norm {:.3} · {:.0} tokens/s",
+            self.loss, self.lr, self.grad_norm, self.tokens_per_s
+        )
     }
 }
 
@@ -478,40 +281,4 @@ fn fingerprint(data: &PackedDataset, rows: &[usize]) -> String {
         }
     }
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The settings a checkpoint records and a resumed run must repeat: the config's, and the
-/// number of ranks when there are several (it sets the rows of a step; a run of one rank
-/// records none, as runs did before data parallelism).
-fn run_key(config: &SftConfig, world_size: usize) -> serde_json::Value {
-    let mut key = config.resume_key();
-    if world_size > 1 {
-        key["world_size"] = world_size.into();
-    }
-    key
-}
-
-/// Refuses a checkpoint whose run asked for other settings or other data.
-fn check_resumable(
-    dir: &Path,
-    state: &TrainerState,
-    run_key: &serde_json::Value,
-    data_fingerprint: &str,
-) -> Result<()> {
-    if let Some((key, recorded, asked)) =
-        super::config::resume_key_difference(&state.resume_key, run_key)
-    {
-        bail!(
-            "{} was trained with {key} = {recorded}, this run asks for {asked}: resume with the \
-             same settings (its run's config.toml), or write to another --out",
-            dir.display()
-        );
-    }
-    ensure!(
-        state.data_fingerprint == data_fingerprint,
-        "{} was trained on other data (its packed rows differ from these): resume with the same \
-         data and packing settings, or write to another --out",
-        dir.display()
-    );
-    Ok(())
 }

@@ -1,29 +1,13 @@
-//! `dice train`: block-diffusion fine-tuning. The flags map onto `dice_train`'s settings and
-//! trainer.
+//! `dice train sft`: the flags map onto `dice_train::sft`'s settings and trainer.
 
-use super::args::DeviceKind;
-use super::ranks::RankArgs;
+use super::{set, RunArgs};
 use anyhow::Result;
-use clap::{Args, Subcommand, ValueEnum};
-use dice_model::SdarTokenizer;
-use dice_train::data::{model_block_length, select_datasets, PackedDataset, Qwen3Encoder};
+use clap::Args;
 use dice_train::schedule::ScheduleKind;
-use dice_train::sft::config::{self, ComputeDType, SaveDType};
-use dice_train::sft::{Resume, RunOptions, SftConfig, SftTrainer};
+use dice_train::sft::{dry_run_report, SftConfig, SftTrainer};
 use std::path::PathBuf;
 
-#[derive(Subcommand)]
-pub(crate) enum TrainCommand {
-    /// Supervised block-diffusion fine-tuning (the DICE recipe) on chat data.
-    #[command(after_help = SFT_MANUAL)]
-    Sft(SftArgs),
-    /// BiC-RL (TraceRL): kernel infilling (stage 1) or end-to-end kernels (stage 2), rewarded
-    /// by the evaluator.
-    #[command(after_help = super::train_rl::RL_MANUAL)]
-    Rl(super::train_rl::RlArgs),
-}
-
-const SFT_MANUAL: &str = "\
+pub(crate) const MANUAL: &str = "\
 What a step does. The packed rows of the step are noised (one noise level per sample, spec
 §6.2; the draw of row r at step s depends only on --seed, s and r), the two-stream loss and its
 gradients are computed one micro-batch of --batch-size rows at a time with activation
@@ -119,38 +103,10 @@ Examples:
   dice train sft --model tiny/ --data chats.jsonl --out runs/tiny --max-steps 20 --lr 1e-3 \\
       --row-tokens 256";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum TrainDType {
-    /// float32 weights and compute (the CPU default).
-    F32,
-    /// bfloat16 compute with float32 master weights and optimizer moments (the reference).
-    Bf16,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum SaveDTypeArg {
-    /// The f32 masters rounded to bf16 (the SDAR checkpoints' dtype).
-    Bf16,
-    /// The f32 masters as they are.
-    F32,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum SchedulerArg {
-    /// Linear warmup, then the peak learning rate to the end (the reference).
-    ConstantWithWarmup,
-    /// Linear warmup, then half a cosine down to 0 at the last step.
-    Cosine,
-}
-
 #[derive(Args, Debug)]
 pub(crate) struct SftArgs {
-    /// Base model folder (config.json, safetensors, tokenizer files, chat template).
-    #[arg(long, value_name = "DIR")]
-    pub model: Option<PathBuf>,
-    /// Folder with the tokenizer files, when not the model folder.
-    #[arg(long, value_name = "DIR")]
-    pub tokenizer: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Plain data files (JSON array or JSON Lines), their layout told by their first record.
     #[arg(long, value_name = "FILE", num_args = 1..)]
     pub data: Vec<PathBuf>,
@@ -160,28 +116,12 @@ pub(crate) struct SftArgs {
     /// Datasets of --dataset-info to train on, mixed in the order given.
     #[arg(long, value_name = "NAME", num_args = 1.., requires = "dataset_info")]
     pub dataset: Vec<String>,
-    /// Output folder: checkpoints (checkpoint-STEP/, final/), config.toml, metrics.jsonl,
-    /// metrics.html.
-    #[arg(long, value_name = "DIR", required_unless_present = "dry_run")]
-    pub out: Option<PathBuf>,
-    /// TOML file with the training settings; flags given on the command line override it.
-    #[arg(long, value_name = "F")]
-    pub config: Option<PathBuf>,
-    /// Resume from this checkpoint folder [default: the newest complete checkpoint in --out].
-    #[arg(long, value_name = "DIR")]
-    pub resume: Option<PathBuf>,
     /// Passes over the data, fractions allowed [default: 3, the DICE recipe].
     #[arg(long, value_name = "E", conflicts_with = "max_steps")]
     pub epochs: Option<f64>,
-    /// Stop after this many optimizer steps instead of counting epochs.
-    #[arg(long, value_name = "N")]
-    pub max_steps: Option<u64>,
-    /// Peak learning rate [default: 1e-5, the DICE recipe].
-    #[arg(long, value_name = "X")]
-    pub lr: Option<f64>,
     /// Learning-rate schedule after the warmup [default: constant-with-warmup].
     #[arg(long, value_enum)]
-    pub lr_scheduler: Option<SchedulerArg>,
+    pub lr_scheduler: Option<ScheduleKind>,
     /// Share of the steps spent warming up, rounded up to whole steps [default: 0.03].
     #[arg(long, value_name = "R")]
     pub warmup_ratio: Option<f64>,
@@ -194,36 +134,12 @@ pub(crate) struct SftArgs {
     /// AdamW's decoupled weight decay [default: 0].
     #[arg(long, value_name = "X")]
     pub weight_decay: Option<f64>,
-    /// Global gradient-norm clipping [default: 1.0].
-    #[arg(long, value_name = "X")]
-    pub max_grad_norm: Option<f64>,
-    /// Where the model trains [default: cpu]; cuda needs a binary built with `--features cuda`.
-    #[arg(long, value_enum)]
-    pub device: Option<DeviceKind>,
-    /// Compute dtype [default: f32 on the CPU, bf16 on CUDA].
-    #[arg(long, value_enum)]
-    pub dtype: Option<TrainDType>,
-    /// Seed of the data order, the noise and the validation split [default: 42].
-    #[arg(long, value_name = "S")]
-    pub seed: Option<u64>,
-    /// Save a checkpoint every N optimizer steps (and at the end) [default: 500].
-    #[arg(long, value_name = "N")]
-    pub save_steps: Option<u64>,
-    /// Keep only the newest K checkpoints [default: all].
-    #[arg(long, value_name = "K")]
-    pub save_total_limit: Option<usize>,
-    /// Dtype of the checkpoint weights [default: bf16].
-    #[arg(long, value_enum)]
-    pub save_dtype: Option<SaveDTypeArg>,
     /// Hold out this share of the packed rows (chosen by the seed) for evaluation [default: 0].
     #[arg(long, value_name = "R", conflicts_with = "val_data")]
     pub val_ratio: Option<f64>,
     /// Evaluate on the packed rows of these files instead of a held-out share.
     #[arg(long, value_name = "FILE", num_args = 1..)]
     pub val_data: Vec<PathBuf>,
-    /// Evaluate the held-out rows every N steps (and at the end) [default: 500].
-    #[arg(long, value_name = "N")]
-    pub eval_steps: Option<u64>,
     /// Peak dense TFLOP/s of one device, for the MFU [default: 989 (H100/H200 bf16) on CUDA;
     /// no MFU on the CPU].
     #[arg(long, value_name = "T")]
@@ -237,11 +153,6 @@ pub(crate) struct SftArgs {
     /// only its shard of the summed gradient; the same weights at every stage [default: 0].
     #[arg(long, value_name = "0|1|2", value_parser = clap::value_parser!(u8).range(0..=2))]
     pub zero_stage: Option<u8>,
-    /// Print the packing statistics and exit, without loading the model.
-    #[arg(long)]
-    pub dry_run: bool,
-    #[command(flatten)]
-    pub ranks: RankArgs,
     /// Longest sample kept, in tokens after block padding [default: --row-tokens - 1, what
     /// LlamaFactory's cutoff_len: 6144 means with packing].
     #[arg(long, value_name = "N")]
@@ -260,37 +171,31 @@ pub(crate) struct SftArgs {
     pub preprocessing_num_workers: Option<usize>,
 }
 
-pub(crate) fn run(command: TrainCommand) -> Result<()> {
-    match command {
-        TrainCommand::Sft(a) => run_sft(a),
-        TrainCommand::Rl(a) => super::train_rl::run(a),
-    }
+pub(crate) fn run(a: SftArgs) -> Result<()> {
+    a.run.start(
+        settings(&a)?,
+        dry_run_report,
+        SftTrainer::new,
+        SftTrainer::train,
+    )
 }
 
 /// The settings file (or the defaults) with the flags on top.
 fn settings(a: &SftArgs) -> Result<SftConfig> {
-    let mut c = match &a.config {
-        Some(path) => SftConfig::read(path)?,
-        None => SftConfig::default(),
-    };
-    fn set<T: Clone>(field: &mut T, flag: &Option<T>) {
-        if let Some(value) = flag {
-            *field = value.clone();
-        }
-    }
-    if a.model.is_some() {
-        c.model.path = a.model.clone();
-    }
-    if a.tokenizer.is_some() {
-        c.model.tokenizer = a.tokenizer.clone();
-    }
+    let mut c = a.run.settings_or(|| Ok(SftConfig::default()))?;
+    a.run.apply(
+        &mut c.model,
+        &mut c.training.run,
+        &mut c.checkpoint,
+        &mut c.eval.eval_steps,
+    );
     if !a.data.is_empty() || !a.dataset.is_empty() {
-        c.data.files = a.data.clone();
-        c.data.dataset_info = a.dataset_info.clone();
-        c.data.datasets = a.dataset.clone();
+        c.data.files.clone_from(&a.data);
+        c.data.dataset_info.clone_from(&a.dataset_info);
+        c.data.datasets.clone_from(&a.dataset);
     }
     if !a.val_data.is_empty() {
-        c.data.val_files = a.val_data.clone();
+        c.data.val_files.clone_from(&a.val_data);
         c.data.val_ratio = 0.0;
     }
     set(&mut c.data.val_ratio, &a.val_ratio);
@@ -315,106 +220,21 @@ fn settings(a: &SftArgs) -> Result<SftConfig> {
         t.epochs = epochs;
         t.max_steps = None;
     }
-    if a.max_steps.is_some() {
-        t.max_steps = a.max_steps;
+    if a.run.max_steps.is_some() {
+        t.max_steps = a.run.max_steps;
     }
-    set(&mut t.learning_rate, &a.lr);
-    set(
-        &mut t.lr_scheduler,
-        &a.lr_scheduler.map(|s| match s {
-            SchedulerArg::ConstantWithWarmup => ScheduleKind::ConstantWithWarmup,
-            SchedulerArg::Cosine => ScheduleKind::Cosine,
-        }),
-    );
+    set(&mut t.lr_scheduler, &a.lr_scheduler);
     set(&mut t.warmup_ratio, &a.warmup_ratio);
     set(&mut t.per_device_train_batch_size, &a.batch_size);
     set(
         &mut t.gradient_accumulation_steps,
         &a.gradient_accumulation_steps,
     );
-    set(&mut t.max_grad_norm, &a.max_grad_norm);
-    set(&mut t.seed, &a.seed);
     set(&mut t.chunk_rows, &a.chunk_rows);
     set(&mut t.zero_stage, &a.zero_stage);
-    set(
-        &mut t.device,
-        &a.device.map(|d| match d {
-            DeviceKind::Cpu => config::DeviceKind::Cpu,
-            DeviceKind::Cuda => config::DeviceKind::Cuda,
-        }),
-    );
-    if let Some(dtype) = a.dtype {
-        t.dtype = Some(match dtype {
-            TrainDType::F32 => ComputeDType::F32,
-            TrainDType::Bf16 => ComputeDType::Bf16,
-        });
-    }
     set(&mut c.optimizer.weight_decay, &a.weight_decay);
-    set(&mut c.checkpoint.save_steps, &a.save_steps);
-    if a.save_total_limit.is_some() {
-        c.checkpoint.save_total_limit = a.save_total_limit;
-    }
-    set(
-        &mut c.checkpoint.save_dtype,
-        &a.save_dtype.map(|d| match d {
-            SaveDTypeArg::Bf16 => SaveDType::Bf16,
-            SaveDTypeArg::F32 => SaveDType::F32,
-        }),
-    );
-    set(&mut c.eval.eval_steps, &a.eval_steps);
     if a.peak_tflops.is_some() {
         c.metrics.peak_tflops = a.peak_tflops;
     }
     Ok(c)
-}
-
-fn run_sft(a: SftArgs) -> Result<()> {
-    let config = settings(&a)?.resolve()?;
-    if a.dry_run {
-        let tokenizer = SdarTokenizer::from_dir(config.tokenizer_dir())?;
-        let encoder = Qwen3Encoder::new(&tokenizer)?;
-        let datasets = select_datasets(
-            &config.data.files,
-            config.data.dataset_info.as_deref(),
-            &config.data.datasets,
-        )?;
-        let options = config.pack_options(model_block_length(config.model_dir())?);
-        print!(
-            "{}",
-            PackedDataset::build(&datasets, &encoder, &options)?.stats()
-        );
-        return Ok(());
-    }
-    let Some(collective) = a.ranks.join_or_launch()? else {
-        return Ok(());
-    };
-    let options = RunOptions {
-        out: a.out.expect("clap requires --out without --dry-run"),
-        resume: a.resume.map_or(Resume::Auto, Resume::From),
-        progress: true,
-    };
-    let out = options.out.clone();
-    let rank = collective.rank();
-    let mut trainer = SftTrainer::new(config, options, collective)?;
-    let summary = trainer.train()?;
-    if rank != 0 {
-        return Ok(());
-    }
-    if summary.steps_run == 0 {
-        eprintln!(
-            "the run in {} is already complete ({} steps): the model is in {}",
-            out.display(),
-            summary.total_steps,
-            summary.final_dir.display()
-        );
-    } else {
-        eprintln!(
-            "trained {} of {} steps (last loss {:.4}); the model is in {}",
-            summary.steps_run,
-            summary.total_steps,
-            summary.last_loss.unwrap_or(f64::NAN),
-            summary.final_dir.display()
-        );
-    }
-    Ok(())
 }

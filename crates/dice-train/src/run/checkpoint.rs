@@ -10,10 +10,10 @@
 //! renamed: a folder named `checkpoint-STEP` or `final` is always complete, whenever the
 //! process was killed.
 
-use crate::collective::Collective;
+use super::settings::{CheckpointConfig, ModelConfig, SaveDType};
+use crate::dist::Collective;
 use crate::metrics::MetricsLog;
 use crate::optim::AdamW;
-use crate::sft::config::SaveDType;
 use anyhow::{Context, Result};
 use candle_core::{DType, Tensor};
 use dice_model::shards::{
@@ -45,9 +45,11 @@ pub struct TrainerState {
     pub step: u64,
     pub total_steps: u64,
     pub epoch: f64,
-    /// SHA-256 of the training rows (tokens, labels, positions) in dataset order.
+    /// SHA-256 of the run's data: SFT's training rows (tokens, labels, positions) in dataset
+    /// order, RL's task file.
     pub data_fingerprint: String,
-    /// The settings the weights depend on ([`crate::sft::SftConfig::resume_key`]).
+    /// The settings the weights depend on ([`super::settings::Settings::resume_key`], with the
+    /// number of ranks when there are several).
     pub resume_key: serde_json::Value,
 }
 
@@ -93,19 +95,38 @@ pub fn checkpoints(out: &Path) -> Result<Vec<(u64, PathBuf)>> {
 
 /// Writes the checkpoints of one run.
 pub struct Checkpointer {
-    pub out: PathBuf,
+    out: PathBuf,
     /// The base model folder, whose config.json and `*.py` files every checkpoint carries.
-    pub base_model: PathBuf,
+    base_model: PathBuf,
     /// The folder whose tokenizer files every checkpoint carries.
-    pub tokenizer: PathBuf,
-    pub model_config: SdarConfig,
-    pub save_dtype: SaveDType,
-    pub max_shard_bytes: u64,
+    tokenizer: PathBuf,
+    model_config: SdarConfig,
+    save_dtype: SaveDType,
+    max_shard_bytes: u64,
     /// Checkpoints kept, the newest; all when `None`.
-    pub save_total_limit: Option<usize>,
+    save_total_limit: Option<usize>,
 }
 
 impl Checkpointer {
+    /// The checkpoints of a run in `out` of the model `model` (whose config is
+    /// `model_config`), as `settings` ask.
+    pub fn new(
+        out: &Path,
+        model: &ModelConfig,
+        model_config: &SdarConfig,
+        settings: &CheckpointConfig,
+    ) -> Self {
+        Self {
+            out: out.to_path_buf(),
+            base_model: model.dir().to_path_buf(),
+            tokenizer: model.tokenizer_dir().to_path_buf(),
+            model_config: model_config.clone(),
+            save_dtype: settings.save_dtype,
+            max_shard_bytes: settings.max_shard_bytes,
+            save_total_limit: settings.save_total_limit,
+        }
+    }
+
     /// Prepares the output folder on rank 0 (partial saves removed, the run's settings written
     /// as `config.toml`) and opens its `metrics.jsonl` from `step`; other ranks get no log. Every
     /// rank waits for rank 0, so none starts before the folder exists.
@@ -198,8 +219,16 @@ impl Checkpointer {
         Ok(target)
     }
 
-    /// Deletes the oldest checkpoints beyond the limit.
-    pub fn prune(&self) -> Result<()> {
+    /// After the checkpoint of `step`: deletes the one before it unless its step is a
+    /// multiple of `save_steps` (a run that writes one after every step keeps only the newest
+    /// of those between), then the oldest beyond the limit.
+    pub fn prune(&self, step: u64, save_steps: u64) -> Result<()> {
+        let previous = step.saturating_sub(1);
+        let unkept = self.out.join(checkpoint_name(previous));
+        if previous > 0 && !previous.is_multiple_of(save_steps) && unkept.exists() {
+            std::fs::remove_dir_all(&unkept)
+                .with_context(|| format!("cannot remove {}", unkept.display()))?;
+        }
         let Some(limit) = self.save_total_limit else {
             return Ok(());
         };

@@ -1,23 +1,23 @@
 //! [`Collective`] over NCCL, for ranks that train on CUDA GPUs (one GPU per rank).
 //!
 //! **This path has not yet run on a GPU**: it compiles with `--features cuda`, and the CPU
-//! tests exercise the same trainer code through [`crate::collective::TcpGroup`], but no NCCL
+//! tests exercise the same trainer code through [`super::tcp::TcpGroup`], but no NCCL
 //! communicator has been created by it yet.
 //!
 //! The ranks meet through an existing collective (the torchrun rendezvous's
-//! [`crate::collective::TcpGroup`], of one rank too: `--nproc-per-node 1` checks this path on a
+//! [`super::tcp::TcpGroup`], of one rank too: `--nproc-per-node 1` checks this path on a
 //! single GPU), over which rank 0 broadcasts the NCCL unique id; NCCL then connects the GPUs
 //! itself. The communicator runs on the candle device's stream, so its
 //! operations are ordered with the model's kernels without extra synchronisation.
 //!
 //! NCCL adds the ranks' buffers in the order of its ring or tree, not in rank order: sums over
-//! several ranks agree with [`crate::collective::TcpGroup`]'s up to f32 rounding; over one rank
+//! several ranks agree with [`super::tcp::TcpGroup`]'s up to f32 rounding; over one rank
 //! every operation is the identity. Tensors travel as f32 (exact for the f32, bf16 and f16
 //! weights and gradients a trainer exchanges); host buffers are copied to the GPU and back.
 //! NCCL's reduce-scatter and all-gather take equal segments, so segments of unequal lengths
 //! are padded to the longest.
 
-use crate::collective::{check_counts, check_gather_counts, Collective};
+use super::{check_counts, check_gather_counts, Collective};
 use anyhow::{anyhow, ensure, Context, Result};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage};
 use candle_core::op::BackpropOp;

@@ -1,19 +1,16 @@
-//! `dice train rl`: BiC-RL. The flags map onto `dice_train::rl`'s settings, reward and trainer.
+//! `dice train rl`: BiC-RL. The flags map onto `dice_train::rl`'s settings and trainer.
 
-use super::args::DeviceKind;
-use super::ranks::RankArgs;
-use super::train::TrainDType;
-use anyhow::{Context, Result};
-use clap::{Args, ValueEnum};
-use dice_train::rl::config::{GridName, JudgeDevice};
-use dice_train::rl::{
-    dry_run_report, ContainsToken, JudgeReward, RlConfig, RlTrainer, Stage, TaskOrder,
-};
-use dice_train::sft::config::{ComputeDType, DeviceKind as TrainDevice};
-use dice_train::sft::{Resume, RunOptions};
+use super::{set, RunArgs};
+use anyhow::Result;
+use clap::Args;
+use dice_train::rl::config::GridName;
+use dice_train::rl::{dry_run_report, RlConfig, RlTrainer, Stage, TaskOrder};
 use std::path::PathBuf;
 
-pub(crate) const RL_MANUAL: &str = "\
+/// The preset without --preset or --config.
+const DEFAULT_PRESET: &str = "dice-8b-stage1";
+
+pub(crate) const MANUAL: &str = "\
 What a step does (spec bicrl §15). The step's tasks are drawn from --tasks in file order with
 wrap-around (--order shuffled: a seeded permutation per pass), each prompt is rendered for the
 stage (infill: DICE's kernel-infilling prompt with the task's prefix/suffix scaffold; e2e:
@@ -27,7 +24,7 @@ suffix; end-to-end candidates are the answer's first code block. The judge runs 
 strict mode: reward 1 for a program that compiles, matches the reference (atol = rtol 1e-2) and
 is not flagged as a reward hack, else 0 (--speedup-shaping: a correct program earns its speedup,
 capped). Rewards are z-scored within each task's group; groups whose rewards are all equal are
-dropped. The traces are replayed round by round (TraceRL) on the block grid they were sampled
+dropped (when every group is, the step learns nothing and a warning says so). The traces are replayed round by round (TraceRL) on the block grid they were sampled
 on (--grid reference: the reference trainer's, spec bicrl §16.3), old log-probabilities come
 from the step's starting weights, and AdamW (lr 1e-6, betas 0.9/0.999, eps 1e-8, no weight
 decay; moments reset every step as the reference's fresh optimizer, --keep-moments to keep
@@ -61,7 +58,9 @@ Output folder.
   config.toml       the run's settings
   judge.db          the judge's verdicts of every candidate (rank R > 0: judge-rankR.db)
   metrics.jsonl     one JSON object per RL step: step, tasks, samples, reward_mean, pass_rate,
-                    deceptive_rate, pass_rate_by_level, groups_kept, advantage_mean/std/abs_max,
+                    deceptive_rate, pass_rate_by_level, groups_kept, learned (false when no
+                    group was kept: the step learned nothing, and loss, kl, clip_fraction,
+                    entropy and grad_norm are null), advantage_mean/std/abs_max,
                     replay_samples, loss_tokens, loss, kl, clip_fraction, entropy, grad_norm,
                     updates, tokens_generated, rollout_tokens_per_s, seconds_rollout,
                     seconds_judge, seconds_idle (last completion to last verdict),
@@ -103,72 +102,31 @@ A tiny model on the CPU, two ranks, the toy reward (a minute; the path, not the 
       --stage e2e --preset dice-1.7b-stage2 --tasks-per-step 2 --samples-per-task 4 \\
       --max-tokens 16 --max-steps 2 --reward-token 16 --out runs/tiny-rl --nproc-per-node 2";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum StageArg {
-    /// Stage 1: fill the core of a kernel into the task's prefix/suffix scaffold.
-    Infill,
-    /// Stage 2: write the whole program from the one-shot prompt.
-    E2e,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum OrderArg {
-    /// File order with wrap-around (the reference).
-    Sequential,
-    /// A seeded permutation of the file per pass.
-    Shuffled,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub(crate) enum GridArg {
-    /// The block grid each trace was sampled on.
-    Rollout,
-    /// The reference trainer's grid (response blocks from the response start).
-    Reference,
-}
-
 #[derive(Args, Debug)]
 pub(crate) struct RlArgs {
-    /// Start model folder (the SFT model for stage 1, the stage-1 model for stage 2).
-    #[arg(long, value_name = "DIR")]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Task file (JSON array or JSON Lines).
     #[arg(long, value_name = "FILE")]
     pub tasks: Option<PathBuf>,
     /// What is rewarded [default: the preset's].
     #[arg(long, value_enum)]
-    pub stage: Option<StageArg>,
-    /// Output folder: checkpoints, final/, config.toml, judge.db, metrics.jsonl, metrics.html.
-    #[arg(long, value_name = "DIR", required_unless_present = "dry_run")]
-    pub out: Option<PathBuf>,
+    pub stage: Option<Stage>,
     /// DICE's settings for a model size and stage: dice-8b-stage1, dice-8b-stage2,
     /// dice-4b-stage1, dice-4b-stage2, dice-1.7b-stage1 or dice-1.7b-stage2 (below: what each
     /// sets) [default: dice-8b-stage1].
     #[arg(long, value_name = "NAME", conflicts_with = "config")]
     pub preset: Option<String>,
-    /// TOML file with the settings; flags given on the command line override it.
-    #[arg(long, value_name = "F")]
-    pub config: Option<PathBuf>,
-    /// RL steps of the run [default: 20 for stage 1, 100 for stage 2].
-    #[arg(long, value_name = "N")]
-    pub max_steps: Option<u64>,
-    /// Where the model trains and decodes [default: cpu]; cuda needs a binary built with
-    /// `--features cuda`.
-    #[arg(long, value_enum)]
-    pub device: Option<DeviceKind>,
-    /// Compute dtype [default: f32 on the CPU, bf16 on CUDA].
-    #[arg(long, value_enum)]
-    pub dtype: Option<TrainDType>,
     /// Where candidates are judged [default: the training device].
     #[arg(long, value_enum)]
-    pub judge_device: Option<DeviceKind>,
+    pub judge_device: Option<dice_eval::Device>,
     /// The Python (with torch and ninja) the judge's workers run [default: DICE_PYTHON, else
     /// .dice/venv, else python3].
     #[arg(long, value_name = "PATH")]
     pub python: Option<PathBuf>,
     /// The order tasks are drawn in [default: sequential].
     #[arg(long, value_enum)]
-    pub order: Option<OrderArg>,
+    pub order: Option<TaskOrder>,
     /// Tasks per step [default: 64].
     #[arg(long, value_name = "N")]
     pub tasks_per_step: Option<usize>,
@@ -181,15 +139,12 @@ pub(crate) struct RlArgs {
     /// Sequences each engine decodes at once [default: the preset's].
     #[arg(long, value_name = "N")]
     pub max_active: Option<usize>,
-    /// Learning rate [default: 1e-6].
-    #[arg(long, value_name = "X")]
-    pub lr: Option<f64>,
     /// Keep AdamW's moments from one RL step to the next (the reference resets them).
     #[arg(long)]
     pub keep_moments: bool,
     /// The block grid traces are replayed on [default: rollout].
     #[arg(long, value_enum)]
-    pub grid: Option<GridArg>,
+    pub grid: Option<GridName>,
     /// Reward a correct program its measured speedup (capped at 4) instead of 1.
     #[arg(long)]
     pub speedup_shaping: bool,
@@ -198,104 +153,54 @@ pub(crate) struct RlArgs {
     /// the evaluator.
     #[arg(long, value_name = "ID")]
     pub reward_token: Option<u32>,
-    /// Seed of the samples (and of --order shuffled) [default: 10086].
-    #[arg(long, value_name = "S")]
-    pub seed: Option<u64>,
-    /// Keep a checkpoint every N steps [default: 10].
-    #[arg(long, value_name = "N")]
-    pub save_steps: Option<u64>,
     /// Held-out task file, evaluated every --eval-steps steps and at the end.
     #[arg(long, value_name = "FILE")]
     pub eval_tasks: Option<PathBuf>,
-    /// Evaluate every N steps [default: 10].
-    #[arg(long, value_name = "N")]
-    pub eval_steps: Option<u64>,
-    /// Resume from this checkpoint folder [default: the newest complete checkpoint in --out].
-    #[arg(long, value_name = "DIR")]
-    pub resume: Option<PathBuf>,
-    /// Print what the run would train on (tasks per level, prompt lengths, the levels each
-    /// step draws) and exit.
-    #[arg(long)]
-    pub dry_run: bool,
-    #[command(flatten)]
-    pub ranks: RankArgs,
+}
+
+pub(crate) fn run(a: RlArgs) -> Result<()> {
+    let train = RlTrainer::train_with_configured_reward;
+    a.run
+        .start(settings(&a)?, dry_run_report, RlTrainer::new, train)
 }
 
 /// The preset or settings file with the flags on top.
 fn settings(a: &RlArgs) -> Result<RlConfig> {
-    let mut c = match (&a.config, &a.preset) {
-        (Some(path), _) => RlConfig::read(path)?,
-        (None, Some(name)) => RlConfig::preset(name)?,
-        (None, None) => RlConfig::preset("dice-8b-stage1")?,
-    };
-    fn set<T: Clone>(field: &mut T, flag: Option<T>) {
-        if let Some(value) = flag {
-            *field = value;
-        }
-    }
-    if a.model.is_some() {
-        c.model.path.clone_from(&a.model);
-    }
-    if a.tasks.is_some() {
-        c.tasks.file.clone_from(&a.tasks);
-    }
+    let preset = a.preset.as_deref().unwrap_or(DEFAULT_PRESET);
+    let mut c = a.run.settings_or(|| RlConfig::preset(preset))?;
     if let Some(stage) = a.stage {
-        let stage = match stage {
-            StageArg::Infill => Stage::Infill,
-            StageArg::E2e => Stage::E2e,
-        };
-        if stage != c.tasks.stage && a.config.is_none() {
+        if stage != c.tasks.stage && a.run.config.is_none() {
             // The stage's own preset of the same size: stage 2 runs 100 steps, not 20.
-            let name = a.preset.as_deref().unwrap_or("dice-8b-stage1");
             let other = match stage {
-                Stage::Infill => name.replace("stage2", "stage1"),
-                Stage::E2e => name.replace("stage1", "stage2"),
+                Stage::Infill => preset.replace("stage2", "stage1"),
+                Stage::E2e => preset.replace("stage1", "stage2"),
             };
-            c = RlConfig {
-                model: c.model,
-                tasks: c.tasks,
-                ..RlConfig::preset(&other)?
-            };
+            c = RlConfig::preset(&other)?;
         }
         c.tasks.stage = stage;
     }
-    set(
-        &mut c.tasks.order,
-        a.order.map(|o| match o {
-            OrderArg::Sequential => TaskOrder::Sequential,
-            OrderArg::Shuffled => TaskOrder::Shuffled,
-        }),
+    a.run.apply(
+        &mut c.model,
+        &mut c.training.run,
+        &mut c.checkpoint,
+        &mut c.eval.eval_steps,
     );
-    set(&mut c.rollout.tasks_per_step, a.tasks_per_step);
-    set(&mut c.rollout.samples_per_task, a.samples_per_task);
-    set(&mut c.rollout.max_tokens, a.max_tokens);
-    set(&mut c.rollout.max_active, a.max_active);
+    if a.tasks.is_some() {
+        c.tasks.file.clone_from(&a.tasks);
+    }
+    set(&mut c.tasks.order, &a.order);
+    set(&mut c.rollout.tasks_per_step, &a.tasks_per_step);
+    set(&mut c.rollout.samples_per_task, &a.samples_per_task);
+    set(&mut c.rollout.max_tokens, &a.max_tokens);
+    set(&mut c.rollout.max_active, &a.max_active);
     let t = &mut c.training;
-    set(&mut t.total_steps, a.max_steps);
-    set(&mut t.learning_rate, a.lr);
-    set(&mut t.seed, a.seed);
+    set(&mut t.total_steps, &a.run.max_steps);
     if a.keep_moments {
         t.reset_moments = false;
     }
-    set(
-        &mut t.grid,
-        a.grid.map(|g| match g {
-            GridArg::Rollout => GridName::Rollout,
-            GridArg::Reference => GridName::Reference,
-        }),
-    );
-    set(&mut t.device, a.device.map(train_device));
-    if let Some(dtype) = a.dtype {
-        t.dtype = Some(match dtype {
-            TrainDType::F32 => ComputeDType::F32,
-            TrainDType::Bf16 => ComputeDType::Bf16,
-        });
-    }
-    if let Some(device) = a.judge_device {
-        c.reward.judge_device = Some(match device {
-            DeviceKind::Cpu => JudgeDevice::Cpu,
-            DeviceKind::Cuda => JudgeDevice::Cuda,
-        });
+    set(&mut t.grid, &a.grid);
+    if a.judge_device.is_some() {
+        c.reward.judge_device = a.judge_device;
     }
     if a.python.is_some() {
         c.reward.python.clone_from(&a.python);
@@ -306,73 +211,8 @@ fn settings(a: &RlArgs) -> Result<RlConfig> {
     if a.reward_token.is_some() {
         c.reward.contains_token = a.reward_token;
     }
-    set(&mut c.checkpoint.save_steps, a.save_steps);
     if a.eval_tasks.is_some() {
         c.eval.file.clone_from(&a.eval_tasks);
     }
-    set(&mut c.eval.eval_steps, a.eval_steps);
     Ok(c)
-}
-
-fn train_device(d: DeviceKind) -> TrainDevice {
-    match d {
-        DeviceKind::Cpu => TrainDevice::Cpu,
-        DeviceKind::Cuda => TrainDevice::Cuda,
-    }
-}
-
-pub(crate) fn run(a: RlArgs) -> Result<()> {
-    let config = settings(&a)?;
-    if a.dry_run {
-        print!("{}", dry_run_report(config)?);
-        return Ok(());
-    }
-    let Some(collective) = a.ranks.join_or_launch()? else {
-        return Ok(());
-    };
-    let rank = collective.rank();
-    let options = RunOptions {
-        out: a.out.context("pass --out DIR")?,
-        resume: a.resume.map_or(Resume::Auto, Resume::From),
-        progress: true,
-    };
-    let out = options.out.clone();
-    let mut trainer = RlTrainer::new(config, options, collective)?;
-    let summary = match trainer.config().reward.contains_token {
-        Some(token) => trainer.train(&mut ContainsToken(token))?,
-        None => {
-            // Each rank judges its own tasks' candidates into a store of its own.
-            let db = match rank {
-                0 => out.join("judge.db"),
-                r => out.join(format!("judge-rank{r}.db")),
-            };
-            let source = format!("rl-tasks:{}", trainer.config().task_file().display());
-            let mut reward = JudgeReward::start(&trainer.config().reward, db, source)?;
-            let summary = trainer.train(&mut reward);
-            let judge_ended = reward.shutdown();
-            let summary = summary?;
-            judge_ended?;
-            summary
-        }
-    };
-    if rank != 0 {
-        return Ok(());
-    }
-    match summary.steps.last() {
-        None => eprintln!(
-            "the run in {} is already complete ({} steps): the model is in {}",
-            out.display(),
-            summary.total_steps,
-            out.join("final").display()
-        ),
-        Some(last) => eprintln!(
-            "ran {} of {} RL steps (last reward mean {:.3}, pass rate {:.3}); the model is in {}",
-            summary.steps_run,
-            summary.total_steps,
-            last.reward_mean,
-            last.pass_rate,
-            out.join("final").display()
-        ),
-    }
-    Ok(())
 }

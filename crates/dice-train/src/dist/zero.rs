@@ -20,11 +20,11 @@
 //! reduced (there is no bucketing overlapped with the backward).
 //!
 //! Checkpoints: the shards are gathered on rank 0, which writes the optimizer state file of a
-//! replicated run ([`crate::checkpoint::OPTIMIZER_STATE`]), so a checkpoint does not depend on
+//! replicated run ([`crate::run::checkpoint::OPTIMIZER_STATE`]), so a checkpoint does not depend on
 //! the stage and a run resumes with any stage. Rank 0 then holds the whole state on the host
 //! for the time of the save. Resuming, every rank maps the file and reads its shard.
 
-use crate::collective::{contiguous_share, Collective};
+use super::collective::{contiguous_share, Collective};
 use crate::optim::{clip_grad_norm, clip_sharded_grad_norm, open_state, AdamW, AdamWConfig};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
@@ -53,6 +53,17 @@ impl ZeroStage {
             _ => bail!("zero_stage must be 0, 1 or 2, not {stage} (stage 3 is not supported)"),
         })
     }
+}
+
+/// What one optimizer step does with the gradients summed over the ranks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepSettings {
+    /// The summed gradient is multiplied by this before clipping.
+    pub grad_scale: f64,
+    /// Global gradient-norm clipping.
+    pub max_grad_norm: f64,
+    /// The learning rate of this step.
+    pub lr: f64,
 }
 
 /// AdamW over the model's weights on the ranks of a data-parallel run.
@@ -93,23 +104,32 @@ impl DataParallelAdamW {
         }
     }
 
+    /// Zero moments and step count, the weights kept: the next step is a fresh AdamW's first.
+    pub fn reset_moments(&mut self) -> Result<()> {
+        match self {
+            Self::Replicated(optimizer) => optimizer.reset_moments(),
+            Self::Sharded(optimizer) => optimizer.shard.reset_moments(),
+        }
+    }
+
     /// One step from this rank's gradients `grads` (every weight's, summed over its
-    /// micro-batches): their sum over the ranks, clipped to a global norm of `max_norm`, and
-    /// AdamW with learning rate `lr`. Returns the norm before clipping; when it is not finite
-    /// the weights are left as they were (the caller decides what to do).
+    /// micro-batches): their sum over the ranks, times `step.grad_scale`, clipped to a global
+    /// norm of `step.max_grad_norm`, and AdamW with learning rate `step.lr`. Returns the norm
+    /// before clipping; when it is not finite the weights are left as they were (the caller
+    /// decides what to do).
     pub fn step(
         &mut self,
         mut grads: HashMap<String, Tensor>,
-        max_norm: f64,
-        lr: f64,
+        step: &StepSettings,
         collective: &dyn Collective,
     ) -> Result<f32> {
         match self {
             Self::Replicated(optimizer) => {
                 all_reduce_each(&mut grads, collective)?;
-                let norm = clip_grad_norm(&mut grads, max_norm)?;
+                scale_each(&mut grads, step.grad_scale)?;
+                let norm = clip_grad_norm(&mut grads, step.max_grad_norm)?;
                 if norm.is_finite() {
-                    optimizer.step(&grads, lr)?;
+                    optimizer.step(&grads, step.lr)?;
                 }
                 Ok(norm)
             }
@@ -123,9 +143,10 @@ impl DataParallelAdamW {
                         optimizer.pieces_of(&grads)?
                     }
                 };
-                let norm = clip_sharded_grad_norm(&mut shard, max_norm, collective)?;
+                scale_each(&mut shard, step.grad_scale)?;
+                let norm = clip_sharded_grad_norm(&mut shard, step.max_grad_norm, collective)?;
                 if norm.is_finite() {
-                    optimizer.step(&shard, lr, collective)?;
+                    optimizer.step(&shard, step.lr, collective)?;
                 }
                 Ok(norm)
             }
@@ -156,6 +177,16 @@ impl DataParallelAdamW {
             },
         }
     }
+}
+
+/// Every gradient multiplied by `scale` (left as it is when that is 1).
+fn scale_each(grads: &mut HashMap<String, Tensor>, scale: f64) -> Result<()> {
+    if scale != 1.0 {
+        for grad in grads.values_mut() {
+            *grad = (&*grad * scale)?;
+        }
+    }
+    Ok(())
 }
 
 /// Every gradient replaced by its sum over the ranks, in name order so every rank issues the
