@@ -1,15 +1,15 @@
 //! `dice generate`: block-diffusion generation on this machine (a prompt file, or KernelBench
 //! candidates for `dice eval`), or through an OpenAI-compatible endpoint. The flags map onto
-//! `dice_engine`'s batch generation.
+//! `dice_engine`'s batch generation (`dice_pipeline` for KernelBench candidates).
 
 use super::args::{DTypeArg, DeviceKind};
 use anyhow::{ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use dice_engine::{
-    default_stop_ids, generate_candidates, generate_samples, Answer, ApiClient, CandidateRun,
-    DecodeParams, DecodeSettings, Generator, LocalEngines, Overflow, Progress, PromptStyle,
-    SdarDecoder, Strategy, TextCodec,
+    default_stop_ids, generate_samples, Answer, ApiClient, DecodeParams, DecodeSettings, Generator,
+    LocalEngines, Overflow, PromptStyle, SdarDecoder, Strategy, TextCodec,
 };
+use dice_pipeline::{generate_candidates, CandidateRun, Progress};
 use indicatif::ProgressBar;
 use serde_json::json;
 use std::collections::BTreeSet;
