@@ -5,14 +5,12 @@
 //!
 //! [`Engine`] drives any [`BlockDiffusionModel`]; [`SdarDecoder`] is `dice_model`'s SDAR.
 //! [`serve`] puts an engine behind an OpenAI-compatible HTTP API, [`ApiClient`] talks to one.
-//! [`Generator`] answers batches of prompts with local engines or an endpoint;
-//! [`generate_candidates`] writes KernelBench candidates for `dice eval` with it, resumably.
+//! [`Generator`] answers batches of prompts with local engines or an endpoint.
 //! [`DecodeSettings`] is how decoding parameters are built from what a user sets.
 //! [`throughput`] measures decoding speed on random-weight models of real sizes; [`golden`]
 //! decodes the formula golden's generations on any device and dtype.
 
 mod batch;
-mod candidates;
 mod client;
 mod engine;
 pub mod golden;
@@ -31,7 +29,6 @@ mod text;
 pub mod throughput;
 
 pub use batch::{generate_samples, Generator, Job, LocalEngines, PromptStyle};
-pub use candidates::{generate_candidates, CandidateRun, Progress, CANDIDATES_FILE};
 pub use client::{Answer, ApiClient, CompletionSettings, WHOLE_BLOCKS};
 pub use engine::{Completion, Engine, EngineConfig, Event, ForwardCounts, Request, RequestId};
 pub use greedy::greedy_candidates;

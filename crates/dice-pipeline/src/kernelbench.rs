@@ -3,10 +3,9 @@
 //! candidate already generated is not generated again, a sample already judged is not judged
 //! again, and the report is written anew from the store.
 
+use crate::candidates::{generate_candidates, CandidateRun, Progress, CANDIDATES_FILE};
 use anyhow::{bail, ensure, Context, Result};
-use dice_engine::{
-    generate_candidates, CandidateRun, DecodeParams, Generator, Progress, CANDIDATES_FILE,
-};
+use dice_engine::{DecodeParams, Generator};
 use dice_eval::{Batch, EvalConfig, EvalProblem, EvalSample, Judge, StaticAudit, Store, Summary};
 use dice_kernelbench::{load_candidates, KernelBench};
 use dice_report::{render_comparison, ComparedRun, Comparison, Format};

@@ -1,16 +1,15 @@
 //! Argument types that several commands share; this module depends on no command.
 
 use anyhow::{Context, Result};
-use candle_core::{DType, Device};
+use candle_core::DType;
 use clap::{Args, ValueEnum};
+use dice_eval::Device;
 use dice_model::SdarConfig;
 use std::path::PathBuf;
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub(crate) enum DeviceKind {
-    Cpu,
-    Cuda,
-}
+/// The name `dice train`'s flags still give the workspace's device enum (the train commands
+/// parse `--device` into it like every other command).
+pub(crate) use dice_eval::Device as DeviceKind;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum DTypeArg {
@@ -22,20 +21,19 @@ pub(crate) enum DTypeArg {
 const NO_CUDA: &str =
     "cannot use CUDA (is this binary built with `--features cuda` and is a GPU visible?)";
 
-impl DeviceKind {
-    pub(crate) fn device(self) -> Result<Device> {
-        match self {
-            DeviceKind::Cpu => Ok(Device::Cpu),
-            DeviceKind::Cuda => dice_model::device::cuda_device(0).context(NO_CUDA),
-        }
+/// Where a model runs on `device`: the CPU, or the first GPU.
+pub(crate) fn candle_device(device: Device) -> Result<candle_core::Device> {
+    match device {
+        Device::Cpu => Ok(candle_core::Device::Cpu),
+        Device::Cuda => dice_model::device::cuda_device(0).context(NO_CUDA),
     }
+}
 
-    /// The CPU, or every visible GPU.
-    pub(crate) fn all(self) -> Result<Vec<Device>> {
-        match self {
-            DeviceKind::Cpu => Ok(vec![Device::Cpu]),
-            DeviceKind::Cuda => dice_model::device::cuda_devices().context(NO_CUDA),
-        }
+/// Where models run on `device`: the CPU, or every visible GPU.
+pub(crate) fn candle_devices(device: Device) -> Result<Vec<candle_core::Device>> {
+    match device {
+        Device::Cpu => Ok(vec![candle_core::Device::Cpu]),
+        Device::Cuda => dice_model::device::cuda_devices().context(NO_CUDA),
     }
 }
 
@@ -64,18 +62,18 @@ pub(crate) struct RandomModelArgs {
     #[arg(long)]
     pub config: PathBuf,
     /// Where to run (cuda needs a binary built with `--features cuda`).
-    #[arg(long, value_enum, default_value = "cpu")]
-    pub device: DeviceKind,
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
     /// Weight and activation dtype.
     #[arg(long, value_enum, default_value = "bf16")]
     pub dtype: DTypeArg,
 }
 
 impl RandomModelArgs {
-    pub(crate) fn resolve(&self) -> Result<(SdarConfig, Device, DType)> {
+    pub(crate) fn resolve(&self) -> Result<(SdarConfig, candle_core::Device, DType)> {
         Ok((
             SdarConfig::from_path(&self.config)?,
-            self.device.device()?,
+            candle_device(self.device)?,
             self.dtype.dtype(),
         ))
     }

@@ -1,6 +1,5 @@
 //! `dice curate`: training data from PyTorch→CUDA pairs. The flags map onto `dice_curate`.
 
-use super::args::DeviceKind;
 use super::eval::JudgeArgs;
 use anyhow::{bail, ensure, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
@@ -265,8 +264,8 @@ pub(crate) struct VerifyArgs {
 #[derive(Args, Debug)]
 pub(crate) struct CurateJudgeArgs {
     /// Where pairs are judged (cuda: torch with CUDA, and nvcc on PATH).
-    #[arg(long, value_enum, default_value_t = DeviceKind::Cpu)]
-    pub device: DeviceKind,
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
     /// Keep a pair only when the lower end of its speedup's 95 % interval reaches this.
     #[arg(long, value_name = "X", default_value_t = dice_curate::DEFAULT_MIN_SPEEDUP)]
     pub min_speedup: f64,
@@ -282,10 +281,7 @@ impl CurateJudgeArgs {
     /// The evaluator's settings for the judge store of `run`, with a progress bar.
     fn eval_config(&self, run: &RunDir) -> EvalConfig {
         let mut judging = EvalConfig::new(run.judge_store(), String::new());
-        judging.set_device(match self.device {
-            DeviceKind::Cpu => Device::Cpu,
-            DeviceKind::Cuda => Device::Cuda,
-        });
+        judging.set_device(self.device);
         self.judge.apply(&mut judging);
         judging.force = self.force;
         judging.progress = true;

@@ -42,8 +42,8 @@ pub(crate) struct EvalArgs {
     pub store: Option<String>,
     /// Where candidates and references run (cuda: torch with CUDA, and nvcc on PATH for CUDA
     /// candidates).
-    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
-    pub device: DeviceArg,
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
     /// Re-evaluate samples already in the store (and accept changed settings).
     #[arg(long)]
     pub force: bool,
@@ -185,12 +185,6 @@ pub(crate) enum StageArg {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
-pub(crate) enum DeviceArg {
-    Cpu,
-    Cuda,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum PrecisionArg {
     Fp32,
     Fp16,
@@ -311,10 +305,7 @@ fn config(a: &EvalArgs, source: String) -> Result<EvalConfig> {
 
 /// The device, then the judging flags (the device decides some of their defaults).
 fn apply_device_and_judging(cfg: &mut EvalConfig, a: &EvalArgs) {
-    cfg.set_device(match a.device {
-        DeviceArg::Cpu => Device::Cpu,
-        DeviceArg::Cuda => Device::Cuda,
-    });
+    cfg.set_device(a.device);
     a.judge.apply(cfg);
 }
 

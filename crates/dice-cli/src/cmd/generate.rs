@@ -1,15 +1,16 @@
 //! `dice generate`: block-diffusion generation on this machine (a prompt file, or KernelBench
 //! candidates for `dice eval`), or through an OpenAI-compatible endpoint. The flags map onto
-//! `dice_engine`'s batch generation.
+//! `dice_engine`'s batch generation (`dice_pipeline` for KernelBench candidates).
 
-use super::args::{DTypeArg, DeviceKind};
+use super::args::{candle_device, candle_devices, DTypeArg};
 use anyhow::{ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use dice_engine::{
-    default_stop_ids, generate_candidates, generate_samples, Answer, ApiClient, CandidateRun,
-    DecodeParams, DecodeSettings, Generator, LocalEngines, Overflow, Progress, PromptStyle,
-    SdarDecoder, Strategy, TextCodec,
+    default_stop_ids, generate_samples, Answer, ApiClient, DecodeParams, DecodeSettings, Generator,
+    LocalEngines, Overflow, PromptStyle, SdarDecoder, Strategy, TextCodec,
 };
+use dice_eval::Device;
+use dice_pipeline::{generate_candidates, CandidateRun, Progress};
 use indicatif::ProgressBar;
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -102,8 +103,8 @@ impl DecodeArgs {
 #[derive(Args, Clone, Debug)]
 pub(crate) struct RuntimeArgs {
     /// Where the model runs; cuda needs a binary built with `--features cuda`.
-    #[arg(long, value_enum, default_value = "cpu")]
-    pub device: DeviceKind,
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
     /// Compute dtype (DICE's evaluation used fp16, RL rollouts bf16).
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DTypeArg,
@@ -128,7 +129,7 @@ impl RuntimeArgs {
         let model = SdarDecoder::load(
             dir,
             self.dtype.dtype(),
-            &self.device.device()?,
+            &candle_device(self.device)?,
             block_length,
         )?;
         Ok((model, TextCodec::from_dir(dir)?))
@@ -254,7 +255,7 @@ impl ModelSourceArgs {
             return Ok(Generator::Local(LocalEngines {
                 model_dir,
                 dtype: runtime.dtype.dtype(),
-                devices: runtime.device.all()?,
+                devices: candle_devices(runtime.device)?,
                 engines: engines.engines,
                 max_batch: runtime.max_batch,
             }));

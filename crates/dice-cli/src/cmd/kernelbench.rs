@@ -2,14 +2,11 @@
 //! `dice_pipeline::KernelBenchRun`; generation takes the flags of `dice generate`, judging those
 //! of `dice eval`.
 
-use super::args::DeviceKind;
 use super::eval::{print_summary, JudgeArgs};
 use super::generate::{parse_ids, DecodeArgs, EngineArgs, ModelSourceArgs, RuntimeArgs};
 use anyhow::Result;
 use clap::Args;
-use dice_engine::Progress;
-use dice_eval::Device;
-use dice_pipeline::{Event, KernelBenchRun};
+use dice_pipeline::{Event, KernelBenchRun, Progress};
 use dice_report::{render_comparison, Format};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
@@ -85,10 +82,7 @@ pub(crate) fn run(a: KernelBenchArgs) -> Result<()> {
     run.problems = a.problems.as_deref().map(parse_ids).transpose()?;
     run.samples = a.samples;
     run.force = a.force;
-    run.judging.set_device(match a.runtime.device {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Cuda => Device::Cuda,
-    });
+    run.judging.set_device(a.runtime.device);
     a.judge.apply(&mut run.judging);
     run.judging.progress = true;
 

@@ -6,10 +6,11 @@
 //! names one. This is how CUDA numerics are checked on a GPU machine, where the test suite
 //! (CPU-only) does not run.
 
-use crate::cmd::args::{DTypeArg, DeviceKind};
+use crate::cmd::args::{candle_device, DTypeArg};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use dice_engine::golden::check_generations;
+use dice_eval::Device;
 use dice_model::golden::{low_precision_tolerance, FormulaGolden};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -40,8 +41,8 @@ pub(crate) struct GoldenArgs {
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// Where to run (cuda needs a binary built with `--features cuda`).
-    #[arg(long, value_enum, default_value = "cpu")]
-    pub device: DeviceKind,
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
     /// Weight and activation dtype; the README's tolerances hold for f32.
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DTypeArg,
@@ -72,7 +73,7 @@ struct Check {
 
 pub(super) fn run(args: GoldenArgs) -> Result<()> {
     let golden = FormulaGolden::open(&args.golden)?;
-    let device = args.device.device()?;
+    let device = candle_device(args.device)?;
     let dtype = args.dtype.dtype();
     let low_precision_tol = args
         .low_precision_tol

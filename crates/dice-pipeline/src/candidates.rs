@@ -2,9 +2,8 @@
 //! problem of a level (or of those asked for), appended to `RUN/candidates.jsonl` one line at a
 //! time as they finish, so that an interrupted run resumes where it stopped.
 
-use crate::batch::{Generator, Job, PromptStyle};
-use crate::params::DecodeParams;
 use anyhow::{ensure, Context, Result};
+use dice_engine::{DecodeParams, Generator, Job, PromptStyle};
 use dice_kernelbench::prompt::problem_prompt;
 use dice_kernelbench::{read_candidate_records, CandidateBody, CandidateRecord, KernelBench};
 use std::collections::BTreeSet;
