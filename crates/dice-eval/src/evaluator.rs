@@ -6,10 +6,9 @@
 use crate::batch::{Batch, Submission, Ticket};
 use crate::config::{Audit, EvalConfig};
 use crate::judge::Judge;
+use crate::outcome::{sha256_hex, Evaluated, Summary};
 use crate::run_queue::ProblemKey;
-use crate::writer::{sha256_hex, Summary};
 use anyhow::{anyhow, bail, Context, Result};
-use dice_store::{SampleKey, SampleRecord};
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -46,28 +45,6 @@ pub struct Evaluator {
     outstanding: usize,
     /// The digest of each submitted problem's source: a problem key names one problem.
     problems: HashMap<ProblemKey, String>,
-}
-
-/// What became of one submitted sample.
-#[derive(Clone, Debug)]
-pub struct Evaluated {
-    /// The submission the sample came in.
-    pub ticket: Ticket,
-    /// Its level, problem id and sample id.
-    pub sample: SampleKey,
-    pub outcome: SampleOutcome,
-}
-
-#[derive(Clone, Debug)]
-pub enum SampleOutcome {
-    /// Judged and stored: the record as stored (verdict, speedup, flags).
-    Judged(Box<SampleRecord>),
-    /// Its problem's reference failed (why): no verdict is stored, so a later run retries it.
-    ReferenceFailed(String),
-    /// Its result was in the store when it was submitted (only without `force`).
-    AlreadyStored,
-    /// Another process judging the same run stored its result.
-    JudgedElsewhere,
 }
 
 impl Evaluator {

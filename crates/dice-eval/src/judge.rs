@@ -5,12 +5,11 @@
 
 use crate::batch::{Batch, Submission};
 use crate::config::{Audit, Device, EvalConfig, EvalProblem, EvalSample};
-use crate::evaluator::Evaluated;
 use crate::job::JobContext;
+use crate::outcome::{Evaluated, Summary};
 use crate::pipeline::Workers;
 use crate::python::{Probe, PythonInfo, Runtime};
 use crate::sandbox;
-use crate::writer::Summary;
 use crate::zygote::ZygoteSlot;
 use anyhow::{bail, Context, Result};
 use dice_store::{RunInfo, Store};

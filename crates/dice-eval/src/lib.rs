@@ -79,6 +79,7 @@ mod gate;
 mod job;
 mod judge;
 mod lane;
+mod outcome;
 mod pipeline;
 mod prebuild;
 pub mod python;
@@ -104,10 +105,10 @@ pub use dice_store::{
     BuildRecord, KernelProfile, LaunchedKernel, ProblemRecord, RunInfo, RunTimeline, SampleExtras,
     SampleRecord, Store, TimingStats, Verdict,
 };
-pub use evaluator::{Evaluated, Evaluator, SampleOutcome};
+pub use evaluator::Evaluator;
 pub use excerpt::Excerpt;
 pub use judge::{evaluate, Judge};
+pub use outcome::{sha256_hex, Evaluated, SampleOutcome, Summary};
 pub use prebuild::{prebuild, BuildSummary, Shard};
 pub use runtime::Finding;
 pub use stats::SplitMix64;
-pub use writer::{sha256_hex, Summary};

@@ -4,38 +4,14 @@
 use crate::batch::{BatchContext, Report, Ticket};
 use crate::claims::Claims;
 use crate::config::{Audit, EvalSample};
-use crate::evaluator::{Evaluated, SampleOutcome};
 use crate::job::Outcome;
+use crate::outcome::{sha256_hex, Evaluated, SampleOutcome, Summary};
 use crate::run_queue::ProblemKey;
 use anyhow::{Context, Result};
-use dice_store::{RunTimeline, SampleExtras, SampleRecord, Verdict};
+use dice_store::{SampleExtras, SampleRecord, Verdict};
 use indicatif::{ProgressBar, ProgressStyle};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, Sender};
-
-/// What judging a batch did (for an [`crate::Evaluator`], every batch it was given).
-#[derive(Clone, Debug, Default)]
-pub struct Summary {
-    /// Samples evaluated in this batch, per verdict.
-    pub verdicts: BTreeMap<Verdict, usize>,
-    /// The records of the samples evaluated in this batch, as stored, by level, problem and
-    /// sample id (none for an evaluator, which hands each to its caller as it is stored).
-    pub records: Vec<SampleRecord>,
-    /// Samples already in the store and not re-evaluated.
-    pub already_done: usize,
-    /// Samples another process judging the same run judged while this batch ran.
-    pub judged_elsewhere: usize,
-    /// Samples left without a verdict because their problem's reference failed.
-    pub skipped: usize,
-    /// (level, problem_id, why) of problems whose reference failed.
-    pub reference_errors: Vec<(u32, u32, String)>,
-    /// Fork servers started while the batch was judged: none when the judge's were warm and
-    /// stayed alive.
-    pub fork_servers_started: usize,
-    /// Where the batch's wall time went (also stored with the run).
-    pub timeline: RunTimeline,
-}
 
 pub(crate) fn progress_bar(show: bool, len: usize) -> ProgressBar {
     if !show {
@@ -202,10 +178,4 @@ fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) 
         kernels: o.kernels,
     };
     (record, extras)
-}
-
-/// SHA-256 in hex: of a sample's code (`code_hash`) and of a problem's source, as the store
-/// keeps them.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
 }
