@@ -7,10 +7,6 @@ use dice_eval::Device;
 use dice_model::SdarConfig;
 use std::path::PathBuf;
 
-/// The name `dice train`'s flags still give the workspace's device enum (the train commands
-/// parse `--device` into it like every other command).
-pub(crate) use dice_eval::Device as DeviceKind;
-
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum DTypeArg {
     F32,

@@ -160,7 +160,7 @@ pub fn write_html(metrics: &Path, html: &Path, title: &str) -> Result<()> {
 mod tests {
     use super::*;
     use crate::metrics::layout_misses;
-    use crate::rl::trainer::{RankSeconds, RlEvalMetrics, RlStepMetrics};
+    use crate::rl::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics};
 
     /// The lines of a two-rank RL run: every field of its step and eval lines.
     fn lines() -> Vec<serde_json::Value> {
@@ -173,16 +173,17 @@ mod tests {
             deceptive_rate: 0.0,
             pass_rate_by_level: [(1, reward), (2, 0.0)].into(),
             groups_kept: 5,
+            learned: true,
             advantage_mean: 0.0,
             advantage_std: 1.0,
             advantage_abs_max: 1.5,
             replay_samples: 160,
             loss_tokens: 20_480,
-            loss: -0.1,
-            kl: 1e-3,
-            clip_fraction: 0.1,
-            entropy: 2.0,
-            grad_norm: 0.5,
+            loss: Some(-0.1),
+            kl: Some(1e-3),
+            clip_fraction: Some(0.1),
+            entropy: Some(2.0),
+            grad_norm: Some(0.5),
             updates: 4,
             tokens_generated: 32_768,
             rollout_tokens_per_s: 100.0,
