@@ -11,6 +11,9 @@
 //! per level, raw and robust: its Tables 2 and 6); [`render_comparison`] writes it as Markdown,
 //! JSON or an HTML page with bar charts.
 //!
+//! [`targets`] holds the GPU benchmarks' targets and anchors (`bench/targets.toml`) and tells
+//! whether a measured figure meets them.
+//!
 //! Conventions (KernelBench `scripts/benchmark_eval_analysis.py`, `src/score.py`):
 //! * rates are over all problems of the level in the run; only sample 0 of each problem
 //!   counts, and a problem without a sample 0 counts as a failure;
@@ -26,6 +29,7 @@ mod ordered;
 mod pass_at_k;
 pub mod render;
 mod report;
+pub mod targets;
 mod threshold;
 
 pub use compare::{ComparedRun, Comparison, PaperLevel, PaperScores};

@@ -1,7 +1,12 @@
 //! What the workspace's tests share, so each fixture is defined once: where the repository's test
 //! data lives (`tests/data`, with its provenance in `tests/data/README.md`) and the one build cache
 //! for candidates' extensions, so an extension that several tests build compiles once per suite
-//! run. A dev-dependency only: no library or binary of the workspace links it.
+//! run; the tiny model checkpoint the CPU tests load (`checkpoint`, behind the feature of that
+//! name), written once per suite run. A dev-dependency only: no library or binary of the
+//! workspace links it.
+
+#[cfg(feature = "checkpoint")]
+pub mod checkpoint;
 
 use std::path::{Path, PathBuf};
 

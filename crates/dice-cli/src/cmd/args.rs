@@ -1,8 +1,9 @@
 //! Argument types that several commands share; this module depends on no command.
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
 use candle_core::DType;
 use clap::{Args, ValueEnum};
+use dice_engine::{ApiClient, Generator};
 use dice_eval::Device;
 use dice_model::SdarConfig;
 use std::path::PathBuf;
@@ -77,4 +78,65 @@ impl RandomModelArgs {
     pub(crate) fn config_name(&self) -> String {
         self.config.display().to_string()
     }
+}
+
+/// An OpenAI-compatible endpoint that answers prompts: `dice generate`, `dice kernelbench` and
+/// `dice curate` ask it.
+#[derive(Args, Clone, Debug)]
+pub(crate) struct EndpointArgs {
+    /// OpenAI-compatible API base (e.g. http://127.0.0.1:8000/v1).
+    #[arg(long, value_name = "URL", requires = "model_name")]
+    pub endpoint: Option<String>,
+    /// Model name sent to the endpoint.
+    #[arg(long, value_name = "NAME")]
+    pub model_name: Option<String>,
+    /// Environment variable holding the endpoint's API key.
+    #[arg(long, value_name = "VAR")]
+    pub api_key_env: Option<String>,
+    /// Requests in flight at once against the endpoint.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub concurrency: usize,
+}
+
+impl EndpointArgs {
+    /// The endpoint's client with its key read from `--api-key-env`; `None` without
+    /// `--endpoint`.
+    pub(crate) fn generator(&self) -> Result<Option<Generator>> {
+        let Some(endpoint) = &self.endpoint else {
+            return Ok(None);
+        };
+        ensure!(self.concurrency > 0, "--concurrency must be at least 1");
+        let api_key = match &self.api_key_env {
+            Some(var) => Some(std::env::var(var).with_context(|| {
+                format!("environment variable {var} (--api-key-env) is not set")
+            })?),
+            None => None,
+        };
+        Ok(Some(Generator::Endpoint {
+            client: ApiClient::new(endpoint, self.model_name()?, api_key),
+            concurrency: self.concurrency,
+        }))
+    }
+
+    /// The model name asked of the endpoint.
+    pub(crate) fn model_name(&self) -> Result<&str> {
+        self.model_name
+            .as_deref()
+            .context("--endpoint needs --model-name")
+    }
+}
+
+/// How each token is drawn from the logits (`dice generate`'s decoding, `dice curate
+/// diversify`'s endpoint).
+#[derive(Args, Clone, Debug)]
+pub(crate) struct SamplingArgs {
+    /// Keep the k most likely tokens (1 = greedy, 0 = all).
+    #[arg(long, default_value_t = 1)]
+    pub top_k: usize,
+    /// Logits are divided by this before sampling.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Nucleus sampling mass (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
 }

@@ -1,5 +1,6 @@
 //! `dice curate`: training data from PyTorch→CUDA pairs. The flags map onto `dice_curate`.
 
+use super::args::{EndpointArgs, SamplingArgs};
 use super::eval::JudgeArgs;
 use anyhow::{bail, ensure, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
@@ -8,7 +9,7 @@ use dice_curate::{
     Difficulty, DiversifyOptions, ExportOptions, KernelPrompt, KernelWriter, Progress, RunDir,
     SftFormat,
 };
-use dice_engine::{ApiClient, DecodeParams, DecodeSettings, Generator, Job, PromptStyle};
+use dice_engine::{DecodeParams, DecodeSettings, Generator, Job, PromptStyle};
 use dice_eval::{Device, EvalConfig};
 use dice_store::Store;
 use indicatif::ProgressBar;
@@ -183,22 +184,17 @@ pub(crate) struct SplitArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(
+    mut_arg("endpoint", |a| a.required(true)),
+    mut_arg("top_k", |a| a.default_value("0")),
+)]
 pub(crate) struct DiversifyArgs {
     /// The curate run folder (created).
     #[arg(long, value_name = "RUN_DIR")]
     pub run: PathBuf,
-    /// OpenAI-compatible API base that writes the kernels (e.g. http://127.0.0.1:8000/v1).
-    #[arg(long, value_name = "URL")]
-    pub endpoint: String,
-    /// Model name sent to the endpoint.
-    #[arg(long, value_name = "NAME")]
-    pub model_name: String,
-    /// Environment variable holding the endpoint's API key.
-    #[arg(long, value_name = "VAR")]
-    pub api_key_env: Option<String>,
-    /// Requests in flight at once against the endpoint.
-    #[arg(long, value_name = "N", default_value_t = 4)]
-    pub concurrency: usize,
+    /// The endpoint that writes the kernels.
+    #[command(flatten)]
+    pub endpoint: EndpointArgs,
     /// Catalogue entries to draw from, by name or prefix, comma-separated (default: all).
     #[arg(long, value_name = "NAMES", value_delimiter = ',')]
     pub components: Vec<String>,
@@ -217,15 +213,9 @@ pub(crate) struct DiversifyArgs {
     /// Tokens the endpoint may write per answer.
     #[arg(long, value_name = "N", default_value_t = 4096)]
     pub max_new_tokens: usize,
-    /// Logits are divided by this before sampling.
-    #[arg(long, default_value_t = 1.0)]
-    pub temperature: f32,
-    /// Keep the k most likely tokens (1 = greedy, 0 = all).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
-    /// Nucleus sampling mass (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
+    /// How the endpoint samples (by default from every token: attempts differ).
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     #[command(flatten)]
     pub judging: CurateJudgeArgs,
 }
@@ -339,25 +329,9 @@ pub(crate) struct ExportArgs {
     /// (postgres://USER@HOST:PORT/DB).
     #[arg(long, value_name = "URL")]
     pub store: Option<String>,
+    /// The endpoint that rates difficulty (--difficulty endpoint).
     #[command(flatten)]
-    pub rater: RaterArgs,
-}
-
-/// The endpoint that rates difficulty (--difficulty endpoint).
-#[derive(Args, Debug)]
-pub(crate) struct RaterArgs {
-    /// OpenAI-compatible API base that rates the tasks (e.g. http://127.0.0.1:8000/v1).
-    #[arg(long, value_name = "URL")]
-    pub endpoint: Option<String>,
-    /// Model name sent to the endpoint.
-    #[arg(long, value_name = "NAME")]
-    pub model_name: Option<String>,
-    /// Environment variable holding the endpoint's API key.
-    #[arg(long, value_name = "VAR")]
-    pub api_key_env: Option<String>,
-    /// Requests in flight at once against the endpoint.
-    #[arg(long, value_name = "N", default_value_t = 4)]
-    pub concurrency: usize,
+    pub rater: EndpointArgs,
 }
 
 #[derive(Args, Debug)]
@@ -443,30 +417,9 @@ impl KernelWriter for EndpointWriter {
     }
 }
 
-/// The endpoint's client, its key read from `api_key_env`.
-fn endpoint_generator(
-    endpoint: &str,
-    model_name: &str,
-    api_key_env: Option<&str>,
-    concurrency: usize,
-) -> Result<Generator> {
-    ensure!(concurrency > 0, "--concurrency must be at least 1");
-    let api_key =
-        match api_key_env {
-            Some(var) => Some(std::env::var(var).with_context(|| {
-                format!("environment variable {var} (--api-key-env) is not set")
-            })?),
-            None => None,
-        };
-    Ok(Generator::Endpoint {
-        client: ApiClient::new(endpoint, model_name, api_key),
-        concurrency,
-    })
-}
-
 fn diversify(a: &DiversifyArgs) -> Result<()> {
     ensure!(
-        a.attempts <= 1 || a.top_k != 1,
+        a.attempts <= 1 || a.sampling.top_k != 1,
         "--attempts {} with greedy decoding (--top-k 1) asks for the same kernel each time: sample (--top-k 0) or use --attempts 1",
         a.attempts
     );
@@ -503,19 +456,17 @@ fn diversify(a: &DiversifyArgs) -> Result<()> {
         kernelbench_tolerance: a.judging.judge.kernelbench_tolerance,
     };
     let settings = DecodeSettings {
-        temperature: Some(a.temperature),
-        top_k: Some(a.top_k),
-        top_p: Some(a.top_p),
+        temperature: Some(a.sampling.temperature),
+        top_k: Some(a.sampling.top_k),
+        top_p: Some(a.sampling.top_p),
         seed: Some(a.seed),
         ..DecodeSettings::default()
     };
     let writer = EndpointWriter {
-        generator: endpoint_generator(
-            &a.endpoint,
-            &a.model_name,
-            a.api_key_env.as_deref(),
-            a.concurrency,
-        )?,
+        generator: a
+            .endpoint
+            .generator()?
+            .context("diversify needs --endpoint URL")?,
         params: settings.over(&DecodeParams::dice_eval(a.max_new_tokens))?,
     };
     let run = RunDir::new(&a.run);
@@ -579,17 +530,13 @@ fn export(a: &ExportArgs) -> Result<()> {
             )?)
         }
         DifficultyArg::Endpoint => {
-            let (Some(endpoint), Some(model_name)) = (&a.rater.endpoint, &a.rater.model_name)
+            let (Some(endpoint), Some(generator)) = (&a.rater.endpoint, a.rater.generator()?)
             else {
                 bail!("--difficulty endpoint needs --endpoint URL and --model-name NAME");
             };
+            let model_name = a.rater.model_name()?;
             let rater = EndpointWriter {
-                generator: endpoint_generator(
-                    endpoint,
-                    model_name,
-                    a.rater.api_key_env.as_deref(),
-                    a.rater.concurrency,
-                )?,
+                generator,
                 params: DecodeParams::dice_eval(dice_curate::difficulty::RATING_TOKENS),
             };
             let tasks = dice_curate::rl_tasks(&run)?;

@@ -2,11 +2,11 @@
 //! candidates for `dice eval`), or through an OpenAI-compatible endpoint. The flags map onto
 //! `dice_engine`'s batch generation (`dice_pipeline` for KernelBench candidates).
 
-use super::args::{candle_device, candle_devices, DTypeArg};
+use super::args::{candle_device, candle_devices, DTypeArg, EndpointArgs, SamplingArgs};
 use anyhow::{ensure, Context, Result};
 use clap::{Args, ValueEnum};
 use dice_engine::{
-    default_stop_ids, generate_samples, Answer, ApiClient, DecodeParams, DecodeSettings, Generator,
+    default_stop_ids, generate_samples, Answer, DecodeParams, DecodeSettings, Generator,
     LocalEngines, Overflow, PromptStyle, SdarDecoder, Strategy, TextCodec,
 };
 use dice_eval::Device;
@@ -29,15 +29,8 @@ pub(crate) struct DecodeArgs {
     /// Denoising steps per block.
     #[arg(long, default_value_t = 4)]
     pub steps: usize,
-    /// Keep the k most likely tokens (1 = greedy, 0 = all).
-    #[arg(long, default_value_t = 1)]
-    pub top_k: usize,
-    /// Logits are divided by this before sampling.
-    #[arg(long, default_value_t = 1.0)]
-    pub temperature: f32,
-    /// Nucleus sampling mass (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Threshold of low_confidence_dynamic (confidence) or entropy_bounded (entropy bound), in
     /// place of the strategy's default (see --strategy); the other strategies ignore it.
     #[arg(long)]
@@ -82,9 +75,9 @@ impl DecodeArgs {
             threshold: self.threshold,
             block_length: Some(self.block_length),
             steps: Some(self.steps),
-            temperature: Some(self.temperature),
-            top_k: Some(self.top_k),
-            top_p: Some(self.top_p),
+            temperature: Some(self.sampling.temperature),
+            top_k: Some(self.sampling.top_k),
+            top_p: Some(self.sampling.top_p),
             max_new_tokens: Some(self.max_new_tokens),
             exact_max: Some(self.exact_max),
             stop_ids: Some(stop_ids),
@@ -145,21 +138,15 @@ pub(crate) enum OutputFormat {
 /// What answers the prompts: a model folder on this machine or an OpenAI-compatible endpoint.
 #[derive(Args, Clone, Debug)]
 pub(crate) struct ModelSourceArgs {
-    /// Model folder (config.json, safetensors, tokenizer files).
-    #[arg(long, required_unless_present = "endpoint")]
+    /// Model folder (config.json, safetensors, tokenizer files); or --endpoint instead.
+    #[arg(
+        long,
+        required_unless_present = "endpoint",
+        conflicts_with = "endpoint"
+    )]
     pub model: Option<PathBuf>,
-    /// OpenAI-compatible API base (e.g. http://127.0.0.1:8000/v1) instead of a local model.
-    #[arg(long, requires = "model_name", conflicts_with = "model")]
-    pub endpoint: Option<String>,
-    /// Model name sent to the endpoint.
-    #[arg(long)]
-    pub model_name: Option<String>,
-    /// Environment variable holding the endpoint's API key.
-    #[arg(long)]
-    pub api_key_env: Option<String>,
-    /// Requests in flight at once against the endpoint.
-    #[arg(long, default_value_t = 4)]
-    pub concurrency: usize,
+    #[command(flatten)]
+    pub api: EndpointArgs,
 }
 
 #[derive(Args, Debug)]
@@ -247,36 +234,26 @@ impl ModelSourceArgs {
         runtime: &RuntimeArgs,
         engines: &EngineArgs,
     ) -> Result<Generator> {
-        let Some(endpoint) = &self.endpoint else {
-            let model_dir = self
-                .model
-                .clone()
-                .context("--model is required without --endpoint")?;
-            return Ok(Generator::Local(LocalEngines {
-                model_dir,
-                dtype: runtime.dtype.dtype(),
-                devices: candle_devices(runtime.device)?,
-                engines: engines.engines,
-                max_batch: runtime.max_batch,
-            }));
-        };
-        ensure!(self.concurrency > 0, "--concurrency must be at least 1");
-        let api_key = match &self.api_key_env {
-            Some(var) => Some(std::env::var(var).with_context(|| {
-                format!("environment variable {var} (--api-key-env) is not set")
-            })?),
-            None => None,
-        };
-        Ok(Generator::Endpoint {
-            client: ApiClient::new(endpoint, self.endpoint_model()?, api_key),
-            concurrency: self.concurrency,
-        })
+        if let Some(endpoint) = self.api.generator()? {
+            return Ok(endpoint);
+        }
+        let model_dir = self
+            .model
+            .clone()
+            .context("--model is required without --endpoint")?;
+        Ok(Generator::Local(LocalEngines {
+            model_dir,
+            dtype: runtime.dtype.dtype(),
+            devices: candle_devices(runtime.device)?,
+            engines: engines.engines,
+            max_batch: runtime.max_batch,
+        }))
     }
 
     /// What reports call the model: the endpoint's model name, or the model folder's name.
     pub(crate) fn name(&self) -> Result<String> {
-        if self.endpoint.is_some() {
-            return Ok(self.endpoint_model()?.to_string());
+        if self.api.endpoint.is_some() {
+            return Ok(self.api.model_name()?.to_string());
         }
         let dir = self
             .model
@@ -287,12 +264,6 @@ impl ModelSourceArgs {
             || dir.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         ))
-    }
-
-    fn endpoint_model(&self) -> Result<&str> {
-        self.model_name
-            .as_deref()
-            .context("--endpoint needs --model-name")
     }
 }
 

@@ -3,7 +3,6 @@
 
 use super::format::gib;
 use super::profile::print_profile;
-use super::targets::{describe_settings, Benchmark, Machine, Targets};
 use crate::cmd::args::RandomModelArgs;
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
@@ -11,6 +10,7 @@ use dice_engine::throughput::{ThroughputBench, ThroughputRow, ThroughputRun};
 use dice_engine::Strategy;
 use dice_model::device::set_cuda_event_tracking;
 use dice_model::sdar::ForwardProfile;
+use dice_report::targets::{describe_settings, Benchmark, Machine, Targets};
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -164,7 +164,7 @@ pub(super) fn run(args: GenerateBenchArgs) -> Result<()> {
 
     let benchmarks: Vec<&Benchmark> = targets
         .measured_by("bench generate")
-        .filter(|b| b.fits_model(&config))
+        .filter(|b| b.fits_model(config.hidden_size, config.num_hidden_layers))
         .collect();
     let dtype_name = args.model.dtype.name();
     let settings = |batch| run_settings(batch, &dtype_name, &throughput.run);

@@ -155,3 +155,22 @@ pub(super) fn run(args: GoldenArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::DType;
+    use dice_model::golden::low_precision_tolerance;
+    use dice_report::targets::Targets;
+
+    #[test]
+    fn low_precision_golden_targets_are_the_oracles_tolerances() {
+        let targets = Targets::get();
+        for (name, dtype) in [
+            ("golden-bf16-cuda", DType::BF16),
+            ("golden-fp16-cuda", DType::F16),
+        ] {
+            let b = targets.benchmark.iter().find(|b| b.name == name).unwrap();
+            assert_eq!(b.target, low_precision_tolerance(dtype), "{name}");
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! `dice bench`: speed and memory of the model on its real sizes with random weights, the golden
 //! outputs recomputed on a device, identity candidates for the evaluator. Each command calls the
 //! library that does the work and prints its figures beside the targets and anchors of
-//! `bench/targets.toml` that apply.
+//! `bench/targets.toml` that apply ([`dice_report::targets`]).
 
 mod format;
 mod generate;
@@ -9,7 +9,6 @@ mod golden;
 mod identity;
 mod model;
 mod profile;
-mod targets;
 mod train;
 
 use anyhow::Result;

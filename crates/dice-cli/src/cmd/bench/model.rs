@@ -2,11 +2,11 @@
 //! model ([`dice_model::forward_timing`]), beside the memory bound of `bench/targets.toml`.
 
 use super::format::gib;
-use super::targets::{describe_settings, Benchmark, Targets};
 use crate::cmd::args::RandomModelArgs;
 use anyhow::{Context, Result};
 use clap::Args;
 use dice_model::forward_timing::{time_random_model, ModelTiming};
+use dice_report::targets::{describe_settings, Benchmark, Targets};
 use serde::Serialize;
 use std::path::PathBuf;
 

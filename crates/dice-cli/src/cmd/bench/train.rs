@@ -2,10 +2,10 @@
 //! ([`dice_train::step_timing`]), beside the peak-memory bound of `bench/targets.toml`.
 
 use super::format::gib;
-use super::targets::Targets;
 use crate::cmd::args::RandomModelArgs;
 use anyhow::{Context, Result};
 use clap::Args;
+use dice_report::targets::Targets;
 use dice_train::step_timing::time_sft_step;
 use serde::Serialize;
 use std::path::PathBuf;

@@ -1,0 +1,89 @@
+//! The decoding-forward profile on the CPU, with the formula golden's tiny checkpoint. One test
+//! in its own binary: the tensor counts read candle's process-wide counter, which tests running
+//! in parallel threads would disturb.
+
+use candle_core::{DType, Device};
+use dice_test_support::checkpoint::formula_tiny;
+use dice_model::sdar::{BlockForwardShape, ProfileSettings, Stage};
+use dice_model::Sdar;
+
+#[test]
+fn every_stage_of_a_decoding_forward_is_timed_counted_and_floored() {
+    let model = Sdar::load(formula_tiny(), DType::F32, &Device::Cpu).unwrap();
+    let cfg = model.config().clone();
+    let shape = BlockForwardShape {
+        batch: 3,
+        cached_tokens: 12,
+        capacity: 24,
+        tokens: cfg.block_size,
+    };
+    let settings = ProfileSettings {
+        warm_up: 1,
+        repetitions: 3,
+        bytes_per_s: 1e9,
+    };
+    let profile = model.profile_block_forward(shape, settings).unwrap();
+    assert_eq!(profile.shape.tokens, cfg.block_size);
+
+    // The CPU runs candle's forward: every stage but the fused forward's own.
+    let fused = [Stage::QkNormRotaryCacheWrite, Stage::ResidualNorm];
+    let stages: Vec<Stage> = profile.components.iter().map(|c| c.stage).collect();
+    let candle_stages: Vec<Stage> = Stage::ALL
+        .into_iter()
+        .filter(|s| !fused.contains(s))
+        .collect();
+    assert_eq!(stages, candle_stages);
+    for c in &profile.components {
+        assert!(c.ms > 0.0, "{} took no time", c.name);
+        assert!(c.runs > 0, "{} never ran", c.name);
+        if c.stage.in_layer() {
+            assert_eq!(c.runs % cfg.num_hidden_layers as u64, 0, "{}", c.name);
+            assert_eq!(c.per_layer_ms.len(), cfg.num_hidden_layers, "{}", c.name);
+            assert!(c.per_layer_ms.iter().all(|&ms| ms > 0.0), "{}", c.name);
+            let layers_sum: f64 = c.per_layer_ms.iter().sum();
+            assert!(
+                (layers_sum - c.ms).abs() <= 1e-9 * c.ms.max(1.0),
+                "{}",
+                c.name
+            );
+        } else {
+            assert!(c.per_layer_ms.is_empty(), "{}", c.name);
+        }
+        assert!(
+            (c.floor_ms - c.floor_bytes as f64 / 1e9 * 1e3).abs() < 1e-12,
+            "{}",
+            c.name
+        );
+    }
+
+    assert!(profile.empty_stage_ms >= 0.0 && profile.empty_stage_ms < 1.0);
+
+    // On the CPU synchronizing costs nothing, so the stages add up to about the plain forward.
+    let ratio = profile.components_ms() / profile.forward_ms;
+    assert!(
+        (0.2..10.0).contains(&ratio),
+        "stages sum to {} ms, the forward takes {} ms",
+        profile.components_ms(),
+        profile.forward_ms
+    );
+
+    // Every tensor of the forward is created inside exactly one stage.
+    let counted: Vec<u64> = profile
+        .components
+        .iter()
+        .map(|c| c.tensors.expect("candle shows its tensor counter"))
+        .collect();
+    assert_eq!(Some(counted.iter().sum::<u64>()), profile.forward_tensors);
+    let attention = &profile.components[Stage::ALL
+        .iter()
+        .position(|&s| s == Stage::Attention)
+        .unwrap()];
+    assert!(attention.tensors.unwrap() > 0);
+
+    let lm_head = profile.components.last().unwrap();
+    assert_eq!(lm_head.stage, Stage::LmHead);
+    assert_eq!(
+        lm_head.floor_bytes,
+        (cfg.vocab_size * cfg.hidden_size * 4) as u64
+    );
+}
