@@ -1,8 +1,6 @@
 //! Runs side by side in the paper's layout: Exec, fast_1 and fast_2 per level, raw and robust.
 
-mod common;
-
-use common::{problem, run, timing};
+use crate::common::{problem, run, timing};
 use dice_report::{render_comparison, ComparedRun, Comparison, Format, PaperScores};
 use dice_store::{SampleRecord, Verdict};
 use serde_json::Value;

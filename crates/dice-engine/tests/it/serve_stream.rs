@@ -2,18 +2,16 @@
 //! `/v1/models`, a chat completion, the same chat completion streamed, a text completion; all
 //! equal to local decoding.
 
-mod common;
-
 use candle_core::{DType, Device};
-use common::tiny_dir;
 use dice_engine::{
     serve, DecodeParams, Engine, EngineConfig, Request, SdarDecoder, ServeOptions, TextCodec,
 };
 use dice_model::chat::ChatMessage;
+use dice_test_support::checkpoint::formula_tiny;
 use serde_json::{json, Value};
 
 fn engine() -> Engine<SdarDecoder> {
-    let model = SdarDecoder::load(tiny_dir(), DType::F32, &Device::Cpu, 4).unwrap();
+    let model = SdarDecoder::load(formula_tiny(), DType::F32, &Device::Cpu, 4).unwrap();
     let config = EngineConfig {
         max_batch: 4,
         max_seq_len: 256,
@@ -35,7 +33,7 @@ fn chat_streamed_and_plain_completions_match_local_generation() {
         stop_ids: vec![151645, 151643],
         ..DecodeParams::dice_eval(20)
     };
-    let codec = TextCodec::from_dir(tiny_dir()).unwrap();
+    let codec = TextCodec::from_dir(formula_tiny()).unwrap();
     let prompt = codec
         .chat_prompt_ids(&[ChatMessage::new("user", message)])
         .unwrap();

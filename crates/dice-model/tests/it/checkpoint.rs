@@ -1,15 +1,13 @@
 //! Checkpoint loading: clear errors for bad checkpoints, sharded files, parameter counts.
 
-mod common;
-
 use candle_core::{DType, Device, Tensor};
-use common::*;
+use crate::common::*;
 use dice_model::{Sdar, SdarConfig};
 use std::collections::HashMap;
 use std::path::Path;
 
 fn tiny_tensors() -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(tiny_dir().join("model.safetensors"), &Device::Cpu).unwrap()
+    candle_core::safetensors::load(formula_tiny().join("model.safetensors"), &Device::Cpu).unwrap()
 }
 
 fn write_checkpoint(dir: &Path, config: &serde_json::Value, tensors: &HashMap<String, Tensor>) {
@@ -30,7 +28,7 @@ fn load_error(config: &serde_json::Value, tensors: &HashMap<String, Tensor>) -> 
 fn missing_tensor_is_named() {
     let mut tensors = tiny_tensors();
     tensors.remove("model.layers.1.mlp.up_proj.weight");
-    let err = load_error(&read_json(&tiny_dir().join("config.json")), &tensors);
+    let err = load_error(&read_json(&formula_tiny().join("config.json")), &tensors);
     assert!(
         err.contains("missing tensor model.layers.1.mlp.up_proj.weight"),
         "{err}"
@@ -44,7 +42,7 @@ fn misshaped_tensor_is_named() {
         "model.layers.0.self_attn.k_proj.weight".into(),
         Tensor::zeros((16, 64), DType::BF16, &Device::Cpu).unwrap(),
     );
-    let err = load_error(&read_json(&tiny_dir().join("config.json")), &tensors);
+    let err = load_error(&read_json(&formula_tiny().join("config.json")), &tensors);
     assert!(
         err.contains("model.layers.0.self_attn.k_proj.weight has shape [16, 64]"),
         "{err}"
@@ -54,7 +52,7 @@ fn misshaped_tensor_is_named() {
 
 #[test]
 fn wrong_model_type_is_named() {
-    let mut config = read_json(&tiny_dir().join("config.json"));
+    let mut config = read_json(&formula_tiny().join("config.json"));
     config["model_type"] = "llama".into();
     let err = load_error(&config, &tiny_tensors());
     assert!(err.contains("model_type is \"llama\""), "{err}");
@@ -64,7 +62,7 @@ fn wrong_model_type_is_named() {
 fn sharded_checkpoint_loads_like_single_file() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(
-        tiny_dir().join("config.json"),
+        formula_tiny().join("config.json"),
         dir.path().join("config.json"),
     )
     .unwrap();
@@ -97,7 +95,7 @@ fn sharded_checkpoint_loads_like_single_file() {
     .unwrap();
 
     let sharded = Sdar::load(dir.path(), DType::F32, &Device::Cpu).unwrap();
-    let single = Sdar::load(tiny_dir(), DType::F32, &Device::Cpu).unwrap();
+    let single = Sdar::load(formula_tiny(), DType::F32, &Device::Cpu).unwrap();
     let ids = Tensor::new(&[[151644u32, 872, 198, 55]], &Device::Cpu).unwrap();
     let run = |m: &Sdar| {
         let mut cache =
@@ -109,7 +107,7 @@ fn sharded_checkpoint_loads_like_single_file() {
 
 #[test]
 fn parameter_counts_of_the_real_configs() {
-    let configs = data_dir().join("sdar/configs");
+    let configs = test_data().join("sdar/configs");
     for (file, params) in [
         ("sdar-1.7b.json", 2_031_739_904usize),
         ("sdar-4b.json", 4_411_424_256),
@@ -122,7 +120,7 @@ fn parameter_counts_of_the_real_configs() {
 
 #[test]
 fn random_model_holds_the_parameters_its_config_counts() {
-    let mut config = SdarConfig::from_path(tiny_dir()).unwrap();
+    let mut config = SdarConfig::from_path(formula_tiny()).unwrap();
     config.vocab_size = 1000;
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         let model = Sdar::random(&config, dtype, &Device::Cpu).unwrap();
@@ -139,7 +137,7 @@ fn half_precision_forward_stays_close_to_f32() {
     )
     .unwrap();
     let run = |dtype| {
-        let m = Sdar::load(tiny_dir(), dtype, &Device::Cpu).unwrap();
+        let m = Sdar::load(formula_tiny(), dtype, &Device::Cpu).unwrap();
         let mut cache = dice_model::KvCache::new(m.config(), 1, 8, dtype, &Device::Cpu).unwrap();
         m.prefill(&ids, &mut cache).unwrap()
     };

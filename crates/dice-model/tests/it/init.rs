@@ -1,10 +1,8 @@
 //! Generated checkpoints: the formula weights bit for bit against the golden's checksums, shards,
 //! seeded random weights, the files beside the weights, and a refused non-empty folder.
 
-mod common;
-
 use candle_core::{DType, Device, Tensor};
-use common::*;
+use crate::common::*;
 use dice_model::init::{fnv1a64, formula_z, InitWeights, ModelInit, TensorValues, TOKENIZER_FILES};
 use dice_model::{KvCache, Sdar, SdarConfig, SdarTokenizer};
 use sha2::{Digest, Sha256};
@@ -24,8 +22,8 @@ fn hex_u64(text: &serde_json::Value) -> u64 {
 
 #[test]
 fn formula_weights_match_the_golden_checksums_bit_for_bit() {
-    let weights = read_json(&golden_dir().join("weights.json"));
-    let config = golden().config().clone();
+    let weights = read_json(&formula_golden_dir().join("weights.json"));
+    let config = formula_golden().config().clone();
 
     for example in weights["formula"]["worked_examples"].as_array().unwrap() {
         let name = example["name"].as_str().unwrap();
@@ -48,7 +46,7 @@ fn formula_weights_match_the_golden_checksums_bit_for_bit() {
         );
     }
 
-    let file = tiny_dir().join("model.safetensors");
+    let file = formula_tiny().join("model.safetensors");
     let bytes = std::fs::read(&file).unwrap();
     let written = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).unwrap();
     let tensors = weights["tensors"].as_array().unwrap();
@@ -90,7 +88,7 @@ fn formula_weights_match_the_golden_checksums_bit_for_bit() {
         .map(|j| (formula_z(rule, j) % config.vocab_size as u64) as i64)
         .collect();
     let stored =
-        candle_core::safetensors::load(golden_dir().join("expected.safetensors"), &Device::Cpu)
+        candle_core::safetensors::load(formula_golden_dir().join("expected.safetensors"), &Device::Cpu)
             .unwrap()["logit_columns"]
             .to_vec1::<i64>()
             .unwrap();
@@ -99,9 +97,9 @@ fn formula_weights_match_the_golden_checksums_bit_for_bit() {
 
 #[test]
 fn the_folder_holds_the_tokenizer_and_a_bf16_config() {
-    let dir = tiny_dir();
+    let dir = formula_tiny();
     for name in TOKENIZER_FILES {
-        let source = data_dir().join("sdar").join(name);
+        let source = test_data().join("sdar").join(name);
         if source.exists() {
             assert_eq!(
                 std::fs::read(dir.join(name)).unwrap(),
@@ -112,7 +110,7 @@ fn the_folder_holds_the_tokenizer_and_a_bf16_config() {
             assert!(!dir.join(name).exists(), "{name}");
         }
     }
-    let mut config = golden().config().clone();
+    let mut config = formula_golden().config().clone();
     config.torch_dtype = Some("bfloat16".into());
     assert_eq!(SdarConfig::from_path(dir).unwrap(), config);
     let tokenizer = SdarTokenizer::from_dir(dir).unwrap();
@@ -143,7 +141,7 @@ fn file_names(dir: &Path) -> Vec<String> {
 
 #[test]
 fn shards_load_like_one_file_and_a_rewrite_replaces_them() {
-    let config = golden().config().clone();
+    let config = formula_golden().config().clone();
     let dir = tempfile::tempdir().unwrap();
     // The embedding and the lm_head (19.4 MB each) do not fit a 19.5 MB shard beside anything
     // else: the layers and the final norm (0.15 MB) share the middle one.
@@ -175,7 +173,7 @@ fn shards_load_like_one_file_and_a_rewrite_replaces_them() {
     assert_eq!(map["model.embed_tokens.weight"], shards[0]);
     assert_eq!(map["model.layers.1.mlp.down_proj.weight"], shards[1]);
     assert_eq!(map["lm_head.weight"], shards[2]);
-    let single = prefill(tiny_dir());
+    let single = prefill(formula_tiny());
     assert_eq!(max_abs_diff(&prefill(dir.path()), &single), 0.0);
 
     ModelInit {
@@ -190,7 +188,7 @@ fn shards_load_like_one_file_and_a_rewrite_replaces_them() {
 
 #[test]
 fn random_weights_follow_the_seed_and_the_reference_init() {
-    let mut config = golden().config().clone();
+    let mut config = formula_golden().config().clone();
     config.vocab_size = 2048;
     let write = |seed| {
         let dir = tempfile::tempdir().unwrap();
@@ -240,7 +238,7 @@ fn random_weights_follow_the_seed_and_the_reference_init() {
 
 #[test]
 fn a_non_empty_folder_is_refused_unless_overwriting() {
-    let config = golden().config().clone();
+    let config = formula_golden().config().clone();
     let dir = tempfile::tempdir().unwrap();
     let notes = dir.path().join("notes.txt");
     std::fs::write(&notes, "mine").unwrap();

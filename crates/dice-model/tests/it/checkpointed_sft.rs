@@ -1,9 +1,7 @@
 //! The checkpointed SFT step against the single-graph path on packed rows of several samples.
 
-mod common;
-
 use candle_core::{DType, Device, Tensor};
-use common::*;
+use crate::common::*;
 use dice_model::{PackedRow, Sdar, SdarConfig, TwoStreamBatch};
 use std::collections::HashMap;
 
@@ -117,7 +115,7 @@ fn compare_paths(dir: &std::path::Path, sample_lens: &[usize], padding: usize) {
 
 #[test]
 fn checkpointed_equals_single_graph_on_a_multi_sample_row() {
-    compare_paths(tiny_dir(), &[14, 23], 3);
+    compare_paths(formula_tiny(), &[14, 23], 3);
 }
 
 #[test]
@@ -150,7 +148,7 @@ fn checkpointed_equals_single_graph_with_tied_embeddings() {
 
 #[test]
 fn bf16_checkpointed_step_is_close_to_f32() {
-    let dir = tiny_dir();
+    let dir = formula_tiny();
     let config = SdarConfig::from_path(dir).unwrap();
     let batch = TwoStreamBatch::new(&[packed_row(&config, &[14, 23], 3)]).unwrap();
     let (want_loss, want) = single_graph(dir, &batch);

@@ -1,19 +1,17 @@
 //! Tokenizer (rebuilt from vocab.json + merges.txt) and chat template against the reference.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use dice_model::chat::ChatMessage;
 use dice_model::{ChatTemplate, SdarTokenizer};
 
 fn tokenizer() -> SdarTokenizer {
-    SdarTokenizer::from_dir(&data_dir().join("sdar")).unwrap()
+    SdarTokenizer::from_dir(&test_data().join("sdar")).unwrap()
 }
 
 #[test]
 fn every_reference_case_encodes_and_decodes_identically() {
     let tok = tokenizer();
-    let cases = read_json(&data_dir().join("sdar/golden/tokenizer_cases.json"));
+    let cases = read_json(&test_data().join("sdar/golden/tokenizer_cases.json"));
     let cases = cases["cases"].as_array().unwrap();
     assert!(!cases.is_empty());
     for case in cases {
@@ -63,8 +61,8 @@ fn out_of_vocabulary_ids_are_an_error() {
 
 #[test]
 fn every_reference_chat_case_renders_identically() {
-    let template = ChatTemplate::from_dir(&data_dir().join("sdar")).unwrap();
-    let cases = read_json(&data_dir().join("sdar/golden/chat_template_cases.json"));
+    let template = ChatTemplate::from_dir(&test_data().join("sdar")).unwrap();
+    let cases = read_json(&test_data().join("sdar/golden/chat_template_cases.json"));
     for case in cases.as_array().unwrap() {
         let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
         let add = case["add_generation_prompt"].as_bool().unwrap();
@@ -80,7 +78,7 @@ fn every_reference_chat_case_renders_identically() {
 
 #[test]
 fn assistant_turns_follow_qwen3_rules() {
-    let template = ChatTemplate::from_dir(&data_dir().join("sdar")).unwrap();
+    let template = ChatTemplate::from_dir(&test_data().join("sdar")).unwrap();
     let messages = [
         ChatMessage::new("user", "a"),
         ChatMessage::new("assistant", "<think>\nr\n</think>\n\nb"),

@@ -1,17 +1,15 @@
 //! The four greedy generations of the formula golden (`cases.json` "generate") on its tiny
 //! checkpoint, CPU f32, token for token; batching and seeding on the same checkpoint.
 
-mod common;
-
 use candle_core::{DType, Device};
-use common::{golden, tiny_dir};
 use dice_engine::{
     DecodeParams, Engine, EngineConfig, Request, SamplingParams, SdarDecoder, Strategy,
 };
+use dice_test_support::checkpoint::{formula_golden, formula_tiny};
 use serde_json::Value;
 
 fn cases() -> Vec<Value> {
-    golden().generations().unwrap().to_vec()
+    formula_golden().generations().unwrap().to_vec()
 }
 
 fn u32s(v: &Value) -> Vec<u32> {
@@ -23,7 +21,7 @@ fn u32s(v: &Value) -> Vec<u32> {
 }
 
 fn engine(block_length: usize, max_batch: usize) -> Engine<SdarDecoder> {
-    let model = SdarDecoder::load(tiny_dir(), DType::F32, &Device::Cpu, block_length).unwrap();
+    let model = SdarDecoder::load(formula_tiny(), DType::F32, &Device::Cpu, block_length).unwrap();
     let config = EngineConfig {
         max_batch,
         max_seq_len: 256,
@@ -149,9 +147,13 @@ fn same_seed_same_sample_other_seeds_differ() {
 /// What `dice bench golden` checks of the generations, on the CPU in f32: every case equal.
 #[test]
 fn check_generations_finds_every_case_equal_in_f32() {
-    let checks =
-        dice_engine::golden::check_generations(&golden(), tiny_dir(), DType::F32, &Device::Cpu)
-            .unwrap();
+    let checks = dice_engine::golden::check_generations(
+        &formula_golden(),
+        formula_tiny(),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
     assert_eq!(checks.len(), cases().len());
     for check in &checks {
         assert_eq!(check.first_difference, None, "case {}", check.name);

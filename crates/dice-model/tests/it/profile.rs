@@ -2,16 +2,14 @@
 //! in its own binary: the tensor counts read candle's process-wide counter, which tests running
 //! in parallel threads would disturb.
 
-mod common;
-
 use candle_core::{DType, Device};
-use common::tiny_dir;
+use dice_test_support::checkpoint::formula_tiny;
 use dice_model::sdar::{BlockForwardShape, ProfileSettings, Stage};
 use dice_model::Sdar;
 
 #[test]
 fn every_stage_of_a_decoding_forward_is_timed_counted_and_floored() {
-    let model = Sdar::load(tiny_dir(), DType::F32, &Device::Cpu).unwrap();
+    let model = Sdar::load(formula_tiny(), DType::F32, &Device::Cpu).unwrap();
     let cfg = model.config().clone();
     let shape = BlockForwardShape {
         batch: 3,

@@ -1,6 +1,6 @@
-mod common;
+//! Reports of a run: per-level rates, fast_p, speedups, pass@k, raw and robust scoring.
 
-use common::{problem, run, timing};
+use crate::common::{problem, run, timing};
 use dice_report::{build_report, parse_thresholds, render, Format, Report, Scoring};
 use dice_store::{ProblemRecord, SampleRecord, SpeedupInterval, TimingStats, Verdict};
 use serde_json::Value;

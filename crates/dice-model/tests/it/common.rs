@@ -1,38 +1,15 @@
-//! Shared test helpers: the repository's test data, the formula golden and its checkpoint,
-//! max-abs-diff comparisons, and the build and run of the emulated kernel checks.
-#![allow(dead_code)] // each test binary uses a different subset
+//! Shared test helpers: the repository's test data, the formula golden and its checkpoint
+//! (from dice-test-support), max-abs-diff comparisons, and the build and run of the emulated
+//! kernel checks.
 
 use candle_core::{DType, Tensor};
-use dice_model::golden::{FormulaGolden, Measurement};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use dice_model::golden::Measurement;
+use std::path::PathBuf;
 
-/// `tests/data` of the workspace.
-pub(crate) fn data_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data")
-}
-
-pub(crate) fn golden_dir() -> PathBuf {
-    data_dir().join("sdar/golden/formula")
-}
-
-pub(crate) fn golden() -> FormulaGolden {
-    FormulaGolden::open(&golden_dir()).unwrap()
-}
-
-/// The formula golden's tiny checkpoint (with the SDAR tokenizer), written once per test binary
-/// into the build's temporary folder. Every test binary writes the same bytes, each file under a
-/// temporary name renamed into place, so binaries running at once cannot see a partial file.
-pub(crate) fn tiny_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("formula-golden-tiny");
-        golden()
-            .write_checkpoint(&dir, Some(&data_dir().join("sdar")))
-            .unwrap();
-        dir
-    })
-}
+pub(crate) use dice_test_support::checkpoint::{
+    formula_golden, formula_golden_dir, formula_tiny,
+};
+pub(crate) use dice_test_support::test_data;
 
 /// Prints every measurement and asserts that each is within its f32 tolerance.
 pub(crate) fn assert_within_f32_tolerances(measurements: &[Measurement]) {
@@ -53,19 +30,14 @@ pub(crate) fn assert_within_f32_tolerances(measurements: &[Measurement]) {
     );
 }
 
-/// The optional large data folder named by `DICE_SHARED`; `None` (with a note saying what was
-/// skipped) when it is not set or lacks `relative`.
-pub(crate) fn dice_shared(relative: &str, skipped: &str) -> Option<PathBuf> {
-    let Some(root) = std::env::var_os("DICE_SHARED") else {
-        println!("DICE_SHARED is not set: skipped {skipped}");
-        return None;
-    };
+/// `relative` in the optional large data folder named by `DICE_SHARED`, which the tests that
+/// read it (ignored by default) need: they fail without it.
+pub(crate) fn dice_shared(relative: &str) -> PathBuf {
+    let root = std::env::var_os("DICE_SHARED")
+        .expect("DICE_SHARED is not set: point it at the folder holding the optional data");
     let path = PathBuf::from(root).join(relative);
-    if !path.exists() {
-        println!("{} does not exist: skipped {skipped}", path.display());
-        return None;
-    }
-    Some(path)
+    assert!(path.exists(), "{} does not exist", path.display());
+    path
 }
 
 pub(crate) fn read_json(path: &std::path::Path) -> serde_json::Value {
@@ -97,15 +69,10 @@ pub(crate) fn u32s(v: &serde_json::Value) -> Vec<u32> {
 
 /// Builds a `tests/kernel_emulation/` harness (our CUDA source compiled as C++ against the CPU
 /// emulation of CUDA) with the extra compiler `defines`, runs it and asserts that it exits 0;
-/// prints its report. Needs a C++20 compiler (`$CXX`, else `g++`): without one it says so and
-/// returns.
+/// prints its report. Needs a C++20 compiler (`$CXX`, else `g++`).
 pub(crate) fn run_emulated_kernel_check(harness: &str, defines: &[String]) {
     use std::process::Command;
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "g++".to_string());
-    if Command::new(&compiler).arg("--version").output().is_err() {
-        eprintln!("no C++ compiler `{compiler}`: the emulated kernel check did not run");
-        return;
-    }
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/kernel_emulation")
         .join(harness);
@@ -118,7 +85,9 @@ pub(crate) fn run_emulated_kernel_check(harness: &str, defines: &[String]) {
         .arg("-o")
         .arg(&binary)
         .output()
-        .unwrap();
+        .unwrap_or_else(|e| {
+            panic!("cannot run the C++ compiler `{compiler}` (set CXX to a C++20 compiler): {e}")
+        });
     assert!(
         build.status.success(),
         "{harness} {defines:?} does not compile:\n{}",

@@ -7,11 +7,9 @@
 //! This checks the kernels' indexing and rounding where no GPU is present; on a GPU, what the
 //! emulation cannot reproduce (rsqrtf, cosf, expf of the device) is the same code in both paths.
 //!
-//! Needs a C++20 compiler (`$CXX`, else `g++`); without one the test says so and passes.
-
-mod common;
+//! Needs a C++20 compiler (`$CXX`, else `g++`); without one the test fails.
 
 #[test]
 fn decode_kernels_match_candles_rounding_on_the_cpu() {
-    common::run_emulated_kernel_check("check_decode_ops.cpp", &[]);
+    crate::common::run_emulated_kernel_check("check_decode_ops.cpp", &[]);
 }
