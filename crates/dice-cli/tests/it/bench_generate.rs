@@ -1,13 +1,12 @@
 //! `dice bench generate` on the formula golden's tiny config, on the CPU.
 
-mod common;
-
-use common::{dice, stderr};
+use crate::common::{dice, stderr};
+use dice_test_support::test_data;
 use serde_json::Value;
 use std::path::PathBuf;
 
 fn tiny_config() -> PathBuf {
-    common::test_data().join("sdar/golden/formula/config.json")
+    test_data().join("sdar/golden/formula/config.json")
 }
 
 #[test]

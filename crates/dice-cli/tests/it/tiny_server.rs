@@ -1,41 +1,10 @@
-//! The formula golden's tiny checkpoint, written by `dice model init` once per test binary into
-//! the build's temporary folder (the same bytes from every binary, each file renamed into place).
-//! Test binaries that use it declare `mod common` too.
-#![allow(dead_code)] // each test binary uses a different subset
+//! `dice serve` of the tiny checkpoint (`dice_test_support::checkpoint`), for the tests that
+//! ask an endpoint.
 
-use super::common::test_data;
+use dice_test_support::checkpoint::formula_tiny;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-pub(crate) fn golden_dir() -> PathBuf {
-    test_data().join("sdar/golden/formula")
-}
-
-pub(crate) fn tiny_model() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("formula-golden-tiny-cli");
-        let out = Command::new(env!("CARGO_BIN_EXE_dice"))
-            .args(["model", "init", "--weights", "formula", "--force"])
-            .arg("--config")
-            .arg(golden_dir().join("config.json"))
-            .arg("--tokenizer")
-            .arg(test_data().join("sdar"))
-            .arg("--out")
-            .arg(&dir)
-            .output()
-            .expect("the dice binary runs");
-        assert!(
-            out.status.success(),
-            "dice model init failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dir
-    })
-}
 
 /// `dice serve` of the tiny checkpoint on a free loopback port, serving `max_requests` requests
 /// under the model name `tiny`; killed on drop if it has not exited by then.
@@ -49,7 +18,7 @@ impl TinyServer {
     pub(crate) fn start(max_requests: usize) -> TinyServer {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dice"))
             .args(["serve", "--model"])
-            .arg(tiny_model())
+            .arg(formula_tiny())
             .args(["--host", "127.0.0.1", "--port", "0", "--model-name", "tiny"])
             .args(["--max-requests", &max_requests.to_string()])
             .stdout(Stdio::piped())

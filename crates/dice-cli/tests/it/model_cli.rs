@@ -1,17 +1,15 @@
 //! `dice model init` as a user runs it, and `dice bench golden` on the formula golden.
 
-mod common;
-mod tiny_model;
-
-use common::{dice, path_arg, stderr, test_data};
+use crate::common::{dice, path_arg, stderr};
+use dice_test_support::checkpoint::{formula_golden_dir, formula_tiny};
+use dice_test_support::test_data;
 use std::process::Output;
-use tiny_model::{golden_dir, tiny_model};
 
 #[test]
 fn a_non_empty_folder_needs_force_and_seeds_are_for_random_weights() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
-    let config = golden_dir().join("config.json");
+    let config = formula_golden_dir().join("config.json");
     let tokenizer = test_data().join("sdar");
     let init = |extra: &[&str]| {
         let mut args = vec![
@@ -51,7 +49,7 @@ fn a_non_empty_folder_needs_force_and_seeds_are_for_random_weights() {
     assert_ne!(random, formula);
     assert_eq!(
         formula,
-        std::fs::read(tiny_model().join("model.safetensors")).unwrap()
+        std::fs::read(formula_tiny().join("model.safetensors")).unwrap()
     );
 }
 
@@ -65,7 +63,7 @@ fn bench_golden_passes_on_the_cpu_in_f32() {
         "bench",
         "golden",
         "--golden",
-        path_arg(&golden_dir()),
+        path_arg(&formula_golden_dir()),
         "--json",
         path_arg(&json),
     ]);

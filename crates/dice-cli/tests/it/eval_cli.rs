@@ -1,10 +1,9 @@
 //! `dice eval` as a user runs it: the examples' wiring, resumption, and bad input.
-//! Builds share the evaluator tests' cache (target/tmp/dice-eval-build-cache).
+//! Builds share the suite's cache (`dice_test_support::shared_build_cache`).
 
-mod example_runs;
-
+use crate::example_runs::problem2_candidates;
 use dice_eval::{Store, Verdict};
-use example_runs::{build_cache, examples, problem2_candidates};
+use dice_test_support::{examples_dir, shared_build_cache};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -16,7 +15,7 @@ fn dice_eval(args: &[&str], run: &Path) -> Output {
             "--run",
             run.to_str().unwrap(),
             "--build-cache",
-            build_cache().to_str().unwrap(),
+            shared_build_cache().to_str().unwrap(),
         ])
         .args(["--timeout", "20", "--perf-trials", "4"])
         .output()
@@ -32,7 +31,7 @@ fn evaluates_resumes_and_refuses_changed_settings() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let candidates = problem2_candidates(dir.path());
-    let kb = examples().join("kernelbench");
+    let kb = examples_dir().join("kernelbench");
     let args = [
         candidates.to_str().unwrap(),
         "--kernelbench",
@@ -94,8 +93,8 @@ fn evaluates_resumes_and_refuses_changed_settings() {
 fn bad_input_ends_with_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-    let kb = examples().join("kernelbench");
-    let jsonl = examples().join("candidates.jsonl");
+    let kb = examples_dir().join("kernelbench");
+    let jsonl = examples_dir().join("candidates.jsonl");
 
     let missing = dice_eval(
         &[jsonl.to_str().unwrap(), "--kernelbench", "/nonexistent/kb"],

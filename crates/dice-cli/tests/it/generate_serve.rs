@@ -1,12 +1,10 @@
 //! `dice generate --endpoint` against `dice serve` on loopback gives the same text as local
 //! generation, both on the formula golden's tiny checkpoint.
 
-mod common;
-mod tiny_model;
-
+use crate::tiny_server::TinyServer;
+use dice_test_support::checkpoint::formula_tiny;
 use serde_json::Value;
 use std::process::Command;
-use tiny_model::{tiny_model, TinyServer};
 
 fn dice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dice"))
@@ -34,7 +32,7 @@ fn endpoint_generation_against_dice_serve_equals_local_generation() {
     let dir = tempfile::tempdir().unwrap();
     let prompt = dir.path().join("prompt.txt");
     std::fs::write(&prompt, "Write a CUDA kernel that adds two vectors.").unwrap();
-    let model = tiny_model().to_str().unwrap();
+    let model = formula_tiny().to_str().unwrap();
 
     let local = generate(&["--model", model], &prompt);
     let local_text = local["samples"][0]["text"].as_str().unwrap().to_string();

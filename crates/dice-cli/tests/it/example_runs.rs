@@ -1,25 +1,16 @@
-//! The built-in examples (`examples/`) and the build cache that the tests evaluating them share
-//! with the evaluator's tests (target/tmp/dice-eval-build-cache).
+//! Evaluating the built-in examples (`examples/`, `dice_test_support::examples_dir`): their
+//! candidates, the verdicts stored, the summary printed.
 
 use dice_eval::{Store, Verdict};
+use dice_test_support::examples_dir;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output};
 
-pub(crate) fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
-}
-
-#[allow(dead_code)]
-pub(crate) fn build_cache() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-eval-build-cache")
-}
-
 /// The examples' lines for problem 2 (a correct fused kernel, a raw answer without code, the
-/// renamed reference) as their own JSONL file (not every test binary with this module uses it).
-#[allow(dead_code)]
+/// renamed reference) as their own JSONL file.
 pub(crate) fn problem2_candidates(dir: &Path) -> PathBuf {
-    let all = std::fs::read_to_string(examples().join("candidates.jsonl")).unwrap();
+    let all = std::fs::read_to_string(examples_dir().join("candidates.jsonl")).unwrap();
     let lines: Vec<&str> = all
         .lines()
         .filter(|l| l.contains("\"problem_id\": 2") || l.contains("\"problem_id\":2"))
@@ -31,7 +22,6 @@ pub(crate) fn problem2_candidates(dir: &Path) -> PathBuf {
 }
 
 /// Each stored sample's verdict by (problem, sample) (for the tests that run several workers).
-#[allow(dead_code)]
 pub(crate) fn verdicts(store: &Store) -> BTreeMap<(u32, u32), Verdict> {
     let samples = store.samples().unwrap();
     samples
@@ -40,7 +30,6 @@ pub(crate) fn verdicts(store: &Store) -> BTreeMap<(u32, u32), Verdict> {
         .collect()
 }
 
-#[allow(dead_code)]
 /// The number N of "evaluated N samples", or of a line "N samples were {what}" (0 without one).
 pub(crate) fn samples(stdout: &str, what: &str) -> usize {
     let line = stdout.lines().find_map(|l| match what {
@@ -53,7 +42,6 @@ pub(crate) fn samples(stdout: &str, what: &str) -> usize {
 }
 
 /// The standard output and error of a `dice` process that must succeed, once it ended.
-#[allow(dead_code)]
 pub(crate) fn finished(child: Child) -> (String, String) {
     let Output {
         status,

@@ -1,7 +1,6 @@
 //! `dice bench identity` on small KernelBench-like trees, and on the KernelBench of the test data.
 
-mod common;
-
+use dice_test_support::test_data;
 use serde_json::Value;
 use std::fs;
 use std::path::Path;
@@ -160,7 +159,7 @@ fn a_missing_folder_is_one_clear_line() {
 #[test]
 fn kernelbench_level_one_skips_the_matrix_vector_problem() {
     let out = identity(
-        &common::test_data().join("kernelbench"),
+        &test_data().join("kernelbench"),
         &["--levels", "1", "--first", "4"],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -1,19 +1,20 @@
 //! `dice eval --stage build`: two build workers split the examples and fill a fresh build cache;
 //! a judging `dice eval` on that cache then builds nothing and gives the documented verdicts.
+//! The cache is the test's own, not the suite's shared one: what the workers build is what it
+//! counts.
 
-mod example_runs;
-
+use crate::example_runs::{finished, verdicts};
 use dice_eval::{Store, Verdict};
-use example_runs::{examples, finished, verdicts};
+use dice_test_support::examples_dir;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 fn start_eval(build_cache: &Path, args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_dice"))
         .arg("eval")
-        .arg(examples().join("candidates.jsonl"))
+        .arg(examples_dir().join("candidates.jsonl"))
         .arg("--kernelbench")
-        .arg(examples().join("kernelbench"))
+        .arg(examples_dir().join("kernelbench"))
         .arg("--build-cache")
         .arg(build_cache)
         .args(args)

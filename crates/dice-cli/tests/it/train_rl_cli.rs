@@ -1,21 +1,20 @@
 //! `dice train rl --dry-run` on DICE's released task files (tests/data/dice) with the SDAR
 //! tokenizer of tests/data/sdar: the tasks per level, the prompt lengths and the curriculum.
 
-mod common;
-
+use dice_test_support::test_data;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn dry_run(args: &[&str]) -> Output {
-    let data = common::test_data();
+    let data = test_data();
     let tokenizer = data.join("sdar");
-    common::dice(
+    crate::common::dice(
         &[
             &[
                 "train",
                 "rl",
                 "--model",
-                common::path_arg(&tokenizer),
+                crate::common::path_arg(&tokenizer),
                 "--dry-run",
             ],
             args,
@@ -25,16 +24,20 @@ fn dry_run(args: &[&str]) -> Output {
 }
 
 fn stdout(out: &Output) -> String {
-    assert!(out.status.success(), "dice failed: {}", common::stderr(out));
+    assert!(
+        out.status.success(),
+        "dice failed: {}",
+        crate::common::stderr(out)
+    );
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
 #[test]
 fn the_end_to_end_file_reads_with_the_reference_curriculum() {
-    let tasks = common::test_data().join("dice/end_to_end_kernel_generation_4000.json");
+    let tasks = test_data().join("dice/end_to_end_kernel_generation_4000.json");
     let text = stdout(&dry_run(&[
         "--tasks",
-        common::path_arg(&tasks),
+        crate::common::path_arg(&tasks),
         "--stage",
         "e2e",
     ]));
@@ -57,10 +60,10 @@ fn the_end_to_end_file_reads_with_the_reference_curriculum() {
 
 #[test]
 fn the_infilling_file_reads_with_its_scaffolds() {
-    let tasks = common::test_data().join("dice/kernel_infilling_evaluation.json");
+    let tasks = test_data().join("dice/kernel_infilling_evaluation.json");
     let text = stdout(&dry_run(&[
         "--tasks",
-        common::path_arg(&tasks),
+        crate::common::path_arg(&tasks),
         "--stage",
         "infill",
     ]));
@@ -68,13 +71,18 @@ fn the_infilling_file_reads_with_its_scaffolds() {
     assert!(text.contains("0 longer than max_prompt_len 2000"), "{text}");
     assert!(text.contains("20 steps"), "{text}");
 
-    let e2e = common::test_data().join("dice/end_to_end_kernel_generation_4000.json");
-    let out = dry_run(&["--tasks", common::path_arg(&e2e), "--stage", "infill"]);
+    let e2e = test_data().join("dice/end_to_end_kernel_generation_4000.json");
+    let out = dry_run(&[
+        "--tasks",
+        crate::common::path_arg(&e2e),
+        "--stage",
+        "infill",
+    ]);
     assert!(!out.status.success());
     assert!(
-        common::stderr(&out).contains("missing `prefix`"),
+        crate::common::stderr(&out).contains("missing `prefix`"),
         "{}",
-        common::stderr(&out)
+        crate::common::stderr(&out)
     );
 }
 
@@ -82,7 +90,7 @@ fn the_infilling_file_reads_with_its_scaffolds() {
 /// tests make it: the untrained model has favourite tokens, so a toy reward has something to
 /// tell apart.
 fn tiny_policy(dir: &Path) -> PathBuf {
-    let data = common::test_data();
+    let data = test_data();
     let mut config =
         dice_model::SdarConfig::from_path(&data.join("sdar/golden/formula/config.json")).unwrap();
     config.initializer_range = 0.35;
@@ -180,10 +188,18 @@ fn two_ranks_take_the_steps_of_one() {
     let tasks = two_tasks(dir.path());
     let alone = dir.path().join("alone");
     let out = toy_run(&model, &tasks, &alone, &[]);
-    assert!(out.status.success(), "one rank: {}", common::stderr(&out));
+    assert!(
+        out.status.success(),
+        "one rank: {}",
+        crate::common::stderr(&out)
+    );
     let ranks = dir.path().join("ranks");
     let out = toy_run(&model, &tasks, &ranks, &["--nproc-per-node", "2"]);
-    assert!(out.status.success(), "two ranks: {}", common::stderr(&out));
+    assert!(
+        out.status.success(),
+        "two ranks: {}",
+        crate::common::stderr(&out)
+    );
 
     let (one, two) = (metrics(&alone), metrics(&ranks));
     assert_eq!(one.len(), 2);
@@ -226,7 +242,7 @@ fn two_ranks_take_the_steps_of_one() {
 
 #[test]
 fn help_is_a_manual() {
-    let text = stdout(&common::dice(&["train", "rl", "--help"]));
+    let text = stdout(&crate::common::dice(&["train", "rl", "--help"]));
     for needle in [
         "What a step does",
         "dice-1.7b-stage2",

@@ -2,8 +2,8 @@
 //! (`--dry-run`, the tokenizer of tests/data/sdar), the manual, and CPU training of the formula
 //! golden's tiny model: killed and resumed, its final model generates.
 
-mod common;
-
+use dice_test_support::checkpoint::formula_tiny;
+use dice_test_support::test_data;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ fn train_data(name: &str) -> PathBuf {
 }
 
 fn dice_train_sft(args: &[&str]) -> Output {
-    let tokenizer = common::test_data().join("sdar");
+    let tokenizer = test_data().join("sdar");
     Command::new(env!("CARGO_BIN_EXE_dice"))
         .args(["train", "sft", "--model"])
         .arg(&tokenizer)
@@ -164,21 +164,6 @@ fn train(model: &Path, out: &Path) -> Command {
     command
 }
 
-/// The formula golden's tiny model (hidden 64, the full vocabulary) with the SDAR tokenizer.
-fn tiny_model(dir: &Path) -> PathBuf {
-    let golden = common::test_data().join("sdar/golden/formula/config.json");
-    let config = dice_model::SdarConfig::from_path(&golden).unwrap();
-    let tokenizer = common::test_data().join("sdar");
-    let model = dir.join("tiny");
-    dice_model::init::ModelInit {
-        tokenizer: Some(&tokenizer),
-        ..dice_model::init::ModelInit::new(&config, dice_model::init::InitWeights::Formula)
-    }
-    .write(&model)
-    .unwrap();
-    model
-}
-
 fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -201,7 +186,7 @@ fn losses(out: &Path) -> Vec<(u64, f64)> {
 #[test]
 fn a_run_killed_and_resumed_ends_with_the_weights_of_an_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
-    let model = &tiny_model(dir.path());
+    let model = formula_tiny();
     let straight = dir.path().join("straight");
     let out = train(model, &straight).output().unwrap();
     assert!(
@@ -320,7 +305,7 @@ fn succeeded(what: &str, out: Output) {
 #[test]
 fn two_ranks_launched_with_torchrun_variables_train_as_one_rank() {
     let dir = tempfile::tempdir().unwrap();
-    let model = &tiny_model(dir.path());
+    let model = formula_tiny();
     let torchrun = dir.path().join("torchrun");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -4,20 +4,11 @@
 //! and the static audit. Each must be caught: a verdict other than `correct`, or `deceptive`
 //! with the manifest's rule. Slow on a cold build cache (about a dozen distinct extensions).
 
-mod common;
-
 use dice_eval::{SampleRecord, Store, Verdict};
+use dice_test_support::{repo_root, shared_build_cache, test_data};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn build_cache() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-eval-build-cache")
-}
 
 /// Sizes at most this large: every module-level integer literal above it becomes it.
 const SHRUNK: u64 = 64;
@@ -69,7 +60,7 @@ fn cap_integers(line: &str) -> String {
 
 /// Writes `levelL/ID_Name.py` for a KernelBench problem of the test data, shrunk.
 fn add_problem(tree: &Path, level: u64, id: u64) {
-    let dir = common::test_data().join(format!("kernelbench/level{level}"));
+    let dir = test_data().join(format!("kernelbench/level{level}"));
     let prefix = format!("{id}_");
     let file = std::fs::read_dir(&dir)
         .unwrap()
@@ -96,7 +87,7 @@ fn dice_eval(candidates: &Path, tree: &Path, run: &Path, device: &str) -> Vec<Sa
         .arg("--run")
         .arg(run)
         .arg("--build-cache")
-        .arg(build_cache())
+        .arg(shared_build_cache())
         .args(["--timeout", "20", "--perf-trials", "4"])
         .output()
         .expect("the dice binary runs");
@@ -224,19 +215,17 @@ fn every_cpu_hack_is_caught_by_dice_eval() {
     run_suite("cpu");
 }
 
-/// The GPU-only programs; run on a CUDA machine with DICE_TEST_CUDA=1.
+/// The GPU-only programs: `cargo test -p dice-cli -- --ignored every_gpu_hack` on a CUDA
+/// machine (torch with CUDA, nvcc on PATH).
 #[test]
+#[ignore = "needs a CUDA GPU with torch and nvcc (run with --ignored)"]
 fn every_gpu_hack_is_caught_by_dice_eval() {
-    if std::env::var_os("DICE_TEST_CUDA").is_none_or(|v| v != "1") {
-        eprintln!("skipped: set DICE_TEST_CUDA=1 on a CUDA machine to run the GPU programs");
-        return;
-    }
     run_suite("cuda");
 }
 
 /// Evaluates every manifest program of `device` in one `dice eval --device DEVICE` run.
 fn run_suite(device: &str) {
-    let manifest_path = repo().join("tests/adversarial/manifest.json");
+    let manifest_path = repo_root().join("tests/adversarial/manifest.json");
     let manifest: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(manifest_path).unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -272,7 +261,7 @@ fn run_suite(device: &str) {
         );
         let name = format!("level_{level}_problem_{id}_sample_{i}_kernel.py");
         std::fs::copy(
-            repo().join("tests/adversarial").join(file),
+            repo_root().join("tests/adversarial").join(file),
             candidates.join(name),
         )
         .unwrap();

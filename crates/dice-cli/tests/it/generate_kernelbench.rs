@@ -1,20 +1,17 @@
 //! `dice generate --kernelbench` writes `candidates.jsonl` lines that dice-kernelbench reads, and a
 //! second run only adds what is missing.
 
-mod common;
-mod tiny_model;
-
-use common::test_data;
+use dice_test_support::checkpoint::formula_tiny;
+use dice_test_support::test_data;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
-use tiny_model::tiny_model;
 
 fn generate(run: &Path, samples: &str, extra: &[&str]) {
     let output = Command::new(env!("CARGO_BIN_EXE_dice"))
         .arg("generate")
         .arg("--model")
-        .arg(tiny_model())
+        .arg(formula_tiny())
         .arg("--kernelbench")
         .arg(test_data().join("kernelbench"))
         .args(["--level", "1", "--problems", "3,1", "--samples", samples])

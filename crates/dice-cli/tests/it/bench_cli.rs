@@ -1,10 +1,9 @@
 //! `dice problems`, `dice prompt` and `dice report` as a user runs them.
 
-mod common;
-
-use common::{dice, path_arg, stderr};
+use crate::common::{dice, path_arg, stderr};
 use dice_eval::store::{SampleExtras, Store};
 use dice_eval::{ProblemRecord, RunInfo, SampleRecord, TimingStats, Verdict};
+use dice_test_support::test_data;
 use serde_json::Value;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -12,7 +11,7 @@ use std::path::Path;
 
 #[test]
 fn problems_list_json_counts_every_level() {
-    let kb = common::test_data().join("kernelbench");
+    let kb = test_data().join("kernelbench");
     let out = dice(&[
         "problems",
         "list",
@@ -106,13 +105,13 @@ fn missing_folder_is_one_clear_line() {
 
 #[test]
 fn prompts_match_the_golden_files_byte_for_byte() {
-    let golden = common::test_data().join("sdar/golden");
+    let golden = test_data().join("sdar/golden");
     let index: Vec<Value> =
         serde_json::from_str(&fs::read_to_string(golden.join("prompts/index.json")).unwrap())
             .unwrap();
-    let kb = common::test_data().join("kernelbench");
-    let tasks = common::test_data().join("dice/kernel_infilling_evaluation.json");
-    let model = common::test_data().join("sdar");
+    let kb = test_data().join("kernelbench");
+    let tasks = test_data().join("dice/kernel_infilling_evaluation.json");
+    let model = test_data().join("sdar");
     for entry in &index {
         if let Some(problem) = entry["problem"].as_str() {
             let (level, file) = problem.split_once('/').unwrap();

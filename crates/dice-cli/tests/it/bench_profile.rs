@@ -1,13 +1,12 @@
 //! `dice bench generate --profile` on the formula golden's tiny config, on the CPU.
 
-mod common;
-
+use dice_test_support::test_data;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn tiny_config() -> PathBuf {
-    common::test_data().join("sdar/golden/formula/config.json")
+    test_data().join("sdar/golden/formula/config.json")
 }
 
 /// Runs the benchmark at batch 1 and 2 (8-token prompts, 8 new tokens); stdout and the JSON.

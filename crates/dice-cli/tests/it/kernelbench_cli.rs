@@ -2,17 +2,14 @@
 //! hold no valid code: the path is what is tested), resumed and started over; and `dice report`
 //! setting its run beside a `dice eval` run of the examples.
 
-mod common;
-mod example_runs;
-mod tiny_model;
-
-use common::{dice, path_arg};
+use crate::common::{dice, path_arg};
+use crate::example_runs::problem2_candidates;
 use dice_eval::Store;
-use example_runs::{build_cache, examples, problem2_candidates};
+use dice_test_support::checkpoint::{formula_tiny, FORMULA_TINY};
+use dice_test_support::{examples_dir, shared_build_cache};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Output;
-use tiny_model::tiny_model;
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -20,12 +17,12 @@ fn text(bytes: &[u8]) -> String {
 
 /// `dice kernelbench` on level 1 of the examples, 8 new tokens per answer.
 fn kernelbench(run: &Path, extra: &[&str]) -> Output {
-    let examples_tree = examples().join("kernelbench");
-    let cache = build_cache();
+    let examples_tree = examples_dir().join("kernelbench");
+    let cache = shared_build_cache();
     let mut args = vec![
         "kernelbench",
         "--model",
-        path_arg(tiny_model()),
+        path_arg(formula_tiny()),
         "--kernelbench",
         path_arg(&examples_tree),
         "--levels",
@@ -79,7 +76,7 @@ fn runs_end_to_end_resumes_and_starts_over() {
         (level1["problems"].as_u64(), level1["samples"].as_u64()),
         (Some(2), Some(4))
     );
-    assert_eq!(report["runs"][0]["label"], "formula-golden-tiny-cli");
+    assert_eq!(report["runs"][0]["label"], FORMULA_TINY);
     assert!(std::fs::read_to_string(run.join("report.md"))
         .unwrap()
         .contains("## Level 1"));
@@ -122,8 +119,8 @@ fn report_sets_a_kernelbench_run_beside_an_eval_run() {
     succeeded(&kernelbench(&generated, &[]));
     let judged = dir.path().join("judged");
     let candidates = problem2_candidates(dir.path());
-    let examples_tree = examples().join("kernelbench");
-    let cache = build_cache();
+    let examples_tree = examples_dir().join("kernelbench");
+    let cache = shared_build_cache();
     succeeded(&dice(&[
         "eval",
         path_arg(&candidates),

@@ -1,27 +1,26 @@
 //! Two `dice eval` processes on one run folder share its samples: each sample is judged once, by
 //! one of them, and the verdicts are those of a run judged by one process.
-//! Builds share the evaluator tests' cache (target/tmp/dice-eval-build-cache).
+//! Builds share the suite's cache (`dice_test_support::shared_build_cache`).
 
-mod example_runs;
-
+use crate::example_runs::{finished, samples};
 use dice_eval::{Store, Verdict};
-use example_runs::{build_cache, examples, finished, samples};
+use dice_test_support::{examples_dir, shared_build_cache};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn start_eval(run: &Path) -> Child {
-    let kb = examples().join("kernelbench");
+    let kb = examples_dir().join("kernelbench");
     Command::new(env!("CARGO_BIN_EXE_dice"))
         .arg("eval")
-        .arg(examples().join("candidates.jsonl"))
+        .arg(examples_dir().join("candidates.jsonl"))
         .arg("--kernelbench")
         .arg(kb)
         .arg("--run")
         .arg(run)
         .arg("--build-cache")
-        .arg(build_cache())
+        .arg(shared_build_cache())
         .args(["--timeout", "20", "--perf-trials", "4"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -32,7 +31,7 @@ fn start_eval(run: &Path) -> Child {
 type Verdicts = BTreeMap<(u32, u32), Verdict>;
 
 fn verdicts(run: &Path) -> Verdicts {
-    example_runs::verdicts(&Store::open_read_only(&run.join("dice.db")).unwrap())
+    crate::example_runs::verdicts(&Store::open_read_only(&run.join("dice.db")).unwrap())
 }
 
 #[test]

@@ -4,15 +4,13 @@
 //! `export`'s levels from an evaluation run's samples and from `dice serve`, loaded by `dice
 //! train rl --dry-run`; and `split` on DICE's released pairs.
 
-mod common;
-mod tiny_model;
-
-use common::{dice, path_arg, stderr};
+use crate::common::{dice, path_arg, stderr};
+use crate::tiny_server::TinyServer;
 use dice_store::{SampleRecord, Store, Verdict};
+use dice_test_support::{shared_build_cache, test_data};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tiny_model::TinyServer;
 
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -30,8 +28,9 @@ fn stored(run: &Path) -> Vec<SampleRecord> {
 }
 
 fn verify_command(run: &Path) -> Command {
-    // dice-curate's verify test shares this cache: the fixture's one C++ source builds once.
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-curate-build-cache");
+    // dice-curate's verify test shares the suite's build cache: the fixture's one C++ source
+    // builds once.
+    let cache = shared_build_cache();
     let mut command = Command::new(env!("CARGO_BIN_EXE_dice"));
     command.args([
         "curate",
@@ -111,7 +110,7 @@ fn curate_run_survives_kill_9_and_exports_trainable_data() {
         "sharegpt",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let tokenizer = common::test_data().join("sdar");
+    let tokenizer = test_data().join("sdar");
     let out = dice(&[
         "train",
         "sft",
@@ -140,7 +139,7 @@ fn curate_run_survives_kill_9_and_exports_trainable_data() {
 fn split_reproduces_the_released_split() {
     let tmp = tempfile::tempdir().unwrap();
     let splits = tmp.path().join("splits.jsonl");
-    let pairs = common::test_data().join("dice/kernel_infilling_evaluation.json");
+    let pairs = test_data().join("dice/kernel_infilling_evaluation.json");
     let out = dice(&[
         "curate",
         "split",
@@ -167,7 +166,7 @@ fn diversify_asks_dice_serve_and_records_each_attempt() {
     let mut server = TinyServer::start(3);
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-curate-build-cache");
+    let cache = shared_build_cache();
     let diversify = |endpoint: &str| {
         dice(&[
             "curate",
@@ -399,7 +398,7 @@ fn export_levels_come_from_a_run_or_dice_serve_and_load_for_rl() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), summary);
 
-    let tokenizer = common::test_data().join("sdar");
+    let tokenizer = test_data().join("sdar");
     let rl_tasks = data.join("rl_end_to_end.json");
     let out = dice(&[
         "train",

@@ -1,16 +1,16 @@
 //! Three `dice eval` workers on one run in a PostgreSQL database, one killed with -9 while it
 //! judges: every sample is judged once, with the verdicts of the same candidates judged by one
 //! process into SQLite, and `dice report` reads the same report from either store. The server
-//! is the test's own (`postgres_server`, kept with the store's tests); builds share the evaluator
-//! tests' cache.
+//! is the test's own (`postgres_server`, kept with the store's tests); builds share the suite's
+//! cache (`dice_test_support::shared_build_cache`).
 
-mod example_runs;
-#[path = "../../dice-store/tests/postgres_server/mod.rs"]
+#[path = "../../../dice-store/tests/postgres_server/mod.rs"]
 mod postgres_server;
 
+use crate::example_runs::{finished, samples, verdicts};
 use dice_eval::store::{ProblemRecord, SampleExtras};
 use dice_eval::Store;
-use example_runs::{build_cache, examples, finished, samples, verdicts};
+use dice_test_support::{examples_dir, shared_build_cache};
 use postgres_server::PostgresServer;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -20,12 +20,12 @@ fn eval(run: &str, store: Option<&str>) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_dice"));
     command
         .arg("eval")
-        .arg(examples().join("candidates.jsonl"))
+        .arg(examples_dir().join("candidates.jsonl"))
         .arg("--kernelbench")
-        .arg(examples().join("kernelbench"))
+        .arg(examples_dir().join("kernelbench"))
         .args(["--run", run])
         .arg("--build-cache")
-        .arg(build_cache())
+        .arg(shared_build_cache())
         .args(["--timeout", "20", "--perf-trials", "4", "--input-seed", "7"])
         .args(store.map(|url| ["--store", url]).into_iter().flatten())
         .stdout(Stdio::piped())
