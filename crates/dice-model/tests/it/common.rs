@@ -79,7 +79,7 @@ pub(crate) fn run_emulated_kernel_check(harness: &str, defines: &[String]) {
     let out = tempfile::tempdir().unwrap();
     let binary = out.path().join("check");
     let build = Command::new(&compiler)
-        .args(["-std=c++20", "-O1", "-pthread", "-Wno-unknown-pragmas"])
+        .args(["-std=c++20", "-O1", "-Wno-unknown-pragmas"])
         .args(defines)
         .arg(&source)
         .arg("-o")

@@ -205,6 +205,13 @@ fn cuda_decoding_over_a_long_cache_matches_cpu() {
 #[test]
 #[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
 fn cuda_graph_replays_match_cpu() {
+    #[cfg(feature = "cuda")]
+    graph_replays_match_cpu();
+}
+
+/// The body of [`cuda_graph_replays_match_cpu`]: CUDA graphs exist only with the cuda feature.
+#[cfg(feature = "cuda")]
+fn graph_replays_match_cpu() {
     let (dir, _) = random_checkpoint();
     let steps: [[usize; 2]; 4] = [[4, 4], [0, 0], [4, 0], [0, 4]];
     let prompt: Vec<u32> = (0..196).map(|i| (i * 29 + 3) % 500).collect();
@@ -276,6 +283,14 @@ fn cuda_graph_replays_match_cpu() {
 #[test]
 #[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
 fn cuda_greedy_summary_matches_a_scan() {
+    #[cfg(feature = "cuda")]
+    greedy_summary_matches_a_scan();
+}
+
+/// The body of [`cuda_greedy_summary_matches_a_scan`]: the greedy kernel exists only with the
+/// cuda feature.
+#[cfg(feature = "cuda")]
+fn greedy_summary_matches_a_scan() {
     let gpu = cuda_device(0).unwrap();
     let (rows, vocab) = (6, 151_936);
     let mut values: Vec<f32> = (0..rows * vocab)

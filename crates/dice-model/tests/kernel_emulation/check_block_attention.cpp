@@ -1,7 +1,7 @@
 // Runs block_attention.cu on the CPU (cuda_emulation.h) against a direct f64 attention with the
 // mask of masks.rs (cached_block_mask), for f32, bf16 and f16, with and without key splits, the
 // tensor-core kernels with 1, 2 and 4 query tiles per CTA.
-// Build: g++ -std=c++20 -pthread -DHEAD_DIM=<d> -DMMA_STAGES=<s> check_block_attention.cpp;
+// Build: g++ -std=c++20 -DHEAD_DIM=<d> -DMMA_STAGES=<s> check_block_attention.cpp;
 // exits non-zero on a mismatch.
 #include "cuda_emulation.h"
 #include "../../src/kernels/block_attention.cu"

@@ -2,7 +2,7 @@
 // rounding steps of candle's kernels (listed at the top of decode_ops.cu), for f32, bf16 and f16.
 // The references round with the host's own conversions (double -> T rounded once), not the
 // kernel's, and compute fused products exactly in double; every T-rounded output must be equal
-// bit for bit. Build: g++ -std=c++20 -pthread check_decode_ops.cpp; exits non-zero on a mismatch.
+// bit for bit. Build: g++ -std=c++20 check_decode_ops.cpp; exits non-zero on a mismatch.
 #include "cuda_emulation.h"
 #include "../../src/kernels/decode_ops.cu"
 

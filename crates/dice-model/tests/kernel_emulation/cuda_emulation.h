@@ -1,16 +1,25 @@
 // Just enough of CUDA, on the CPU, to run our kernels (block_attention.cu, decode_ops.cu): one
-// std::thread per CUDA thread, the blocks of a grid one after another (so `__shared__` variables
-// can be plain statics), __syncthreads as a barrier of the block, warp shuffles through a
-// barrier of the warp.
+// fiber per CUDA thread, the blocks of a grid one after another (so `__shared__` variables can
+// be plain statics), __syncthreads as a barrier of the block, warp shuffles through a barrier of
+// the warp.
+//
+// A block's threads are fibers (ucontext) of the one OS thread that launches the kernel: each
+// runs until it waits at a barrier, and when every thread of that barrier has arrived they all
+// go on. Between two barriers the runnable threads take turns in an order drawn anew for each
+// round from a fixed seed, so that a read missing its barrier can see another thread's write or
+// not, as on the GPU, and every run of a check is the same. (One OS thread per CUDA thread, as
+// before, cost a kernel thread switch at every barrier: tens of times slower, for nothing more.)
 #pragma once
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <thread>
+#include <random>
+#include <ucontext.h>
 #include <vector>
 
 using std::max;
@@ -53,8 +62,35 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
 constexpr int MAX_THREADS = 1024;
-inline std::barrier<>* block_barrier;
-inline std::barrier<>* warp_barriers[MAX_THREADS / 32];
+
+struct Fiber {
+    ucontext_t context;
+    bool waiting = false, done = false;
+};
+// The threads of the running block, the one running now, and where a fiber returns to when it
+// waits or ends.
+inline std::vector<Fiber> fibers;
+inline int running_fiber = 0;
+inline ucontext_t scheduler_context;
+
+// A barrier of `expected` threads (a block or a warp) among the fibers.
+struct FiberBarrier {
+    int expected = 0, arrived = 0;
+    std::vector<int> waiting;
+    void arrive_and_wait() {
+        if (++arrived == expected) {
+            arrived = 0;
+            for (int f : waiting) fibers[f].waiting = false;
+            waiting.clear();
+            return;
+        }
+        waiting.push_back(running_fiber);
+        fibers[running_fiber].waiting = true;
+        swapcontext(&fibers[running_fiber].context, &scheduler_context);
+    }
+};
+inline FiberBarrier* block_barrier;
+inline FiberBarrier* warp_barriers[MAX_THREADS / 32];
 inline float shuffle_slots[MAX_THREADS];
 
 inline void __syncthreads() { block_barrier->arrive_and_wait(); }
@@ -145,28 +181,57 @@ template <int pending> void cp_async_wait() {}
 // have (227 KiB on sm_90) serves every launch.
 alignas(16) inline unsigned char dynamic_shared_memory[227 * 1024];
 
+inline const std::function<void()>* launched_kernel;
+
+inline void run_fiber() {
+    (*launched_kernel)();
+    fibers[running_fiber].done = true;
+}
+
 // Runs `kernel` on every block of `grid` with `threads` threads per block.
 inline void launch(dim3_emulated grid, int threads, const std::function<void()>& kernel) {
+    constexpr size_t STACK_BYTES = 256 * 1024;
+    static std::vector<std::unique_ptr<char[]>> stacks;
+    while ((int)stacks.size() < threads) stacks.emplace_back(new char[STACK_BYTES]);
+    static std::mt19937 turns(1);
+    std::vector<int> order(threads);
+    for (int t = 0; t < threads; ++t) order[t] = t;
+    launched_kernel = &kernel;
+    blockDim = {(unsigned)threads, 1, 1};
+    gridDim = grid;
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x = 0; x < grid.x; ++x) {
-                std::barrier<> block(threads);
-                std::vector<std::unique_ptr<std::barrier<>>> warps;
-                for (int w = 0; 32 * w < threads; ++w) {
-                    const int lanes = std::min(32, threads - 32 * w);
-                    warps.push_back(std::make_unique<std::barrier<>>(lanes));
-                    warp_barriers[w] = warps.back().get();
-                }
+                blockIdx = {x, y, z};
+                FiberBarrier block{threads};
+                std::vector<FiberBarrier> warps;
+                for (int w = 0; 32 * w < threads; ++w)
+                    warps.push_back(FiberBarrier{std::min(32, threads - 32 * w)});
+                for (size_t w = 0; w < warps.size(); ++w) warp_barriers[w] = &warps[w];
                 block_barrier = &block;
-                std::vector<std::thread> workers;
-                for (int t = 0; t < threads; ++t)
-                    workers.emplace_back([=] {
+                fibers.assign(threads, Fiber{});
+                for (int t = 0; t < threads; ++t) {
+                    getcontext(&fibers[t].context);
+                    fibers[t].context.uc_stack = {stacks[t].get(), 0, STACK_BYTES};
+                    fibers[t].context.uc_link = &scheduler_context;
+                    makecontext(&fibers[t].context, run_fiber, 0);
+                }
+                for (int finished = 0; finished < threads;) {
+                    std::shuffle(order.begin(), order.end(), turns);
+                    bool ran = false;
+                    for (int t : order) {
+                        if (fibers[t].done || fibers[t].waiting) continue;
+                        running_fiber = t;
                         threadIdx = {(unsigned)t, 0, 0};
-                        blockIdx = {x, y, z};
-                        blockDim = {(unsigned)threads, 1, 1};
-                        gridDim = grid;
-                        kernel();
-                    });
-                for (auto& w : workers) w.join();
+                        swapcontext(&scheduler_context, &fibers[t].context);
+                        ran = true;
+                        finished += fibers[t].done;
+                    }
+                    if (!ran) {
+                        std::fprintf(stderr, "block (%u, %u, %u): threads wait at a barrier that "
+                                             "the others never reach\n", x, y, z);
+                        std::abort();
+                    }
+                }
             }
 }
