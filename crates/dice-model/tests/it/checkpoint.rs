@@ -1,7 +1,7 @@
 //! Checkpoint loading: clear errors for bad checkpoints, sharded files, parameter counts.
 
-use candle_core::{DType, Device, Tensor};
 use crate::common::*;
+use candle_core::{DType, Device, Tensor};
 use dice_model::{Sdar, SdarConfig};
 use std::collections::HashMap;
 use std::path::Path;

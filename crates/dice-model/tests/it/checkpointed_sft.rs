@@ -1,7 +1,7 @@
 //! The checkpointed SFT step against the single-graph path on packed rows of several samples.
 
-use candle_core::{DType, Device, Tensor};
 use crate::common::*;
+use candle_core::{DType, Device, Tensor};
 use dice_model::{PackedRow, Sdar, SdarConfig, TwoStreamBatch};
 use std::collections::HashMap;
 

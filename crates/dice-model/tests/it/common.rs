@@ -6,9 +6,7 @@ use candle_core::{DType, Tensor};
 use dice_model::golden::Measurement;
 use std::path::PathBuf;
 
-pub(crate) use dice_test_support::checkpoint::{
-    formula_golden, formula_golden_dir, formula_tiny,
-};
+pub(crate) use dice_test_support::checkpoint::{formula_golden, formula_golden_dir, formula_tiny};
 pub(crate) use dice_test_support::test_data;
 
 /// Prints every measurement and asserts that each is within its f32 tolerance.

@@ -1,8 +1,8 @@
 //! Prefill and cached-decode logits against the formula golden's summaries (f32 compute on the
 //! bf16 formula checkpoint), and the batched cache API against the single-sequence results.
 
-use candle_core::{DType, Device, IndexOp, Tensor};
 use crate::common::*;
+use candle_core::{DType, Device, IndexOp, Tensor};
 use dice_model::golden::LogitsCase;
 use dice_model::{KvCache, Sdar};
 

@@ -1,14 +1,16 @@
 //! The two-stream SFT loss and its gradients against the formula golden (noise draw from
 //! cases.json), through the single-graph path and the checkpointed one.
 
-use candle_core::{DType, Device, Tensor};
 use crate::common::*;
+use candle_core::{DType, Device, Tensor};
 use dice_model::Sdar;
 use std::collections::HashMap;
 
 /// Prints and asserts the loss and gradient measurements against the golden.
 fn check_against_reference(loss: f32, grads: &HashMap<String, Tensor>) {
-    let measurements = formula_golden().measure_sft(f64::from(loss), grads).unwrap();
+    let measurements = formula_golden()
+        .measure_sft(f64::from(loss), grads)
+        .unwrap();
     assert_within_f32_tolerances(&measurements);
 }
 

@@ -1,8 +1,8 @@
 //! Generated checkpoints: the formula weights bit for bit against the golden's checksums, shards,
 //! seeded random weights, the files beside the weights, and a refused non-empty folder.
 
-use candle_core::{DType, Device, Tensor};
 use crate::common::*;
+use candle_core::{DType, Device, Tensor};
 use dice_model::init::{fnv1a64, formula_z, InitWeights, ModelInit, TensorValues, TOKENIZER_FILES};
 use dice_model::{KvCache, Sdar, SdarConfig, SdarTokenizer};
 use sha2::{Digest, Sha256};
@@ -87,11 +87,13 @@ fn formula_weights_match_the_golden_checksums_bit_for_bit() {
     let columns: Vec<i64> = (0..512)
         .map(|j| (formula_z(rule, j) % config.vocab_size as u64) as i64)
         .collect();
-    let stored =
-        candle_core::safetensors::load(formula_golden_dir().join("expected.safetensors"), &Device::Cpu)
-            .unwrap()["logit_columns"]
-            .to_vec1::<i64>()
-            .unwrap();
+    let stored = candle_core::safetensors::load(
+        formula_golden_dir().join("expected.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap()["logit_columns"]
+        .to_vec1::<i64>()
+        .unwrap();
     assert_eq!(columns, stored);
 }
 

@@ -3,9 +3,9 @@
 //! in parallel threads would disturb.
 
 use candle_core::{DType, Device};
-use dice_test_support::checkpoint::formula_tiny;
 use dice_model::sdar::{BlockForwardShape, ProfileSettings, Stage};
 use dice_model::Sdar;
+use dice_test_support::checkpoint::formula_tiny;
 
 #[test]
 fn every_stage_of_a_decoding_forward_is_timed_counted_and_floored() {
