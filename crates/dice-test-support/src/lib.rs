@@ -1,7 +1,10 @@
 //! What the workspace's tests share, so each fixture is defined once: where the repository's test
 //! data lives (`tests/data`, with its provenance in `tests/data/README.md`) and the one build cache
 //! for candidates' extensions, so an extension that several tests build compiles once per suite
-//! run. A dev-dependency only: no library or binary of the workspace links it.
+//! run; and a PostgreSQL server of a test's own ([`postgres::PostgresServer`]). A dev-dependency
+//! only: no library or binary of the workspace links it.
+
+pub mod postgres;
 
 use std::path::{Path, PathBuf};
 

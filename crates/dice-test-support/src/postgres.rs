@@ -1,14 +1,20 @@
-//! A PostgreSQL server of the test's own: `initdb` and `pg_ctl` on a temporary folder, listening
-//! on a free port of 127.0.0.1 (its unix socket in that folder). The binaries are those of
+//! A PostgreSQL server of a test's own: `initdb` and `pg_ctl` on a temporary folder, listening
+//! on a free port of 127.0.0.1 (its unix socket in that folder), with an empty database `dice`
+//! that user `dice` reaches without a password; stopped when dropped. The binaries are those of
 //! `$DICE_PG_BIN`, else Debian's `/usr/lib/postgresql/*/bin` (the newest), else `PATH`. PostgreSQL
 //! refuses to run as root: as root, the server runs as `nobody`, which owns the folder.
+//!
+//! PostgreSQL is part of the test suite's setup (as the Python environment is): without its
+//! binaries, [`PostgresServer::start`] fails the test and says what to install, rather than
+//! letting it pass without checking anything.
 
 use std::net::TcpListener;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub(crate) struct PostgresServer {
+/// A running server; see the module.
+pub struct PostgresServer {
     folder: tempfile::TempDir,
     bin: PathBuf,
     port: u16,
@@ -21,16 +27,16 @@ const USER: &str = "dice";
 const DATABASE: &str = "dice";
 
 impl PostgresServer {
-    /// A running server with an empty database, or None (printing why) when this machine has no
-    /// PostgreSQL binaries.
-    pub(crate) fn start() -> Option<PostgresServer> {
-        let Some(bin) = binaries() else {
-            eprintln!(
-                "note: no PostgreSQL binaries (initdb, pg_ctl) in $DICE_PG_BIN, \
-                 /usr/lib/postgresql/*/bin or PATH: the PostgreSQL test is skipped"
-            );
-            return None;
-        };
+    /// A running server with an empty database. Panics, saying what to install, when this
+    /// machine has no PostgreSQL binaries.
+    pub fn start() -> PostgresServer {
+        let bin = binaries().unwrap_or_else(|| {
+            panic!(
+                "this test needs PostgreSQL's server binaries (initdb, pg_ctl, createdb), found \
+                 in none of $DICE_PG_BIN, /usr/lib/postgresql/*/bin or PATH: install PostgreSQL \
+                 (Debian: apt-get install postgresql) or set DICE_PG_BIN to its bin folder"
+            )
+        });
         let folder = tempfile::tempdir().unwrap();
         let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
         let run_as = root.then(|| "nobody".to_string());
@@ -86,16 +92,16 @@ impl PostgresServer {
             "createdb",
             &["-h", "127.0.0.1", "-p", &port, "-U", USER, DATABASE].map(AsRef::as_ref),
         );
-        Some(server)
+        server
     }
 
-    /// Unused by the store's own tests, which reach the server by its url alone.
-    #[allow(dead_code)]
-    pub(crate) fn port(&self) -> u16 {
+    /// The port it listens on, at 127.0.0.1.
+    pub fn port(&self) -> u16 {
         self.port
     }
 
-    pub(crate) fn url(&self) -> String {
+    /// `postgres://dice@127.0.0.1:PORT/dice`: its database, as `--store` takes it.
+    pub fn url(&self) -> String {
         format!("postgres://{USER}@127.0.0.1:{}/{DATABASE}", self.port)
     }
 
@@ -140,11 +146,15 @@ impl Drop for PostgresServer {
     }
 }
 
-/// The folder holding `initdb` and `pg_ctl`.
+/// The folder holding `initdb`, `pg_ctl` and `createdb`.
 fn binaries() -> Option<PathBuf> {
-    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
+    let has_all = |dir: &Path| {
+        ["initdb", "pg_ctl", "createdb"]
+            .iter()
+            .all(|name| dir.join(name).is_file())
+    };
     if let Some(dir) = std::env::var_os("DICE_PG_BIN") {
-        return Some(PathBuf::from(dir)).filter(|d| has_both(d));
+        return Some(PathBuf::from(dir)).filter(|d| has_all(d));
     }
     let mut debian: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
@@ -154,14 +164,14 @@ fn binaries() -> Option<PathBuf> {
             let version = e.file_name().to_str()?.parse().ok()?;
             Some((version, e.path().join("bin")))
         })
-        .filter(|(_, bin)| has_both(bin))
+        .filter(|(_, bin)| has_all(bin))
         .collect();
     debian.sort();
     if let Some((_, bin)) = debian.pop() {
         return Some(bin);
     }
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).find(|d| has_both(d))
+    std::env::split_paths(&path).find(|d| has_all(d))
 }
 
 /// The user and group ids of `user` in /etc/passwd.

@@ -1,13 +1,10 @@
 //! The PostgreSQL store's claims under workers that race: a result is stored once and a sample
-//! is never judged again once its result is stored. The server is the test's own
-//! (`postgres_server`).
+//! is never judged again once its result is stored. The server is each test's own
+//! (`dice_test_support::postgres`).
 
-mod postgres_server;
-mod records;
-
+use crate::records::correct_sample;
 use dice_store::{ProblemRecord, SampleExtras, Store, WorkerId};
-use postgres_server::PostgresServer;
-use records::correct_sample;
+use dice_test_support::postgres::PostgresServer;
 use std::time::{Duration, Instant};
 
 /// Alice stores sample 0's result in a transaction that has deleted her claim but not committed
@@ -17,9 +14,7 @@ use std::time::{Duration, Instant};
 /// `eval_postgres`: "judged here, but another worker took it over").
 #[test]
 fn a_sample_stored_while_claimed_is_finished_not_claimed_again() {
-    let Some(server) = PostgresServer::start() else {
-        return;
-    };
+    let server = PostgresServer::start();
     let url = server.url();
     let key = (1, 1, 0);
     let lease = Duration::from_secs(60);
@@ -81,9 +76,7 @@ fn a_sample_stored_while_claimed_is_finished_not_claimed_again() {
 /// `dice curate export --difficulty run` matches tasks by).
 #[test]
 fn problem_sources_read_back_as_from_sqlite() {
-    let Some(server) = PostgresServer::start() else {
-        return;
-    };
+    let server = PostgresServer::start();
     let problems = [(2, "b2"), (1, "a1"), (3, "c3")].map(|(problem_id, sha256)| {
         let problem = ProblemRecord {
             level: 1,

@@ -1,13 +1,11 @@
 //! The SQLite store keeps what the evaluator writes, as reports read it back.
 
-mod records;
-
+use crate::records::correct_sample;
 use dice_store::{
     BuildRecord, KernelProfile, LaunchedKernel, ProblemRecord, RunInfo, RunTimeline, SampleExtras,
     SampleRecord, Store, Verdict,
 };
 use dice_store::{SampleKey, WorkerId};
-use records::correct_sample;
 use serde_json::json;
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
