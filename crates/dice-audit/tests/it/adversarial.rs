@@ -2,8 +2,7 @@
 //! expectation is caught by that rule as an error; run-time-only hacks are documented as
 //! invisible to the static rules (they must raise no error here, or the manifest is stale).
 
-mod common;
-
+use crate::common;
 use anyhow::Context;
 use dice_audit::{audit, AuditOptions, Rule, Severity};
 use serde_json::Value;

@@ -1,11 +1,10 @@
-mod common;
-
 use dice_kernelbench::KernelBench;
+use dice_test_support::test_data;
 use std::fs;
 
 #[test]
 fn kernelbench_tree_has_all_problems_valid_and_sorted() {
-    let kb = KernelBench::open(&common::test_data().join("kernelbench")).unwrap();
+    let kb = KernelBench::open(&test_data().join("kernelbench")).unwrap();
     assert_eq!(kb.levels().unwrap(), vec![1, 2, 3, 4]);
     for (level, count) in [(1, 100), (2, 100), (3, 50), (4, 20)] {
         let scan = kb.scan_level(level).unwrap();
@@ -23,7 +22,7 @@ fn kernelbench_tree_has_all_problems_valid_and_sorted() {
 
 #[test]
 fn problem_bytes_are_untouched() {
-    let kb = KernelBench::open(&common::test_data().join("kernelbench")).unwrap();
+    let kb = KernelBench::open(&test_data().join("kernelbench")).unwrap();
     let p = kb.problem(1, 12).unwrap();
     assert_eq!(p.name, "12_Matmul_with_diagonal_matrices_");
     assert_eq!(p.source, fs::read(&p.path).unwrap());
@@ -42,7 +41,7 @@ fn missing_folder_is_one_clear_error() {
 
 #[test]
 fn missing_level_names_the_levels_present() {
-    let kb = KernelBench::open(&common::test_data().join("kernelbench")).unwrap();
+    let kb = KernelBench::open(&test_data().join("kernelbench")).unwrap();
     let msg = format!("{:#}", kb.scan_level(7).unwrap_err());
     assert!(
         msg.contains("level7") && msg.contains("1, 2, 3, 4"),

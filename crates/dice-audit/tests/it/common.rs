@@ -1,16 +1,12 @@
-//! Paths to the repository's test data and adversarial suite.
-// Each test binary uses a different subset of these helpers.
-#![allow(dead_code)]
+//! What the audit's tests share: the adversarial suite's folder, and KernelBench problems and the
+//! prompt's one-shot example from the repository's test data.
 
+use dice_test_support::{repo_root, test_data};
 use std::path::PathBuf;
 
-/// The workspace's `tests/data` (KernelBench problems, DICE data files, goldens).
-pub(crate) fn test_data() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data")
-}
-
+/// `tests/adversarial` of the repository: hacks, each with the finding it must raise.
 pub(crate) fn adversarial_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/adversarial")
+    repo_root().join("tests/adversarial")
 }
 
 /// The source of KernelBench problem `level`/`id` from the test data.

@@ -1,14 +1,13 @@
-mod common;
-
 use dice_kernelbench::prompt::{
     assemble_infilled, infilling_prompt, load_infilling_tasks, problem_prompt,
 };
 use dice_kernelbench::KernelBench;
+use dice_test_support::test_data;
 use serde_json::Value;
 use std::fs;
 
 fn golden(rel: &str) -> String {
-    let path = common::test_data().join("sdar/golden").join(rel);
+    let path = test_data().join("sdar/golden").join(rel);
     fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -20,10 +19,9 @@ fn chat_one_user_turn(user: &str) -> String {
 #[test]
 fn every_golden_prompt_is_reproduced_byte_for_byte() {
     let index: Vec<Value> = serde_json::from_str(&golden("prompts/index.json")).unwrap();
-    let kb = KernelBench::open(&common::test_data().join("kernelbench")).unwrap();
+    let kb = KernelBench::open(&test_data().join("kernelbench")).unwrap();
     let tasks =
-        load_infilling_tasks(&common::test_data().join("dice/kernel_infilling_evaluation.json"))
-            .unwrap();
+        load_infilling_tasks(&test_data().join("dice/kernel_infilling_evaluation.json")).unwrap();
     let (mut one_shot, mut infilling) = (0, 0);
     for entry in &index {
         let name = entry["name"].as_str().unwrap();
@@ -62,7 +60,7 @@ fn every_golden_prompt_is_reproduced_byte_for_byte() {
 
 #[test]
 fn infilling_tasks_reassemble_into_the_reference_program() {
-    let path = common::test_data().join("dice/kernel_infilling_evaluation.json");
+    let path = test_data().join("dice/kernel_infilling_evaluation.json");
     let pairs: Vec<Value> = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
     let tasks = load_infilling_tasks(&path).unwrap();
     assert_eq!(tasks.len(), pairs.len());

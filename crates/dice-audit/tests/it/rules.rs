@@ -1,8 +1,7 @@
 //! Rule behaviour on small programs, including the false positives and negatives of
 //! KernelBench's regex checker (spec §4.1) and the prompt's own example (§1.4, §4.5).
 
-mod common;
-
+use crate::common;
 use dice_audit::{audit, custom_kernel_names, Audit, AuditOptions, Rule, Severity};
 
 const RELU_PROBLEM: &str = r#"
@@ -790,7 +789,7 @@ fn forward_that_runs_no_kernel_is_not_called_even_through_a_partial() {
 /// The built-in examples' correct candidates (examples/README.md) raise no finding.
 #[test]
 fn correct_examples_are_clean() -> anyhow::Result<()> {
-    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let examples = dice_test_support::examples_dir();
     let candidates = std::fs::read_to_string(examples.join("candidates.jsonl"))?
         .lines()
         .map(serde_json::from_str::<serde_json::Value>)

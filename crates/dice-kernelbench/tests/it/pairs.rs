@@ -1,12 +1,11 @@
-mod common;
-
 use dice_kernelbench::{load_pairs, PAIRS_LEVEL};
+use dice_test_support::test_data;
 use serde_json::Value;
 use std::fs;
 
 #[test]
 fn dice_infilling_pairs_load_as_level_zero() {
-    let path = common::test_data().join("dice/kernel_infilling_evaluation.json");
+    let path = test_data().join("dice/kernel_infilling_evaluation.json");
     let raw: Vec<Value> = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
     let set = load_pairs(&path).unwrap();
     // Python's `ast` accepts every reference of this file, so the parse-tree check must too.
@@ -101,7 +100,7 @@ fn bad_pairs_are_clear_errors() {
 
 #[test]
 fn every_end_to_end_reference_validates() {
-    let path = common::test_data().join("dice/end_to_end_kernel_generation_4000.json");
+    let path = test_data().join("dice/end_to_end_kernel_generation_4000.json");
     let set = load_pairs(&path).unwrap();
     assert!(
         set.invalid.is_empty(),

@@ -1,8 +1,6 @@
 //! The 99 verified kernels of DICE's infilling set are honest: no error findings,
 //! except the ones listed (and explained) in `KNOWN_DECEPTIVE`.
 
-mod common;
-
 use dice_audit::{audit, AuditOptions, Rule, Severity};
 
 /// Entries (by `id`) whose error findings were investigated; each is a real instance of
@@ -19,7 +17,7 @@ const REDEFINES_PROBLEM_NAMES: &[u64] = &[8204];
 
 #[test]
 fn honest_infilling_kernels_raise_no_errors() -> anyhow::Result<()> {
-    let path = common::test_data().join("dice/kernel_infilling_evaluation.json");
+    let path = dice_test_support::test_data().join("dice/kernel_infilling_evaluation.json");
     let text = std::fs::read_to_string(&path)?;
     let entries: Vec<serde_json::Value> = serde_json::from_str(&text)?;
     assert_eq!(entries.len(), 99);
@@ -78,7 +76,7 @@ fn honest_infilling_kernels_raise_no_errors() -> anyhow::Result<()> {
 fn identity_candidates_of_all_problems_have_no_custom_kernel() -> anyhow::Result<()> {
     let mut audited = 0;
     for level in 1..=3 {
-        let dir = common::test_data().join(format!("kernelbench/level{level}"));
+        let dir = dice_test_support::test_data().join(format!("kernelbench/level{level}"));
         for entry in std::fs::read_dir(&dir)? {
             let path = entry?.path();
             let problem = std::fs::read_to_string(&path)?;
