@@ -8,7 +8,9 @@ use std::time::Duration;
 /// Where work runs: candidates' programs, a model, a trainer's ranks. The one device enum of
 /// the workspace: the CLI's `--device` flags parse into it (clap's `ValueEnum` behind the `clap`
 /// feature) and configuration files name it in lower case.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
