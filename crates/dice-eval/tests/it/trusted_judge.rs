@@ -2,9 +2,7 @@
 //! checks): files it plants where the judge reads its outputs, a table of outputs for the seeds
 //! of earlier releases, and a mutation check it patches away. Pure-Python candidates, CPU.
 
-mod common;
-
-use common::{relu_problem_and_samples, test_config};
+use crate::common::{machine_shared, relu_problem_and_samples, test_config};
 use dice_eval::{EvalConfig, SampleRecord, Store, Verdict};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -52,6 +50,7 @@ fn evaluate(cfg: EvalConfig, codes: Vec<Vec<u8>>) -> Vec<SampleRecord> {
 
 #[test]
 fn files_planted_where_the_judge_reads_fail_their_candidate_alone() {
+    let _machine = machine_shared();
     let huge = 8u64 << 30;
     let cases = [
         // A FIFO: opening it for reading would block the judge until its timeout.
@@ -114,6 +113,7 @@ fn lookup_table() -> Vec<u8> {
 
 #[test]
 fn a_table_for_public_seeds_fails_under_the_seed_drawn_for_the_run() {
+    let _machine = machine_shared();
     let run = tempfile::tempdir().unwrap();
     let mut cfg = test_config(run.path());
     cfg.seed = Some(42);
@@ -168,6 +168,7 @@ fn stored_seed(db: &Path) -> Option<u64> {
 
 #[test]
 fn a_candidate_that_patches_the_mutation_check_is_still_flagged() {
+    let _machine = machine_shared();
     let patched = b"import sys, torch\nimport torch.nn as nn\n_p = sys.modules['protocol']\n_p.mutated = lambda before, after: []\n_p.aliased = lambda inputs, out: []\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        y = torch.relu(x)\n        x.zero_()\n        return y\n".to_vec();
     let run = tempfile::tempdir().unwrap();
     let records = evaluate(test_config(run.path()), vec![patched, honest()]);

@@ -1,9 +1,7 @@
 //! Timing that a candidate cannot forge and a loaded machine does not turn into a false alarm:
 //! the evaluator's clock against the candidate's, and the speedup's interval.
 
-mod common;
-
-use common::{example, example_problems, test_config};
+use crate::common::{example, example_problems, machine_alone, test_config};
 use dice_eval::{EvalProblem, EvalSample, SampleRecord, Store, Verdict};
 use std::process::{Child, Command};
 
@@ -51,9 +49,6 @@ class ModelNew(nn.Module):
         return torch.stack([row @ b for row in a])
 ";
 
-/// The timing tests load the machine (the hog) or need it no busier than other tests make it.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn sample(problem_id: u32, sample_id: u32, code: &str) -> EvalSample {
     EvalSample {
         level: 1,
@@ -77,9 +72,9 @@ fn timer_inconsistent(r: &SampleRecord) -> bool {
 
 #[test]
 fn a_forged_clock_is_caught_and_earns_no_speedup() {
-    let _alone = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Alone, as in the binary of its own it had: other tests' load widens the baseline's range
+    // of overheads, and under enough of it the forged clock goes unseen.
+    let _machine = machine_alone();
     let run = tempfile::tempdir().unwrap();
     let mut cfg = test_config(run.path());
     cfg.perf_trials = 20;
@@ -163,9 +158,8 @@ impl Drop for Hog {
 /// may read as a forged clock.
 #[test]
 fn honest_cpu_candidates_beside_a_cpu_hog_keep_their_clock() {
-    let _alone = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // The hog would slow other tests' candidates past their timeouts.
+    let _machine = machine_alone();
     let run = tempfile::tempdir().unwrap();
     let mut cfg = test_config(run.path());
     cfg.perf_trials = 50;

@@ -1,14 +1,13 @@
 //! End to end on the project's examples: every verdict class from real C++ candidates.
 //! Slow: the first run in a checkout compiles the examples' extension (~60 s on 2 cores).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use dice_eval::{Store, Verdict};
 use std::collections::BTreeMap;
 
 #[test]
 fn examples_get_their_documented_verdicts_and_are_not_redone() {
+    let _machine = machine_shared();
     let run = tempfile::tempdir().unwrap();
     let summary = dice_eval::evaluate(
         test_config(run.path()),

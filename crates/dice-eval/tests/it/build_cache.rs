@@ -2,9 +2,7 @@
 //! same code again never compiles, nothing a candidate runs can write an entry, and a build that
 //! ran out of time is a stored verdict. Slow: three cold builds (~60 s each on 2 cores).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use dice_eval::{EvalConfig, EvalSample, SampleRecord, Store, Verdict};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -51,6 +49,7 @@ fn cache_contents(cache: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 
 #[test]
 fn one_source_compiles_once_across_concurrent_builds_and_runs() {
+    let _machine = machine_shared();
     let cache = tempfile::tempdir().unwrap();
     let relu = example(1, 0);
     let twins: Vec<_> = (0..2)
@@ -143,6 +142,7 @@ _attack({cache:?})
 
 #[test]
 fn a_compile_stage_candidate_cannot_write_the_cache() {
+    let _machine = machine_shared();
     let cache = tempfile::tempdir().unwrap();
     let relu = example(1, 0);
     let (records, _) = evaluate_on(cache.path(), vec![relu.clone()], |_| {});
@@ -199,6 +199,7 @@ static int hang_at_load = [] {{
 
 #[test]
 fn a_static_initializer_that_hangs_is_a_stored_compile_timeout() {
+    let _machine = machine_shared();
     let cache = tempfile::tempdir().unwrap();
     let sleeper = EvalSample {
         code: Some(sleeping_initializer(cache.path())),

@@ -1,21 +1,29 @@
-//! Helpers shared by the evaluator's integration tests: the examples, and one build cache for all
-//! tests (the examples' C++ source builds once per cache).
-
-#![allow(dead_code)]
+//! Helpers shared by the evaluator's integration tests: the examples, the settings every test
+//! starts from (on the one build cache of the whole suite, where the examples' C++ source builds
+//! once), and the machine's cores, which the timing tests have to themselves.
 
 use dice_eval::{EvalConfig, EvalProblem, EvalSample, Verdict};
 use dice_kernelbench::{load_candidates, KernelBench};
+use dice_test_support::{examples_dir, shared_build_cache};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-pub(crate) fn examples_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+/// Tests run concurrently in this binary. The timing tests want the machine to themselves: one
+/// loads every core on purpose (the CPU hog), which would slow the candidates of others past
+/// their short timeouts, and one needs no load but its own to see a forged clock. Every test
+/// that runs the evaluator holds a share of the machine; the timing tests hold all of it.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+/// A share of the machine: held by every test that runs the evaluator, beside the others.
+pub(crate) fn machine_shared() -> RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Shared by every test binary, so each distinct extension is compiled once per checkout.
-pub(crate) fn build_cache() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("dice-eval-build-cache")
+/// The whole machine: no other evaluator test runs meanwhile.
+pub(crate) fn machine_alone() -> RwLockWriteGuard<'static, ()> {
+    MACHINE.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 pub(crate) fn kernelbench_problems(dir: &Path) -> Vec<EvalProblem> {
@@ -86,10 +94,10 @@ pub(crate) fn relu_problem_and_samples(
     (problem, samples)
 }
 
-/// Settings for tests: short timeouts, few timed trials, the shared cache.
+/// Settings for tests: short timeouts, few timed trials, the suite's build cache.
 pub(crate) fn test_config(run_dir: &Path) -> EvalConfig {
     let mut cfg = EvalConfig::new(run_dir.join("dice.db"), "kernelbench:examples".into());
-    cfg.build_cache = build_cache();
+    cfg.build_cache = shared_build_cache();
     cfg.timeout = Duration::from_secs(20);
     cfg.perf_trials = 10;
     cfg.timing_rounds = 2;

@@ -1,15 +1,14 @@
 //! KernelBench's timing methods (`--timing kernelbench`, `kernelbench-v0.1`) and its shared
 //! namespace (`--kernelbench-namespace`), through the real evaluator on the CPU.
 
-mod common;
-
-use common::{example, example_problems, test_config};
+use crate::common::{example, example_problems, machine_shared, test_config};
 use dice_eval::{EvalProblem, EvalSample, SampleRecord, Store, Timing, Verdict};
 
 /// The C++ ReLU example timed by each of KernelBench's methods: the run says which, every timed
 /// call is counted, and the means are reported as KernelBench rounds them.
 #[test]
 fn kernelbench_methods_time_the_cpp_example() {
+    let _machine = machine_shared();
     for timing in [Timing::KernelBench, Timing::KernelBenchV01] {
         let run = tempfile::tempdir().unwrap();
         let mut cfg = test_config(run.path());
@@ -109,6 +108,7 @@ fn judge(kernelbench_namespace: bool) -> Vec<SampleRecord> {
 
 #[test]
 fn isolated_programs_are_told_which_problem_global_they_miss() {
+    let _machine = machine_shared();
     let records = judge(false);
     let expected = [
         (Verdict::RuntimeError, "scale"),
@@ -128,6 +128,7 @@ fn isolated_programs_are_told_which_problem_global_they_miss() {
 
 #[test]
 fn the_kernelbench_namespace_gives_programs_the_problem_globals() {
+    let _machine = machine_shared();
     for record in judge(true) {
         assert_eq!(record.verdict, Verdict::Correct, "{record:?}");
     }

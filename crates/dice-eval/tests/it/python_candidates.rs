@@ -1,9 +1,7 @@
 //! Verdicts, problem errors and bad input with pure-Python candidates (no extension builds, so
 //! these run in seconds).
 
-mod common;
-
-use common::test_config;
+use crate::common::{machine_shared, test_config};
 use dice_eval::{EvalProblem, EvalSample, Store, Verdict};
 use std::time::Duration;
 
@@ -91,6 +89,7 @@ fn sample(problem_id: u32, sample_id: u32, code: Vec<u8>) -> EvalSample {
 
 #[test]
 fn python_candidates_get_every_runtime_verdict() {
+    let _machine = machine_shared();
     let mut non_utf8 = relu_candidate("", "return torch.relu(x)");
     non_utf8.extend_from_slice(b"NOTE = '\xff\xfe is not UTF-8'\n");
     let stochastic_copy = STOCHASTIC.replace("class Model(", "class ModelNew(");
@@ -225,6 +224,7 @@ fn python_candidates_get_every_runtime_verdict() {
 
 #[test]
 fn a_failing_reference_is_a_problem_error_and_a_chatty_candidate_is_bounded() {
+    let _machine = machine_shared();
     let chatty = relu_candidate(
         "import sys\nsys.stdout.write('x' * (100 << 20))\nsys.stdout.flush()",
         "return torch.relu(x)",

@@ -1,8 +1,6 @@
 //! A run killed with SIGKILL mid-way resumes where it stopped and loses nothing.
 
-mod common;
-
-use common::test_config;
+use crate::common::{machine_shared, test_config};
 use dice_eval::{EvalProblem, EvalSample, SampleRecord, Store, Verdict};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -71,12 +69,13 @@ fn stored(run_dir: &Path) -> Vec<SampleRecord> {
 
 #[test]
 fn resumes_after_kill_9() {
+    let _machine = machine_shared();
     let run = tempfile::tempdir().unwrap();
     let mut helper = Command::new(std::env::current_exe().unwrap())
         .args([
             "--ignored",
             "--exact",
-            "resume_helper_process",
+            "resume::resume_helper_process",
             "--nocapture",
         ])
         .env(RUN_DIR_VAR, run.path())

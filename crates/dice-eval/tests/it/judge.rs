@@ -2,9 +2,7 @@
 //! the fork servers that earlier ones started; an evaluator takes them while others run. Slow on
 //! a cold build cache: the examples' C++ extension compiles once (~60 s on 2 cores).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use dice_eval::{Batch, Evaluator, Judge, SampleOutcome, SampleRecord, Store, Ticket, Verdict};
 use std::collections::BTreeMap;
 
@@ -29,6 +27,7 @@ fn verdicts(records: &[SampleRecord]) -> BTreeMap<(u32, u32), (Verdict, u32)> {
 /// while it judges the first: the same verdicts, streamed as each sample is stored.
 #[test]
 fn a_judge_keeps_its_fork_servers_warm_and_an_evaluator_streams_the_same_verdicts() {
+    let _machine = machine_shared();
     let judged = judge_one_batch_after_another();
     let streamed = stream_batches_submitted_while_others_run();
     assert_eq!(verdicts(&streamed), verdicts(&judged));
