@@ -2,13 +2,12 @@
 
 use dice_curate::{ingest, RunDir};
 use dice_kernelbench::prompt::one_shot_prompt;
+use dice_test_support::test_data;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
 fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data/dice")
-        .join(name)
+    test_data().join("dice").join(name)
 }
 
 fn released() -> Vec<Value> {

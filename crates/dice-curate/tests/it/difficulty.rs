@@ -4,6 +4,7 @@
 //! level falling back to the hardest); export orders the tasks by them and the report shows the
 //! histogram.
 
+use crate::common::verify_pairs;
 use dice_curate::difficulty::{from_endpoint, from_run};
 use dice_curate::{
     export, ingest, rl_tasks, write_report, Difficulty, ExportOptions, KernelPrompt, KernelWriter,
@@ -17,7 +18,7 @@ use std::path::Path;
 
 /// The fixture's references as problem-only records, ingested (no verify needed).
 fn problem_only_run(dir: &Path) -> (RunDir, Vec<Pair>) {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/verify_pairs.json");
+    let fixture = verify_pairs();
     let records: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
     let problems: Vec<Value> = records

@@ -1,12 +1,11 @@
 //! The infilling split on DICE's 99 released pairs, against the split released with them.
 
 use dice_curate::split_file;
+use dice_test_support::test_data;
 use serde_json::Value;
-use std::path::Path;
 
 fn released() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data/dice/kernel_infilling_evaluation.json")
+    test_data().join("dice/kernel_infilling_evaluation.json")
 }
 
 #[test]

@@ -2,20 +2,17 @@
 //! wrong one, a deceptive one, an exact duplicate and a problem without a kernel, each landing
 //! where it should; verifying again changes nothing.
 
-mod common;
-
-use common::judging;
+use crate::common::{judging, verify_pairs};
 use dice_curate::{
     export, ingest, verify, write_report, Difficulty, ExportOptions, RunDir, SftFormat,
     DEFAULT_MIN_SPEEDUP,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::path::Path;
 
 #[test]
 fn each_fixture_pair_lands_where_it_should() {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/verify_pairs.json");
+    let fixture = verify_pairs();
     let tmp = tempfile::tempdir().unwrap();
     let run = RunDir::new(tmp.path().join("run"));
     let ingested = ingest(&run, &[fixture], dice_curate::dedup::DEFAULT_THRESHOLD).unwrap();

@@ -3,9 +3,7 @@
 //! rounds, each is recorded with its verdict, a rerun asks and judges nothing; and export takes
 //! the pairs diversify kept.
 
-mod common;
-
-use common::judging;
+use crate::common::judging;
 use dice_curate::catalogue::{draw, Scale, COMPONENTS};
 use dice_curate::{
     diversify, export, Difficulty, DiversifyOptions, ExportOptions, KernelPrompt, KernelWriter,
