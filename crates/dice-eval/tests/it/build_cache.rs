@@ -1,10 +1,13 @@
 //! The content-addressed build cache: concurrent builds of one key compile once, evaluating the
 //! same code again never compiles, nothing a candidate runs can write an entry, and a build that
-//! ran out of time is a stored verdict. Slow: three cold builds (~60 s each on 2 cores).
+//! ran out of time is a stored verdict. Slow: two cold builds (~60 s each on 2 cores) in caches
+//! of their own, since what they check is what a cache without the build does.
 
 use crate::common::*;
 use dice_eval::{EvalConfig, EvalSample, SampleRecord, Store, Verdict};
+use dice_test_support::shared_build_cache;
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -50,6 +53,7 @@ fn cache_contents(cache: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 #[test]
 fn one_source_compiles_once_across_concurrent_builds_and_runs() {
     let _machine = machine_shared();
+    // A cache of its own: it counts the compilations of a source the cache does not have yet.
     let cache = tempfile::tempdir().unwrap();
     let relu = example(1, 0);
     let twins: Vec<_> = (0..2)
@@ -140,13 +144,37 @@ _attack({cache:?})
     )
 }
 
+/// Copies the folder `from` to `to`, files with their modes.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
 #[test]
 fn a_compile_stage_candidate_cannot_write_the_cache() {
     let _machine = machine_shared();
-    let cache = tempfile::tempdir().unwrap();
+    // The suite's build of the ReLU example, copied into a cache of this test's own: every file
+    // of it is compared, which other tests' builds would change in the shared one.
     let relu = example(1, 0);
-    let (records, _) = evaluate_on(cache.path(), vec![relu.clone()], |_| {});
+    let shared = shared_build_cache();
+    let (records, builds) = evaluate_on(&shared, vec![relu.clone()], |_| {});
     assert_eq!(records[0].verdict, Verdict::Correct, "{records:?}");
+    let cache = tempfile::tempdir().unwrap();
+    for build in &builds {
+        copy_tree(&shared.join(&build.key), &cache.path().join(&build.key));
+    }
+    // The staging folder a build leaves, the evaluator's alone, which the attack tries too.
+    let staging = cache.path().join("tmp");
+    std::fs::create_dir(&staging).unwrap();
+    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o700)).unwrap();
     let published = cache_contents(cache.path());
 
     let code = relu.code.as_deref().unwrap();
@@ -167,14 +195,15 @@ fn a_compile_stage_candidate_cannot_write_the_cache() {
     assert!(builds.iter().all(|b| b.ok && b.cached), "{builds:?}");
 }
 
-/// An extension whose static initialiser hangs: its build is stored as timed out, so the next
-/// run says so at once instead of waiting again. The initialiser first tries to plant files in
-/// the cache, from the builder that loads it.
+/// A candidate that loads (`torch.utils.cpp_extension.load`) an extension whose static
+/// initialiser hangs: its build is stored as timed out, so the next run says so at once instead
+/// of waiting again. The initialiser first tries to plant files in the cache, from the builder
+/// that loads it. A plain Python module in C++, without torch's headers: its build takes seconds
+/// where a torch extension's takes a minute, and what is checked happens once it is built.
 fn sleeping_initializer(cache: &Path) -> Vec<u8> {
-    let relu = example(1, 0);
-    let code = String::from_utf8(relu.code.unwrap()).unwrap();
-    let attack = format!(
-        r#"#include <chrono>
+    let source = format!(
+        r#"#include <Python.h>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -187,12 +216,27 @@ static int hang_at_load = [] {{
     std::this_thread::sleep_for(std::chrono::hours(1));
     return 0;
 }}();
+static PyModuleDef sleeper = {{PyModuleDef_HEAD_INIT, "sleeper", nullptr, -1, nullptr}};
+PyMODINIT_FUNC PyInit_sleeper() {{ return PyModule_Create(&sleeper); }}
 "#
     );
-    code.replacen(
-        "#include <torch/extension.h>",
-        &format!("#include <torch/extension.h>\n{attack}"),
-        1,
+    format!(
+        r#"import os
+import tempfile
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load
+
+_source = os.path.join(tempfile.mkdtemp(), "sleeper.cpp")
+with open(_source, "w") as f:
+    f.write({source:?})
+sleeper = load(name="sleeper", sources=[_source])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+"#
     )
     .into_bytes()
 }
@@ -200,6 +244,7 @@ static int hang_at_load = [] {{
 #[test]
 fn a_static_initializer_that_hangs_is_a_stored_compile_timeout() {
     let _machine = machine_shared();
+    // A cache of its own: the first build must time out here, not be found from an earlier run.
     let cache = tempfile::tempdir().unwrap();
     let sleeper = EvalSample {
         code: Some(sleeping_initializer(cache.path())),
