@@ -70,7 +70,7 @@ impl Judge {
             zygote
         };
         let mut device_zygotes = vec![start_device((cfg.device == Device::Cuda).then_some(0))];
-        let info: PythonInfo = probe.output()?;
+        let info = probe.output()?;
         if cfg.device == Device::Cuda {
             if info.gpus.is_empty() {
                 bail!("--device cuda: no GPU is visible");

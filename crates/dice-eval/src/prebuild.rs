@@ -13,7 +13,7 @@
 use crate::batch::Batch;
 use crate::config::{Device, EvalConfig, EvalSample};
 use crate::job::JobContext;
-use crate::python::{Probe, PythonInfo, Runtime};
+use crate::python::{Probe, Runtime};
 use crate::sandbox;
 use crate::stage_build::{self, Built};
 use crate::writer::progress_bar;
@@ -92,7 +92,7 @@ pub fn prebuild(cfg: EvalConfig, batch: Batch, shard: Shard) -> Result<BuildSumm
         Device::Cpu => Probe::Cpu,
         Device::Cuda => Probe::CudaBuilds,
     })?;
-    let _: PythonInfo = probe.output()?;
+    probe.output()?;
     let zygote = ZygoteSlot::for_builds(cfg.device);
 
     let mut samples: Vec<&EvalSample> = batch.samples.iter().collect();

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 
 const SCRIPTS: [(&str, &str); 9] = [
     ("zygote.py", include_str!("../python/zygote.py")),
@@ -55,7 +56,7 @@ pub struct Runtime {
 }
 
 /// What the interpreter must offer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Probe {
     /// torch and ninja.
     Cpu,
@@ -105,18 +106,32 @@ impl Runtime {
     }
 
     /// Starts checking the interpreter for `what`: it imports torch, seconds that the fork
-    /// servers' own imports may overlap. Its output is a [`PythonInfo`].
-    pub fn start_probe(&self, what: Probe) -> Result<JsonScript> {
+    /// servers' own imports may overlap. An interpreter found fit for `what` (with the same
+    /// visible GPUs) earlier in this process is not checked again: every judge a process starts
+    /// (curation's one per precision, a test binary's dozens) would import torch once more for
+    /// the same answer.
+    pub fn start_probe(&self, what: Probe) -> Result<Probing> {
+        let key = ProbeKey {
+            python: self.python.clone(),
+            what,
+            visible_gpus: std::env::var_os("CUDA_VISIBLE_DEVICES"),
+        };
+        let known = PROBED.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, info)) = known.iter().find(|(k, _)| *k == key) {
+            return Ok(Probing(Check::Known(info.clone())));
+        }
+        drop(known);
         let mut probe = Command::new(&self.python);
         probe
             .arg(self.script("probe.py"))
             .arg(what.as_str())
             .env("PATH", &self.path_env);
-        JsonScript::start(
+        let script = JsonScript::start(
             &mut probe,
             &self.python,
             "probe torch, ninja and the compilers",
-        )
+        )?;
+        Ok(Probing(Check::Running { script, key }))
     }
 
     pub fn script(&self, name: &str) -> PathBuf {
@@ -125,6 +140,43 @@ impl Runtime {
 
     pub fn jobs_dir(&self) -> PathBuf {
         self.dir.path().join("jobs")
+    }
+}
+
+/// What one check of an interpreter was for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ProbeKey {
+    python: PathBuf,
+    what: Probe,
+    visible_gpus: Option<std::ffi::OsString>,
+}
+
+/// The interpreters this process found fit, and what they reported.
+static PROBED: Mutex<Vec<(ProbeKey, PythonInfo)>> = Mutex::new(Vec::new());
+
+/// A check of the interpreter ([`Runtime::start_probe`]).
+pub struct Probing(Check);
+
+/// Running, or answered earlier in this process.
+enum Check {
+    Known(PythonInfo),
+    Running { script: JsonScript, key: ProbeKey },
+}
+
+impl Probing {
+    /// What the interpreter reported, once the check is done; why it is unfit otherwise.
+    pub fn output(self) -> Result<PythonInfo> {
+        match self.0 {
+            Check::Known(info) => Ok(info),
+            Check::Running { script, key } => {
+                let info: PythonInfo = script.output()?;
+                let mut known = PROBED.lock().unwrap_or_else(PoisonError::into_inner);
+                if !known.iter().any(|(k, _)| *k == key) {
+                    known.push((key, info.clone()));
+                }
+                Ok(info)
+            }
+        }
     }
 }
 

@@ -18,6 +18,11 @@ const BUILD_NPROC: u64 = 4096;
 const RUN_NPROC: u64 = 512;
 const FIRST_UID: u32 = 100_000;
 const UIDS_PER_EVALUATION: u32 = 256;
+/// Evaluations of one process that get blocks of their own before the blocks are taken again:
+/// more than run at once in any process (a test binary runs dozens, several at a time).
+const BLOCKS_PER_PROCESS: u32 = 256;
+/// Processes, by their id, that get blocks of their own: the largest id is below 2^31.
+const PROCESS_SLOTS: u32 = 4096;
 /// The first ids of an evaluation's block go to builders, the others to candidates.
 const BUILDER_UIDS: u32 = 64;
 
@@ -36,10 +41,10 @@ pub(crate) struct SandboxUsers {
 impl SandboxUsers {
     pub(crate) fn new() -> SandboxUsers {
         static EVALUATIONS: AtomicU32 = AtomicU32::new(0);
-        let nth = EVALUATIONS.fetch_add(1, Ordering::SeqCst) % 16;
-        let pid = std::process::id() % 4096;
+        let nth = EVALUATIONS.fetch_add(1, Ordering::SeqCst) % BLOCKS_PER_PROCESS;
+        let pid = std::process::id() % PROCESS_SLOTS;
         SandboxUsers {
-            base: FIRST_UID + (pid * 16 + nth) * UIDS_PER_EVALUATION,
+            base: FIRST_UID + (pid * BLOCKS_PER_PROCESS + nth) * UIDS_PER_EVALUATION,
             builders: AtomicU32::new(0),
             candidates: AtomicU32::new(0),
         }

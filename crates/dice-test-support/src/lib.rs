@@ -2,11 +2,13 @@
 //! data lives (`tests/data`, with its provenance in `tests/data/README.md`) and the one build cache
 //! for candidates' extensions, so an extension that several tests build compiles once per suite
 //! run; the tiny model checkpoint the CPU tests load (`checkpoint`, behind the feature of that
-//! name), written once per suite run. A dev-dependency only: no library or binary of the
-//! workspace links it.
+//! name), written once per suite run; and a PostgreSQL server of a test's own
+//! ([`postgres::PostgresServer`]). A dev-dependency only: no library or binary of the workspace
+//! links it.
 
 #[cfg(feature = "checkpoint")]
 pub mod checkpoint;
+pub mod postgres;
 
 use std::path::{Path, PathBuf};
 

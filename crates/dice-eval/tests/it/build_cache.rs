@@ -1,0 +1,270 @@
+//! The content-addressed build cache: concurrent builds of one key compile once, evaluating the
+//! same code again never compiles, nothing a candidate runs can write an entry, and a build that
+//! ran out of time is a stored verdict. Slow: two cold builds (~60 s each on 2 cores) in caches
+//! of their own, since what they check is what a cache without the build does.
+
+use crate::common::*;
+use dice_eval::{EvalConfig, EvalSample, SampleRecord, Store, Verdict};
+use dice_test_support::shared_build_cache;
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Evaluates `samples` in a run of their own on `cache`; the records and builds it stored.
+fn evaluate_on(
+    cache: &Path,
+    samples: Vec<EvalSample>,
+    configure: impl FnOnce(&mut EvalConfig),
+) -> (Vec<SampleRecord>, Vec<dice_eval::BuildRecord>) {
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(run.path());
+    cfg.build_cache = cache.to_path_buf();
+    cfg.perf_trials = 0;
+    configure(&mut cfg);
+    dice_eval::evaluate(cfg, example_problems(), samples, None).unwrap();
+    let store = Store::open(&run.path().join("dice.db")).unwrap();
+    (store.samples().unwrap(), store.builds().unwrap())
+}
+
+/// Every file of the cache's entries with its bytes (the key locks aside, which are empty).
+fn cache_contents(cache: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    fn walk(dir: &Path, root: &Path, files: &mut BTreeMap<PathBuf, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let relative = path.strip_prefix(root).unwrap().to_path_buf();
+            if relative == Path::new("locks") {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                files.insert(relative, Vec::new());
+                walk(&path, root, files);
+            } else {
+                files.insert(relative, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut files = BTreeMap::new();
+    walk(cache, cache, &mut files);
+    files
+}
+
+#[test]
+fn one_source_compiles_once_across_concurrent_builds_and_runs() {
+    let _machine = machine_shared();
+    // A cache of its own: it counts the compilations of a source the cache does not have yet.
+    let cache = tempfile::tempdir().unwrap();
+    let relu = example(1, 0);
+    let twins: Vec<_> = (0..2)
+        .map(|i| dice_eval::EvalSample {
+            sample_id: i,
+            origin: format!("copy {i}"),
+            ..relu.clone()
+        })
+        .collect();
+    let mut builds_per_run = Vec::new();
+    for _ in 0..2 {
+        let run = tempfile::tempdir().unwrap();
+        let mut cfg = test_config(run.path());
+        cfg.build_cache = cache.path().to_path_buf();
+        cfg.jobs = 2;
+        cfg.perf_trials = 0;
+        let summary = dice_eval::evaluate(cfg, example_problems(), twins.clone(), None).unwrap();
+        assert_eq!(
+            summary.verdicts.get(&dice_eval::Verdict::Correct),
+            Some(&2),
+            "{summary:?}"
+        );
+        builds_per_run.push(
+            Store::open(&run.path().join("dice.db"))
+                .unwrap()
+                .builds()
+                .unwrap(),
+        );
+    }
+    let compiled = |run: usize| builds_per_run[run].iter().filter(|b| !b.cached).count();
+    assert_eq!(compiled(0), 1, "{:?}", builds_per_run[0]);
+    assert_eq!(compiled(1), 0, "{:?}", builds_per_run[1]);
+    assert!(builds_per_run.iter().flatten().all(|b| b.ok));
+    let keys: std::collections::BTreeSet<_> = builds_per_run
+        .iter()
+        .flatten()
+        .map(|b| b.key.clone())
+        .collect();
+    assert_eq!(keys.len(), 1);
+    let entries: Vec<_> = std::fs::read_dir(cache.path().join("tmp"))
+        .unwrap()
+        .collect();
+    assert!(
+        entries.is_empty(),
+        "a temporary build directory was left behind"
+    );
+}
+
+/// Module-level code of a compile-stage candidate that tries every way into the shared cache:
+/// writing into its folder, rewriting, replacing or moving another entry's files, planting an
+/// entry under another key. It fails the import when any of that worked, or when it found no
+/// library to attack.
+fn cache_attack(cache: &Path) -> String {
+    format!(
+        r#"
+import glob as _glob
+import os as _os
+
+def _attack(cache):
+    libraries = _glob.glob(_os.path.join(cache, "*", "*.so"))
+    if not libraries:
+        raise RuntimeError("found no cached library to attack")
+    done = []
+    def attempt(what, action):
+        try:
+            action()
+            done.append(what)
+        except OSError:
+            pass
+    for lib in libraries:
+        entry = _os.path.dirname(lib)
+        result = _os.path.join(entry, "DICE_RESULT.json")
+        attempt("overwrite " + lib, lambda: open(lib, "r+b").write(bytes(16)))
+        attempt("replace " + lib, lambda: _os.rename(result, lib))
+        attempt("unlink " + lib, lambda: _os.unlink(lib))
+        attempt("rewrite " + result, lambda: open(result, "w").write('{{"key": "x", "ok": false}}'))
+        attempt("plant beside " + lib, lambda: open(_os.path.join(entry, "planted.so"), "wb").close())
+        attempt("chmod " + entry, lambda: _os.chmod(entry, 0o777))
+        attempt("move " + entry, lambda: _os.rename(entry, entry + ".moved"))
+    attempt("plant an entry", lambda: _os.mkdir(_os.path.join(cache, "0" * 64)))
+    attempt("write into the cache", lambda: open(_os.path.join(cache, "planted"), "w").close())
+    attempt("write into its tmp", lambda: _os.mkdir(_os.path.join(cache, "tmp", "planted")))
+    if done:
+        raise RuntimeError("the build cache was written: " + "; ".join(done))
+
+_attack({cache:?})
+"#
+    )
+}
+
+/// Copies the folder `from` to `to`, files with their modes.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_compile_stage_candidate_cannot_write_the_cache() {
+    let _machine = machine_shared();
+    // The suite's build of the ReLU example, copied into a cache of this test's own: every file
+    // of it is compared, which other tests' builds would change in the shared one.
+    let relu = example(1, 0);
+    let shared = shared_build_cache();
+    let (records, builds) = evaluate_on(&shared, vec![relu.clone()], |_| {});
+    assert_eq!(records[0].verdict, Verdict::Correct, "{records:?}");
+    let cache = tempfile::tempdir().unwrap();
+    for build in &builds {
+        copy_tree(&shared.join(&build.key), &cache.path().join(&build.key));
+    }
+    // The staging folder a build leaves, the evaluator's alone, which the attack tries too.
+    let staging = cache.path().join("tmp");
+    std::fs::create_dir(&staging).unwrap();
+    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let published = cache_contents(cache.path());
+
+    let code = relu.code.as_deref().unwrap();
+    let mut hostile = cache_attack(cache.path()).into_bytes();
+    hostile.extend_from_slice(code);
+    let attacker = EvalSample {
+        sample_id: 1,
+        origin: "cache attacker".into(),
+        code: Some(hostile),
+        ..relu.clone()
+    };
+    let (records, _) = evaluate_on(cache.path(), vec![attacker], |_| {});
+    assert_eq!(records[0].verdict, Verdict::Correct, "{records:?}");
+    assert_eq!(cache_contents(cache.path()), published);
+
+    let (records, builds) = evaluate_on(cache.path(), vec![relu], |_| {});
+    assert_eq!(records[0].verdict, Verdict::Correct, "{records:?}");
+    assert!(builds.iter().all(|b| b.ok && b.cached), "{builds:?}");
+}
+
+/// A candidate that loads (`torch.utils.cpp_extension.load`) an extension whose static
+/// initialiser hangs: its build is stored as timed out, so the next run says so at once instead
+/// of waiting again. The initialiser first tries to plant files in the cache, from the builder
+/// that loads it. A plain Python module in C++, without torch's headers: its build takes seconds
+/// where a torch extension's takes a minute, and what is checked happens once it is built.
+fn sleeping_initializer(cache: &Path) -> Vec<u8> {
+    let source = format!(
+        r#"#include <Python.h>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+static int hang_at_load = [] {{
+    std::error_code ignored;
+    for (const auto& entry : std::filesystem::directory_iterator({cache:?}, ignored)) {{
+        std::ofstream(entry.path() / "planted") << "x";
+    }}
+    std::ofstream(std::filesystem::path({cache:?}) / "planted") << "x";
+    std::this_thread::sleep_for(std::chrono::hours(1));
+    return 0;
+}}();
+static PyModuleDef sleeper = {{PyModuleDef_HEAD_INIT, "sleeper", nullptr, -1, nullptr}};
+PyMODINIT_FUNC PyInit_sleeper() {{ return PyModule_Create(&sleeper); }}
+"#
+    );
+    format!(
+        r#"import os
+import tempfile
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load
+
+_source = os.path.join(tempfile.mkdtemp(), "sleeper.cpp")
+with open(_source, "w") as f:
+    f.write({source:?})
+sleeper = load(name="sleeper", sources=[_source])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+"#
+    )
+    .into_bytes()
+}
+
+#[test]
+fn a_static_initializer_that_hangs_is_a_stored_compile_timeout() {
+    let _machine = machine_shared();
+    // A cache of its own: the first build must time out here, not be found from an earlier run.
+    let cache = tempfile::tempdir().unwrap();
+    let sleeper = EvalSample {
+        code: Some(sleeping_initializer(cache.path())),
+        ..example(1, 0)
+    };
+    let timeout = Duration::from_secs(10);
+    let configure = |cfg: &mut EvalConfig| cfg.timeout = timeout;
+    let (first, builds) = evaluate_on(cache.path(), vec![sleeper.clone()], configure);
+    assert_eq!(first[0].verdict, Verdict::CompileTimeout, "{first:?}");
+    assert!(builds.iter().all(|b| !b.cached), "{builds:?}");
+    assert!(first[0].wall_s >= timeout.as_secs_f64(), "{first:?}");
+
+    let (again, builds) = evaluate_on(cache.path(), vec![sleeper], configure);
+    assert_eq!(again[0].verdict, Verdict::CompileTimeout, "{again:?}");
+    assert!(builds.iter().all(|b| b.cached), "{builds:?}");
+    assert!(again[0].wall_s < timeout.as_secs_f64() / 2.0, "{again:?}");
+    assert!(
+        !cache_contents(cache.path())
+            .keys()
+            .any(|path| path.ends_with("planted")),
+        "the builder planted a file in the cache"
+    );
+}

@@ -1,0 +1,318 @@
+//! The sandbox and the run-time checks with pure-Python candidates (no extension builds): what a
+//! candidate can see of its confinement, orphans, a fork bomb, a flood of output, inputs changed
+//! in place and cached outputs.
+
+use crate::common::{machine_shared, relu_problem_and_samples, test_config};
+use dice_eval::{SampleRecord, Store, Verdict};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const RELU: &str = "
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.randn(64, 256)]
+
+def get_init_inputs():
+    return []
+";
+
+fn candidate(prelude: &str, init: &str, forward: &str) -> Vec<u8> {
+    format!(
+        "import torch\nimport torch.nn as nn\n{prelude}\nclass ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n        {init}\n    def forward(self, x):\n        {forward}\n"
+    )
+    .into_bytes()
+}
+
+fn evaluate(run: &Path, codes: Vec<Vec<u8>>, timeout_s: u64) -> Vec<SampleRecord> {
+    let mut cfg = test_config(run);
+    cfg.timeout = Duration::from_secs(timeout_s);
+    let (problem, samples) = relu_problem_and_samples(RELU, codes, "sandbox test sample");
+    dice_eval::evaluate(cfg, vec![problem], samples, None).unwrap();
+    Store::open(&run.join("dice.db"))
+        .unwrap()
+        .samples()
+        .unwrap()
+}
+
+/// `KEY=value` fields of the line starting with `marker` in a log.
+fn reported(log: &str, marker: &str) -> Option<Vec<(String, String)>> {
+    let line = log.lines().find(|l| l.starts_with(marker))?;
+    Some(
+        line.split_whitespace()
+            .skip(1)
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+/// Processes whose command line contains `needle`, from the host's /proc.
+fn processes_with(needle: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(needle) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// `count()` once it is 0, or after 20 s: killed processes take a moment to disappear.
+fn settled(count: impl Fn() -> usize) -> usize {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let n = count();
+        if n == 0 || Instant::now() >= until {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Processes of user `uid`, from the host's /proc.
+fn processes_of(uid: u32) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<i32>().is_ok())
+        .filter(|e| {
+            let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+            status
+                .lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|u| u.parse::<u32>().ok())
+                == Some(uid)
+        })
+        .count()
+}
+
+const PROBE: &str = "
+import getpass, os, resource, socket
+def _try(f):
+    try:
+        f()
+        return 'yes'
+    except OSError:
+        return 'no'
+print('SANDBOX', f'uid={os.getuid()}', f'nproc={resource.getrlimit(resource.RLIMIT_NPROC)[0]}',
+      f'pid={os.getpid()}', f'tmp={_try(lambda: open(\"/tmp/dice-sandbox-probe\", \"w\"))}',
+      f'shm={_try(lambda: open(\"/dev/shm/dice-sandbox-probe\", \"w\"))}',
+      f'net={_try(lambda: socket.create_connection((\"1.1.1.1\", 53), timeout=2))}',
+      f'own={_try(lambda: open(os.path.join(os.environ[\"TMPDIR\"], \"f\"), \"w\"))}',
+      f'user={getpass.getuser()}', flush=True)
+";
+
+/// What a candidate sees of the sandbox, as `field → value`. The sandbox is part of the suite's
+/// setup: it needs the tests to run as root on a kernel that lets root create mount, network and
+/// PID namespaces (CI's machines and containers run them so); elsewhere this fails, saying so,
+/// rather than passing without running the fork bomb.
+fn sandbox_state(run: &Path) -> std::collections::BTreeMap<String, String> {
+    let probe = candidate(PROBE, "pass", "return torch.relu(x)");
+    let records = evaluate(run, vec![probe], 30);
+    assert_eq!(records[0].verdict, Verdict::Correct, "{:?}", records[0]);
+    let fields = reported(&records[0].log_excerpt, "SANDBOX").expect("the probe's line");
+    let state: std::collections::BTreeMap<_, _> = fields.into_iter().collect();
+    let active = state["uid"] != "0" && state["pid"] == "2" && state["nproc"] != "-1";
+    assert!(
+        active,
+        "the sandbox is not active on this machine: run the tests as root where root may create \
+         namespaces (unshare of mount, network and PID), as CI does; a candidate saw {state:?}"
+    );
+    state
+}
+
+#[test]
+fn candidates_are_confined_and_a_fork_bomb_is_contained() {
+    let _machine = machine_shared();
+    let run = tempfile::tempdir().unwrap();
+    let state = sandbox_state(run.path());
+    assert_eq!(state["tmp"], "no", "{state:?}");
+    assert_eq!(state["shm"], "no", "{state:?}");
+    assert_eq!(state["net"], "no", "{state:?}");
+    assert_eq!(state["own"], "yes", "{state:?}");
+    // A user without a passwd entry still has a name (torch.profiler asks for it).
+    assert_eq!(state["user"], "dice-sandbox", "{state:?}");
+
+    let bomb = candidate(
+        &format!("{PROBE}\ndef _multiply():\n    while True:\n        os.fork()\n"),
+        "_multiply()",
+        "return torch.relu(x)",
+    );
+    let honest = candidate("", "pass", "return torch.relu(x)");
+    let run = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let records = evaluate(run.path(), vec![bomb, honest], 10);
+    assert_ne!(records[0].verdict, Verdict::Correct, "{:?}", records[0]);
+    assert_eq!(records[1].verdict, Verdict::Correct, "{:?}", records[1]);
+    assert!(
+        started.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        started.elapsed()
+    );
+    let bomber = reported(&records[0].log_excerpt, "SANDBOX").expect("the bomb's probe line");
+    let uid: u32 = bomber
+        .iter()
+        .find(|(k, _)| k == "uid")
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    assert_ne!(uid, 0);
+    // The kernel kills what is left in the namespace; hundreds of processes take a moment.
+    let left = settled(|| processes_of(uid));
+    assert_eq!(left, 0, "processes of the bomb's user are left");
+}
+
+#[test]
+fn nothing_a_candidate_starts_outlives_it() {
+    let _machine = machine_shared();
+    let nonce = format!("dice-orphan-{}", std::process::id());
+    let prelude = format!(
+        "import subprocess, sys\n_child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{nonce}'], start_new_session=True)\nprint('SPAWNED', f'pid={{_child.pid}}', flush=True)\n"
+    );
+    let run = tempfile::tempdir().unwrap();
+    let records = evaluate(
+        run.path(),
+        vec![candidate(&prelude, "pass", "return torch.relu(x)")],
+        30,
+    );
+    assert_eq!(records[0].verdict, Verdict::Correct, "{:?}", records[0]);
+    assert!(
+        reported(&records[0].log_excerpt, "SPAWNED").is_some(),
+        "{}",
+        records[0].log_excerpt
+    );
+    let left = settled(|| processes_with(&nonce).len());
+    assert_eq!(left, 0, "detached children still running");
+}
+
+#[test]
+fn a_flood_of_output_is_bounded_and_slows_no_one() {
+    let _machine = machine_shared();
+    let chatty = candidate(
+        "import sys\nfor _ in range(1024):\n    sys.stdout.write('x' * (1 << 20))\nsys.stdout.flush()",
+        "pass",
+        "return torch.relu(x)",
+    );
+    let honest = candidate("", "pass", "return torch.relu(x)");
+    let run = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let records = evaluate(run.path(), vec![chatty, honest], 60);
+    for r in &records {
+        assert_eq!(r.verdict, Verdict::Correct, "{:?}", r.message);
+        assert!(r.log_excerpt.len() < 40 * 1024);
+    }
+    assert!(records[0].log_excerpt.contains("bytes omitted"));
+    assert!(
+        started.elapsed() < Duration::from_secs(90),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn runtime_hacks_are_flagged() {
+    let _machine = machine_shared();
+    // (code, expected flag, whether the verdict is still `correct`); no flag: only not correct.
+    let cases: Vec<(Vec<u8>, &str, bool)> = vec![
+        (
+            candidate("", "pass", "return x.relu_()"),
+            "input_mutation",
+            true,
+        ),
+        (
+            candidate(
+                "",
+                "self.cache = {}",
+                "key = x.data_ptr()\n        if key not in self.cache:\n            self.cache[key] = torch.relu(x)\n        return self.cache[key]",
+            ),
+            "",
+            false,
+        ),
+        (
+            candidate(
+                "",
+                "self.cache = {}",
+                "key = tuple(x.flatten()[:8].tolist())\n        if key not in self.cache:\n            self.cache[key] = torch.relu(x)\n        return self.cache[key]",
+            ),
+            "output_reused",
+            true,
+        ),
+        (candidate("", "pass", "return torch.relu(x)"), "", true),
+        // A clock slowed down a hundredfold through the evaluator's own module.
+        (
+            candidate(
+                "import sys, time\n_p = sys.modules['protocol']\n_real = _p.perf_counter_ns\n_p.perf_counter_ns = lambda: _real() // 100\n",
+                "pass",
+                "time.sleep(0.03)\n        return torch.relu(x)",
+            ),
+            "timer_inconsistent",
+            true,
+        ),
+        // One output buffer recomputed by every call is no cache.
+        (
+            candidate(
+                "",
+                "self.out = None",
+                "if self.out is None:\n            self.out = torch.empty_like(x)\n        return torch.clamp(x, min=0, out=self.out)",
+            ),
+            "",
+            true,
+        ),
+    ];
+    let run = tempfile::tempdir().unwrap();
+    let codes = cases.iter().map(|c| c.0.clone()).collect();
+    let records = evaluate(run.path(), codes, 30);
+    for (r, (_, flag, correct)) in records.iter().zip(&cases) {
+        let what = format!("{flag}: {:?} {:?} {:?}", r.verdict, r.message, r.flags);
+        assert_eq!(r.verdict == Verdict::Correct, *correct, "{what}");
+        if flag.is_empty() && *correct {
+            assert!(r.flags.is_empty() && !r.deceptive, "{what}");
+        } else if !flag.is_empty() {
+            assert!(r.flags.iter().any(|f| f == flag) && r.deceptive, "{what}");
+        }
+    }
+}
+
+/// A cache keyed by the input's pointer that survives correctness (inputs at fresh addresses)
+/// returns stale outputs once timing refills the same buffers with another input set.
+#[test]
+fn a_pointer_cache_is_caught_by_the_timing_outputs() {
+    let _machine = machine_shared();
+    let cache = candidate(
+        "_seen = set()",
+        "self.cache = {}",
+        "key = x.data_ptr()\n        if key in _seen and key not in self.cache:\n            self.cache[key] = torch.relu(x)\n        _seen.add(key)\n        return self.cache.get(key, torch.relu(x))",
+    );
+    let run = tempfile::tempdir().unwrap();
+    let records = evaluate(run.path(), vec![cache], 30);
+    let r = &records[0];
+    assert_ne!(r.verdict, Verdict::Correct, "{r:?}");
+    // Usually the timing outputs expose it; when the allocator happens to hand a later
+    // correctness trial an address seen before, that trial already does.
+    assert!(
+        r.flags.iter().any(|f| f == "timing_output_mismatch")
+            || r.verdict == Verdict::OutputMismatch,
+        "{r:?}"
+    );
+}
+
+#[test]
+fn sleeping_forever_is_a_timeout() {
+    let _machine = machine_shared();
+    let sleeper = candidate("import time", "pass", "time.sleep(3600)");
+    let run = tempfile::tempdir().unwrap();
+    let records = evaluate(run.path(), vec![sleeper], 5);
+    assert_eq!(records[0].verdict, Verdict::Timeout, "{:?}", records[0]);
+}

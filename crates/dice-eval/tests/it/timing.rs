@@ -1,0 +1,189 @@
+//! Timing that a candidate cannot forge and a loaded machine does not turn into a false alarm:
+//! the evaluator's clock against the candidate's, and the speedup's interval.
+
+use crate::common::{example, example_problems, machine_alone, test_config};
+use dice_eval::{EvalProblem, EvalSample, SampleRecord, Store, Verdict};
+use std::process::{Child, Command};
+
+/// A matrix product the CPU times in well under a millisecond.
+const MATMUL: &str = "
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return a @ b
+
+def get_inputs():
+    return [torch.randn(256, 128), torch.randn(128, 128)]
+
+def get_init_inputs():
+    return []
+";
+
+/// A correct product, one row at a time (milliseconds per call, many times the baseline's),
+/// whose module code rewrites the harness's clock in its own process: every timed call reports
+/// 1 us.
+const FORGED_CLOCK: &str = "
+import itertools
+import sys
+import torch
+import torch.nn as nn
+
+harness = sys.modules['protocol']
+ticks = itertools.count()
+harness.perf_counter_ns = lambda: next(ticks) * 1000
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        return torch.stack([row @ b for row in a])
+";
+
+/// The same product one row at a time, honest about its time.
+const ROWS: &str = "
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        return torch.stack([row @ b for row in a])
+";
+
+fn sample(problem_id: u32, sample_id: u32, code: &str) -> EvalSample {
+    EvalSample {
+        level: 1,
+        problem_id,
+        sample_id,
+        code: Some(code.as_bytes().to_vec()),
+        origin: format!("timing test {problem_id}/{sample_id}"),
+    }
+}
+
+fn stored(run: &std::path::Path) -> Vec<SampleRecord> {
+    Store::open(&run.join("dice.db"))
+        .unwrap()
+        .samples()
+        .unwrap()
+}
+
+fn timer_inconsistent(r: &SampleRecord) -> bool {
+    r.flags.iter().any(|f| f == "timer_inconsistent")
+}
+
+#[test]
+fn a_forged_clock_is_caught_and_earns_no_speedup() {
+    // Alone, as in the binary of its own it had: other tests' load widens the baseline's range
+    // of overheads, and under enough of it the forged clock goes unseen.
+    let _machine = machine_alone();
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(run.path());
+    cfg.perf_trials = 20;
+    cfg.timing_rounds = 5;
+    let problems = vec![EvalProblem {
+        level: 1,
+        problem_id: 1,
+        name: "1_Matmul.py".into(),
+        source: MATMUL.into(),
+        defect: None,
+    }];
+    let samples = vec![sample(1, 0, FORGED_CLOCK), sample(1, 1, ROWS)];
+    dice_eval::evaluate(cfg, problems, samples, None).unwrap();
+    let records = stored(run.path());
+    let (forger, honest) = (&records[0], &records[1]);
+    assert_eq!(forger.verdict, Verdict::Correct, "{forger:?}");
+    let reported = forger.candidate_timing.as_ref().unwrap();
+    assert!(
+        reported.mean_ms < 0.0011,
+        "the clock was not forged: {reported:?}"
+    );
+    assert!(timer_inconsistent(forger), "{forger:#?}");
+    assert!(forger.deceptive);
+    assert_eq!(forger.speedup_interval, None);
+    // Measured again for as long as allowed: every round contradicts it, not a burst of load.
+    assert_eq!(forger.timing_remeasures, 2, "{forger:#?}");
+
+    assert_eq!(honest.verdict, Verdict::Correct, "{honest:?}");
+    assert!(!timer_inconsistent(honest), "{honest:#?}");
+    let interval = honest.speedup_interval.unwrap();
+    let speedup = honest.speedup.unwrap();
+    assert!(
+        interval.low <= speedup && speedup <= interval.high,
+        "{honest:#?}"
+    );
+    assert!(honest.timing_remeasures <= 2);
+    // The forger's speedup comes from the evaluator's clock: below 1 like its honest twin's (a
+    // product one row at a time is many times slower than the baseline's), nowhere near the
+    // thousands its own clock claims.
+    let forged = forger.speedup.unwrap();
+    assert!(forged < 1.0, "{forged} {forger:#?}");
+    eprintln!(
+        "forged clock: reported {:.4} ms/call, speedup {:.3} by the evaluator's clock; honest: \
+         speedup {speedup:.3} [{:.3}, {:.3}], {} re-measurements",
+        reported.mean_ms,
+        forger.speedup.unwrap(),
+        interval.low,
+        interval.high,
+        honest.timing_remeasures
+    );
+}
+
+/// Busy loops on every core, ended when dropped.
+struct Hog(Vec<Child>);
+
+impl Hog {
+    fn start() -> Hog {
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        let loops = (0..cores)
+            .map(|_| {
+                Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        Hog(loops)
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Honest C++ candidates timed with every core busy: rounds are slowed unevenly, none of them
+/// may read as a forged clock.
+#[test]
+fn honest_cpu_candidates_beside_a_cpu_hog_keep_their_clock() {
+    // The hog would slow other tests' candidates past their timeouts.
+    let _machine = machine_alone();
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(run.path());
+    cfg.perf_trials = 50;
+    cfg.timing_rounds = 10;
+    let samples = vec![example(1, 0), example(2, 0)];
+    let hog = Hog::start();
+    dice_eval::evaluate(cfg, example_problems(), samples, None).unwrap();
+    drop(hog);
+    let records = stored(run.path());
+    assert_eq!(records.len(), 2);
+    for r in &records {
+        assert_eq!(r.verdict, Verdict::Correct, "{r:?}");
+        assert!(!timer_inconsistent(r), "{r:#?}");
+        let interval = r.speedup_interval.unwrap();
+        let cv = |t: &Option<dice_eval::TimingStats>| t.as_ref().map(|t| t.std_ms / t.mean_ms);
+        eprintln!(
+            "problem {} beside the hog: speedup {:.3} [{:.3}, {:.3}], cv {:?} / {:?}, {} re-measurements",
+            r.problem_id,
+            r.speedup.unwrap(),
+            interval.low,
+            interval.high,
+            cv(&r.candidate_timing),
+            cv(&r.baseline_timing),
+            r.timing_remeasures
+        );
+    }
+}
