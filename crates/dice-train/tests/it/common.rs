@@ -6,6 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use dice_model::golden::FormulaGolden;
 use dice_model::init::{InitWeights, ModelInit};
 use dice_model::{SdarConfig, SdarTokenizer};
+use dice_train::run::{Resume, RunOptions};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
@@ -91,6 +92,15 @@ pub(crate) fn weights(dir: &Path) -> BTreeMap<String, Vec<f32>> {
     }
     assert!(!weights.is_empty(), "no weights in {}", dir.display());
     weights
+}
+
+/// A run writing to `out` without a progress bar, resuming whatever run it finds there.
+pub(crate) fn run_options(out: &Path) -> RunOptions {
+    RunOptions {
+        out: out.to_path_buf(),
+        resume: Resume::Auto,
+        progress: false,
+    }
 }
 
 /// The lines of a run's `metrics.jsonl`.

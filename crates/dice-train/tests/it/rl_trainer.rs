@@ -3,16 +3,16 @@
 //! when a step learns nothing, its output folder holds the metrics, settings and checkpoints,
 //! and a killed run resumes after its last step.
 
-use crate::common::{formula_config, metrics, weights};
+use crate::common::{formula_config, metrics, run_options, weights};
 use candle_core::Device;
 use dice_model::init::InitWeights;
 use dice_model::SdarConfig;
 use dice_train::dist::SingleProcess;
 use dice_train::rl::{
-    Candidate, ContainsToken, JudgeReward, Reward, RlConfig, RlTrainer, Score, Stage,
+    Candidate, ContainsToken, JudgeReward, Reward, RlConfig, RlStepMetrics, RlTrainer, Score, Stage,
 };
 use dice_train::run::settings::Settings;
-use dice_train::run::{Resume, RunOptions, StepLine};
+use dice_train::run::{StepLine, TrainSummary};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -63,11 +63,7 @@ fn settings(model: &Path, tasks: &Path, steps: u64) -> RlConfig {
 }
 
 fn open(config: RlConfig, out: &Path) -> anyhow::Result<RlTrainer> {
-    let options = RunOptions {
-        out: out.to_path_buf(),
-        resume: Resume::Auto,
-        progress: false,
-    };
+    let options = run_options(out);
     RlTrainer::new(config, options, Box::new(SingleProcess))
 }
 
@@ -204,19 +200,26 @@ fn a_step_is_judged_by_the_evaluator() {
     assert!(out.join("final/config.json").is_file());
 }
 
+/// The tiny model and the two tasks in `dir`, and a run of `steps` steps in `dir/run` that
+/// rewards nothing (the token census): the model, the task file and the run's summary.
+fn unrewarded_run(dir: &Path, steps: u64) -> (PathBuf, PathBuf, TrainSummary<RlStepMetrics>) {
+    let model = tiny_model(dir);
+    let tasks = task_file(dir);
+    let summary = open(settings(&model, &tasks, steps), &dir.join("run"))
+        .unwrap()
+        .train(&mut TokenCensus::default())
+        .unwrap();
+    (model, tasks, summary)
+}
+
 /// A run stopped after step 2 continues with step 3 from checkpoint-2 (kept as the newest even
 /// though 2 is not a multiple of save_steps 5, then replaced by checkpoint-3); metrics.jsonl
 /// holds each step once, and config.toml reads back as the run's settings.
 #[test]
 fn a_run_continues_after_its_last_completed_step() {
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
-    let tasks = task_file(dir.path());
+    let (model, tasks, first) = unrewarded_run(dir.path(), 2);
     let out = dir.path().join("run");
-    let first = open(settings(&model, &tasks, 2), &out)
-        .unwrap()
-        .train(&mut TokenCensus::default())
-        .unwrap();
     assert_eq!(first.steps_run(), 2);
     assert!(out.join("checkpoint-2").is_dir() && !out.join("checkpoint-1").exists());
 
@@ -242,13 +245,8 @@ fn a_run_continues_after_its_last_completed_step() {
 #[test]
 fn a_step_whose_groups_are_all_rewarded_alike_learns_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
-    let tasks = task_file(dir.path());
+    let (model, _, summary) = unrewarded_run(dir.path(), 1);
     let out = dir.path().join("run");
-    let summary = open(settings(&model, &tasks, 1), &out)
-        .unwrap()
-        .train(&mut TokenCensus::default())
-        .unwrap();
     let step = &summary.steps[0];
     assert!(!step.learned, "{step:?}");
     assert_eq!(

@@ -3,14 +3,13 @@
 //! checkpoints load as models with its in-memory logits, an interrupted run resumes to the
 //! same weights, and its metrics and settings read back.
 
-use crate::common::{fixture, formula_config, metrics, read, weights};
+use crate::common::{fixture, formula_config, metrics, read, run_options, weights};
 use candle_core::{DType, Device, Tensor};
 use dice_model::init::InitWeights;
 use dice_model::{Sdar, TwoStreamBatch};
 use dice_train::dist::{SingleProcess, TcpGroup};
 use dice_train::noise::Noiser;
 use dice_train::run::settings::{SaveDType, Settings};
-use dice_train::run::{Resume, RunOptions};
 use dice_train::schedule::ScheduleKind;
 use dice_train::sft::{SftConfig, SftTrainer};
 use std::path::{Path, PathBuf};
@@ -36,11 +35,7 @@ fn settings(model: &Path, steps: u64, lr: f64) -> SftConfig {
 
 /// A single-process trainer writing to `out`, resuming whatever run it finds there.
 fn open_trainer(config: SftConfig, out: &Path) -> anyhow::Result<SftTrainer> {
-    let options = RunOptions {
-        out: out.to_path_buf(),
-        resume: Resume::Auto,
-        progress: false,
-    };
+    let options = run_options(out);
     SftTrainer::new(config, options, Box::new(SingleProcess))
 }
 
@@ -243,11 +238,7 @@ fn run_ranks(world: usize, config: &SftConfig, out: &Path) -> Vec<usize> {
                         Some(listener) => TcpGroup::host(listener, world).unwrap(),
                         None => TcpGroup::join(addr, rank, world).unwrap(),
                     };
-                    let options = RunOptions {
-                        out: out.to_path_buf(),
-                        resume: Resume::Auto,
-                        progress: false,
-                    };
+                    let options = run_options(out);
                     let mut trainer =
                         SftTrainer::new(config.clone(), options, Box::new(group)).unwrap();
                     trainer.train().unwrap();
