@@ -1,39 +1,38 @@
-//! The BiC-RL loop on the CPU in f32, on the formula golden's tiny model (hidden 64, the full
-//! 151,936-token vocabulary): it learns a verifiable toy reward, its output folder holds the
-//! metrics, settings and checkpoints, and a killed run resumes after its last step.
+//! The BiC-RL loop on the CPU in f32, on a tiny model (the formula golden's two layers and full
+//! 151,936-token vocabulary, narrowed to hidden 16): it learns a verifiable toy reward, says so
+//! when a step learns nothing, its output folder holds the metrics, settings and checkpoints,
+//! and a killed run resumes after its last step.
 
+use crate::common::{formula_config, metrics, run_options, weights};
 use candle_core::Device;
-use dice_model::init::{InitWeights, ModelInit};
+use dice_model::init::InitWeights;
 use dice_model::SdarConfig;
 use dice_train::dist::SingleProcess;
 use dice_train::rl::{
-    Candidate, ContainsToken, JudgeReward, Reward, RlConfig, RlTrainer, Score, Stage,
+    Candidate, ContainsToken, JudgeReward, Reward, RlConfig, RlStepMetrics, RlTrainer, Score, Stage,
 };
 use dice_train::run::settings::Settings;
-use dice_train::run::{Resume, RunOptions, StepLine};
-use std::collections::{BTreeMap, HashMap};
+use dice_train::run::{StepLine, TrainSummary};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-fn workspace_data() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data")
-}
-
-/// The formula golden's model shapes with random weights, tokenizer files included. The
-/// matrices are drawn wide (σ 0.35, not 0.02) so that the untrained model has favourite tokens:
-/// with near-uniform logits no token recurs across completions, and there is nothing to reward.
+/// The formula golden's model narrowed to hidden 16 (the loop's checks need no width, and every
+/// step writes the weights and the optimizer state of the whole vocabulary's embedding and head:
+/// a quarter of the bytes), with random weights, tokenizer files included. The matrices are
+/// drawn wide (σ 1.2, not 0.02; the logits spread as σ·√hidden) so that the untrained model has
+/// favourite tokens: with near-uniform logits no token recurs across completions, and there is
+/// nothing to reward.
 fn tiny_model(dir: &Path) -> PathBuf {
-    let mut config =
-        SdarConfig::from_path(&workspace_data().join("sdar/golden/formula/config.json")).unwrap();
-    config.initializer_range = 0.35;
-    let model = dir.join("tiny");
-    let tokenizer = workspace_data().join("sdar");
-    ModelInit {
-        tokenizer: Some(&tokenizer),
-        ..ModelInit::new(&config, InitWeights::Random { seed: 1 })
-    }
-    .write(&model)
-    .unwrap();
-    model
+    let config = SdarConfig {
+        hidden_size: 16,
+        intermediate_size: 32,
+        num_attention_heads: 2,
+        num_key_value_heads: 1,
+        head_dim: 8,
+        initializer_range: 1.2,
+        ..formula_config()
+    };
+    crate::common::tiny_model(dir, &config, InitWeights::Random { seed: 1 })
 }
 
 /// Two end-to-end tasks with short prompts of their own (the one-shot prompt's 900 tokens would
@@ -64,11 +63,7 @@ fn settings(model: &Path, tasks: &Path, steps: u64) -> RlConfig {
 }
 
 fn open(config: RlConfig, out: &Path) -> anyhow::Result<RlTrainer> {
-    let options = RunOptions {
-        out: out.to_path_buf(),
-        resume: Resume::Auto,
-        progress: false,
-    };
+    let options = run_options(out);
     RlTrainer::new(config, options, Box::new(SingleProcess))
 }
 
@@ -143,7 +138,7 @@ fn twenty_steps_learn_a_toy_reward() {
 /// 1 sample 0): whatever core the model writes lands in a Python string after the program, so
 /// every candidate compiles (the examples' cached extension) and is correct.
 fn relu_infilling_task(dir: &Path) -> PathBuf {
-    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let examples = dice_test_support::examples_dir();
     let reference = std::fs::read_to_string(examples.join("kernelbench/level1/1_ReLU.py")).unwrap();
     let program = std::fs::read_to_string(examples.join("candidates.jsonl"))
         .unwrap()
@@ -196,11 +191,7 @@ fn a_step_is_judged_by_the_evaluator() {
     assert_eq!((step.reward_mean, step.deceptive_rate), (1.0, 0.0));
     assert_eq!(step.groups_kept, 0, "an all-correct group has no signal");
     assert_eq!(step.pass_rate_by_level.get(&0), Some(&1.0));
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = metrics(&out);
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert_eq!(lines[1]["eval_tasks"], 1);
     assert_eq!(lines[1]["eval_pass_rate"], 1.0);
@@ -209,19 +200,26 @@ fn a_step_is_judged_by_the_evaluator() {
     assert!(out.join("final/config.json").is_file());
 }
 
+/// The tiny model and the two tasks in `dir`, and a run of `steps` steps in `dir/run` that
+/// rewards nothing (the token census): the model, the task file and the run's summary.
+fn unrewarded_run(dir: &Path, steps: u64) -> (PathBuf, PathBuf, TrainSummary<RlStepMetrics>) {
+    let model = tiny_model(dir);
+    let tasks = task_file(dir);
+    let summary = open(settings(&model, &tasks, steps), &dir.join("run"))
+        .unwrap()
+        .train(&mut TokenCensus::default())
+        .unwrap();
+    (model, tasks, summary)
+}
+
 /// A run stopped after step 2 continues with step 3 from checkpoint-2 (kept as the newest even
 /// though 2 is not a multiple of save_steps 5, then replaced by checkpoint-3); metrics.jsonl
 /// holds each step once, and config.toml reads back as the run's settings.
 #[test]
 fn a_run_continues_after_its_last_completed_step() {
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
-    let tasks = task_file(dir.path());
+    let (model, tasks, first) = unrewarded_run(dir.path(), 2);
     let out = dir.path().join("run");
-    let first = open(settings(&model, &tasks, 2), &out)
-        .unwrap()
-        .train(&mut TokenCensus::default())
-        .unwrap();
     assert_eq!(first.steps_run(), 2);
     assert!(out.join("checkpoint-2").is_dir() && !out.join("checkpoint-1").exists());
 
@@ -230,35 +228,14 @@ fn a_run_continues_after_its_last_completed_step() {
     let second = resumed.train(&mut TokenCensus::default()).unwrap();
     assert_eq!(second.steps.iter().map(|s| s.step).collect::<Vec<_>>(), [3]);
     assert!(out.join("checkpoint-3").is_dir() && !out.join("checkpoint-2").exists());
-    let steps: Vec<u64> = std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
-                .as_u64()
-                .unwrap()
-        })
+    let steps: Vec<u64> = metrics(&out)
+        .iter()
+        .map(|l| l["step"].as_u64().unwrap())
         .collect();
     assert_eq!(steps, [1, 2, 3]);
     let written = RlConfig::read(&out.join("config.toml")).unwrap();
     assert_eq!(written.training.total_steps, 3);
     assert_eq!(written.rollout.samples_per_task, 4);
-}
-
-/// Every weight of the model folder `dir`, by name, as f32.
-fn weights(dir: &Path) -> BTreeMap<String, Vec<f32>> {
-    let mut weights = BTreeMap::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "safetensors") {
-            for (name, tensor) in candle_core::safetensors::load(&path, &Device::Cpu).unwrap() {
-                let values = tensor.to_dtype(candle_core::DType::F32).unwrap();
-                weights.insert(name, values.flatten_all().unwrap().to_vec1().unwrap());
-            }
-        }
-    }
-    assert!(!weights.is_empty(), "no weights in {}", dir.display());
-    weights
 }
 
 /// A step whose completions are rewarded alike in every task group has no group with a
@@ -268,13 +245,8 @@ fn weights(dir: &Path) -> BTreeMap<String, Vec<f32>> {
 #[test]
 fn a_step_whose_groups_are_all_rewarded_alike_learns_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
-    let tasks = task_file(dir.path());
+    let (model, _, summary) = unrewarded_run(dir.path(), 1);
     let out = dir.path().join("run");
-    let summary = open(settings(&model, &tasks, 1), &out)
-        .unwrap()
-        .train(&mut TokenCensus::default())
-        .unwrap();
     let step = &summary.steps[0];
     assert!(!step.learned, "{step:?}");
     assert_eq!(
@@ -289,14 +261,7 @@ fn a_step_whose_groups_are_all_rewarded_alike_learns_nothing() {
     );
     let note = step.note().expect("a step that learned nothing says so");
     assert!(note.starts_with("RL step 1 learned nothing"), "{note}");
-    let line: serde_json::Value = serde_json::from_str(
-        std::fs::read_to_string(out.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
+    let line = &metrics(&out)[0];
     assert_eq!(line["learned"], false, "{line}");
     assert!(
         line["loss"].is_null() && line["grad_norm"].is_null(),

@@ -2,9 +2,7 @@
 //! and role/content messages, encoded with the qwen3 training template; records LlamaFactory
 //! skips are counted with their reason; bad data is an error naming the file and line.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use dice_model::chat::ChatMessage;
 use dice_model::ChatTemplate;
 use dice_train::data::source::Converted;
@@ -125,10 +123,7 @@ fn role_content_messages_map_through_tags() {
 fn the_training_text_is_what_the_chat_template_renders_for_the_finished_turn() {
     let tokenizer = tokenizer();
     let (ids, _) = x_to_y();
-    let template = ChatTemplate::from_dir(
-        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/sdar"),
-    )
-    .unwrap();
+    let template = ChatTemplate::from_dir(&sdar_dir()).unwrap();
     let messages = [
         ChatMessage::new("user", "X"),
         ChatMessage::new("assistant", "Y"),

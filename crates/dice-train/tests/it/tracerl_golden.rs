@@ -6,11 +6,9 @@
 //! ratio 1 and after an SGD step θ − 0.01·g with our own g (with its clipped tokens and
 //! ratios), and the gradients at both points.
 
-mod common;
-
+use crate::common::TrainingGolden;
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
-use common::TrainingGolden;
 use dice_model::Sdar;
 use dice_train::rl::advantage::{group_advantages, z_scores};
 use dice_train::rl::{

@@ -1,20 +1,13 @@
 //! The synthetic SFT row and the timed step of `dice bench train`, on the formula golden's tiny
 //! config.
 
+use crate::common::formula_config;
 use candle_core::{DType, Device};
-use dice_model::SdarConfig;
 use dice_train::step_timing::{synthetic_sft_row, time_sft_step};
-use std::path::Path;
-
-fn tiny_config() -> SdarConfig {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data/sdar/golden/formula/config.json");
-    SdarConfig::from_path(&path).unwrap()
-}
 
 #[test]
 fn synthetic_row_is_a_quarter_prompt_and_half_masked_response() {
-    let config = tiny_config();
+    let config = formula_config();
     let row = synthetic_sft_row(&config, 4096).unwrap();
     assert_eq!(row.input_ids.len(), 4096);
     assert_eq!(row.labels.iter().filter(|&&l| l == -100).count(), 1024);
@@ -32,7 +25,7 @@ fn synthetic_row_is_a_quarter_prompt_and_half_masked_response() {
 
 #[test]
 fn timed_step_on_random_weights_has_the_uniform_loss() {
-    let config = tiny_config();
+    let config = formula_config();
     let timing = time_sft_step(&config, DType::F32, &Device::Cpu, 64, 1).unwrap();
     assert_eq!(timing.positions, 128);
     assert!(timing.masked > 0 && timing.seconds > 0.0);

@@ -1,9 +1,7 @@
 //! Packing as the spec's rules give it (§5.4, §6.1), checked token by token on samples whose
 //! ids are known by hand.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use dice_model::sft::sample_lengths;
 use dice_model::TwoStreamBatch;
 use dice_train::data::{

@@ -3,43 +3,27 @@
 //! checkpoints load as models with its in-memory logits, an interrupted run resumes to the
 //! same weights, and its metrics and settings read back.
 
-mod common;
-
+use crate::common::{fixture, formula_config, metrics, read, run_options, weights};
 use candle_core::{DType, Device, Tensor};
-use dice_model::init::{InitWeights, ModelInit};
-use dice_model::{Sdar, SdarConfig, TwoStreamBatch};
+use dice_model::init::InitWeights;
+use dice_model::{Sdar, TwoStreamBatch};
 use dice_train::dist::{SingleProcess, TcpGroup};
 use dice_train::noise::Noiser;
 use dice_train::run::settings::{SaveDType, Settings};
-use dice_train::run::{Resume, RunOptions};
 use dice_train::schedule::ScheduleKind;
 use dice_train::sft::{SftConfig, SftTrainer};
 use std::path::{Path, PathBuf};
 
-fn workspace_data() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/data")
-}
-
 /// The formula golden's model folder, tokenizer files included.
 fn tiny_model(dir: &Path) -> PathBuf {
-    let config =
-        SdarConfig::from_path(&workspace_data().join("sdar/golden/formula/config.json")).unwrap();
-    let model = dir.join("tiny");
-    let tokenizer = workspace_data().join("sdar");
-    ModelInit {
-        tokenizer: Some(&tokenizer),
-        ..ModelInit::new(&config, InitWeights::Formula)
-    }
-    .write(&model)
-    .unwrap();
-    model
+    crate::common::tiny_model(dir, &formula_config(), InitWeights::Formula)
 }
 
 /// The 16 samples in rows of 128 tokens (4 rows), all of them every step.
 fn settings(model: &Path, steps: u64, lr: f64) -> SftConfig {
     let mut config = SftConfig::default();
     config.model.path = Some(model.to_path_buf());
-    config.data.files = vec![common::fixture("overfit.jsonl")];
+    config.data.files = vec![fixture("overfit.jsonl")];
     config.data.row_tokens = 128;
     config.training.max_steps = Some(steps);
     config.training.run.learning_rate = lr;
@@ -51,11 +35,7 @@ fn settings(model: &Path, steps: u64, lr: f64) -> SftConfig {
 
 /// A single-process trainer writing to `out`, resuming whatever run it finds there.
 fn open_trainer(config: SftConfig, out: &Path) -> anyhow::Result<SftTrainer> {
-    let options = RunOptions {
-        out: out.to_path_buf(),
-        resume: Resume::Auto,
-        progress: false,
-    };
+    let options = run_options(out);
     SftTrainer::new(config, options, Box::new(SingleProcess))
 }
 
@@ -63,14 +43,6 @@ fn run(config: SftConfig, out: &Path) -> SftTrainer {
     let mut trainer = open_trainer(config, out).unwrap();
     trainer.train().unwrap();
     trainer
-}
-
-fn metrics(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// The 16 samples have distinct prompts and one shared response: the tiny model learns it in
@@ -106,24 +78,22 @@ fn logits(model: &Sdar, config: &SftConfig) -> Tensor {
         .unwrap()
 }
 
-fn read(path: &Path) -> Vec<u8> {
-    std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-/// Four steps with a checkpoint every two, f32 weights in shards of at most 20 MB and a
-/// validation file: the folders, the metrics, the settings, the checkpoint's logits; then the
-/// run is taken back to its first checkpoint, as a kill after it leaves it, and resumed.
+/// Two steps with a checkpoint and an evaluation of a validation file after each, f32 weights
+/// in shards of at most 20 MB: the folders, the metrics, the settings, the checkpoint's logits;
+/// then the run is taken back to its first checkpoint, as a kill after it leaves it, and
+/// resumed. (One step after the checkpoint resumes every part of the state a later step reads:
+/// the weights, the moments and their step count, the schedule, the data order and the noise.)
 #[test]
 fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let out = dir.path().join("run");
-    let mut config = settings(&model, 4, 1e-3);
-    config.checkpoint.save_steps = 2;
+    let mut config = settings(&model, 2, 1e-3);
+    config.checkpoint.save_steps = 1;
     config.checkpoint.save_dtype = SaveDType::F32;
     config.checkpoint.max_shard_bytes = 20_000_000;
-    config.data.val_files = vec![common::fixture("prompt_response.jsonl")];
-    config.eval.eval_steps = 2;
+    config.data.val_files = vec![fixture("prompt_response.jsonl")];
+    config.eval.eval_steps = 1;
     let trainer = run(config, &out);
 
     // Settings: config.toml holds the resolved settings and reads back as them.
@@ -131,10 +101,10 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
     assert_eq!(&written, trainer.run().config());
     assert_eq!(written.clone().resolve().unwrap(), written);
 
-    // Metrics: a line per step with every field, an eval line every two steps.
+    // Metrics: a line per step with every field, an eval line after each.
     let lines = metrics(&out);
     let steps: Vec<&serde_json::Value> = lines.iter().filter(|l| l.get("loss").is_some()).collect();
-    assert_eq!(steps.len(), 4);
+    assert_eq!(steps.len(), 2);
     for (k, line) in steps.iter().enumerate() {
         assert_eq!(line["step"], k as u64 + 1);
         for field in ["loss", "lr", "grad_norm", "tokens_per_s", "tflops", "epoch"] {
@@ -150,15 +120,15 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
         .filter(|l| l["eval_loss"].as_f64().is_some_and(f64::is_finite))
         .map(|l| l["step"].as_u64().unwrap())
         .collect();
-    assert_eq!(evals, [2, 4]);
+    assert_eq!(evals, [1, 2]);
     let html = std::fs::read_to_string(out.join("metrics.html")).unwrap();
     assert!(html.contains("<svg") && !html.contains("<script"));
 
-    // Folders: checkpoint-2, checkpoint-4 and final, sharded, f32, with the base model's files.
+    // Folders: checkpoint-1, checkpoint-2 and final, sharded, f32, with the base model's files.
     let final_dir = out.join("final");
     for folder in [
+        out.join("checkpoint-1"),
         out.join("checkpoint-2"),
-        out.join("checkpoint-4"),
         final_dir.clone(),
     ] {
         let index: serde_json::Value =
@@ -191,7 +161,7 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
         }
         assert!(folder.join("trainer_state.json").is_file());
     }
-    assert!(out.join("checkpoint-4/optimizer.safetensors").is_file());
+    assert!(out.join("checkpoint-2/optimizer.safetensors").is_file());
     assert!(!final_dir.join("optimizer.safetensors").exists());
 
     // The final folder loads as a model with the trained model's logits, bit for bit.
@@ -207,24 +177,24 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
     let settings_again = trainer.run().config().clone();
     drop(trainer);
 
-    // Resume: back to checkpoint-2, the later folders gone, then the same run again.
+    // Resume: back to checkpoint-1, the later folders gone, then the same run again.
     let shard = |dir: &Path| read(&dir.join("model-00001-of-00003.safetensors"));
     let straight_weights: Vec<Vec<u8>> = (1..=3)
         .map(|k| read(&final_dir.join(format!("model-0000{k}-of-00003.safetensors"))))
         .collect();
-    let straight_state = read(&out.join("checkpoint-4/optimizer.safetensors"));
-    std::fs::remove_dir_all(out.join("checkpoint-4")).unwrap();
+    let straight_state = read(&out.join("checkpoint-2/optimizer.safetensors"));
+    std::fs::remove_dir_all(out.join("checkpoint-2")).unwrap();
     std::fs::remove_dir_all(&final_dir).unwrap();
     let mut resumed = open_trainer(settings_again, &out).unwrap();
-    assert_eq!(resumed.run().step(), 2);
+    assert_eq!(resumed.run().step(), 1);
     let summary = resumed.train().unwrap();
-    assert_eq!(summary.steps_run(), 2);
+    assert_eq!(summary.steps_run(), 1);
     for (k, straight) in straight_weights.iter().enumerate() {
         let name = format!("model-0000{}-of-00003.safetensors", k + 1);
         assert!(read(&final_dir.join(&name)) == *straight, "{name} differs");
     }
-    assert!(read(&out.join("checkpoint-4/optimizer.safetensors")) == straight_state);
-    assert_ne!(shard(&out.join("checkpoint-2")), shard(&final_dir));
+    assert!(read(&out.join("checkpoint-2/optimizer.safetensors")) == straight_state);
+    assert_ne!(shard(&out.join("checkpoint-1")), shard(&final_dir));
     let again: Vec<serde_json::Value> = metrics(&out);
     assert_eq!(again.len(), lines.len());
     for (a, b) in again.iter().zip(&lines) {
@@ -268,11 +238,7 @@ fn run_ranks(world: usize, config: &SftConfig, out: &Path) -> Vec<usize> {
                         Some(listener) => TcpGroup::host(listener, world).unwrap(),
                         None => TcpGroup::join(addr, rank, world).unwrap(),
                     };
-                    let options = RunOptions {
-                        out: out.to_path_buf(),
-                        resume: Resume::Auto,
-                        progress: false,
-                    };
+                    let options = run_options(out);
                     let mut trainer =
                         SftTrainer::new(config.clone(), options, Box::new(group)).unwrap();
                     trainer.train().unwrap();
@@ -282,21 +248,6 @@ fn run_ranks(world: usize, config: &SftConfig, out: &Path) -> Vec<usize> {
             .collect();
         ranks.into_iter().map(|r| r.join().unwrap()).collect()
     })
-}
-
-/// The final weights of a run (saved in f32), by name.
-fn final_weights(out: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
-    let mut weights = std::collections::BTreeMap::new();
-    for entry in std::fs::read_dir(out.join("final")).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "safetensors") {
-            for (name, tensor) in candle_core::safetensors::load(&path, &Device::Cpu).unwrap() {
-                weights.insert(name, tensor.flatten_all().unwrap().to_vec1().unwrap());
-            }
-        }
-    }
-    assert!(!weights.is_empty(), "no weights in {}", out.display());
-    weights
 }
 
 fn step_lines(out: &Path) -> Vec<(f64, f64)> {
@@ -312,17 +263,17 @@ fn step_lines(out: &Path) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Three steps of 4 rows, f32 checkpoints: one rank accumulating `micro_batches` micro-batches
-/// of `rows` rows.
+/// Two steps (the second one's update depends on the first one's state), f32 checkpoints: one
+/// rank accumulating `micro_batches` micro-batches of `rows` rows.
 fn parallel_settings(model: &Path, rows: usize, micro_batches: usize) -> SftConfig {
-    let mut config = settings(model, 3, 1e-3);
+    let mut config = settings(model, 2, 1e-3);
     config.training.per_device_train_batch_size = rows;
     config.training.gradient_accumulation_steps = micro_batches;
     config.checkpoint.save_dtype = SaveDType::F32;
     config
 }
 
-/// Two ranks running one micro-batch of 2 rows each give the losses, gradient norms and
+/// Two ranks running one micro-batch of a row each give the losses, gradient norms and
 /// weights of one rank accumulating both micro-batches, bit for bit: rank 0 adds rank 1's
 /// gradients to its own as the accumulator adds the second micro-batch to the first. Rank 0
 /// alone writes the output folder, and the run resumes only with 2 ranks.
@@ -331,17 +282,17 @@ fn two_ranks_train_as_one_rank_accumulating_their_micro_batches() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let (one, two) = (dir.path().join("one"), dir.path().join("two"));
-    run(parallel_settings(&model, 2, 2), &one);
-    run_ranks(2, &parallel_settings(&model, 2, 1), &two);
-    assert_eq!(step_lines(&one).len(), 3);
+    run(parallel_settings(&model, 1, 2), &one);
+    run_ranks(2, &parallel_settings(&model, 1, 1), &two);
+    assert_eq!(step_lines(&one).len(), 2);
     assert_eq!(step_lines(&one), step_lines(&two));
-    assert_eq!(final_weights(&one), final_weights(&two));
+    assert_eq!(weights(&one.join("final")), weights(&two.join("final")));
     assert_eq!(
-        read(&one.join("checkpoint-3/optimizer.safetensors")),
-        read(&two.join("checkpoint-3/optimizer.safetensors"))
+        read(&one.join("checkpoint-2/optimizer.safetensors")),
+        read(&two.join("checkpoint-2/optimizer.safetensors"))
     );
 
-    let refused = open_trainer(parallel_settings(&model, 2, 1), &two)
+    let refused = open_trainer(parallel_settings(&model, 1, 1), &two)
         .err()
         .unwrap();
     assert!(format!("{refused:#}").contains("world_size"), "{refused:#}");
@@ -349,7 +300,7 @@ fn two_ranks_train_as_one_rank_accumulating_their_micro_batches() {
 
 /// With two micro-batches of one row per rank, the ranks' partial sums are regrouped:
 /// (a + b) + (c + d) where one rank adds ((a + b) + c) + d. The losses and gradient norms agree
-/// to 1e-6 (relative) over three steps, and the weights to 1e-5.
+/// to 1e-6 (relative) over two steps, and the weights to 1e-5.
 #[test]
 fn two_ranks_with_accumulation_match_one_rank_up_to_the_order_of_the_sum() {
     let dir = tempfile::tempdir().unwrap();
@@ -358,7 +309,7 @@ fn two_ranks_with_accumulation_match_one_rank_up_to_the_order_of_the_sum() {
     run(parallel_settings(&model, 1, 4), &one);
     run_ranks(2, &parallel_settings(&model, 1, 2), &two);
     let (lines1, lines2) = (step_lines(&one), step_lines(&two));
-    assert_eq!(lines1.len(), 3);
+    assert_eq!(lines1.len(), 2);
     for ((loss1, norm1), (loss2, norm2)) in lines1.into_iter().zip(lines2) {
         assert!(
             (loss1 - loss2).abs() <= 1e-6 * loss1.abs(),
@@ -366,7 +317,7 @@ fn two_ranks_with_accumulation_match_one_rank_up_to_the_order_of_the_sum() {
         );
         assert!((norm1 - norm2).abs() <= 1e-6 * norm1, "{norm1} {norm2}");
     }
-    let (ours, theirs) = (final_weights(&one), final_weights(&two));
+    let (ours, theirs) = (weights(&one.join("final")), weights(&two.join("final")));
     assert_eq!(ours.len(), theirs.len());
     let (mut largest, mut differing, mut total) = (0f32, 0usize, 0usize);
     for (a, b) in ours.values().zip(theirs.values()) {
@@ -409,7 +360,7 @@ fn sharded_runs_match_one_rank(
 
     assert_eq!(step_lines(&one).len(), 2);
     assert_eq!(step_lines(&one), step_lines(&sharded));
-    assert_eq!(final_weights(&one), final_weights(&sharded));
+    assert_eq!(weights(&one.join("final")), weights(&sharded.join("final")));
     let state = "checkpoint-2/optimizer.safetensors";
     assert!(read(&one.join(state)) == read(&sharded.join(state)));
     assert_eq!(moments.iter().sum::<usize>(), whole);
@@ -432,12 +383,12 @@ fn two_ranks_with_zero_2_train_as_one_rank() {
 fn three_ranks_with_zero_1_train_as_one_rank_and_resume_with_zero_2() {
     let dir = tempfile::tempdir().unwrap();
     let (out, mut config) = sharded_runs_match_one_rank(dir.path(), 3, 1, 1);
-    let weights = final_weights(&out);
+    let straight = weights(&out.join("final"));
     let state = read(&out.join("checkpoint-2/optimizer.safetensors"));
     std::fs::remove_dir_all(out.join("checkpoint-2")).unwrap();
     std::fs::remove_dir_all(out.join("final")).unwrap();
     config.training.zero_stage = 2;
     run_ranks(3, &config, &out);
-    assert_eq!(final_weights(&out), weights);
+    assert_eq!(weights(&out.join("final")), straight);
     assert!(read(&out.join("checkpoint-2/optimizer.safetensors")) == state);
 }

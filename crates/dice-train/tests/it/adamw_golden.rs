@@ -4,11 +4,9 @@
 //! norms and the updated weights must match torch 2.11's within the README's tolerances, and
 //! the rows that get no gradient must move by exactly the decay.
 
-mod common;
-
+use crate::common::TrainingGolden;
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
-use common::TrainingGolden;
 use dice_model::sdar::QUERY_CHUNK;
 use dice_model::{Sdar, TwoStreamBatch};
 use dice_train::optim::{clip_grad_norm, AdamW, AdamWConfig};
