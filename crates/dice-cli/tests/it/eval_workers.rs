@@ -37,10 +37,9 @@ fn verdicts(run: &Path) -> Verdicts {
 #[test]
 fn two_processes_share_one_run() {
     let dir = tempfile::tempdir().unwrap();
+    // The run of one process, whose verdicts the shared run must give, runs beside it.
     let alone = dir.path().join("alone");
-    let (stdout, _) = finished(start_eval(&alone));
-    let expected = verdicts(&alone);
-    assert_eq!(samples(&stdout, "evaluated"), expected.len());
+    let alone_eval = start_eval(&alone);
 
     let shared = dir.path().join("shared");
     let first = start_eval(&shared);
@@ -59,6 +58,9 @@ fn two_processes_share_one_run() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let second = start_eval(&shared);
+    let (stdout, _) = finished(alone_eval);
+    let expected = verdicts(&alone);
+    assert_eq!(samples(&stdout, "evaluated"), expected.len());
     let (first_out, first_err) = finished(first);
     let (second_out, second_err) = finished(second);
 
