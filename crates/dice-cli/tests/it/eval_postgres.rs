@@ -1,17 +1,14 @@
 //! Three `dice eval` workers on one run in a PostgreSQL database, one killed with -9 while it
 //! judges: every sample is judged once, with the verdicts of the same candidates judged by one
 //! process into SQLite, and `dice report` reads the same report from either store. The server
-//! is the test's own (`postgres_server`, kept with the store's tests); builds share the suite's
-//! cache (`dice_test_support::shared_build_cache`).
-
-#[path = "../../../dice-store/tests/postgres_server/mod.rs"]
-mod postgres_server;
+//! is the test's own (`dice_test_support::postgres`); builds share the suite's cache
+//! (`dice_test_support::shared_build_cache`).
 
 use crate::example_runs::{finished, samples, verdicts};
 use dice_eval::store::{ProblemRecord, SampleExtras};
 use dice_eval::Store;
+use dice_test_support::postgres::PostgresServer;
 use dice_test_support::{examples_dir, shared_build_cache};
-use postgres_server::PostgresServer;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -90,9 +87,7 @@ fn copy_to_sqlite(from: &Store, db: &Path) {
 
 #[test]
 fn three_workers_on_postgres_one_killed() {
-    let Some(server) = PostgresServer::start() else {
-        return;
-    };
+    let server = PostgresServer::start();
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();
     // The run of one process into SQLite, whose verdicts the shared run must give, runs beside
