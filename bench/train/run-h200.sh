@@ -2,10 +2,14 @@
 # The training issue's GPU evidence (SFT speed, memory, NCCL at one rank), run on the H200 machine
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
-# (STEP: sft-nccl, bench-1.7b, bench-4b, kernels-1.7b; all by default)
+# (STEP: golden, tests, bench-1.7b, bench-1.7b-composite, bench-4b, sft-nccl, kernels-1.7b; all
+# by default)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
+#   model-tests.xz, model-lib-tests.xz (optional, for the step `tests`) dice-model's integration
+#               and unit test binaries built the same way (`cargo test --release --features cuda
+#               -p dice-model --no-run` in build-cuda.sh's environment)
 # Writes steps.txt and each step's output to OUT, by default the run's folder
 # bench/runs/<date>-<commit>-<machine> (bench/run-folder.sh).
 set -uo pipefail
@@ -37,11 +41,29 @@ run() { # name, cap seconds, dice args...   (GPU utilisation sampled each second
   awk '$1 ~ /^[0-9]+$/ && $2 > 0 {n++; s += $2} END {if (n) printf "  sm%% mean over %d busy samples: %.0f\n", n, s / n}' \
     "$OUT/$name.dmon" | tee -a "$OUT/steps.txt"
 }
-# DICE trains on 6,144-token packed rows; the bench packs one synthetic row (p = 0.5 noise).
+# The formula golden's forwards, SFT step (in bf16 through the fused training attention) and
+# generations on the GPU.
+run golden 120 bench golden --golden tests/data/sdar/golden/formula --device cuda --dtype bf16
+# dice-model's CUDA tests (fused SFT step against the CPU's composite one) and its unit tests
+# (NVRTC builds every kernel), where their binaries were carried.
+if wanted tests && [[ -f $DATA/model-tests.xz ]]; then
+  unxz "$DATA/model-tests.xz" /tmp/model-tests && chmod +x /tmp/model-tests
+  unxz "$DATA/model-lib-tests.xz" /tmp/model-lib-tests && chmod +x /tmp/model-lib-tests
+  (cd crates/dice-model && timeout 240 /tmp/model-tests cuda --test-threads 1 --nocapture) \
+    >"$OUT/model-tests.txt" 2>&1
+  echo "model-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-tests.txt"
+  (cd crates/dice-model && timeout 120 /tmp/model-lib-tests kernels) >"$OUT/model-lib-tests.txt" 2>&1
+  echo "model-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/model-lib-tests.txt"
+fi
+# DICE trains on 6,144-token packed rows; the bench packs one synthetic row (p = 0.5 noise). The
+# fused training attention, then the composite one it replaces (DICE_FUSED_ATTENTION=0), each with
+# the step's phases profiled.
 run bench-1.7b 240 bench train --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 \
-  --tokens 6144 --steps 2 --json "$OUT/bench-1.7b.json"
+  --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b.json"
+DICE_FUSED_ATTENTION=0 run bench-1.7b-composite 240 bench train --config "$configs/sdar-1.7b.json" \
+  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-composite.json"
 run bench-4b 240 bench train --config "$configs/sdar-4b.json" --device cuda --dtype bf16 \
-  --tokens 6144 --steps 2 --json "$OUT/bench-4b.json"
+  --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b.json"
 # The trainer through NCCL at world size one (--nproc-per-node 1): a random 1.7B model trained on
 # the 99 DICE pairs as {prompt, response} rows.
 if wanted sft-nccl; then

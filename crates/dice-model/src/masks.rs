@@ -95,6 +95,86 @@ pub fn cached_block_mask(
     Ok(Some(mask.unsqueeze(1)?.unsqueeze(1)?))
 }
 
+/// The keys each query of a packed sequence sees, as two half-open ranges per query
+/// (`[s0, s1) ∪ [s2, s3)`, an empty range as `[0, 0)`), with their hulls per tile of 64
+/// queries: the visibility the fused training attention takes instead of a mask tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct KeySpans {
+    rows: Vec<[u32; 4]>,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl KeySpans {
+    /// Queries per tile of the training attention kernels (`TILE` of `train_attention.cu`).
+    pub(crate) const TILE: usize = 64;
+
+    /// The two-stream SFT mask (`masks::two_stream_allowed`) of samples of `sample_lens`
+    /// tokens, packed one after another as [noisy ⧺ clean] segments of 2n positions.
+    pub(crate) fn two_stream(sample_lens: &[usize], block_size: usize) -> Self {
+        let mut rows = Vec::with_capacity(2 * sample_lens.iter().sum::<usize>());
+        for &n in sample_lens {
+            let start = rows.len() as u32;
+            let (n32, bs) = (n as u32, block_size as u32);
+            for i in 0..2 * n32 {
+                rows.push(if i < n32 {
+                    // Its own noisy block, and the clean blocks before it.
+                    let b = i / bs;
+                    [
+                        start + b * bs,
+                        start + ((b + 1) * bs).min(n32),
+                        start + n32,
+                        start + n32 + b * bs,
+                    ]
+                } else {
+                    // The clean blocks up to its own.
+                    let b = (i - n32) / bs;
+                    [start + n32, start + n32 + ((b + 1) * bs).min(n32), 0, 0]
+                });
+            }
+        }
+        Self { rows }
+    }
+
+    /// The queries' ranges, `[s0, s1, s2, s3]` each.
+    pub(crate) fn rows(&self) -> &[[u32; 4]] {
+        &self.rows
+    }
+
+    pub(crate) fn tokens(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Per tile of [`TILE`] queries, the hull of its rows' first ranges and of their second
+    /// ranges, empty ranges left out (`[0, 0)` when all are empty).
+    pub(crate) fn tile_hulls(&self) -> Vec<[u32; 4]> {
+        self.rows
+            .chunks(Self::TILE)
+            .map(|tile| {
+                let mut hull = [0u32; 4];
+                for i in 0..2 {
+                    let ranges = tile
+                        .iter()
+                        .map(|row| (row[2 * i], row[2 * i + 1]))
+                        .filter(|(begin, end)| begin < end);
+                    if let Some((begin, end)) = ranges.reduce(|a, b| (a.0.min(b.0), a.1.max(b.1))) {
+                        hull[2 * i] = begin;
+                        hull[2 * i + 1] = end;
+                    }
+                }
+                hull
+            })
+            .collect()
+    }
+
+    /// Whether query `query` sees key `key`.
+    #[cfg(test)]
+    fn sees(&self, query: usize, key: usize) -> bool {
+        let [a0, a1, b0, b1] = self.rows[query].map(|x| x as usize);
+        (a0..a1).contains(&key) || (b0..b1).contains(&key)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,5 +278,41 @@ mod tests {
         };
         assert_eq!(seen(0), "111111111111");
         assert_eq!(seen(1), "11111111....");
+    }
+
+    #[test]
+    fn two_stream_spans_are_the_two_stream_mask() {
+        for (lens, block) in [(vec![8], 4), (vec![5, 12, 1], 4), (vec![9, 3], 2)] {
+            let spans = KeySpans::two_stream(&lens, block);
+            let mut start = 0;
+            for &n in &lens {
+                for q in 0..2 * n {
+                    for key in 0..spans.tokens() {
+                        let inside = (start..start + 2 * n).contains(&key);
+                        let want = inside && two_stream_allowed(q, key - start, n, block);
+                        assert_eq!(spans.sees(start + q, key), want, "{lens:?} q {q} k {key}");
+                    }
+                }
+                start += 2 * n;
+            }
+        }
+    }
+
+    #[test]
+    fn tile_hulls_cover_every_key_their_queries_see() {
+        let spans = KeySpans::two_stream(&[100, 30], 4);
+        let hulls = spans.tile_hulls();
+        assert_eq!(hulls.len(), 260usize.div_ceil(KeySpans::TILE));
+        for (query, row) in spans.rows.iter().enumerate() {
+            let hull = hulls[query / KeySpans::TILE];
+            for i in 0..2 {
+                if row[2 * i] < row[2 * i + 1] {
+                    assert!(hull[2 * i] <= row[2 * i] && row[2 * i + 1] <= hull[2 * i + 1]);
+                }
+            }
+        }
+        // The first tile (noisy queries 0..63 of the first sample) never needs the noisy keys
+        // past its own blocks.
+        assert_eq!(hulls[0], [0, 64, 100, 100 + 60]);
     }
 }

@@ -84,6 +84,7 @@ mod fused;
 mod graph;
 mod profile;
 mod stage;
+mod step_profile;
 pub mod training;
 
 #[cfg(feature = "cuda")]
@@ -91,6 +92,7 @@ pub use graph::DecodeGraph;
 pub use profile::{BlockForwardShape, ComponentProfile, ForwardProfile, ProfileSettings};
 pub use stage::Stage;
 use stage::{Probe, Unprobed};
+pub use step_profile::{PhaseTime, StepPhase, StepProfile};
 pub use training::{LossGradients, MaskedSequence};
 
 /// Which implementation of the fused operations a forward uses. Inference takes candle's fused

@@ -33,6 +33,10 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// H100 / H200 SXM dense bf16 tensor-core peak, TFLOP/s: the MFU's denominator on CUDA unless
+/// told otherwise.
+pub const HOPPER_BF16_PEAK_TFLOPS: f64 = 989.0;
+
 /// The FLOPs of one forward, backward and update on samples of `sample_lens` tokens (every
 /// sample of every row, the rows' padding counting as one sample each) with `scored`
 /// positions under the loss (module docs: the formula).

@@ -1,11 +1,12 @@
 //! One timed SFT step of a real model size with random weights on a synthetic packed row: the
 //! speed and peak memory of training at that size, without a dataset.
 
+use crate::metrics::sft_step_flops;
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device};
 use dice_model::init::splitmix64_mix;
 use dice_model::memory::PeakMemory;
-use dice_model::sdar::QUERY_CHUNK;
+use dice_model::sdar::{StepProfile, QUERY_CHUNK};
 use dice_model::{PackedRow, Sdar, SdarConfig, TwoStreamBatch};
 use std::time::Instant;
 
@@ -74,21 +75,29 @@ pub struct SftStepTiming {
     pub positions: usize,
     /// Masked (loss-bearing) positions.
     pub masked: usize,
+    /// FLOPs of the step as the trainer counts them for its MFU ([`sft_step_flops`]: both
+    /// streams, the visible attention pairs, the scored head).
+    pub flops: f64,
     /// Highest device memory in use from the model's build to the last step's end; `None` on
     /// the CPU.
     pub peak_bytes: Option<u64>,
+    /// Where the time of one more step went, phase by phase, when asked for.
+    pub profile: Option<StepProfile>,
 }
 
 /// Random weights of `config` in `dtype` on `device`, [`synthetic_sft_row`] of `tokens` tokens,
 /// then `steps` (>= 1) checkpointed loss-and-gradient steps ([`Sdar::sft_loss_and_grads`] with
 /// [`QUERY_CHUNK`]-row chunks): the loss and wall time of the last step (earlier steps are
-/// warm-up; each step's gradients are dropped before the next one starts).
+/// warm-up; each step's gradients are dropped before the next one starts). With `profile`, one
+/// more step runs with its phases timed apart ([`Sdar::profile_sft_step`]), after the timed
+/// one, which the profiling's synchronizations would slow.
 pub fn time_sft_step(
     config: &SdarConfig,
     dtype: DType,
     device: &Device,
     tokens: usize,
     steps: usize,
+    profile: bool,
 ) -> Result<SftStepTiming> {
     ensure!(steps > 0, "time at least one SFT step");
     let peak = PeakMemory::start(device)?;
@@ -102,11 +111,19 @@ pub fn time_sft_step(
     let step = model.sft_loss_and_grads(&batch, QUERY_CHUNK)?;
     device.synchronize()?;
     let seconds = start.elapsed().as_secs_f64();
+    drop(step.grads);
+    let profile = if profile {
+        Some(model.profile_sft_step(&batch, QUERY_CHUNK)?.1)
+    } else {
+        None
+    };
     Ok(SftStepTiming {
         loss: step.loss,
         seconds,
         positions: batch.tokens().len(),
         masked: batch.selected().len(),
+        flops: sft_step_flops(config, &[tokens], batch.selected().len()),
         peak_bytes: peak.finish(),
+        profile,
     })
 }

@@ -379,3 +379,55 @@ fn report_reads_a_read_only_run() {
     assert_eq!(read_only.stdout, writable.stdout);
     assert!(before == after, "the report changed the run folder");
 }
+
+/// `dice bench train` on the CPU with the formula golden's tiny config: the step's time, its
+/// TFLOP/s and an MFU against the peak it is given (none by default on the CPU), and with
+/// `--profile` where the time of a step goes, as text and JSON.
+#[test]
+fn bench_train_reports_flops_and_mfu_against_the_given_peak() {
+    let config = test_data().join("sdar/golden/formula/config.json");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("train.json");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "train",
+            "--config",
+            path_arg(&config),
+            "--tokens",
+            "24",
+            "--steps",
+            "1",
+            "--json",
+            path_arg(&json),
+        ];
+        args.extend_from_slice(extra);
+        let out = dice(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let line = String::from_utf8_lossy(&out.stdout).into_owned();
+        let result: Value = serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+        (line, result)
+    };
+    let (line, result) = run(&[]);
+    assert!(line.contains("TFLOP/s, MFU -;"), "{line}");
+    assert_eq!(result["positions"], 48);
+    let tflops = result["tflops"].as_f64().unwrap();
+    assert!(tflops > 0.0, "{result}");
+    assert!(result["mfu"].is_null(), "{result}");
+
+    assert!(result.get("profile").is_none(), "{result}");
+
+    let (text, result) = run(&["--peak-tflops", "0.5", "--profile"]);
+    let mfu = result["mfu"].as_f64().unwrap();
+    assert!(mfu > 0.0 && text.contains(" %;"), "{text}");
+    // The profile: a table row per phase, and the same phases in the JSON.
+    assert!(text.contains("| forward: attention | 2 |"), "{text}");
+    assert!(text.contains("| backward: attention | 2 |"), "{text}");
+    assert!(
+        text.contains("| between phases (host bookkeeping) |"),
+        "{text}"
+    );
+    assert_eq!(result["profile"]["phases"].as_array().unwrap().len(), 10);
+    let expected = result["tflops"].as_f64().unwrap() / 0.5;
+    assert!((mfu - expected).abs() < 1e-9 * expected, "{result}");
+}

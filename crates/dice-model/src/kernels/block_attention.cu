@@ -66,18 +66,6 @@ __device__ __forceinline__ float4 load4(const float* p) {
     return *reinterpret_cast<const float4*>(p);
 }
 
-// Two bf16/f16 T in one word hold the first in the low half (the order of memory and of mma
-// fragments).
-template <typename T> __device__ __forceinline__ float low_half(unsigned int word) {
-    return to_float(T{(unsigned short)(word & 0xffffu)});
-}
-template <typename T> __device__ __forceinline__ float high_half(unsigned int word) {
-    return to_float(T{(unsigned short)(word >> 16)});
-}
-template <typename T> __device__ __forceinline__ unsigned int pack_pair(float lo, float hi) {
-    return (unsigned int)from_float<T>(lo).bits | ((unsigned int)from_float<T>(hi).bits << 16);
-}
-
 template <typename T> __device__ __forceinline__ float4 load4(const T* p) {
     const uint2 u = *reinterpret_cast<const uint2*>(p);
     return make_float4(low_half<T>(u.x), high_half<T>(u.x), low_half<T>(u.y), high_half<T>(u.y));
@@ -407,92 +395,7 @@ static_assert(HEAD_DIM % 16 == 0, "the tensor-core kernel needs HEAD_DIM % 16 ==
 static_assert(MMA_STAGES >= 2, "the tensor-core kernel needs at least two stages");
 static_assert(MMA_SHARED_BYTES <= 227 * 1024, "more shared memory than a CTA may have on sm_90");
 
-#ifdef __CUDACC__
-// d += a * b for one m16n8k16 tile (fragment layouts of the PTX ISA). Plain C++ builds of this
-// file (the CPU emulation in tests/kernel_emulation) provide these warp-collective operations.
-template <typename T>
-__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const unsigned int (&a)[4],
-                                             unsigned int b0, unsigned int b1);
-
-template <>
-__device__ __forceinline__ void mma_m16n8k16<bf16_t>(float (&d)[4], const unsigned int (&a)[4],
-                                                     unsigned int b0, unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-template <>
-__device__ __forceinline__ void mma_m16n8k16<f16_t>(float (&d)[4], const unsigned int (&a)[4],
-                                                    unsigned int b0, unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned int shared_address(const unsigned short* p) {
-    unsigned int address;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
-    return address;
-}
-
-// Four 8x8 b16 matrices from shared memory; lane i gives the address of row i % 8 of matrix
-// i / 8. The memory clobber keeps the staging stores (ordered by __syncwarp) before the reads.
-__device__ __forceinline__ void ldmatrix_x4(unsigned int (&r)[4], const unsigned short* row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(row))
-                 : "memory");
-}
-
-// The same, each matrix transposed.
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int (&r)[4], const unsigned short* row) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(row))
-                 : "memory");
-}
-
-// 16 bytes from global to shared memory, asynchronously (L2 only: K and V are read once);
-// zeros instead when !valid (src is then not read).
-__device__ __forceinline__ void cp_async_16(unsigned short* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :
-                 : "r"(shared_address(dst)), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-
-// Closes the group of this thread's copies issued since the last commit.
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// Waits until at most `pending` of this thread's committed groups are still in flight.
-template <int pending> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
-}
-
-extern __shared__ __align__(16) unsigned char dynamic_shared_memory[];
-#endif
-
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-__device__ __forceinline__ float warp_max(float x) {
-    for (int mask = 16; mask > 0; mask >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, mask));
-    return x;
-}
+#include "mma.cuh"
 
 // The A fragments of a warp's query tile (rows first..first + 15; this lane's rows are group
 // and group + 8) and the key slots each of this lane's rows sees. Rows past the last query are

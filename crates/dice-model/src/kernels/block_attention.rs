@@ -116,6 +116,12 @@ fn mode() -> Mode {
     })
 }
 
+/// Whether the fused attention kernels (decoding's and training's) may run: not under
+/// `DICE_FUSED_ATTENTION=0`.
+pub(super) fn fused_attention_enabled() -> bool {
+    mode() != Mode::Off
+}
+
 /// Compute capability from which the `block_attention_mma*` kernels exist (mma.sync with bf16).
 const TENSOR_CORE_ARCH: (i32, i32) = (8, 0);
 

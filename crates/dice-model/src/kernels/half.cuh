@@ -61,3 +61,15 @@ template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
 template <> __device__ __forceinline__ f16_t from_float<f16_t>(float x) {
     return {float_to_f16_bits(x)};
 }
+
+// Two bf16/f16 T in one word hold the first in the low half (the order of memory and of mma
+// fragments).
+template <typename T> __device__ __forceinline__ float low_half(unsigned int word) {
+    return to_float(T{(unsigned short)(word & 0xffffu)});
+}
+template <typename T> __device__ __forceinline__ float high_half(unsigned int word) {
+    return to_float(T{(unsigned short)(word >> 16)});
+}
+template <typename T> __device__ __forceinline__ unsigned int pack_pair(float lo, float hi) {
+    return (unsigned int)from_float<T>(lo).bits | ((unsigned int)from_float<T>(hi).bits << 16);
+}

@@ -1,5 +1,6 @@
 //! Hand-written CUDA kernels, compiled at run time with NVRTC (the `cuda` feature): the fused
-//! decoding forward's building blocks (`crate::sdar`'s `fused` module).
+//! decoding forward's building blocks (`crate::sdar`'s `fused` module) and the training
+//! attention's forward and backward (`crate::sdar`'s `training` module).
 
 // Launching NVRTC kernels through cudarc's raw API and handing it device addresses is unsafe by
 // nature; each launch states its contract where it happens.
@@ -9,5 +10,7 @@ mod block_attention;
 pub(crate) mod decode_ops;
 mod device_ptr;
 mod nvrtc;
+mod train_attention;
 
 pub(crate) use block_attention::BlockAttention;
+pub(crate) use train_attention::TrainAttention;

@@ -10,6 +10,7 @@
 //! the upstream gradient, so `backward()` on it yields the vector-Jacobian product of the piece.
 
 use super::stage::Unprobed;
+use super::step_profile::{timed, PhaseTimer, StepPhase, StepProfile};
 use super::{
     attention_rows, chunked_attention, linear, rms_norm, row_chunks, DecoderLayer, Kernels, Rope,
     Sdar, QUERY_CHUNK,
@@ -19,8 +20,10 @@ use crate::sft::TwoStreamBatch;
 use anyhow::{ensure, Context};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var, D};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops::Range;
+use std::time::Instant;
 
 /// Training always runs the composite ops autograd can differentiate.
 const KERNELS: Kernels = Kernels::Differentiable;
@@ -95,19 +98,65 @@ struct Segment {
     mask: Tensor,
 }
 
-/// What every layer of one training forward shares: rotary tables and the segments' masks.
+/// How the attention of a training forward runs.
+enum AttentionPath {
+    /// candle's differentiable ops, one query chunk of one segment at a time, under the
+    /// segments' masks.
+    Composite(Vec<Segment>),
+    /// The fused kernels, over the whole sequence at once: no mask tensor, the log-sum-exp of
+    /// the forward kept for the backward.
+    #[cfg(feature = "cuda")]
+    Fused(crate::kernels::TrainAttention),
+}
+
+/// What every layer of one training forward shares: rotary tables and how attention runs; and
+/// the phase timer of a profiled step.
 struct Layout {
     rope: Rope,
-    segments: Vec<Segment>,
+    attention: AttentionPath,
+    timer: Option<RefCell<PhaseTimer>>,
+}
+
+/// One layer's attention output, and what the fused backward needs of its forward.
+struct AttentionOutput {
+    /// `[1, T, Hq * Dh]`.
+    out: Tensor,
+    /// The fused forward's log-sum-exp, f32 `[Hq, T]`; `None` on the composite path (always,
+    /// without the `cuda` feature).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    lse: Option<Tensor>,
+}
+
+/// What the checkpointed backward recomputes a layer from: its input and attention output.
+struct SavedLayer {
+    input: Tensor,
+    attention: AttentionOutput,
 }
 
 impl Layout {
     /// An SFT batch: every sample is a segment of 2n positions [noisy ⧺ clean] under the
-    /// two-stream mask of its length.
-    fn two_stream(model: &Sdar, batch: &TwoStreamBatch) -> Result<Self> {
+    /// two-stream mask of its length. With `fused`, attention takes the fused kernels where
+    /// the device and dtype have them (they have no autograd: the checkpointed step and frozen
+    /// forwards only).
+    fn two_stream(model: &Sdar, batch: &TwoStreamBatch, fused: bool) -> anyhow::Result<Self> {
         let device = model.device();
         let positions = Tensor::new(batch.positions(), device)?;
         let rope = Rope::new(&model.inv_freq, &positions, model.dtype())?;
+        #[cfg(feature = "cuda")]
+        if fused {
+            let spans = masks::KeySpans::two_stream(batch.sample_lens(), model.config.block_size);
+            let planned =
+                crate::kernels::TrainAttention::plan(device, model.dtype(), &model.config, &spans)?;
+            if let Some(kernels) = planned {
+                return Ok(Self {
+                    rope,
+                    attention: AttentionPath::Fused(kernels),
+                    timer: None,
+                });
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = fused;
         let mut masks: HashMap<usize, Tensor> = HashMap::new();
         let mut segments = Vec::with_capacity(batch.sample_lens().len());
         let mut start = 0;
@@ -128,7 +177,11 @@ impl Layout {
             });
             start += 2 * n;
         }
-        Ok(Self { rope, segments })
+        Ok(Self {
+            rope,
+            attention: AttentionPath::Composite(segments),
+            timer: None,
+        })
     }
 
     /// A masked sequence: one segment under its own mask.
@@ -137,19 +190,47 @@ impl Layout {
         let positions = Tensor::new(sequence.positions.as_slice(), model.device())?;
         Ok(Self {
             rope: Rope::new(&model.inv_freq, &positions, model.dtype())?,
-            segments: vec![Segment {
+            attention: AttentionPath::Composite(vec![Segment {
                 start: 0,
                 len: n,
                 mask: sequence.mask.reshape((1, 1, 1, n, n))?,
-            }],
+            }]),
+            timer: None,
         })
     }
 
-    /// Attention within every segment (`rows` queries at a time): q `[1, Hq, T, Dh]`, k and v
-    /// `[1, Hkv, T, Dh]`, result `[1, T, Hq * Dh]`.
-    fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, rows: usize) -> Result<Tensor> {
-        let outputs = self
-            .segments
+    /// Runs `work` as `phase` of a profiled step (untimed otherwise).
+    fn timed<R, E: From<candle_core::Error>>(
+        &self,
+        phase: StepPhase,
+        work: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> std::result::Result<R, E> {
+        timed(self.timer.as_ref(), phase, work)
+    }
+
+    /// Attention within every segment (on the composite path `rows` queries at a time): q
+    /// `[1, Hq, T, Dh]`, k and v `[1, Hkv, T, Dh]`, output `[1, T, Hq * Dh]`.
+    // Without the `cuda` feature the composite path is the only one.
+    #[cfg_attr(not(feature = "cuda"), allow(clippy::infallible_destructuring_match))]
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        rows: usize,
+    ) -> Result<AttentionOutput> {
+        let segments = match &self.attention {
+            AttentionPath::Composite(segments) => segments,
+            #[cfg(feature = "cuda")]
+            AttentionPath::Fused(kernels) => {
+                let (out, lse) = kernels.forward(q, k, v)?;
+                return Ok(AttentionOutput {
+                    out,
+                    lse: Some(lse),
+                });
+            }
+        };
+        let outputs = segments
             .iter()
             .map(|segment| {
                 let span = |x: &Tensor| x.narrow(2, segment.start, segment.len);
@@ -163,20 +244,40 @@ impl Layout {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        Tensor::cat(&outputs, 1)
+        Ok(AttentionOutput {
+            out: Tensor::cat(&outputs, 1)?,
+            lse: None,
+        })
     }
 
     /// Gradients of [`Layout::attention`] with respect to q, k and v for the output gradient
-    /// `upstream`, recomputing and backpropagating one query chunk of one segment at a time.
-    /// The chunks' contributions are summed in f32 and rounded once to the input dtype.
+    /// `upstream`, given the forward's `output`. The composite path recomputes and
+    /// backpropagates one query chunk of one segment at a time, summing the chunks'
+    /// contributions in f32 and rounding once to the input dtype.
+    #[cfg_attr(not(feature = "cuda"), allow(clippy::infallible_destructuring_match))]
     fn attention_backward(
         &self,
         [q, k, v]: [&Tensor; 3],
+        output: &AttentionOutput,
         upstream: &Tensor,
         rows: usize,
     ) -> anyhow::Result<[Tensor; 3]> {
+        // Only the fused backward reads the forward's output.
+        #[cfg(not(feature = "cuda"))]
+        let _ = output;
+        let segments = match &self.attention {
+            AttentionPath::Composite(segments) => segments,
+            #[cfg(feature = "cuda")]
+            AttentionPath::Fused(kernels) => {
+                let lse = output
+                    .lse
+                    .as_ref()
+                    .context("internal error: a fused attention forward keeps its log-sum-exp")?;
+                return Ok(kernels.backward([q, k, v], &output.out, lse, upstream)?);
+            }
+        };
         let mut per_segment: [Vec<Tensor>; 3] = Default::default();
-        for segment in &self.segments {
+        for segment in segments {
             // Fresh leaves (copies), so that each backward stops at this segment's q, k and v.
             let leaf = |x: &Tensor| Var::from_tensor(&x.narrow(2, segment.start, segment.len)?);
             let leaves = [leaf(q)?, leaf(k)?, leaf(v)?];
@@ -206,19 +307,25 @@ impl Layout {
         ])
     }
 
-    /// One decoder layer on the sequence `h` `[1, T, H]`: its attention output
-    /// `[1, T, Hq * Dh]` and its output `[1, T, H]`.
+    /// One decoder layer on the sequence `h` `[1, T, H]`: its attention output and its output
+    /// `[1, T, H]`.
     fn layer_forward(
         &self,
         model: &Sdar,
         layer: &DecoderLayer,
         h: &Tensor,
         rows: usize,
-    ) -> Result<(Tensor, Tensor)> {
-        let (q, k, v) = layer.qkv(&model.config, h, &self.rope, KERNELS, &mut Unprobed)?;
-        let attn = self.attention(&q, &k, &v, rows)?;
-        let out = layer.finish(&model.config, h, &attn, KERNELS, &mut Unprobed)?;
-        Ok((attn, out))
+    ) -> Result<(AttentionOutput, Tensor)> {
+        let (q, k, v) = self.timed(StepPhase::ForwardProjections, || {
+            layer.qkv(&model.config, h, &self.rope, KERNELS, &mut Unprobed)
+        })?;
+        let attention = self.timed(StepPhase::ForwardAttention, || {
+            self.attention(&q, &k, &v, rows)
+        })?;
+        let out = self.timed(StepPhase::ForwardMlp, || {
+            layer.finish(&model.config, h, &attention.out, KERNELS, &mut Unprobed)
+        })?;
+        Ok((attention, out))
     }
 }
 
@@ -305,7 +412,7 @@ impl Sdar {
     /// memory-bounded way to train.
     pub fn two_stream_hidden(&self, batch: &TwoStreamBatch) -> anyhow::Result<Tensor> {
         let device = self.device();
-        let layout = Layout::two_stream(self, batch)?;
+        let layout = Layout::two_stream(self, batch, false)?;
         let tokens = Tensor::new(batch.tokens(), device)?.unsqueeze(0)?;
         let mut h = self.embed(&tokens)?;
         for layer in &self.layers {
@@ -378,6 +485,17 @@ impl Sdar {
             !batch.tokens().is_empty(),
             "the SFT batch has no tokens: pass at least one non-empty packed row"
         );
+        let layout = Layout::two_stream(self, batch, true)?;
+        self.sft_step_on(&layout, batch, chunk_rows)
+    }
+
+    /// The SFT loss head of `batch` and the checkpointed step on its `layout`.
+    fn sft_step_on(
+        &self,
+        layout: &Layout,
+        batch: &TwoStreamBatch,
+        chunk_rows: usize,
+    ) -> anyhow::Result<LossGradients> {
         let device = self.device();
         let p = Tensor::new(batch.selected_p(), device)?;
         let denom = batch.num_loss_tokens().max(1) as f64;
@@ -389,8 +507,35 @@ impl Sdar {
             labels: Tensor::new(batch.selected_labels(), device)?,
             loss: &loss,
         };
-        let layout = Layout::two_stream(self, batch)?;
-        self.checkpointed_loss_and_grads(&layout, batch.tokens(), &head, chunk_rows)
+        self.checkpointed_loss_and_grads(layout, batch.tokens(), &head, chunk_rows)
+    }
+
+    /// [`Sdar::sft_loss_and_grads`] with every phase of the step ([`StepPhase`]) timed on its
+    /// own between two device synchronizations: the same loss and gradients, and where the
+    /// step's time goes.
+    pub fn profile_sft_step(
+        &self,
+        batch: &TwoStreamBatch,
+        chunk_rows: usize,
+    ) -> anyhow::Result<(LossGradients, StepProfile)> {
+        ensure!(
+            !batch.tokens().is_empty(),
+            "the SFT batch has no tokens: pass at least one non-empty packed row"
+        );
+        let start = Instant::now();
+        let timer = RefCell::new(PhaseTimer::new(self.device()));
+        let mut layout = timed(Some(&timer), StepPhase::Setup, || {
+            Layout::two_stream(self, batch, true)
+        })?;
+        layout.timer = Some(timer);
+        let step = self.sft_step_on(&layout, batch, chunk_rows)?;
+        self.device().synchronize()?;
+        let seconds = start.elapsed().as_secs_f64();
+        let timer = layout
+            .timer
+            .take()
+            .context("the profiled layout keeps its timer")?;
+        Ok((step, timer.into_inner().finish(seconds)))
     }
 
     /// log π(label) of every scored row of `sequence` (f32, in the order of its rows): the
@@ -423,7 +568,7 @@ impl Sdar {
             !batch.tokens().is_empty(),
             "the SFT batch has no tokens: pass at least one non-empty packed row"
         );
-        let layout = Layout::two_stream(self, batch)?;
+        let layout = Layout::two_stream(self, batch, true)?;
         let log_probs = self.frozen_label_log_probs(
             &layout,
             batch.tokens(),
@@ -505,20 +650,21 @@ impl Sdar {
         layout: &Layout,
         tokens: &[u32],
         chunk_rows: usize,
-        mut saved: Option<&mut Vec<(Tensor, Tensor)>>,
+        mut saved: Option<&mut Vec<SavedLayer>>,
     ) -> Result<Tensor> {
-        let tokens = Tensor::new(tokens, self.device())?;
-        let mut h = self
-            .embed_tokens
-            .detach()
-            .index_select(&tokens, 0)?
-            .unsqueeze(0)?;
+        let mut h = layout.timed(StepPhase::ForwardProjections, || {
+            let tokens = Tensor::new(tokens, self.device())?;
+            self.embed_tokens
+                .detach()
+                .index_select(&tokens, 0)?
+                .unsqueeze(0)
+        })?;
         for layer in &self.layers {
             let frozen = layer.map(|t| Ok(t.detach()))?;
-            let (attn, out) = layout.layer_forward(self, &frozen, &h, chunk_rows)?;
+            let (attention, out) = layout.layer_forward(self, &frozen, &h, chunk_rows)?;
             let input = std::mem::replace(&mut h, out);
             if let Some(saved) = saved.as_deref_mut() {
-                saved.push((input, attn));
+                saved.push(SavedLayer { input, attention });
             }
         }
         Ok(h)
@@ -536,7 +682,9 @@ impl Sdar {
         ensure!(chunk_rows > 0, "chunk_rows must be positive");
         let mut saved = Vec::with_capacity(self.layers.len());
         let h = self.frozen_forward(layout, tokens, chunk_rows, Some(&mut saved))?;
-        let head = self.head_backward(&h, head, chunk_rows)?;
+        let head = layout.timed(StepPhase::LossHead, || {
+            self.head_backward(&h, head, chunk_rows)
+        })?;
         drop(h);
         let mut grads = HashMap::new();
         grads.insert(
@@ -555,26 +703,26 @@ impl Sdar {
 
         let mut upstream = head.hidden;
         for (l, layer) in self.layers.iter().enumerate().rev() {
-            let (input, attn) = saved
+            let saved_layer = saved
                 .pop()
                 .context("internal error: one saved input per layer")?;
             let (d_input, layer_grads) =
-                self.layer_backward(layer, layout, &input, &attn, &upstream, chunk_rows)?;
+                self.layer_backward(layer, layout, &saved_layer, &upstream, chunk_rows)?;
             for (name, grad) in DecoderLayer::NAMES.iter().zip(layer_grads) {
                 grads.insert(format!("model.layers.{l}.{name}"), grad);
             }
             upstream = d_input;
         }
 
-        let tokens = Tensor::new(tokens, self.device())?;
-        let rows = Tensor::zeros(self.embed_tokens.shape(), DType::F32, tokens.device())?
-            .index_add(&tokens, &upstream.squeeze(0)?.to_dtype(DType::F32)?, 0)?;
-        accumulate(&mut embed_sum, &rows)?;
-        drop(rows);
-        grads.insert(
-            "model.embed_tokens.weight".to_string(),
-            rounded(embed_sum, &self.embed_tokens)?,
-        );
+        let embed_grad = layout.timed(StepPhase::EmbeddingGradient, || {
+            let tokens = Tensor::new(tokens, self.device())?;
+            let rows = Tensor::zeros(self.embed_tokens.shape(), DType::F32, tokens.device())?
+                .index_add(&tokens, &upstream.squeeze(0)?.to_dtype(DType::F32)?, 0)?;
+            accumulate(&mut embed_sum, &rows)?;
+            drop(rows);
+            rounded(embed_sum, &self.embed_tokens)
+        })?;
+        grads.insert("model.embed_tokens.weight".to_string(), embed_grad);
         Ok(LossGradients {
             loss: head.loss,
             log_probs: head.log_probs,
@@ -639,27 +787,27 @@ impl Sdar {
         })
     }
 
-    /// Recomputes `layer` with autograd from its saved `input` `[1, T, H]` and attention output
+    /// Recomputes `layer` with autograd from its saved input `[1, T, H]` and attention output
     /// and backpropagates `upstream` (d loss / d output): d loss / d input, and the layer's
     /// weight gradients in the order of [`DecoderLayer::NAMES`].
     fn layer_backward(
         &self,
         layer: &DecoderLayer,
         layout: &Layout,
-        input: &Tensor,
-        attn: &Tensor,
+        saved: &SavedLayer,
         upstream: &Tensor,
         rows: usize,
     ) -> anyhow::Result<(Tensor, Vec<Tensor>)> {
         let cfg = &self.config;
         let weights = layer.map(|t| Ok(Var::from_tensor(t)?.into_inner()))?;
-        let input = Var::from_tensor(input)?;
-        let (q, k, v) =
-            weights.qkv(cfg, input.as_tensor(), &layout.rope, KERNELS, &mut Unprobed)?;
+        let input = Var::from_tensor(&saved.input)?;
+        let (q, k, v) = layout.timed(StepPhase::RecomputeProjections, || {
+            weights.qkv(cfg, input.as_tensor(), &layout.rope, KERNELS, &mut Unprobed)
+        })?;
         // The MLP half starts from the saved attention output, so the attention graph is never
         // built for the whole sequence at once.
-        let attn = Var::from_tensor(attn)?;
-        let mut late = {
+        let attn = Var::from_tensor(&saved.attention.out)?;
+        let mut late = layout.timed(StepPhase::MlpBackward, || {
             let out = weights.finish(
                 cfg,
                 input.as_tensor(),
@@ -667,19 +815,25 @@ impl Sdar {
                 KERNELS,
                 &mut Unprobed,
             )?;
-            pull_back(&[(&out, upstream)])?
-        };
+            pull_back(&[(&out, upstream)])
+        })?;
         let d_attn = grad_of(&late, attn.as_tensor(), "the attention output")?.clone();
-        let [dq, dk, dv] = layout.attention_backward([&q, &k, &v], &d_attn, rows)?;
+        let [dq, dk, dv] = layout.timed(StepPhase::AttentionBackward, || {
+            layout.attention_backward([&q, &k, &v], &saved.attention, &d_attn, rows)
+        })?;
         drop(d_attn);
-        let mut early = pull_back(&[(&q, &dq), (&k, &dk), (&v, &dv)])?;
-        let mut d_input = None;
-        for grads in [&late, &early] {
-            accumulate(
-                &mut d_input,
-                grad_of(grads, input.as_tensor(), "a layer input")?,
-            )?;
-        }
+        let (mut early, d_input) =
+            layout.timed(StepPhase::ProjectionsBackward, || -> anyhow::Result<_> {
+                let early = pull_back(&[(&q, &dq), (&k, &dk), (&v, &dv)])?;
+                let mut d_input = None;
+                for grads in [&late, &early] {
+                    accumulate(
+                        &mut d_input,
+                        grad_of(grads, input.as_tensor(), "a layer input")?,
+                    )?;
+                }
+                Ok((early, d_input))
+            })?;
         let weight_grads = weights
             .tensors()
             .into_iter()

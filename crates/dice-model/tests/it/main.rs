@@ -15,3 +15,4 @@ mod golden_sft;
 mod init;
 mod profile;
 mod tokenizer;
+mod train_attention_emulated;

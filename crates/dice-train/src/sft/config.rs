@@ -144,9 +144,6 @@ pub struct MetricsConfig {
     pub peak_tflops: Option<f64>,
 }
 
-/// H100 / H200 SXM dense bf16 tensor-core peak, TFLOP/s.
-const HOPPER_BF16_PEAK_TFLOPS: f64 = 989.0;
-
 impl Settings for SftConfig {
     fn run_parts(&self) -> RunParts<'_> {
         let (model, checkpoint) = (&self.model, &self.checkpoint);
@@ -221,7 +218,7 @@ impl SftConfig {
         ZeroStage::from_number(t.zero_stage)?;
         self.checkpoint.check(self.eval.eval_steps)?;
         if self.metrics.peak_tflops.is_none() && self.training.run.device == Device::Cuda {
-            self.metrics.peak_tflops = Some(HOPPER_BF16_PEAK_TFLOPS);
+            self.metrics.peak_tflops = Some(crate::metrics::HOPPER_BF16_PEAK_TFLOPS);
         }
         if let Some(peak) = self.metrics.peak_tflops {
             ensure!(

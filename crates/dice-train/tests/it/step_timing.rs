@@ -3,6 +3,7 @@
 
 use crate::common::formula_config;
 use candle_core::{DType, Device};
+use dice_model::sdar::StepPhase;
 use dice_train::step_timing::{synthetic_sft_row, time_sft_step};
 
 #[test]
@@ -26,7 +27,7 @@ fn synthetic_row_is_a_quarter_prompt_and_half_masked_response() {
 #[test]
 fn timed_step_on_random_weights_has_the_uniform_loss() {
     let config = formula_config();
-    let timing = time_sft_step(&config, DType::F32, &Device::Cpu, 64, 1).unwrap();
+    let timing = time_sft_step(&config, DType::F32, &Device::Cpu, 64, 1, true).unwrap();
     assert_eq!(timing.positions, 128);
     assert!(timing.masked > 0 && timing.seconds > 0.0);
     // Near-uniform logits: CE ≈ ln V per masked token, and the 1/p weight makes up for the
@@ -35,4 +36,24 @@ fn timed_step_on_random_weights_has_the_uniform_loss() {
     let expected = uniform * timing.masked as f32 / 0.5 / 48.0;
     println!("loss {} (ln V {uniform}, expected {expected})", timing.loss);
     assert!((timing.loss - expected).abs() < 0.05 * expected);
+    // The profiled step: every phase of the step ran, the layers' phases once per layer, and
+    // the phases account for the step's time but the host's bookkeeping between them.
+    let profile = timing.profile.unwrap();
+    let layers = config.num_hidden_layers as u64;
+    for phase in &profile.phases {
+        let per_layer = !matches!(
+            phase.phase,
+            StepPhase::Setup | StepPhase::LossHead | StepPhase::EmbeddingGradient
+        );
+        // The forward's projections phase also takes the embedding.
+        let runs = match phase.phase {
+            StepPhase::ForwardProjections => layers + 1,
+            _ if per_layer => layers,
+            _ => 1,
+        };
+        assert_eq!(phase.runs, runs, "{phase:?}");
+        assert!(phase.seconds > 0.0, "{phase:?}");
+    }
+    let sum: f64 = profile.phases.iter().map(|p| p.seconds).sum();
+    assert!(sum <= profile.step_seconds, "{profile:?}");
 }

@@ -5,7 +5,9 @@ use super::format::gib;
 use crate::cmd::args::RandomModelArgs;
 use anyhow::{Context, Result};
 use clap::Args;
+use dice_model::sdar::StepProfile;
 use dice_report::targets::Targets;
+use dice_train::metrics::HOPPER_BF16_PEAK_TFLOPS;
 use dice_train::step_timing::time_sft_step;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -14,8 +16,11 @@ pub(super) const AFTER_HELP: &str = "\
 Builds a model of CONFIG's real shapes with random weights, packs one synthetic sample of TOKENS
 tokens (a quarter prompt, the response masked with p = 0.5), and runs STEPS checkpointed
 training steps (forward and backward of the two-stream loss over 2 x TOKENS positions). Prints
-the last step's wall time and the peak device memory, beside the bound (--bound-gib, by default
-the target of bench/targets.toml).
+the last step's wall time, its TFLOP/s and MFU (FLOPs counted as `dice train sft` counts them:
+both streams, the attention pairs the mask leaves, the scored head; against --peak-tflops) and
+the peak device memory, beside the bound (--bound-gib, by default the target of
+bench/targets.toml). DICE_FUSED_ATTENTION=0 takes the composite attention instead of the fused
+kernels (the baseline of the same binary).
 
 Example (H200): dice bench train --config sdar-1.7b.json --device cuda --tokens 4096";
 
@@ -32,6 +37,15 @@ pub(crate) struct TrainBenchArgs {
     /// The peak-memory bound to check against, in GiB.
     #[arg(long, default_value_t = peak_memory_target_gib())]
     pub bound_gib: f64,
+    /// Peak dense TFLOP/s of the device in the compute dtype, the MFU's denominator [default:
+    /// 989 (H100/H200 SXM, bf16) on CUDA; no MFU on the CPU].
+    #[arg(long)]
+    pub peak_tflops: Option<f64>,
+    /// Also run one more step with each phase timed on its own (forward projections,
+    /// attention, MLP, loss head, and their backward), between device synchronizations, and
+    /// print where the step's time goes.
+    #[arg(long)]
+    pub profile: bool,
     /// Also write the result as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -55,13 +69,28 @@ struct TrainBench {
     masked: usize,
     loss: f32,
     step_s: f64,
+    tflops: f64,
+    mfu: Option<f64>,
     peak_bytes: Option<u64>,
     bound_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    profile: Option<StepProfile>,
 }
 
 pub(super) fn run(args: TrainBenchArgs) -> Result<()> {
     let (config, device, dtype) = args.model.resolve()?;
-    let step = time_sft_step(&config, dtype, &device, args.tokens, args.steps)?;
+    let step = time_sft_step(
+        &config,
+        dtype,
+        &device,
+        args.tokens,
+        args.steps,
+        args.profile,
+    )?;
+    let peak_tflops = args
+        .peak_tflops
+        .or(device.is_cuda().then_some(HOPPER_BF16_PEAK_TFLOPS));
+    let tflops = step.flops / step.seconds / 1e12;
     let result = TrainBench {
         config: args.model.config_name(),
         dtype: format!("{dtype:?}"),
@@ -70,8 +99,11 @@ pub(super) fn run(args: TrainBenchArgs) -> Result<()> {
         masked: step.masked,
         loss: step.loss,
         step_s: step.seconds,
+        tflops,
+        mfu: peak_tflops.map(|peak| tflops / peak),
         peak_bytes: step.peak_bytes,
         bound_bytes: (args.bound_gib * (1u64 << 30) as f64) as u64,
+        profile: step.profile,
     };
     let check = match result.peak_bytes {
         Some(p) if p <= result.bound_bytes => "met",
@@ -79,7 +111,7 @@ pub(super) fn run(args: TrainBenchArgs) -> Result<()> {
         None => "not measured on the CPU",
     };
     println!(
-        "sft step of {} ({}): {} tokens, {} positions, {} masked; loss {:.4}; {:.2} s; peak {} (bound {}: {check})",
+        "sft step of {} ({}): {} tokens, {} positions, {} masked; loss {:.4}; {:.2} s, {:.1} TFLOP/s, MFU {}; peak {} (bound {}: {check})",
         result.config,
         result.dtype,
         result.tokens,
@@ -87,14 +119,47 @@ pub(super) fn run(args: TrainBenchArgs) -> Result<()> {
         result.masked,
         result.loss,
         result.step_s,
+        result.tflops,
+        result.mfu.map_or("-".to_string(), |m| format!("{:.1} %", 100.0 * m)),
         result.peak_bytes.map_or("-".to_string(), gib),
         gib(result.bound_bytes),
     );
+    if let Some(profile) = &result.profile {
+        print!("{}", profile_table(profile));
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&result)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The profiled step as a Markdown table: each phase's runs, time and share of the step, then
+/// what ran between the phases.
+fn profile_table(profile: &StepProfile) -> String {
+    let step_ms = 1e3 * profile.step_seconds;
+    let share = |ms: f64| 100.0 * ms / step_ms.max(f64::MIN_POSITIVE);
+    let mut table = format!(
+        "profiled step: {step_ms:.1} ms, each phase between device synchronizations\n\
+         | phase | runs | ms | share |\n| --- | ---: | ---: | ---: |\n"
+    );
+    let mut phases_ms = 0.0;
+    for phase in &profile.phases {
+        let ms = 1e3 * phase.seconds;
+        phases_ms += ms;
+        table += &format!(
+            "| {} | {} | {ms:.1} | {:.1} % |\n",
+            phase.name,
+            phase.runs,
+            share(ms)
+        );
+    }
+    let rest = step_ms - phases_ms;
+    table += &format!(
+        "| between phases (host bookkeeping) | | {rest:.1} | {:.1} % |\n",
+        share(rest)
+    );
+    table
 }
 
 #[cfg(test)]

@@ -1,0 +1,96 @@
+// Tensor-core building blocks of our NVRTC kernels (block_attention.cu, train_attention.cu):
+// mma.m16n8k16 with f32 accumulation, ldmatrix, cp.async, and reductions over the four lanes of
+// a fragment row. Included by sources compiled for sm_80 and newer, and by plain C++ builds (the
+// CPU emulation in tests/kernel_emulation, which provides the warp-collective operations).
+//
+// Fragment layouts (PTX ISA, lane = 4 * group + quad_lane): an A tile (16 x 16, row-major)
+// holds rows group and group + 8, columns 2 quad_lane, +1 (a[0], a[1]) and those + 8 (a[2],
+// a[3]); a B tile (16 x 8) column group, rows 2 quad_lane, +1 (b0) and + 8 (b1); an accumulator
+// (16 x 8) rows group (d[0], d[1]) and group + 8 (d[2], d[3]), columns 2 quad_lane, +1.
+#pragma once
+#ifdef __CUDACC__
+// d += a * b for one m16n8k16 tile (fragment layouts of the PTX ISA). Plain C++ builds of this
+// file (the CPU emulation in tests/kernel_emulation) provide these warp-collective operations.
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const unsigned int (&a)[4],
+                                             unsigned int b0, unsigned int b1);
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<bf16_t>(float (&d)[4], const unsigned int (&a)[4],
+                                                     unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void mma_m16n8k16<f16_t>(float (&d)[4], const unsigned int (&a)[4],
+                                                    unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned int shared_address(const unsigned short* p) {
+    unsigned int address;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(address) : "l"(p));
+    return address;
+}
+
+// Four 8x8 b16 matrices from shared memory; lane i gives the address of row i % 8 of matrix
+// i / 8. The memory clobber keeps the staging stores (ordered by __syncwarp) before the reads.
+__device__ __forceinline__ void ldmatrix_x4(unsigned int (&r)[4], const unsigned short* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row))
+                 : "memory");
+}
+
+// The same, each matrix transposed.
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int (&r)[4], const unsigned short* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row))
+                 : "memory");
+}
+
+// 16 bytes from global to shared memory, asynchronously (L2 only: K and V are read once);
+// zeros instead when !valid (src is then not read).
+__device__ __forceinline__ void cp_async_16(unsigned short* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 :
+                 : "r"(shared_address(dst)), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+// Closes the group of this thread's copies issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Waits until at most `pending` of this thread's committed groups are still in flight.
+template <int pending> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
+}
+
+extern __shared__ __align__(16) unsigned char dynamic_shared_memory[];
+#endif
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+    for (int mask = 16; mask > 0; mask >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, mask));
+    return x;
+}

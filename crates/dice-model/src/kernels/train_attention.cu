@@ -1,0 +1,479 @@
+// Fused attention of training: the forward (output and log-sum-exp) and the backward (dQ, dK,
+// dV) of softmax attention under a visibility given per query as two key ranges, with
+// FlashAttention-2's tiling on tensor cores: no score, probability or mask tensor in memory,
+// and key tiles no query of a tile sees are skipped. crates/dice-model/src/kernels/
+// train_attention.rs launches it; the SFT trainer's two-stream mask (masks.rs,
+// two_stream_allowed) and any mask whose rows see at most two ranges of keys fit it.
+//
+// Compiled at run time with NVRTC, with -DHEAD_DIM=<head dim>; bf16 and f16 (raw 16-bit values,
+// half.cuh) on sm_80 and newer.
+//
+// Layouts (contiguous; one packed sequence of `tokens` positions, every segment in it):
+//   q, dq       [Hq, T, D]      queries after RoPE, and their gradient
+//   k, v, dk, dv [Hkv, T, D]
+//   out, d_out  [T, Hq * D]     the attention output (what o_proj takes) and its gradient
+//   lse, delta  [Hq, T] f32     log-sum-exp of each query's scaled scores (+inf for a query
+//                               that sees nothing), rowsum(d_out * out)
+//   spans       [T, 4] u32      query t sees key j iff s0 <= j < s1 or s2 <= j < s3
+//   tile_spans  [T / 64, 4] u32 per tile of 64 queries the hull of its rows' first ranges and
+//                               of their second ranges (empty ranges left out): key tiles
+//                               outside both are skipped
+// Query head h reads KV head h / (Hq / Hkv). Scores are (q . k) * scale accumulated in f32 by
+// mma.m16n8k16; probabilities and dS are rounded to the input dtype for their products, as
+// FlashAttention does.
+//
+// Kernels (128 threads, 4 warps of 16 rows):
+//   train_attention_forward_*  grid (query tiles, Hq): a warp's 16 queries over the staged key
+//                              tiles, online softmax, out and lse
+//   train_attention_delta_*    one warp per (query, head): delta
+//   train_attention_dq_*       grid (query tiles, Hq): recomputes P and dP = dO V^T per key
+//                              tile, dQ += dS K
+//   train_attention_dkdv_*     grid (key tiles, Hkv): a warp's 16 keys over every query tile
+//                              (of every head of the group) that sees them: S^T, dP^T,
+//                              dV += P^T dO, dK += dS^T Q; no atomics
+
+#ifndef HEAD_DIM
+#error "compile with -DHEAD_DIM=<head dim>"
+#endif
+
+#define THREADS 128
+#define TILE 64
+// Halves per staged row: padded by 16 bytes so that the 8 rows of an ldmatrix hit 8 distinct
+// bank groups.
+#define STRIDE (HEAD_DIM + 8)
+#define TILE_HALVES (TILE * STRIDE)
+// Dynamic shared memory of train_attention_dkdv_* (train_attention.rs mirrors it): K, V, Q and
+// dO tiles, then the staged queries' spans, lse and delta.
+#define DKDV_SHARED_BYTES (4 * TILE_HALVES * 2 + TILE * (4 * 4 + 4 + 4))
+
+#define NEG_INF __uint_as_float(0xff800000u)
+#define POS_INF __uint_as_float(0x7f800000u)
+
+static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM <= 128, "HEAD_DIM must be 16, 32, 64 or 128");
+
+#include "half.cuh"
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#include "mma.cuh"
+
+__device__ __forceinline__ bool in_range(unsigned int key, unsigned int begin, unsigned int end) {
+    return key >= begin && key < end;
+}
+
+__device__ __forceinline__ bool sees(const unsigned int (&span)[4], unsigned int key) {
+    return in_range(key, span[0], span[1]) || in_range(key, span[2], span[3]);
+}
+
+// Whether keys first..end - 1 meet either range of a query tile's tile_spans.
+__device__ __forceinline__ bool tile_meets(const unsigned int* __restrict__ tile_span, int first,
+                                           int end) {
+    return ((int)tile_span[0] < end && (int)tile_span[1] > first) ||
+           ((int)tile_span[2] < end && (int)tile_span[3] > first);
+}
+
+// Rows first..first + TILE - 1 of src (rows `row_stride` elements apart) into a staged tile by
+// cp.async; rows from `count` on are zeros. The caller commits and waits.
+template <typename T>
+__device__ __forceinline__ void stage_rows(unsigned short* tile, const T* __restrict__ src,
+                                           size_t row_stride, int first, int count) {
+    constexpr int CHUNKS = HEAD_DIM / 8;
+    for (int u = threadIdx.x; u < TILE * CHUNKS; u += THREADS) {
+        const int row = u / CHUNKS, c = u % CHUNKS;
+        const bool valid = row < count;
+        cp_async_16(tile + row * STRIDE + 8 * c,
+                    src + (size_t)(first + (valid ? row : 0)) * row_stride + 8 * c, valid);
+    }
+}
+
+// The A fragments of 16 rows first.. of src (rows `row_stride` elements apart; this lane's rows
+// are group and group + 8); rows from `count` on are zeros.
+template <typename T>
+__device__ __forceinline__ void load_a_rows(const T* __restrict__ src, size_t row_stride,
+                                            int first, int count,
+                                            unsigned int (&a)[HEAD_DIM / 16][4]) {
+    const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
+    for (int r = 0; r < 2; ++r) {
+        const int row = first + group + 8 * r;
+        const bool valid = row < count;
+        const unsigned int* words =
+            reinterpret_cast<const unsigned int*>(src + (size_t)(valid ? row : 0) * row_stride);
+        for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+            a[ks][r] = valid ? words[8 * ks + quad_lane] : 0u;
+            a[ks][2 + r] = valid ? words[8 * ks + 4 + quad_lane] : 0u;
+        }
+    }
+}
+
+// The spans of this lane's two rows (first + group, + 8); nothing for rows past `count`.
+__device__ __forceinline__ void load_spans(const unsigned int* __restrict__ spans, int first,
+                                           int count, unsigned int (&span)[2][4]) {
+    const int group = threadIdx.x % 32 / 4;
+    for (int r = 0; r < 2; ++r) {
+        const int row = first + group + 8 * r;
+        for (int i = 0; i < 4; ++i) span[r][i] = row < count ? spans[4 * row + i] : 0u;
+    }
+}
+
+// acc (+)= A B over the staged rows: A from registers, B^T rows (n rows of HEAD_DIM, STRIDE
+// apart: K or V as stored) by ldmatrix, `n` columns.
+template <typename T, int n>
+__device__ __forceinline__ void times_rows(const unsigned int (&a)[HEAD_DIM / 16][4],
+                                           const unsigned short* rows, float (&acc)[n / 8][4]) {
+    const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
+        for (int np = 0; np < n / 16; ++np) {
+            unsigned int b[4];
+            ldmatrix_x4(b, rows + (16 * np + matrix_row + 8 * (matrix >> 1)) * STRIDE + 16 * ks +
+                               8 * (matrix & 1));
+            mma_m16n8k16<T>(acc[2 * np], a[ks], b[0], b[1]);
+            mma_m16n8k16<T>(acc[2 * np + 1], a[ks], b[2], b[3]);
+        }
+}
+
+// acc += A B with A the 16 x k accumulator tiles p (rounded to T) and B k staged rows of
+// HEAD_DIM (V, K, dO or Q as stored), by transposing ldmatrix.
+template <typename T, int k>
+__device__ __forceinline__ void accumulate_rows(const float (&p)[k / 8][4],
+                                                const unsigned short* rows,
+                                                float (&acc)[HEAD_DIM / 8][4]) {
+    const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
+    for (int kp = 0; kp < k / 16; ++kp) {
+        // The accumulator layout of two n8 tiles is the A layout of one k16 tile.
+        const unsigned int pa[4] = {
+            pack_pair<T>(p[2 * kp][0], p[2 * kp][1]), pack_pair<T>(p[2 * kp][2], p[2 * kp][3]),
+            pack_pair<T>(p[2 * kp + 1][0], p[2 * kp + 1][1]),
+            pack_pair<T>(p[2 * kp + 1][2], p[2 * kp + 1][3])};
+        for (int np = 0; np < HEAD_DIM / 16; ++np) {
+            unsigned int b[4];
+            ldmatrix_x4_trans(b, rows + (16 * kp + matrix_row + 8 * (matrix & 1)) * STRIDE +
+                                     16 * np + 8 * (matrix >> 1));
+            mma_m16n8k16<T>(acc[2 * np], pa, b[0], b[1]);
+            mma_m16n8k16<T>(acc[2 * np + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
+template <int n> __device__ __forceinline__ void zero(float (&acc)[n][4]) {
+    for (int i = 0; i < n; ++i)
+        for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+}
+
+// Writes a warp's 16 x HEAD_DIM accumulator times `factor` to rows first.. of dst (rows
+// `row_stride` elements apart), rows from `count` on left out.
+template <typename T>
+__device__ __forceinline__ void store_rows(const float (&acc)[HEAD_DIM / 8][4], const float (&factor)[2],
+                                           T* __restrict__ dst, size_t row_stride, int first,
+                                           int count) {
+    const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
+    for (int r = 0; r < 2; ++r) {
+        const int row = first + group + 8 * r;
+        if (row >= count) continue;
+        unsigned int* words = reinterpret_cast<unsigned int*>(dst + (size_t)row * row_stride);
+        for (int n = 0; n < HEAD_DIM / 8; ++n)
+            words[4 * n + quad_lane] =
+                pack_pair<T>(acc[n][2 * r] * factor[r], acc[n][2 * r + 1] * factor[r]);
+    }
+}
+
+// Stages the K and V rows first..first + TILE - 1 of one KV head and waits for them.
+template <typename T>
+__device__ __forceinline__ void stage_kv(unsigned short* k_tile, unsigned short* v_tile,
+                                         const T* __restrict__ k, const T* __restrict__ v,
+                                         int first, int tokens) {
+    stage_rows(k_tile, k, HEAD_DIM, first, tokens - first);
+    stage_rows(v_tile, v, HEAD_DIM, first, tokens - first);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
+// One warp's forward step over `keys` staged keys base..: S = Q K^T, masked by the rows' spans
+// and scaled; the online softmax's max m and sum l (this lane's columns) and the output o
+// rescaled; O += P V.
+template <typename T, int keys>
+__device__ __forceinline__ void forward_keys(const unsigned int (&qa)[HEAD_DIM / 16][4],
+                                             const unsigned short* k_rows,
+                                             const unsigned short* v_rows, int base,
+                                             const unsigned int (&span)[2][4], float scale,
+                                             float (&o)[HEAD_DIM / 8][4], float (&m)[2],
+                                             float (&l)[2]) {
+    const int quad_lane = threadIdx.x % 4;
+    float s[keys / 8][4];
+    zero(s);
+    times_rows<T, keys>(qa, k_rows, s);
+    for (int nt = 0; nt < keys / 8; ++nt)
+        for (int e = 0; e < 4; ++e) {
+            const int key = base + 8 * nt + 2 * quad_lane + (e & 1);
+            s[nt][e] = sees(span[e / 2], key) ? s[nt][e] * scale : NEG_INF;
+        }
+    float alpha[2];
+    for (int r = 0; r < 2; ++r) {
+        float tile_max = NEG_INF;
+        for (int nt = 0; nt < keys / 8; ++nt)
+            tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        const float m_new = fmaxf(m[r], quad_max(tile_max));
+        const bool empty = m_new == NEG_INF;
+        alpha[r] = empty ? 1.f : expf(m[r] - m_new);
+        float sum = 0.f;
+        for (int nt = 0; nt < keys / 8; ++nt)
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                s[nt][e] = empty ? 0.f : expf(s[nt][e] - m_new);
+                sum += s[nt][e];
+            }
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = m_new;
+    }
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+        for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
+    accumulate_rows<T, keys>(s, v_rows, o);
+}
+
+template <typename T>
+__device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                        const unsigned int* __restrict__ spans,
+                        const unsigned int* __restrict__ tile_spans, T* __restrict__ out,
+                        float* __restrict__ lse, int tokens, int q_heads, int kv_heads,
+                        float scale) {
+    __shared__ __align__(16) unsigned short k_tile[TILE_HALVES];
+    __shared__ __align__(16) unsigned short v_tile[TILE_HALVES];
+    const int q_tile = blockIdx.x, head = blockIdx.y, kv_head = head / (q_heads / kv_heads);
+    const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
+    const int first = q_tile * TILE + 16 * (threadIdx.x / 32);
+    unsigned int qa[HEAD_DIM / 16][4];
+    load_a_rows(q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens, qa);
+    unsigned int span[2][4];
+    load_spans(spans, first, tokens, span);
+    const T* k_head = k + (size_t)kv_head * tokens * HEAD_DIM;
+    const T* v_head = v + (size_t)kv_head * tokens * HEAD_DIM;
+    float o[HEAD_DIM / 8][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    zero(o);
+    const unsigned int* tile_span = tile_spans + 4 * q_tile;
+    for (int key = 0; key < tokens; key += TILE) {
+        if (!tile_meets(tile_span, key, min(key + TILE, tokens))) continue;
+        __syncthreads();
+        stage_kv(k_tile, v_tile, k_head, v_head, key, tokens);
+        for (int half = 0; half < 2; ++half)
+            forward_keys<T, TILE / 2>(qa, k_tile + TILE / 2 * half * STRIDE,
+                                      v_tile + TILE / 2 * half * STRIDE, key + TILE / 2 * half,
+                                      span, scale, o, m, l);
+    }
+    float inverse[2];
+    for (int r = 0; r < 2; ++r) {
+        l[r] = quad_sum(l[r]);
+        inverse[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        const int row = first + group + 8 * r;
+        if (quad_lane == 0 && row < tokens)
+            lse[(size_t)head * tokens + row] = l[r] > 0.f ? m[r] + logf(l[r]) : POS_INF;
+    }
+    store_rows(o, inverse, out + (size_t)head * HEAD_DIM, (size_t)q_heads * HEAD_DIM, first,
+               tokens);
+}
+
+// delta of one (query, head) row per warp.
+template <typename T>
+__device__ void row_deltas(const T* __restrict__ out, const T* __restrict__ d_out,
+                           float* __restrict__ delta, int tokens, int q_heads) {
+    const int row = blockIdx.x * (THREADS / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= tokens * q_heads) return;
+    // row = token * q_heads + head: the order of out's rows.
+    const T* o = out + (size_t)row * HEAD_DIM;
+    const T* d = d_out + (size_t)row * HEAD_DIM;
+    float sum = 0.f;
+    for (int e = lane; e < HEAD_DIM; e += 32) sum += to_float(o[e]) * to_float(d[e]);
+    for (int mask = 16; mask > 0; mask >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, mask);
+    if (lane == 0) delta[(size_t)(row % q_heads) * tokens + row / q_heads] = sum;
+}
+
+// One warp's dQ step over `keys` staged keys base..: S = Q K^T and dP = dO V^T, P from the
+// saved lse, dS = P (dP - delta), dQ += dS K.
+template <typename T, int keys>
+__device__ __forceinline__ void dq_keys(const unsigned int (&qa)[HEAD_DIM / 16][4],
+                                        const unsigned int (&doa)[HEAD_DIM / 16][4],
+                                        const unsigned short* k_rows,
+                                        const unsigned short* v_rows, int base,
+                                        const unsigned int (&span)[2][4], const float (&lse)[2],
+                                        const float (&delta)[2], float scale,
+                                        float (&dq)[HEAD_DIM / 8][4]) {
+    const int quad_lane = threadIdx.x % 4;
+    float s[keys / 8][4], dp[keys / 8][4];
+    zero(s);
+    zero(dp);
+    times_rows<T, keys>(qa, k_rows, s);
+    times_rows<T, keys>(doa, v_rows, dp);
+    for (int nt = 0; nt < keys / 8; ++nt)
+        for (int e = 0; e < 4; ++e) {
+            const int key = base + 8 * nt + 2 * quad_lane + (e & 1), r = e / 2;
+            const float p = sees(span[r], key) ? expf(s[nt][e] * scale - lse[r]) : 0.f;
+            s[nt][e] = p * (dp[nt][e] - delta[r]);
+        }
+    accumulate_rows<T, keys>(s, k_rows, dq);
+}
+
+template <typename T>
+__device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k,
+                                const T* __restrict__ v, const T* __restrict__ d_out,
+                                const unsigned int* __restrict__ spans,
+                                const unsigned int* __restrict__ tile_spans,
+                                const float* __restrict__ lse, const float* __restrict__ delta,
+                                T* __restrict__ dq, int tokens, int q_heads, int kv_heads,
+                                float scale) {
+    __shared__ __align__(16) unsigned short k_tile[TILE_HALVES];
+    __shared__ __align__(16) unsigned short v_tile[TILE_HALVES];
+    const int q_tile = blockIdx.x, head = blockIdx.y, kv_head = head / (q_heads / kv_heads);
+    const int group = threadIdx.x % 32 / 4;
+    const int first = q_tile * TILE + 16 * (threadIdx.x / 32);
+    unsigned int qa[HEAD_DIM / 16][4], doa[HEAD_DIM / 16][4];
+    load_a_rows(q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens, qa);
+    load_a_rows(d_out + (size_t)head * HEAD_DIM, (size_t)q_heads * HEAD_DIM, first, tokens, doa);
+    unsigned int span[2][4];
+    load_spans(spans, first, tokens, span);
+    float row_lse[2], row_delta[2];
+    for (int r = 0; r < 2; ++r) {
+        const int row = first + group + 8 * r;
+        row_lse[r] = row < tokens ? lse[(size_t)head * tokens + row] : POS_INF;
+        row_delta[r] = row < tokens ? delta[(size_t)head * tokens + row] : 0.f;
+    }
+    const T* k_head = k + (size_t)kv_head * tokens * HEAD_DIM;
+    const T* v_head = v + (size_t)kv_head * tokens * HEAD_DIM;
+    float acc[HEAD_DIM / 8][4];
+    zero(acc);
+    const unsigned int* tile_span = tile_spans + 4 * q_tile;
+    for (int key = 0; key < tokens; key += TILE) {
+        if (!tile_meets(tile_span, key, min(key + TILE, tokens))) continue;
+        __syncthreads();
+        stage_kv(k_tile, v_tile, k_head, v_head, key, tokens);
+        for (int half = 0; half < 2; ++half)
+            dq_keys<T, TILE / 2>(qa, doa, k_tile + TILE / 2 * half * STRIDE,
+                                 v_tile + TILE / 2 * half * STRIDE, key + TILE / 2 * half, span,
+                                 row_lse, row_delta, scale, acc);
+    }
+    const float factor[2] = {scale, scale};
+    store_rows(acc, factor, dq + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens);
+}
+
+// One warp's dK/dV step for its 16 keys (staged rows warp_keys.., key index key0 + row) over
+// `queries` staged queries: S^T = K Q^T and dP^T = V dO^T, P^T from the queries' lse, dS^T =
+// P^T (dP^T - delta), dV += P^T dO, dK += dS^T Q.
+template <typename T, int queries>
+__device__ __forceinline__ void dkdv_queries(const unsigned short* k_rows,
+                                             const unsigned short* v_rows,
+                                             const unsigned short* q_rows,
+                                             const unsigned short* do_rows,
+                                             const unsigned int* q_spans, const float* q_lse,
+                                             const float* q_delta, int key0, float scale,
+                                             float (&dk)[HEAD_DIM / 8][4],
+                                             float (&dv)[HEAD_DIM / 8][4]) {
+    const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
+    const int matrix = lane / 8, matrix_row = lane % 8;
+    // The warp's K and V rows as A fragments (rows = keys, k = dims).
+    unsigned int ka[HEAD_DIM / 16][4], va[HEAD_DIM / 16][4];
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+        const int offset = (matrix_row + 8 * (matrix & 1)) * STRIDE + 16 * ks + 8 * (matrix >> 1);
+        ldmatrix_x4(ka[ks], k_rows + offset);
+        ldmatrix_x4(va[ks], v_rows + offset);
+    }
+    float st[queries / 8][4], dpt[queries / 8][4];
+    zero(st);
+    zero(dpt);
+    times_rows<T, queries>(ka, q_rows, st);
+    times_rows<T, queries>(va, do_rows, dpt);
+    for (int nt = 0; nt < queries / 8; ++nt)
+        for (int e = 0; e < 4; ++e) {
+            const int query = 8 * nt + 2 * quad_lane + (e & 1);
+            const unsigned int key = key0 + group + 8 * (e / 2);
+            const unsigned int* span = q_spans + 4 * query;
+            const bool visible = in_range(key, span[0], span[1]) || in_range(key, span[2], span[3]);
+            const float p = visible ? expf(st[nt][e] * scale - q_lse[query]) : 0.f;
+            st[nt][e] = p;
+            dpt[nt][e] = p * (dpt[nt][e] - q_delta[query]);
+        }
+    accumulate_rows<T, queries>(st, do_rows, dv);
+    accumulate_rows<T, queries>(dpt, q_rows, dk);
+}
+
+template <typename T>
+__device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
+                              const T* __restrict__ v, const T* __restrict__ d_out,
+                              const unsigned int* __restrict__ spans,
+                              const unsigned int* __restrict__ tile_spans,
+                              const float* __restrict__ lse, const float* __restrict__ delta,
+                              T* __restrict__ dk, T* __restrict__ dv, int tokens, int q_heads,
+                              int kv_heads, float scale) {
+    unsigned short* k_tile = reinterpret_cast<unsigned short*>(dynamic_shared_memory);
+    unsigned short* v_tile = k_tile + TILE_HALVES;
+    unsigned short* q_tile = v_tile + TILE_HALVES;
+    unsigned short* do_tile = q_tile + TILE_HALVES;
+    unsigned int* q_spans = reinterpret_cast<unsigned int*>(do_tile + TILE_HALVES);
+    float* q_lse = reinterpret_cast<float*>(q_spans + 4 * TILE);
+    float* q_delta = q_lse + TILE;
+    const int key_first = blockIdx.x * TILE, kv_head = blockIdx.y, groups = q_heads / kv_heads;
+    const int key_end = min(key_first + TILE, tokens), warp_first = 16 * (threadIdx.x / 32);
+    const size_t kv_offset = (size_t)kv_head * tokens * HEAD_DIM;
+    stage_kv(k_tile, v_tile, k + kv_offset, v + kv_offset, key_first, tokens);
+    float dk_acc[HEAD_DIM / 8][4], dv_acc[HEAD_DIM / 8][4];
+    zero(dk_acc);
+    zero(dv_acc);
+    const int q_tiles = (tokens + TILE - 1) / TILE;
+    for (int head = kv_head * groups; head < (kv_head + 1) * groups; ++head)
+        for (int qt = 0; qt < q_tiles; ++qt) {
+            if (!tile_meets(tile_spans + 4 * qt, key_first, key_end)) continue;
+            const int first = qt * TILE, count = tokens - first;
+            __syncthreads();
+            stage_rows(q_tile, q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, count);
+            stage_rows(do_tile, d_out + (size_t)head * HEAD_DIM, (size_t)q_heads * HEAD_DIM,
+                       first, count);
+            cp_async_commit();
+            for (int r = threadIdx.x; r < TILE; r += THREADS) {
+                const bool valid = r < count;
+                for (int i = 0; i < 4; ++i)
+                    q_spans[4 * r + i] = valid ? spans[4 * (size_t)(first + r) + i] : 0u;
+                q_lse[r] = valid ? lse[(size_t)head * tokens + first + r] : POS_INF;
+                q_delta[r] = valid ? delta[(size_t)head * tokens + first + r] : 0.f;
+            }
+            cp_async_wait<0>();
+            __syncthreads();
+            for (int half = 0; half < 2; ++half) {
+                const int offset = TILE / 2 * half;
+                dkdv_queries<T, TILE / 2>(k_tile + warp_first * STRIDE,
+                                          v_tile + warp_first * STRIDE, q_tile + offset * STRIDE,
+                                          do_tile + offset * STRIDE, q_spans + 4 * offset,
+                                          q_lse + offset, q_delta + offset,
+                                          key_first + warp_first, scale, dk_acc, dv_acc);
+            }
+        }
+    const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.f, 1.f};
+    store_rows(dk_acc, dk_factor, dk + kv_offset, HEAD_DIM, key_first + warp_first, tokens);
+    store_rows(dv_acc, dv_factor, dv + kv_offset, HEAD_DIM, key_first + warp_first, tokens);
+}
+
+#define TRAIN_ATTENTION_KERNELS(TYPE, NAME)                                                      \
+    extern "C" __global__ void __launch_bounds__(THREADS) train_attention_forward_##NAME(       \
+        const TYPE* q, const TYPE* k, const TYPE* v, const unsigned int* spans,                \
+        const unsigned int* tile_spans, TYPE* out, float* lse, int tokens, int q_heads,        \
+        int kv_heads, float scale) {                                                           \
+        forward<TYPE>(q, k, v, spans, tile_spans, out, lse, tokens, q_heads, kv_heads, scale); \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS) train_attention_delta_##NAME(        \
+        const TYPE* out, const TYPE* d_out, float* delta, int tokens, int q_heads) {           \
+        row_deltas<TYPE>(out, d_out, delta, tokens, q_heads);                                  \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS) train_attention_dq_##NAME(           \
+        const TYPE* q, const TYPE* k, const TYPE* v, const TYPE* d_out,                        \
+        const unsigned int* spans, const unsigned int* tile_spans, const float* lse,           \
+        const float* delta, TYPE* dq, int tokens, int q_heads, int kv_heads, float scale) {    \
+        query_gradients<TYPE>(q, k, v, d_out, spans, tile_spans, lse, delta, dq, tokens,       \
+                              q_heads, kv_heads, scale);                                       \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS) train_attention_dkdv_##NAME(         \
+        const TYPE* q, const TYPE* k, const TYPE* v, const TYPE* d_out,                        \
+        const unsigned int* spans, const unsigned int* tile_spans, const float* lse,           \
+        const float* delta, TYPE* dk, TYPE* dv, int tokens, int q_heads, int kv_heads,         \
+        float scale) {                                                                         \
+        key_gradients<TYPE>(q, k, v, d_out, spans, tile_spans, lse, delta, dk, dv, tokens,     \
+                            q_heads, kv_heads, scale);                                         \
+    }
+
+TRAIN_ATTENTION_KERNELS(bf16_t, bf16)
+TRAIN_ATTENTION_KERNELS(f16_t, f16)
+
+#endif

@@ -1,0 +1,395 @@
+//! The fused attention of training (`train_attention.cu`): forward with the log-sum-exp kept,
+//! and backward (dQ, dK, dV), FlashAttention-2 style on tensor cores, for one packed sequence
+//! whose every query sees at most two ranges of keys ([`KeySpans`]: the two-stream SFT mask
+//! of every packed sample at once). No score, probability or mask tensor exists in device
+//! memory, and key tiles that no query of a tile sees are skipped, which halves the work of the
+//! two-stream mask's dense form.
+//!
+//! bf16 and f16 on sm_80 and newer; f32, other GPUs and `DICE_FUSED_ATTENTION=0` keep the
+//! composite path ([`TrainAttention::plan`] gives `None`). Checked on the CPU against an f64
+//! attention and its gradients through the CUDA emulation (tests/it/train_attention_emulated.rs)
+//! and on the GPU against the composite path (`dice bench golden`, tests/it/cuda.rs).
+
+use super::block_attention::fused_attention_enabled;
+use super::device_ptr::tensor_ptr;
+use super::nvrtc::{self, PerDevice, Source};
+use crate::config::SdarConfig;
+use crate::masks::KeySpans;
+use candle_core::cuda_backend::cudarc::driver::{
+    sys::CUfunction_attribute, CudaFunction, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDevice, WrapErr};
+use candle_core::{DType, Device, Result, Tensor};
+use std::sync::Arc;
+
+const SOURCE: Source = Source {
+    text: include_str!("train_attention.cu"),
+    file_name: c"train_attention.cu",
+    what: "the training attention kernels",
+};
+
+/// Threads per CTA, as `train_attention.cu` defines them.
+const THREADS: u32 = 128;
+/// Rows per tile (`TILE`).
+const TILE: usize = KeySpans::TILE;
+
+/// Head dims the kernels are built for.
+const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+
+/// Compute capability from which the kernels exist (mma.sync with bf16).
+const TENSOR_CORE_ARCH: (i32, i32) = (8, 0);
+
+/// Dynamic shared memory of `train_attention_dkdv_*` (`DKDV_SHARED_BYTES`): K, V, Q and dO
+/// tiles of 64 rows padded by 8 halves, and the staged queries' spans, lse and delta.
+fn dkdv_shared_bytes(head_dim: usize) -> usize {
+    4 * TILE * (head_dim + 8) * 2 + TILE * (4 * 4 + 4 + 4)
+}
+
+/// The four kernels of one dtype.
+struct DtypeKernels {
+    forward: CudaFunction,
+    delta: CudaFunction,
+    dq: CudaFunction,
+    dkdv: CudaFunction,
+}
+
+/// The kernels of one head dim on one device: bf16, then f16.
+struct Loaded([DtypeKernels; 2]);
+
+static LOADED: PerDevice<usize, Loaded> = PerDevice::new();
+
+fn compile_options(head_dim: usize) -> [String; 1] {
+    [format!("-DHEAD_DIM={head_dim}")]
+}
+
+fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
+    let driver = nvrtc::driver_error(SOURCE.what);
+    let module = nvrtc::load_module(dev, &SOURCE, &compile_options(head_dim))?;
+    // Past 48 KiB a kernel takes dynamic shared memory only once allowed to (a call on the
+    // module's context, which cudarc does not make current for it).
+    dev.cuda_stream()
+        .context()
+        .bind_to_thread()
+        .map_err(&driver)?;
+    let kernels = |dtype: &str| -> anyhow::Result<DtypeKernels> {
+        let function = |name: &str| {
+            module
+                .load_function(&format!("train_attention_{name}_{dtype}"))
+                .map_err(&driver)
+        };
+        let dkdv = function("dkdv")?;
+        dkdv.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            dkdv_shared_bytes(head_dim) as i32,
+        )
+        .map_err(&driver)?;
+        Ok(DtypeKernels {
+            forward: function("forward")?,
+            delta: function("delta")?,
+            dq: function("dq")?,
+            dkdv,
+        })
+    };
+    Ok(Loaded([kernels("bf16")?, kernels("f16")?]))
+}
+
+/// The fused training attention of one packed sequence: its spans on the device and the
+/// kernels of its dtype, shared by every layer.
+pub(crate) struct TrainAttention {
+    kernels: Arc<Loaded>,
+    /// 0 for bf16, 1 for f16.
+    dtype_slot: usize,
+    dtype: DType,
+    /// u32 `[T, 4]` and `[T / 64, 4]` on the device.
+    spans: Tensor,
+    tile_spans: Tensor,
+    tokens: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl TrainAttention {
+    /// The fused kernels for a sequence of `spans` in `dtype` on `device`, or `None` where
+    /// attention keeps the composite path (not CUDA, f32, a GPU before sm_80, an unsupported
+    /// head dim, kernels that failed to build, `DICE_FUSED_ATTENTION=0`).
+    pub(crate) fn plan(
+        device: &Device,
+        dtype: DType,
+        cfg: &SdarConfig,
+        spans: &KeySpans,
+    ) -> anyhow::Result<Option<Self>> {
+        let Device::Cuda(dev) = device else {
+            return Ok(None);
+        };
+        let dtype_slot = match dtype {
+            DType::BF16 => 0,
+            DType::F16 => 1,
+            _ => return Ok(None),
+        };
+        let supported = HEAD_DIMS.contains(&cfg.head_dim)
+            && cfg
+                .num_attention_heads
+                .is_multiple_of(cfg.num_key_value_heads)
+            && spans.tokens() > 0
+            && fused_attention_enabled();
+        if !supported || nvrtc::arch(dev, SOURCE.what)? < TENSOR_CORE_ARCH {
+            return Ok(None);
+        }
+        let Some(kernels) = LOADED.get(
+            dev,
+            cfg.head_dim,
+            "fused training attention unavailable, training attention runs as matmuls",
+            || load(dev, cfg.head_dim),
+        ) else {
+            return Ok(None);
+        };
+        let flat = |rows: &[[u32; 4]]| -> Result<Tensor> {
+            Tensor::from_iter(rows.iter().flatten().copied(), device)?.reshape((rows.len(), 4))
+        };
+        Ok(Some(Self {
+            kernels,
+            dtype_slot,
+            dtype,
+            spans: flat(spans.rows())?,
+            tile_spans: flat(&spans.tile_hulls())?,
+            tokens: spans.tokens(),
+            q_heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+        }))
+    }
+
+    fn kernels(&self) -> &DtypeKernels {
+        &self.kernels.0[self.dtype_slot]
+    }
+
+    fn check(&self, what: &str, x: &Tensor, heads: usize) -> Result<Tensor> {
+        let want = [1, heads, self.tokens, self.head_dim];
+        if x.dims() != want || x.dtype() != self.dtype {
+            candle_core::bail!(
+                "the training attention planned {what} as {:?} {want:?}, got {:?} {:?}",
+                self.dtype,
+                x.dtype(),
+                x.dims()
+            );
+        }
+        x.contiguous()
+    }
+
+    fn check_rows(&self, what: &str, x: &Tensor) -> Result<Tensor> {
+        let want = [1, self.tokens, self.q_heads * self.head_dim];
+        if x.dims() != want || x.dtype() != self.dtype {
+            candle_core::bail!(
+                "the training attention planned {what} as {:?} {want:?}, got {:?} {:?}",
+                self.dtype,
+                x.dtype(),
+                x.dims()
+            );
+        }
+        x.contiguous()
+    }
+
+    fn launch_config(&self, grid: (usize, usize), shared_mem_bytes: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: shared_mem_bytes as u32,
+        }
+    }
+
+    /// Attention of `q` `[1, Hq, T, Dh]` over `k`, `v` `[1, Hkv, T, Dh]`: the output
+    /// `[1, T, Hq * Dh]` (as the composite path returns it) and the log-sum-exp of every
+    /// query's scaled scores, f32 `[Hq, T]`, which [`TrainAttention::backward`] takes.
+    pub(crate) fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (q, k, v) = (
+            self.check("q", q, self.q_heads)?,
+            self.check("k", k, self.kv_heads)?,
+            self.check("v", v, self.kv_heads)?,
+        );
+        let device = q.device();
+        let out = Tensor::zeros(
+            (1, self.tokens, self.q_heads * self.head_dim),
+            self.dtype,
+            device,
+        )?;
+        let lse = Tensor::zeros((self.q_heads, self.tokens), DType::F32, device)?;
+        let Device::Cuda(dev) = device else {
+            candle_core::bail!("the training attention runs on CUDA devices only");
+        };
+        let stream = dev.cuda_stream();
+        let guards = [
+            (&q, "q"),
+            (&k, "k"),
+            (&v, "v"),
+            (&self.spans, "spans"),
+            (&self.tile_spans, "tile spans"),
+            (&out, "out"),
+            (&lse, "lse"),
+        ]
+        .map(|(t, what)| (t.storage_and_layout(), what));
+        let ptrs = guards
+            .iter()
+            .map(|((storage, layout), what)| tensor_ptr((storage, layout), what, &stream))
+            .collect::<Result<Vec<_>>>()?;
+        let (tokens, q_heads, kv_heads) = (
+            self.tokens as i32,
+            self.q_heads as i32,
+            self.kv_heads as i32,
+        );
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let mut launch = stream.launch_builder(&self.kernels().forward);
+        for (ptr, _) in &ptrs {
+            launch.arg(ptr);
+        }
+        launch.arg(&tokens).arg(&q_heads).arg(&kv_heads).arg(&scale);
+        // SAFETY: the arguments match the kernel's signature; q, k, v, out and lse have the
+        // planned shapes (checked above) and are contiguous, spans cover the T queries.
+        unsafe { launch.launch(self.launch_config((self.tokens.div_ceil(TILE), self.q_heads), 0)) }
+            .w()?;
+        drop(ptrs);
+        drop(guards);
+        Ok((out, lse))
+    }
+
+    /// Gradients of [`TrainAttention::forward`] with respect to q, k and v, for its output
+    /// `out` and log-sum-exp `lse` and the output gradient `d_out` `[1, T, Hq * Dh]`.
+    pub(crate) fn backward(
+        &self,
+        [q, k, v]: [&Tensor; 3],
+        out: &Tensor,
+        lse: &Tensor,
+        d_out: &Tensor,
+    ) -> Result<[Tensor; 3]> {
+        let (q, k, v) = (
+            self.check("q", q, self.q_heads)?,
+            self.check("k", k, self.kv_heads)?,
+            self.check("v", v, self.kv_heads)?,
+        );
+        let (out, d_out) = (
+            self.check_rows("the output", out)?,
+            self.check_rows("the output gradient", d_out)?,
+        );
+        if lse.dims() != [self.q_heads, self.tokens] || lse.dtype() != DType::F32 {
+            candle_core::bail!(
+                "the training attention's log-sum-exp must be f32 [{}, {}], got {:?} {:?}",
+                self.q_heads,
+                self.tokens,
+                lse.dtype(),
+                lse.dims()
+            );
+        }
+        let device = q.device();
+        let delta = Tensor::zeros((self.q_heads, self.tokens), DType::F32, device)?;
+        let (dq, dk, dv) = (q.zeros_like()?, k.zeros_like()?, v.zeros_like()?);
+        let Device::Cuda(dev) = device else {
+            candle_core::bail!("the training attention runs on CUDA devices only");
+        };
+        let stream = dev.cuda_stream();
+        let lse = lse.contiguous()?;
+        let named = [
+            (&q, "q"),
+            (&k, "k"),
+            (&v, "v"),
+            (&d_out, "the output gradient"),
+            (&self.spans, "spans"),
+            (&self.tile_spans, "tile spans"),
+            (&lse, "lse"),
+            (&delta, "delta"),
+            (&dq, "dq"),
+            (&dk, "dk"),
+            (&dv, "dv"),
+            (&out, "the output"),
+        ];
+        let guards = named.map(|(t, what)| (t.storage_and_layout(), what));
+        let ptrs = guards
+            .iter()
+            .map(|((storage, layout), what)| tensor_ptr((storage, layout), what, &stream))
+            .collect::<Result<Vec<_>>>()?;
+        let p = |i: usize| &ptrs[i].0;
+        let [q_ptr, k_ptr, v_ptr, d_out_ptr, spans, tile_spans, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, out_ptr] =
+            std::array::from_fn(p);
+        let (tokens, q_heads, kv_heads) = (
+            self.tokens as i32,
+            self.q_heads as i32,
+            self.kv_heads as i32,
+        );
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let kernels = self.kernels();
+        let q_tiles = self.tokens.div_ceil(TILE);
+
+        let mut launch = stream.launch_builder(&kernels.delta);
+        launch
+            .arg(out_ptr)
+            .arg(d_out_ptr)
+            .arg(delta_ptr)
+            .arg(&tokens)
+            .arg(&q_heads);
+        let warps = (THREADS / 32) as usize;
+        // SAFETY: one warp per (query, head) row of out and d_out, both [T, Hq * Dh]; delta
+        // holds Hq * T floats.
+        unsafe {
+            launch.launch(self.launch_config(((self.tokens * self.q_heads).div_ceil(warps), 1), 0))
+        }
+        .w()?;
+
+        let mut launch = stream.launch_builder(&kernels.dq);
+        launch
+            .arg(q_ptr)
+            .arg(k_ptr)
+            .arg(v_ptr)
+            .arg(d_out_ptr)
+            .arg(spans)
+            .arg(tile_spans)
+            .arg(lse_ptr)
+            .arg(delta_ptr)
+            .arg(dq_ptr)
+            .arg(&tokens)
+            .arg(&q_heads)
+            .arg(&kv_heads)
+            .arg(&scale);
+        // SAFETY: the arguments match the kernel's signature and the checked shapes.
+        unsafe { launch.launch(self.launch_config((q_tiles, self.q_heads), 0)) }.w()?;
+
+        let mut launch = stream.launch_builder(&kernels.dkdv);
+        launch
+            .arg(q_ptr)
+            .arg(k_ptr)
+            .arg(v_ptr)
+            .arg(d_out_ptr)
+            .arg(spans)
+            .arg(tile_spans)
+            .arg(lse_ptr)
+            .arg(delta_ptr)
+            .arg(dk_ptr)
+            .arg(dv_ptr)
+            .arg(&tokens)
+            .arg(&q_heads)
+            .arg(&kv_heads)
+            .arg(&scale);
+        // SAFETY: as above; the dynamic shared memory was allowed at load.
+        unsafe {
+            launch.launch(
+                self.launch_config((q_tiles, self.kv_heads), dkdv_shared_bytes(self.head_dim)),
+            )
+        }
+        .w()?;
+        drop(ptrs);
+        drop(guards);
+        Ok([dq, dk, dv])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs wherever NVRTC loads (no GPU needed): the source must compile for every head dim.
+    #[test]
+    fn the_kernels_compile_with_nvrtc_for_every_head_dim() {
+        for head_dim in HEAD_DIMS {
+            let cubin = nvrtc::compile_cubin(&SOURCE, &compile_options(head_dim), (9, 0)).unwrap();
+            assert!(!cubin.is_empty(), "empty cubin for head dim {head_dim}");
+        }
+    }
+}

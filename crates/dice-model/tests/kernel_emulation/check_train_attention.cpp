@@ -1,0 +1,212 @@
+// Runs train_attention.cu on the CPU (cuda_emulation.h) against a direct f64 attention and its
+// gradients, for bf16 and f16: packed sequences of two-stream SFT segments (masks.rs,
+// two_stream_allowed, with the spans train_attention.rs derives), GQA, a last query tile only
+// partly filled, and queries that see nothing.
+// Build: g++ -std=c++20 -DHEAD_DIM=<d> check_train_attention.cpp; exits non-zero on a mismatch.
+#include "cuda_emulation.h"
+#include "../../src/kernels/train_attention.cu"
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+static std::mt19937 rng(11);
+
+template <typename T> struct Kernels;
+template <> struct Kernels<bf16_t> {
+    static constexpr auto forward = train_attention_forward_bf16;
+    static constexpr auto delta = train_attention_delta_bf16;
+    static constexpr auto dq = train_attention_dq_bf16;
+    static constexpr auto dkdv = train_attention_dkdv_bf16;
+};
+template <> struct Kernels<f16_t> {
+    static constexpr auto forward = train_attention_forward_f16;
+    static constexpr auto delta = train_attention_delta_f16;
+    static constexpr auto dq = train_attention_dq_f16;
+    static constexpr auto dkdv = train_attention_dkdv_f16;
+};
+
+using Span = std::array<unsigned, 4>;
+
+// The two ranges of keys a query of a two-stream segment sees (masks.rs two_stream_allowed),
+// as train_attention.rs computes them: a noisy query of block b sees its own noisy block and
+// the clean blocks before b; a clean query the clean blocks up to its own.
+static void two_stream_spans(std::vector<Span>& spans, unsigned n, unsigned block) {
+    const unsigned start = spans.size();
+    for (unsigned i = 0; i < 2 * n; ++i) {
+        if (i < n) {
+            const unsigned b = i / block;
+            spans.push_back({start + b * block, start + std::min((b + 1) * block, n),
+                             start + n, start + n + b * block});
+        } else {
+            const unsigned b = (i - n) / block;
+            spans.push_back({start + n, start + n + std::min((b + 1) * block, n), 0, 0});
+        }
+    }
+}
+
+static std::vector<Span> tile_spans_of(const std::vector<Span>& spans) {
+    std::vector<Span> tiles;
+    for (size_t first = 0; first < spans.size(); first += TILE) {
+        Span hull = {0, 0, 0, 0};
+        bool seen[2] = {false, false};
+        for (size_t r = first; r < std::min(spans.size(), first + TILE); ++r)
+            for (int i = 0; i < 2; ++i) {
+                const unsigned begin = spans[r][2 * i], end = spans[r][2 * i + 1];
+                if (begin >= end) continue;
+                hull[2 * i] = seen[i] ? std::min(hull[2 * i], begin) : begin;
+                hull[2 * i + 1] = seen[i] ? std::max(hull[2 * i + 1], end) : end;
+                seen[i] = true;
+            }
+        tiles.push_back(hull);
+    }
+    return tiles;
+}
+
+struct Case {
+    int q_heads, kv_heads;
+    std::vector<unsigned> samples;  // tokens per two-stream segment (2n positions each)
+    unsigned block;
+    int blind_rows;  // queries at the end that see nothing
+};
+
+struct Errors {
+    double out, lse, dq, dk, dv;
+};
+
+// Largest |got - want| / (1 + |want|).
+static void track(double& worst, double got, double want) {
+    const double error = std::fabs(got - want) / (1 + std::fabs(want));
+    if (!(error <= worst)) worst = error;
+}
+
+template <typename T> Errors run(const Case& c) {
+    const int D = HEAD_DIM, Hq = c.q_heads, Hkv = c.kv_heads, groups = Hq / Hkv;
+    std::vector<Span> spans;
+    for (unsigned n : c.samples) two_stream_spans(spans, n, c.block);
+    for (int i = 0; i < c.blind_rows; ++i) spans.push_back({0, 0, 0, 0});
+    const int N = spans.size();
+    const std::vector<Span> tiles = tile_spans_of(spans);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    auto random = [&](size_t count, float sigma) {
+        std::vector<T> xs(count);
+        for (auto& x : xs) x = from_float<T>(sigma * normal(rng));
+        return xs;
+    };
+    // Scores of a few units, so the softmax is neither flat nor one-hot.
+    const std::vector<T> q = random((size_t)Hq * N * D, 1.5f), k = random((size_t)Hkv * N * D, 1.5f),
+                         v = random((size_t)Hkv * N * D, 1.f), d_out = random((size_t)N * Hq * D, 1.f);
+    const float scale = 1.f / std::sqrt((float)D);
+    std::vector<T> out((size_t)N * Hq * D), dq(q.size()), dk(k.size()), dv(v.size());
+    std::vector<float> lse((size_t)Hq * N, NAN), delta((size_t)Hq * N, NAN);
+    const unsigned q_tiles = (N + TILE - 1) / TILE;
+    const unsigned* s = spans[0].data();
+    const unsigned* ts = tiles[0].data();
+    launch({q_tiles, (unsigned)Hq, 1}, THREADS, [&] {
+        Kernels<T>::forward(q.data(), k.data(), v.data(), s, ts, out.data(), lse.data(), N, Hq, Hkv,
+                            scale);
+    });
+    launch({(unsigned)((N * Hq + 3) / 4), 1, 1}, THREADS,
+           [&] { Kernels<T>::delta(out.data(), d_out.data(), delta.data(), N, Hq); });
+    launch({q_tiles, (unsigned)Hq, 1}, THREADS, [&] {
+        Kernels<T>::dq(q.data(), k.data(), v.data(), d_out.data(), s, ts, lse.data(),
+                       delta.data(), dq.data(), N, Hq, Hkv, scale);
+    });
+    launch({q_tiles, (unsigned)Hkv, 1}, THREADS, [&] {
+        Kernels<T>::dkdv(q.data(), k.data(), v.data(), d_out.data(), s, ts, lse.data(),
+                         delta.data(), dk.data(), dv.data(), N, Hq, Hkv, scale);
+    });
+
+    auto at = [](const std::vector<T>& xs, size_t i) { return (double)to_float(xs[i]); };
+    Errors worst = {0, 0, 0, 0, 0};
+    std::vector<double> want_dk(k.size(), 0.0), want_dv(v.size(), 0.0);
+    for (int h = 0; h < Hq; ++h) {
+        const int kv = h / groups;
+        for (int i = 0; i < N; ++i) {
+            auto visible = [&](int j) {
+                return (spans[i][0] <= (unsigned)j && (unsigned)j < spans[i][1]) ||
+                       (spans[i][2] <= (unsigned)j && (unsigned)j < spans[i][3]);
+            };
+            std::vector<double> p(N, 0.0), dp(N, 0.0);
+            double max_score = -INFINITY;
+            for (int j = 0; j < N; ++j) {
+                if (!visible(j)) continue;
+                double dot = 0;
+                for (int e = 0; e < D; ++e)
+                    dot += at(q, ((size_t)h * N + i) * D + e) * at(k, ((size_t)kv * N + j) * D + e);
+                p[j] = dot * scale;
+                max_score = std::max(max_score, p[j]);
+            }
+            double sum = 0;
+            for (int j = 0; j < N; ++j) sum += visible(j) ? (p[j] = std::exp(p[j] - max_score)) : 0.0;
+            for (int j = 0; j < N; ++j) p[j] = visible(j) ? p[j] / sum : 0.0;
+            const size_t row = (size_t)h * N + i;
+            if (sum > 0)
+                track(worst.lse, lse[row], max_score + std::log(sum));
+            else if (!(lse[row] == INFINITY))
+                worst.lse = NAN;
+            double row_delta = 0;
+            for (int j = 0; j < N; ++j) {
+                if (!visible(j)) continue;
+                for (int e = 0; e < D; ++e)
+                    dp[j] += at(d_out, ((size_t)i * Hq + h) * D + e) * at(v, ((size_t)kv * N + j) * D + e);
+                row_delta += p[j] * dp[j];
+            }
+            for (int e = 0; e < D; ++e) {
+                double o = 0, g = 0;
+                for (int j = 0; j < N; ++j) {
+                    o += p[j] * at(v, ((size_t)kv * N + j) * D + e);
+                    g += p[j] * (dp[j] - row_delta) * at(k, ((size_t)kv * N + j) * D + e);
+                }
+                track(worst.out, at(out, ((size_t)i * Hq + h) * D + e), o);
+                track(worst.dq, at(dq, row * D + e), g * scale);
+            }
+            for (int j = 0; j < N; ++j) {
+                const double ds = p[j] * (dp[j] - row_delta);
+                for (int e = 0; e < D; ++e) {
+                    want_dk[((size_t)kv * N + j) * D + e] += ds * scale * at(q, row * D + e);
+                    want_dv[((size_t)kv * N + j) * D + e] +=
+                        p[j] * at(d_out, ((size_t)i * Hq + h) * D + e);
+                }
+            }
+        }
+    }
+    for (size_t i = 0; i < k.size(); ++i) {
+        track(worst.dk, at(dk, i), want_dk[i]);
+        track(worst.dv, at(dv, i), want_dv[i]);
+    }
+    return worst;
+}
+
+int main() {
+    const std::vector<Case> cases = {
+        {2, 1, {8}, 4, 0},              // one short sample: a partly filled query tile
+        {4, 2, {40, 12}, 4, 0},         // two samples packed, GQA: tiles across a boundary
+        {4, 4, {70}, 4, 3},             // key tiles skipped, queries that see nothing
+        {2, 1, {33, 20, 9}, 2, 0},      // block size 2, samples not a multiple of it
+    };
+    // Outputs: f32 accumulation, probabilities rounded to the dtype for P V, then the output
+    // (bf16 2^-8, f16 2^-11). Gradients round P and dS to the dtype as well, and sum them over
+    // more terms.
+    const double out_tolerance[2] = {1.6e-2, 2e-3}, grad_tolerance[2] = {4e-2, 6e-3};
+    int failures = 0;
+    for (const Case& c : cases) {
+        const Errors e[2] = {run<bf16_t>(c), run<f16_t>(c)};
+        std::printf("D=%d Hq=%d Hkv=%d block=%u samples", HEAD_DIM, c.q_heads, c.kv_heads, c.block);
+        for (unsigned n : c.samples) std::printf(" %u", n);
+        std::printf(" blind %d:", c.blind_rows);
+        const char* names[2] = {"bf16", "f16"};
+        for (int t = 0; t < 2; ++t) {
+            std::printf(" | %s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e", names[t], e[t].out,
+                        e[t].lse, e[t].dq, e[t].dk, e[t].dv);
+            failures += !(e[t].out <= out_tolerance[t]) + !(e[t].lse <= out_tolerance[t]);
+            failures += !(e[t].dq <= grad_tolerance[t]) + !(e[t].dk <= grad_tolerance[t]) +
+                        !(e[t].dv <= grad_tolerance[t]);
+        }
+        std::printf("\n");
+    }
+    std::printf(failures ? "FAILED\n" : "all match\n");
+    return failures != 0;
+}
