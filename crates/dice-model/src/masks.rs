@@ -99,8 +99,7 @@ pub fn cached_block_mask(
 /// (`[s0, s1) ∪ [s2, s3)`, an empty range as `[0, 0)`), with their hulls per tile of 64
 /// queries: the visibility the fused training attention takes instead of a mask tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) struct KeySpans {
+pub struct KeySpans {
     rows: Vec<[u32; 4]>,
 }
 
@@ -136,12 +135,42 @@ impl KeySpans {
         Self { rows }
     }
 
+    /// The visibility `visible(query, key)` of `n` tokens as key ranges, or `None` when some
+    /// query's visible keys do not form at most two ranges (the caller then keeps a mask).
+    pub fn from_predicate(n: usize, visible: impl Fn(usize, usize) -> bool) -> Option<Self> {
+        let mut rows = Vec::with_capacity(n);
+        for query in 0..n {
+            let mut ranges = [0u32; 4];
+            let mut found = 0;
+            let mut key = 0;
+            while key < n {
+                if !visible(query, key) {
+                    key += 1;
+                    continue;
+                }
+                let begin = key;
+                while key < n && visible(query, key) {
+                    key += 1;
+                }
+                if found == 2 {
+                    return None;
+                }
+                ranges[2 * found] = begin as u32;
+                ranges[2 * found + 1] = key as u32;
+                found += 1;
+            }
+            rows.push(ranges);
+        }
+        Some(Self { rows })
+    }
+
     /// The queries' ranges, `[s0, s1, s2, s3]` each.
-    pub(crate) fn rows(&self) -> &[[u32; 4]] {
+    pub fn rows(&self) -> &[[u32; 4]] {
         &self.rows
     }
 
-    pub(crate) fn tokens(&self) -> usize {
+    /// Queries (and keys) of the sequence.
+    pub fn tokens(&self) -> usize {
         self.rows.len()
     }
 
@@ -168,8 +197,7 @@ impl KeySpans {
     }
 
     /// Whether query `query` sees key `key`.
-    #[cfg(test)]
-    fn sees(&self, query: usize, key: usize) -> bool {
+    pub fn sees(&self, query: usize, key: usize) -> bool {
         let [a0, a1, b0, b1] = self.rows[query].map(|x| x as usize);
         (a0..a1).contains(&key) || (b0..b1).contains(&key)
     }
@@ -294,6 +322,24 @@ mod tests {
                     }
                 }
                 start += 2 * n;
+            }
+        }
+    }
+
+    #[test]
+    fn spans_from_a_predicate_are_the_predicate_or_nothing() {
+        let (n, block) = (13, 4);
+        let from = KeySpans::from_predicate(2 * n, |q, k| two_stream_allowed(q, k, n, block));
+        assert_eq!(from, Some(KeySpans::two_stream(&[n], block)));
+        // Block-causal rows with the even keys hidden see more than two ranges.
+        let gappy = |q: usize, k: usize| block_causal_allowed(q, k, block) && k.is_multiple_of(2);
+        assert_eq!(KeySpans::from_predicate(9, gappy), None);
+        // Left padding hidden from every row: still two ranges at most.
+        let padded = |q: usize, k: usize| (k >= 3 && block_causal_allowed(q, k, block)) || k == q;
+        let spans = KeySpans::from_predicate(12, padded).unwrap();
+        for q in 0..12 {
+            for k in 0..12 {
+                assert_eq!(spans.sees(q, k), padded(q, k), "q {q} k {k}");
             }
         }
     }

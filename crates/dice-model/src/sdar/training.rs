@@ -15,7 +15,7 @@ use super::{
     attention_rows, chunked_attention, linear, rms_norm, row_chunks, DecoderLayer, Kernels, Rope,
     Sdar, QUERY_CHUNK,
 };
-use crate::masks;
+use crate::masks::{self, KeySpans};
 use crate::sft::TwoStreamBatch;
 use anyhow::{ensure, Context};
 use candle_core::backprop::GradStore;
@@ -55,6 +55,10 @@ pub struct MaskedSequence {
     /// Additive f32 `[N, N]` mask on the model's device (0 = row may attend column, -inf = may
     /// not); every row must see at least one column.
     pub mask: Tensor,
+    /// The same visibility as key ranges ([`KeySpans::from_predicate`]), where every row's
+    /// visible keys form at most two ranges: on CUDA in bf16/f16 attention then runs the fused
+    /// kernels, and `mask` is not read.
+    pub spans: Option<KeySpans>,
     /// Rows whose logits are scored, each against the label of the same index.
     pub rows: Vec<u32>,
     pub labels: Vec<u32>,
@@ -75,6 +79,13 @@ impl MaskedSequence {
             self.mask.dtype(),
             self.mask.dims()
         );
+        if let Some(spans) = &self.spans {
+            ensure!(
+                spans.tokens() == n,
+                "the key spans of a {n}-token sequence cover {} queries",
+                spans.tokens()
+            );
+        }
         ensure!(
             self.rows.len() == self.labels.len(),
             "the masked sequence scores {} rows with {} labels",
@@ -144,7 +155,7 @@ impl Layout {
         let rope = Rope::new(&model.inv_freq, &positions, model.dtype())?;
         #[cfg(feature = "cuda")]
         if fused {
-            let spans = masks::KeySpans::two_stream(batch.sample_lens(), model.config.block_size);
+            let spans = KeySpans::two_stream(batch.sample_lens(), model.config.block_size);
             let planned =
                 crate::kernels::TrainAttention::plan(device, model.dtype(), &model.config, &spans)?;
             if let Some(kernels) = planned {
@@ -184,12 +195,30 @@ impl Layout {
         })
     }
 
-    /// A masked sequence: one segment under its own mask.
-    fn masked(model: &Sdar, sequence: &MaskedSequence) -> Result<Self> {
+    /// A masked sequence: one segment under its own mask, or the fused kernels over its key
+    /// spans where it has them and the device and dtype have the kernels.
+    fn masked(model: &Sdar, sequence: &MaskedSequence) -> anyhow::Result<Self> {
         let n = sequence.tokens.len();
         let positions = Tensor::new(sequence.positions.as_slice(), model.device())?;
+        let rope = Rope::new(&model.inv_freq, &positions, model.dtype())?;
+        #[cfg(feature = "cuda")]
+        if let Some(spans) = &sequence.spans {
+            let planned = crate::kernels::TrainAttention::plan(
+                model.device(),
+                model.dtype(),
+                &model.config,
+                spans,
+            )?;
+            if let Some(kernels) = planned {
+                return Ok(Self {
+                    rope,
+                    attention: AttentionPath::Fused(kernels),
+                    timer: None,
+                });
+            }
+        }
         Ok(Self {
-            rope: Rope::new(&model.inv_freq, &positions, model.dtype())?,
+            rope,
             attention: AttentionPath::Composite(vec![Segment {
                 start: 0,
                 len: n,

@@ -11,6 +11,7 @@
 use super::replay::{Replay, ReplaySample};
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor};
+use dice_model::masks::KeySpans;
 use dice_model::sdar::QUERY_CHUNK;
 use dice_model::{MaskedSequence, Sdar};
 use std::collections::HashMap;
@@ -87,12 +88,12 @@ impl PolicyLoss {
     }
 }
 
-/// Builds each sample's model input, making a record's attention mask once for all its samples
-/// (they come in record order).
+/// Builds each sample's model input, making a record's attention mask and key spans once for
+/// all its samples (they come in record order).
 struct Sequences<'a> {
     replay: &'a Replay,
     device: &'a Device,
-    mask: Option<(usize, Tensor)>,
+    visibility: Option<(usize, Tensor, Option<KeySpans>)>,
 }
 
 impl<'a> Sequences<'a> {
@@ -100,20 +101,23 @@ impl<'a> Sequences<'a> {
         Self {
             replay,
             device,
-            mask: None,
+            visibility: None,
         }
     }
 
     fn get(&mut self, sample: &ReplaySample) -> Result<MaskedSequence> {
-        let mask = match &self.mask {
-            Some((record, mask)) if *record == sample.record => mask.clone(),
+        let (mask, spans) = match &self.visibility {
+            Some((record, mask, spans)) if *record == sample.record => {
+                (mask.clone(), spans.clone())
+            }
             _ => {
                 let mask = self.replay.attention_mask(sample.record, self.device)?;
-                self.mask = Some((sample.record, mask.clone()));
-                mask
+                let spans = self.replay.key_spans(sample.record);
+                self.visibility = Some((sample.record, mask.clone(), spans.clone()));
+                (mask, spans)
             }
         };
-        Ok(self.replay.sequence(sample, mask))
+        Ok(self.replay.sequence(sample, mask, spans))
     }
 }
 

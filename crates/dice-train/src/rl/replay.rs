@@ -16,6 +16,7 @@
 
 use anyhow::{ensure, Result};
 use candle_core::{Device, Tensor};
+use dice_model::masks::KeySpans;
 use dice_model::MaskedSequence;
 
 /// One response to train on, as the rollout produced it.
@@ -368,15 +369,30 @@ impl Replay {
         Ok(Tensor::from_vec(data, (n, n), device)?)
     }
 
-    /// The model's input for `sample` under `mask` (its record's [`Replay::attention_mask`]):
-    /// the loss positions are scored on their noisy rows against the clean tokens.
-    pub fn sequence(&self, sample: &ReplaySample, mask: Tensor) -> MaskedSequence {
+    /// [`Replay::visible`] for the samples of `record` as key ranges, which the fused training
+    /// attention takes instead of the mask; `None` where a row sees more than two ranges (pads
+    /// inside the prompt).
+    pub fn key_spans(&self, record: usize) -> Option<KeySpans> {
+        let n = self.prompt_width + 2 * self.region_width;
+        KeySpans::from_predicate(n, |query, key| self.visible(record, query, key))
+    }
+
+    /// The model's input for `sample` under `mask` and `spans` (its record's
+    /// [`Replay::attention_mask`] and [`Replay::key_spans`]): the loss positions are scored on
+    /// their noisy rows against the clean tokens.
+    pub fn sequence(
+        &self,
+        sample: &ReplaySample,
+        mask: Tensor,
+        spans: Option<KeySpans>,
+    ) -> MaskedSequence {
         let (l0, l1) = (self.prompt_width, self.region_width);
         let record = &self.records[sample.record];
         MaskedSequence {
             tokens: self.input_ids(sample),
             positions: record.position_ids.clone(),
             mask,
+            spans,
             rows: sample
                 .loss_positions
                 .iter()

@@ -277,12 +277,22 @@ impl Case {
             replay.records.len()
         );
         for (r, mask) in masks.iter().enumerate() {
+            // The reference's masks (left padding included) are two key ranges per row at most,
+            // so the fused attention takes every record of the golden.
+            let spans = replay
+                .key_spans(r)
+                .with_context(|| format!("record {r}: a row sees more than two key ranges"))?;
             for (q, row) in mask.iter().enumerate() {
                 for (k, &allowed) in row.iter().enumerate() {
                     ensure!(
                         replay.visible(r, q, k) == (allowed == 1),
                         "record {r}: row {q} {} column {k}, the reference's mask says otherwise",
                         if allowed == 1 { "may not see" } else { "sees" }
+                    );
+                    ensure!(
+                        spans.sees(q, k) == (allowed == 1),
+                        "record {r}: the key spans of row {q} disagree with the reference's mask \
+                         at column {k}"
                     );
                 }
             }
