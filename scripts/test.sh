@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on CPU: sets up the pinned Python environment the evaluator's
 # workers use (first time only), checks formatting and the workspace's lints, then runs every
-# Rust test of the workspace, the test binaries side by side (scripts/run-tests.py; --jobs N,
-# default 3 or $DICE_TEST_JOBS). Other arguments go to cargo's build, those after `--` to every
-# test binary (a name filter, --ignored, --test-threads N).
+# Rust test of the workspace through scripts/run-tests.py (test binaries side by side: --jobs N,
+# default half the cores, or $DICE_TEST_JOBS). Other arguments go to cargo's build, those after
+# `--` to every test binary (a name filter, --ignored, --test-threads N).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"

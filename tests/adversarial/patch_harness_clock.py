@@ -19,12 +19,16 @@ torch::Tensor matmul_naive(torch::Tensor A, torch::Tensor B) {
     const float* pa = a.data_ptr<float>();
     const float* pb = b.data_ptr<float>();
     float* pc = C.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < m; ++j) {
-            float acc = 0.f;
-            for (int64_t p = 0; p < k; ++p) acc += pa[i * k + p] * pb[p * m + j];
-            pc[i * m + j] = acc;
-        }
+    // The product is made 16 times over: a call costs about a tenth of a second, far above the
+    // scheduling delays of a loaded machine, so the forged clock is the only thing that can
+    // make it look fast.
+    for (int repeat = 0; repeat < 16; ++repeat)
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < m; ++j) {
+                float acc = 0.f;
+                for (int64_t p = 0; p < k; ++p) acc += pa[i * k + p] * pb[p * m + j];
+                pc[i * m + j] = acc;
+            }
     return C;
 }
 """
