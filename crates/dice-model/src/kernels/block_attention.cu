@@ -451,25 +451,8 @@ __device__ __forceinline__ void attend_keys(int lane, const unsigned int (&qa)[H
             const int key = base + 8 * nt + 2 * quad_lane + (e & 1);
             s[nt][e] = key < key_end && key < limit[e / 2] ? s[nt][e] * scale : NEG_INF;
         }
-
     float alpha[2];
-    for (int r = 0; r < 2; ++r) {
-        float tile_max = NEG_INF;
-        for (int nt = 0; nt < keys / 8; ++nt)
-            tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-        const float m_new = fmaxf(m[r], quad_max(tile_max));
-        const bool empty = m_new == NEG_INF;
-        alpha[r] = empty ? 1.f : expf(m[r] - m_new);
-        float sum = 0.f;
-        for (int nt = 0; nt < keys / 8; ++nt)
-            for (int e = 2 * r; e < 2 * r + 2; ++e) {
-                s[nt][e] = empty ? 0.f : expf(s[nt][e] - m_new);
-                sum += s[nt][e];
-            }
-        // Each lane sums its own columns; the quad's sums are added at the end.
-        l[r] = l[r] * alpha[r] + sum;
-        m[r] = m_new;
-    }
+    online_softmax<keys>(s, m, l, alpha);
     for (int n = 0; n < HEAD_DIM / 8; ++n) {
         o[n][0] *= alpha[0];
         o[n][1] *= alpha[0];

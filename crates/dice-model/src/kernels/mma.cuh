@@ -1,7 +1,8 @@
 // Tensor-core building blocks of our NVRTC kernels (block_attention.cu, train_attention.cu):
-// mma.m16n8k16 with f32 accumulation, ldmatrix, cp.async, and reductions over the four lanes of
-// a fragment row. Included by sources compiled for sm_80 and newer, and by plain C++ builds (the
-// CPU emulation in tests/kernel_emulation, which provides the warp-collective operations).
+// mma.m16n8k16 with f32 accumulation, ldmatrix, cp.async, reductions over the four lanes of a
+// fragment row, and the online softmax's step. Included (after NEG_INF is defined) by sources
+// compiled for sm_80 and newer, and by plain C++ builds (the CPU emulation in
+// tests/kernel_emulation, which provides the warp-collective operations).
 //
 // Fragment layouts (PTX ISA, lane = 4 * group + quad_lane): an A tile (16 x 16, row-major)
 // holds rows group and group + 8, columns 2 quad_lane, +1 (a[0], a[1]) and those + 8 (a[2],
@@ -93,4 +94,30 @@ __device__ __forceinline__ float quad_sum(float x) {
 __device__ __forceinline__ float warp_max(float x) {
     for (int mask = 16; mask > 0; mask >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, mask));
     return x;
+}
+
+// The online softmax's step over one tile of a warp's scores s (16 rows x `keys`, already scaled,
+// -inf where masked; this lane's rows group and group + 8): the running max m and this lane's
+// share of the running sum l updated (the quad's shares are added at the end), s replaced by
+// exp(s - m), and alpha, the factor by which each row's earlier output must be scaled. A row
+// that has seen nothing yet keeps m = -inf, zeros and alpha 1.
+template <int keys>
+__device__ __forceinline__ void online_softmax(float (&s)[keys / 8][4], float (&m)[2],
+                                               float (&l)[2], float (&alpha)[2]) {
+    for (int r = 0; r < 2; ++r) {
+        float tile_max = NEG_INF;
+        for (int nt = 0; nt < keys / 8; ++nt)
+            tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        const float m_new = fmaxf(m[r], quad_max(tile_max));
+        const bool empty = m_new == NEG_INF;
+        alpha[r] = empty ? 1.f : expf(m[r] - m_new);
+        float sum = 0.f;
+        for (int nt = 0; nt < keys / 8; ++nt)
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                s[nt][e] = empty ? 0.f : expf(s[nt][e] - m_new);
+                sum += s[nt][e];
+            }
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = m_new;
+    }
 }

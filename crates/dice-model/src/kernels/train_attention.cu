@@ -60,7 +60,8 @@ __device__ __forceinline__ bool in_range(unsigned int key, unsigned int begin, u
     return key >= begin && key < end;
 }
 
-__device__ __forceinline__ bool sees(const unsigned int (&span)[4], unsigned int key) {
+// Whether a query of spans `span` (4 values) sees `key`.
+__device__ __forceinline__ bool sees(const unsigned int* span, unsigned int key) {
     return in_range(key, span[0], span[1]) || in_range(key, span[2], span[3]);
 }
 
@@ -207,22 +208,7 @@ __device__ __forceinline__ void forward_keys(const unsigned int (&qa)[HEAD_DIM /
             s[nt][e] = sees(span[e / 2], key) ? s[nt][e] * scale : NEG_INF;
         }
     float alpha[2];
-    for (int r = 0; r < 2; ++r) {
-        float tile_max = NEG_INF;
-        for (int nt = 0; nt < keys / 8; ++nt)
-            tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-        const float m_new = fmaxf(m[r], quad_max(tile_max));
-        const bool empty = m_new == NEG_INF;
-        alpha[r] = empty ? 1.f : expf(m[r] - m_new);
-        float sum = 0.f;
-        for (int nt = 0; nt < keys / 8; ++nt)
-            for (int e = 2 * r; e < 2 * r + 2; ++e) {
-                s[nt][e] = empty ? 0.f : expf(s[nt][e] - m_new);
-                sum += s[nt][e];
-            }
-        l[r] = l[r] * alpha[r] + sum;
-        m[r] = m_new;
-    }
+    online_softmax<keys>(s, m, l, alpha);
     for (int n = 0; n < HEAD_DIM / 8; ++n)
         for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
     accumulate_rows<T, keys>(s, v_rows, o);
@@ -381,9 +367,8 @@ __device__ __forceinline__ void dkdv_queries(const unsigned short* k_rows,
         for (int e = 0; e < 4; ++e) {
             const int query = 8 * nt + 2 * quad_lane + (e & 1);
             const unsigned int key = key0 + group + 8 * (e / 2);
-            const unsigned int* span = q_spans + 4 * query;
-            const bool visible = in_range(key, span[0], span[1]) || in_range(key, span[2], span[3]);
-            const float p = visible ? expf(st[nt][e] * scale - q_lse[query]) : 0.f;
+            const float p = sees(q_spans + 4 * query, key) ? expf(st[nt][e] * scale - q_lse[query])
+                                                           : 0.f;
             st[nt][e] = p;
             dpt[nt][e] = p * (dpt[nt][e] - q_delta[query]);
         }

@@ -164,8 +164,8 @@ impl TrainAttention {
         &self.kernels.0[self.dtype_slot]
     }
 
-    fn check(&self, what: &str, x: &Tensor, heads: usize) -> Result<Tensor> {
-        let want = [1, heads, self.tokens, self.head_dim];
+    /// `x` contiguous, checked to have the planned dtype and the dims `want`.
+    fn check(&self, what: &str, x: &Tensor, want: &[usize]) -> Result<Tensor> {
         if x.dims() != want || x.dtype() != self.dtype {
             candle_core::bail!(
                 "the training attention planned {what} as {:?} {want:?}, got {:?} {:?}",
@@ -177,17 +177,14 @@ impl TrainAttention {
         x.contiguous()
     }
 
-    fn check_rows(&self, what: &str, x: &Tensor) -> Result<Tensor> {
-        let want = [1, self.tokens, self.q_heads * self.head_dim];
-        if x.dims() != want || x.dtype() != self.dtype {
-            candle_core::bail!(
-                "the training attention planned {what} as {:?} {want:?}, got {:?} {:?}",
-                self.dtype,
-                x.dtype(),
-                x.dims()
-            );
-        }
-        x.contiguous()
+    /// q, k and v contiguous, checked against the plan.
+    fn check_qkv(&self, [q, k, v]: [&Tensor; 3]) -> Result<[Tensor; 3]> {
+        let heads = |h: usize| [1, h, self.tokens, self.head_dim];
+        Ok([
+            self.check("q", q, &heads(self.q_heads))?,
+            self.check("k", k, &heads(self.kv_heads))?,
+            self.check("v", v, &heads(self.kv_heads))?,
+        ])
     }
 
     fn launch_config(&self, grid: (usize, usize), shared_mem_bytes: usize) -> LaunchConfig {
@@ -202,11 +199,7 @@ impl TrainAttention {
     /// `[1, T, Hq * Dh]` (as the composite path returns it) and the log-sum-exp of every
     /// query's scaled scores, f32 `[Hq, T]`, which [`TrainAttention::backward`] takes.
     pub(crate) fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let (q, k, v) = (
-            self.check("q", q, self.q_heads)?,
-            self.check("k", k, self.kv_heads)?,
-            self.check("v", v, self.kv_heads)?,
-        );
+        let [q, k, v] = self.check_qkv([q, k, v])?;
         let device = q.device();
         let out = Tensor::zeros(
             (1, self.tokens, self.q_heads * self.head_dim),
@@ -261,14 +254,11 @@ impl TrainAttention {
         lse: &Tensor,
         d_out: &Tensor,
     ) -> Result<[Tensor; 3]> {
-        let (q, k, v) = (
-            self.check("q", q, self.q_heads)?,
-            self.check("k", k, self.kv_heads)?,
-            self.check("v", v, self.kv_heads)?,
-        );
+        let [q, k, v] = self.check_qkv([q, k, v])?;
+        let rows = [1, self.tokens, self.q_heads * self.head_dim];
         let (out, d_out) = (
-            self.check_rows("the output", out)?,
-            self.check_rows("the output gradient", d_out)?,
+            self.check("the output", out, &rows)?,
+            self.check("the output gradient", d_out, &rows)?,
         );
         if lse.dims() != [self.q_heads, self.tokens] || lse.dtype() != DType::F32 {
             candle_core::bail!(
