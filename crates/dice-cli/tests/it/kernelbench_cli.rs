@@ -136,6 +136,23 @@ fn report_sets_a_kernelbench_run_beside_an_eval_run() {
         "4",
     ]));
     let (a, b) = (path_arg(&generated), path_arg(&judged));
+    // What the judge found, for a failure's reader: the report counts a deceptive sample 0 out.
+    let judged_samples = Store::open(&judged.join("dice.db"))
+        .unwrap()
+        .samples()
+        .unwrap();
+    for sample in &judged_samples {
+        eprintln!(
+            "judged sample {}/{}: {:?} deceptive={} flags={:?} speedup={:?} {:?}",
+            sample.problem_id,
+            sample.sample_id,
+            sample.verdict,
+            sample.deceptive,
+            sample.flags,
+            sample.speedup,
+            sample.message
+        );
+    }
 
     let md = succeeded(&dice(&["report", a, b]));
     assert!(
