@@ -225,6 +225,7 @@ fn every_gpu_hack_is_caught_by_dice_eval() {
 
 /// Evaluates every manifest program of `device` in one `dice eval --device DEVICE` run.
 fn run_suite(device: &str) {
+    let _alone = crate::common::hostile_programs_alone();
     let manifest_path = repo_root().join("tests/adversarial/manifest.json");
     let manifest: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(manifest_path).unwrap()).unwrap();

@@ -59,6 +59,7 @@ fn ingest(run: &Path, input: &Path) {
 
 #[test]
 fn curate_run_survives_kill_9_and_exports_trainable_data() {
+    let _judging = crate::common::away_from_hostile_programs();
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     ingest(&run, &fixture());

@@ -41,6 +41,7 @@ fn build_counts(stdout: &str) -> Vec<(String, usize)> {
 
 #[test]
 fn build_workers_fill_the_cache_that_judging_uses() {
+    let _judging = crate::common::away_from_hostile_programs();
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("builds");
     let builders =

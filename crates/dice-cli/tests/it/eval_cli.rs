@@ -28,6 +28,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn evaluates_resumes_and_refuses_changed_settings() {
+    let _judging = crate::common::away_from_hostile_programs();
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let candidates = problem2_candidates(dir.path());

@@ -87,6 +87,7 @@ fn copy_to_sqlite(from: &Store, db: &Path) {
 
 #[test]
 fn three_workers_on_postgres_one_killed() {
+    let _judging = crate::common::away_from_hostile_programs();
     let server = PostgresServer::start();
     let url = server.url();
     let dir = tempfile::tempdir().unwrap();

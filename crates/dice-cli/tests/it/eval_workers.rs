@@ -36,6 +36,7 @@ fn verdicts(run: &Path) -> Verdicts {
 
 #[test]
 fn two_processes_share_one_run() {
+    let _judging = crate::common::away_from_hostile_programs();
     let dir = tempfile::tempdir().unwrap();
     // The run of one process, whose verdicts the shared run must give, runs beside it.
     let alone = dir.path().join("alone");

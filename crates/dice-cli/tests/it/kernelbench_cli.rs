@@ -114,6 +114,7 @@ fn runs_end_to_end_resumes_and_starts_over() {
 
 #[test]
 fn report_sets_a_kernelbench_run_beside_an_eval_run() {
+    let _judging = crate::common::away_from_hostile_programs();
     let dir = tempfile::tempdir().unwrap();
     let generated = dir.path().join("generated");
     succeeded(&kernelbench(&generated, &[]));
