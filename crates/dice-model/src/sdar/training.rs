@@ -120,6 +120,20 @@ enum AttentionPath {
     Fused(crate::kernels::TrainAttention),
 }
 
+#[cfg(feature = "cuda")]
+impl AttentionPath {
+    /// The fused kernels over `spans`, where the device and dtype have them.
+    fn fused(model: &Sdar, spans: &KeySpans) -> anyhow::Result<Option<Self>> {
+        let planned = crate::kernels::TrainAttention::plan(
+            model.device(),
+            model.dtype(),
+            &model.config,
+            spans,
+        )?;
+        Ok(planned.map(AttentionPath::Fused))
+    }
+}
+
 /// What every layer of one training forward shares: rotary tables and how attention runs; and
 /// the phase timer of a profiled step.
 struct Layout {
@@ -156,12 +170,10 @@ impl Layout {
         #[cfg(feature = "cuda")]
         if fused {
             let spans = KeySpans::two_stream(batch.sample_lens(), model.config.block_size);
-            let planned =
-                crate::kernels::TrainAttention::plan(device, model.dtype(), &model.config, &spans)?;
-            if let Some(kernels) = planned {
+            if let Some(attention) = AttentionPath::fused(model, &spans)? {
                 return Ok(Self {
                     rope,
-                    attention: AttentionPath::Fused(kernels),
+                    attention,
                     timer: None,
                 });
             }
@@ -203,16 +215,10 @@ impl Layout {
         let rope = Rope::new(&model.inv_freq, &positions, model.dtype())?;
         #[cfg(feature = "cuda")]
         if let Some(spans) = &sequence.spans {
-            let planned = crate::kernels::TrainAttention::plan(
-                model.device(),
-                model.dtype(),
-                &model.config,
-                spans,
-            )?;
-            if let Some(kernels) = planned {
+            if let Some(attention) = AttentionPath::fused(model, spans)? {
                 return Ok(Self {
                     rope,
-                    attention: AttentionPath::Fused(kernels),
+                    attention,
                     timer: None,
                 });
             }
