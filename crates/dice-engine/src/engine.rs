@@ -4,13 +4,14 @@
 //! of clean blocks and the denoising of the others, and in a batch in lock-step the store
 //! pass rides along with the first denoising step of the next block.
 
-use crate::greedy::{greedy_candidates, non_finite_logits};
+use crate::greedy::greedy_candidates;
 use crate::model::{BlockDiffusionModel, BlockRow, PrefillRow};
 use crate::params::DecodeParams;
+use crate::sampled::{sampled_candidates, Draw};
 use crate::sampling::Candidate;
 use crate::sequence::{FinishReason, Phase, Sequence};
 use anyhow::{bail, ensure, Context, Result};
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -374,7 +375,8 @@ impl<M: BlockDiffusionModel> Engine<M> {
     fn denoise_forward(&mut self, running: &[Running], merged: bool) -> Result<()> {
         // A row denoises its block unless it stores alone.
         let denoises = |stores: bool| merged || !stores;
-        // The positions whose logits each denoising row needs, and whether it is greedy.
+        // The positions whose logits each denoising row needs, and how each position's
+        // candidate is picked (a sampled row draws its uniform numbers now, before the forward).
         let positions: Vec<Vec<usize>> = running
             .iter()
             .map(|&(i, stores)| match denoises(stores) {
@@ -382,13 +384,26 @@ impl<M: BlockDiffusionModel> Engine<M> {
                 false => Vec::new(),
             })
             .collect();
-        let greedy_logits: Vec<bool> = running
-            .iter()
-            .zip(&positions)
-            .flat_map(|(&(i, _), p)| {
-                std::iter::repeat_n(self.active[i].sequence.sampling().is_greedy(), p.len())
-            })
-            .collect();
+        let mut picks = Vec::new();
+        for (&(i, _), listed) in running.iter().zip(&positions) {
+            if listed.is_empty() {
+                continue;
+            }
+            let sequence = &mut self.active[i].sequence;
+            let sampling = *sequence.sampling();
+            if sampling.is_greedy() {
+                picks.extend(std::iter::repeat_n(Pick::Greedy, listed.len()));
+            } else {
+                let with_entropy = sequence.needs_entropy();
+                picks.extend(sequence.listed_uniforms().into_iter().map(|uniform| {
+                    Pick::Draw(Draw {
+                        sampling,
+                        uniform,
+                        with_entropy,
+                    })
+                }));
+            }
+        }
         let rows: Vec<BlockRow<'_>> = running
             .iter()
             .zip(&positions)
@@ -409,30 +424,21 @@ impl<M: BlockDiffusionModel> Engine<M> {
             .context("decoding forward failed")?;
         self.forwards.decode += 1;
         drop(rows);
-        let vocab = self.model.vocab_size();
-        let outputs = match logits {
-            Some(logits) => RowOutputs::read(&logits, &greedy_logits, vocab)?,
-            None => RowOutputs::default(),
+        let candidates = match logits {
+            Some(logits) => picked_candidates(&logits, &picks, self.model.vocab_size())?,
+            None => Vec::new(),
         };
-        // Each denoising row's outputs, in the order of its listed positions.
-        let (mut greedy, mut sampled) = (&outputs.greedy[..], &outputs.sampled[..]);
-        let too_few = "the model returned too few logit rows";
+        // Each denoising row's candidates, in the order of its listed positions.
+        let mut rest = &candidates[..];
         for (&(i, stores), listed) in running.iter().zip(&positions) {
             if !denoises(stores) {
                 continue;
             }
-            let sequence = &mut self.active[i].sequence;
-            if sequence.sampling().is_greedy() {
-                let (row, rest) = greedy.split_at_checked(listed.len()).context(too_few)?;
-                sequence.denoise_listed(row);
-                greedy = rest;
-            } else {
-                let (row, rest) = sampled
-                    .split_at_checked(listed.len() * vocab)
-                    .context(too_few)?;
-                sequence.denoise_sampled(row, vocab);
-                sampled = rest;
-            }
+            let (row, after) = rest
+                .split_at_checked(listed.len())
+                .context("the model returned too few logit rows")?;
+            self.active[i].sequence.denoise_listed(row);
+            rest = after;
         }
         Ok(())
     }
@@ -449,38 +455,53 @@ struct Round {
     finished: Vec<(usize, FinishReason)>,
 }
 
-/// What the host needs of one decoding forward's logits, in position order within each kind: the
-/// candidates of the greedy rows' positions (picked on the logits' device) and the f32 logits
-/// of the sampled rows' positions.
-#[derive(Default)]
-struct RowOutputs {
-    greedy: Vec<Candidate>,
-    sampled: Vec<f32>,
+/// How one logit row's candidate is picked.
+#[derive(Clone, Copy)]
+enum Pick {
+    /// Top-k 1, on the logits' device ([`greedy_candidates`]).
+    Greedy,
+    Draw(Draw),
 }
 
-impl RowOutputs {
-    /// `greedy[r]` tells whether logit row `r` of `logits` (`[positions, vocab]`) decodes
-    /// greedily.
-    fn read(logits: &Tensor, greedy: &[bool], vocab: usize) -> Result<Self> {
-        let rows = greedy.len();
-        ensure!(
-            logits.dims() == [rows, vocab],
-            "the model returned logits of shape {:?}, expected [{rows}, {vocab}]",
-            logits.dims()
-        );
-        let greedy_logits = select_rows(logits, greedy, true)?;
-        let sampled_logits = select_rows(logits, greedy, false)?;
-        Ok(RowOutputs {
-            greedy: match greedy_logits {
-                Some(l) => greedy_candidates(&l)?,
-                None => Vec::new(),
-            },
-            sampled: match sampled_logits {
-                Some(l) => host_logits(&l)?,
-                None => Vec::new(),
-            },
+/// The candidate of every row of `logits` (`[rows, vocab]`) as `picks[row]` says, in row order:
+/// the greedy rows' picked with one kernel and the sampled rows' drawn with another (on CUDA),
+/// so only a few numbers per row come back to the host.
+fn picked_candidates(logits: &Tensor, picks: &[Pick], vocab: usize) -> Result<Vec<Candidate>> {
+    let rows = picks.len();
+    ensure!(
+        logits.dims() == [rows, vocab],
+        "the model returned logits of shape {:?}, expected [{rows}, {vocab}]",
+        logits.dims()
+    );
+    let greedy: Vec<bool> = picks.iter().map(|p| matches!(p, Pick::Greedy)).collect();
+    let draws: Vec<Draw> = picks
+        .iter()
+        .filter_map(|p| match p {
+            Pick::Draw(d) => Some(*d),
+            Pick::Greedy => None,
         })
+        .collect();
+    let mut greedy_picked = match select_rows(logits, &greedy, true)? {
+        Some(l) => greedy_candidates(&l)?,
+        None => Vec::new(),
     }
+    .into_iter();
+    let mut drawn = match select_rows(logits, &greedy, false)? {
+        Some(l) => sampled_candidates(&l, &draws)?,
+        None => Vec::new(),
+    }
+    .into_iter();
+    greedy
+        .iter()
+        .map(|&g| {
+            if g {
+                greedy_picked.next()
+            } else {
+                drawn.next()
+            }
+        })
+        .collect::<Option<Vec<_>>>()
+        .context("a pick returned too few candidates")
 }
 
 /// The rows `r` of `logits` with `greedy[r] == wanted`, or `None` when there is none.
@@ -496,18 +517,6 @@ fn select_rows(logits: &Tensor, greedy: &[bool], wanted: bool) -> Result<Option<
     }
     let index = Tensor::new(rows.as_slice(), logits.device())?;
     Ok(Some(logits.index_select(&index, 0)?))
-}
-
-fn host_logits(logits: &Tensor) -> Result<Vec<f32>> {
-    let logits = logits
-        .to_dtype(DType::F32)?
-        .flatten_all()?
-        .to_vec1::<f32>()
-        .context("cannot read the logits back")?;
-    if logits.iter().any(|l| l.is_nan() || *l == f32::INFINITY) {
-        return Err(non_finite_logits());
-    }
-    Ok(logits)
 }
 
 #[cfg(test)]

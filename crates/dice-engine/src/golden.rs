@@ -1,10 +1,15 @@
 //! The formula golden's greedy generations (`cases.json` "generate") decoded by the engine on a
-//! checkpoint of its weights, on any device and dtype, token for token against the reference's.
+//! checkpoint of its weights, on any device and dtype, token for token against the reference's;
+//! and the engine's draws of sampled tokens on the device against the host's arithmetic
+//! ([`check_sampling`]).
 
-use crate::{DecodeParams, Engine, EngineConfig, Request, SdarDecoder};
+use crate::sampled::{sampled_candidates, Draw};
+use crate::{sample_row, DecodeParams, Engine, EngineConfig, Request, SamplingParams, SdarDecoder};
 use anyhow::{Context, Result};
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use dice_model::golden::FormulaGolden;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use std::path::Path;
 
@@ -83,4 +88,91 @@ fn check_generation(
 fn token_ids(v: &Value, what: &str) -> Result<Vec<u32>> {
     serde_json::from_value(v.clone())
         .with_context(|| format!("cases.json: {what} is not a list of token ids"))
+}
+
+/// [`check_sampling`]'s result.
+#[derive(Debug, Clone)]
+pub struct SamplingCheck {
+    pub rows: usize,
+    /// Rows whose drawn token is where the f64 running sum of the row's weights, in index order,
+    /// crosses the uniform number times their total (within 1e-6 of the total).
+    pub valid_draws: usize,
+    /// Rows whose token is the one the host's [`sample_row`] draws (its f32 total may move the
+    /// crossing by a token on flat distributions, so this is reported, not required).
+    pub equal_to_host: usize,
+    /// Largest relative difference of a drawn token's probability from its weight over the
+    /// total, and of the entropy from the host's.
+    pub max_relative_diff: f64,
+}
+
+impl SamplingCheck {
+    /// Relative difference allowed between the device's and the host's f32 sums.
+    pub const TOLERANCE: f64 = 1e-4;
+
+    pub fn passes(&self) -> bool {
+        self.valid_draws == self.rows && self.max_relative_diff <= Self::TOLERANCE
+    }
+}
+
+/// Draws one token of the whole distribution (no top-k or top-p; temperatures 1 and 0.7) from
+/// each of 64 rows of random logits over a real model's vocabulary, in `dtype` on `device`, the
+/// way the engine draws them there (on CUDA, one kernel: [`dice_model::sample_summary`]), and
+/// checks every draw against the host's arithmetic on the same logits.
+pub fn check_sampling(dtype: DType, device: &Device) -> Result<SamplingCheck> {
+    const ROWS: usize = 64;
+    const VOCAB: usize = 151_936;
+    let mut rng = StdRng::seed_from_u64(5);
+    let values: Vec<f32> = (0..ROWS * VOCAB)
+        .map(|_| (rng.random::<f32>() - 0.5) * 24.0)
+        .collect();
+    let logits = Tensor::from_vec(values, (ROWS, VOCAB), device)?.to_dtype(dtype)?;
+    let draws: Vec<Draw> = (0..ROWS)
+        .map(|r| Draw {
+            sampling: SamplingParams {
+                temperature: if r % 2 == 0 { 1.0 } else { 0.7 },
+                top_k: 0,
+                top_p: 1.0,
+            },
+            uniform: rng.random::<f64>(),
+            with_entropy: true,
+        })
+        .collect();
+    let drawn = sampled_candidates(&logits, &draws)?;
+    let host = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    let mut check = SamplingCheck {
+        rows: ROWS,
+        valid_draws: 0,
+        equal_to_host: 0,
+        max_relative_diff: 0.0,
+    };
+    for ((row, draw), candidate) in host.iter().zip(&draws).zip(&drawn) {
+        let t = draw.sampling.temperature;
+        let scaled: Vec<f32> = row
+            .iter()
+            .map(|&l| if t == 1.0 { l } else { l / t })
+            .collect();
+        let max = scaled.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<f64> = scaled.iter().map(|&s| f64::from((s - max).exp())).collect();
+        let total: f64 = weights.iter().sum();
+        let token = candidate.token as usize;
+        let target = draw.uniform * total;
+        let slack = 1e-6 * total;
+        if let Some(&weight) = weights.get(token) {
+            let before: f64 = weights[..token].iter().sum();
+            if weight > 0.0 && before <= target + slack && target < before + weight + slack {
+                check.valid_draws += 1;
+            }
+            let relative = |got: f64, want: f64| (got - want).abs() / want.abs().max(1e-30);
+            let on_host = sample_row(row, &draw.sampling, draw.uniform, true);
+            check.equal_to_host += usize::from(on_host.token == candidate.token);
+            check.max_relative_diff = check
+                .max_relative_diff
+                .max(relative(f64::from(candidate.prob), weight / total))
+                .max(relative(
+                    f64::from(candidate.entropy),
+                    f64::from(on_host.entropy),
+                ));
+        }
+    }
+    Ok(check)
 }

@@ -17,6 +17,7 @@ pub mod golden;
 mod greedy;
 mod model;
 mod params;
+mod sampled;
 mod sampling;
 mod schedule;
 mod sdar;

@@ -2,7 +2,7 @@
 //! counter and random stream (spec §4.1, §4.2, §4.6; JetEngine's `Sequence`, §7.2).
 
 use crate::params::DecodeParams;
-use crate::sampling::{sample_row, Candidate, SamplingParams};
+use crate::sampling::{Candidate, SamplingParams};
 use crate::schedule::transfer_schedule;
 use crate::strategy::{select_transfer, Overflow, Scored};
 use rand::rngs::StdRng;
@@ -130,6 +130,11 @@ impl Sequence {
         &self.params.sampling
     }
 
+    /// Whether the remasking strategy reads the candidates' entropy.
+    pub(crate) fn needs_entropy(&self) -> bool {
+        self.params.strategy.needs_entropy()
+    }
+
     /// The block positions whose candidates the next denoising step asks for, ascending: the
     /// masked ones, or all of them with [`Overflow::Reference`] (its surplus picks rewrite
     /// unmasked positions). [`Sequence::denoise_step`] asks for no other.
@@ -161,20 +166,17 @@ impl Sequence {
         self.denoise_step(|i| candidates[rank[i]]);
     }
 
-    /// One denoising step from the f32 logits (`vocab` each) of the positions
-    /// [`Sequence::logit_positions`] lists, in its order, drawing every position's uniform
-    /// number first (the order seeded outputs rely on).
-    pub(crate) fn denoise_sampled(&mut self, logits: &[f32], vocab: usize) {
+    /// The uniform numbers of the positions [`Sequence::logit_positions`] lists, in its order,
+    /// for the next denoising step's draws. Every block position draws one, listed or not (the
+    /// order seeded outputs rely on).
+    pub(crate) fn listed_uniforms(&mut self) -> Vec<f64> {
         let uniforms: Vec<f64> = (0..self.params.block_length)
             .map(|_| self.rng.random::<f64>())
             .collect();
-        let sampling = self.params.sampling;
-        let with_entropy = self.params.strategy.needs_entropy();
-        let rank = self.listed_ranks();
-        self.denoise_step(|i| {
-            let row = &logits[rank[i] * vocab..(rank[i] + 1) * vocab];
-            sample_row(row, &sampling, uniforms[i], with_entropy)
-        });
+        (0..self.block.len())
+            .filter(|&i| self.listed(i))
+            .map(|i| uniforms[i])
+            .collect()
     }
 
     /// One denoising step; `candidate(i)` is the candidate of block position `i`. It is asked

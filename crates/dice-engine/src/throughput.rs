@@ -5,8 +5,8 @@
 //! one prefill forward goes ([`Sdar::profile_block_forward`]) and what every engine step costs.
 
 use crate::{
-    DecodeParams, DecodeSettings, Engine, EngineConfig, ForwardCounts, Request, SdarDecoder,
-    Strategy,
+    DecodeParams, DecodeSettings, Engine, EngineConfig, ForwardCounts, Request, SamplingParams,
+    SdarDecoder, Strategy,
 };
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device};
@@ -38,6 +38,9 @@ pub struct ThroughputBench {
     /// Denoising steps per block.
     pub steps: usize,
     pub strategy: Strategy,
+    /// How each token is drawn (DICE's evaluation is greedy: top-k 1; training rollouts sample
+    /// the whole distribution: top-k 0).
+    pub sampling: SamplingParams,
     /// After the throughput runs, profile one decoding forward per batch size and one prefill
     /// forward of the largest, with byte floors at this memory bandwidth (bytes per second),
     /// and time every engine step of one more generation per batch size.
@@ -56,6 +59,7 @@ pub struct ThroughputRun {
     pub block_length: usize,
     pub steps: usize,
     pub strategy: &'static str,
+    pub sampling: SamplingParams,
     /// Whether the CUDA device tracked buffer uses with events (false off CUDA).
     pub cuda_event_tracking: bool,
 }
@@ -137,12 +141,15 @@ impl StepTimes {
 }
 
 impl ThroughputBench {
-    /// DICE's evaluation (greedy, no stop ids) with the benchmark's block, steps and strategy.
+    /// DICE's evaluation (no stop ids) with the benchmark's block, steps, strategy and sampling.
     pub fn decode_params(&self) -> Result<DecodeParams> {
         DecodeSettings {
             strategy: Some(self.strategy),
             block_length: Some(self.block_length),
             steps: Some(self.steps),
+            temperature: Some(self.sampling.temperature),
+            top_k: Some(self.sampling.top_k),
+            top_p: Some(self.sampling.top_p),
             ..DecodeSettings::default()
         }
         .over(&DecodeParams::dice_eval(self.new_tokens))
@@ -186,6 +193,7 @@ impl ThroughputBench {
                 block_length: params.block_length,
                 steps: params.steps,
                 strategy: params.strategy.name(),
+                sampling: params.sampling,
                 cuda_event_tracking: cuda_event_tracking(device),
             },
             rows,

@@ -23,7 +23,7 @@ pub mod tokenizer;
 pub use chat::ChatTemplate;
 pub use config::SdarConfig;
 #[cfg(feature = "cuda")]
-pub use kernels::decode_ops::greedy_summary;
+pub use kernels::decode_ops::{greedy_summary, sample_summary};
 #[cfg(feature = "cuda")]
 pub use sdar::DecodeGraph;
 pub use sdar::{KvCache, LossGradients, MaskedSequence, Sdar};

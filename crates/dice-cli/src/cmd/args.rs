@@ -3,7 +3,7 @@
 use anyhow::{ensure, Context, Result};
 use candle_core::DType;
 use clap::{Args, ValueEnum};
-use dice_engine::{ApiClient, Generator};
+use dice_engine::{ApiClient, Generator, SamplingParams};
 use dice_eval::Device;
 use dice_model::SdarConfig;
 use std::path::PathBuf;
@@ -139,4 +139,14 @@ pub(crate) struct SamplingArgs {
     /// Nucleus sampling mass (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
+}
+
+impl SamplingArgs {
+    pub(crate) fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+        }
+    }
 }

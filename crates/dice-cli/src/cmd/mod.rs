@@ -8,6 +8,8 @@ macro_rules! cuda_decoding_env {
   DICE_FUSED_ATTENTION=cuda-cores  the CUDA-core attention kernel for every dtype
   DICE_CUDA_GRAPHS=0               run every decoding forward op by op (default: captured once in a
                                    CUDA graph per KV cache and tokens per row, replayed at each step)
+  DICE_DEVICE_SAMPLING=0           read sampled positions' logits back and draw on the host
+                                   (default: one kernel draws tokens of the whole distribution)
 On CUDA the engine always stacks the q/k/v and the gate/up weights (one matmul per group) and
 picks greedy tokens with one kernel over the logits."
     };

@@ -1,6 +1,6 @@
 // Fused element-wise steps of the decoding forward of dice's SDAR model
 // (crates/dice-model/src/kernels/decode_ops.rs launches them): residual add + RMSNorm, SiLU-gate,
-// qk-norm + RoPE + KV-cache write, and the greedy selection over the logits.
+// qk-norm + RoPE + KV-cache write, and the greedy and sampled selections over the logits.
 //
 // Compiled at run time with NVRTC; bf16 and f16 are raw 16-bit values (half.cuh).
 //
@@ -394,6 +394,137 @@ __device__ void greedy_summary(const T* __restrict__ logits, unsigned int* __res
     }
 }
 
+// A sampled candidate of each row of logits (one CTA of SAMPLE_THREADS threads per row), with no
+// top-k or top-p filter: the logits divided by the row's temperature, softmax weights
+// w = expf(x - max), and the inverse-CDF draw of the row's uniform number u over the whole
+// vocabulary in index order, as dice-engine's `sample_row` draws (the first index whose running
+// sum of weights exceeds u * total). The running sums are f64, as there; the total is their f64
+// sum (sample_row adds the f32 weights one after another in f32, which a parallel sum cannot
+// reproduce; either is a draw from the same distribution). Only four numbers per row come back to
+// the host instead of the row's logits: u32 [4, rows] holding the token, the bits of its f32
+// probability w / total, of the distribution's entropy (each probability clamped at 1e-12, as the
+// reference takes it; 0 unless `with_entropy`), and 1 where the row is unusable (a NaN, a +inf
+// or only -inf; else 0).
+#define SAMPLE_THREADS 256
+#define ENTROPY_CLAMP 1e-12f
+
+template <typename T>
+__device__ void sample_summary(const T* __restrict__ logits, const float* __restrict__ temperatures,
+                               const double* __restrict__ uniforms, unsigned int* __restrict__ out,
+                               int rows, int vocab, int with_entropy) {
+    __shared__ float reduce_f[SAMPLE_THREADS];
+    __shared__ double prefix[SAMPLE_THREADS];
+    __shared__ int drawer[SAMPLE_THREADS];
+    const int t = threadIdx.x, row = blockIdx.x;
+    const T* x = logits + (size_t)row * vocab;
+    const float temperature = temperatures[row];
+    // sample_row divides only when the temperature is not 1.
+    auto scaled = [&](int i) {
+        const float v = to_float(x[i]);
+        return temperature == 1.0f ? v : v / temperature;
+    };
+
+    // The maximum, and whether a NaN or +inf makes the row unusable.
+    float m = -__uint_as_float(0x7f800000u);
+    int bad = 0;
+    for (int i = t; i < vocab; i += SAMPLE_THREADS) {
+        const float v = scaled(i);
+        if (v != v || v == __uint_as_float(0x7f800000u)) bad = 1;
+        else m = fmaxf(m, v);
+    }
+    reduce_f[t] = m;
+    drawer[t] = bad;
+    __syncthreads();
+    for (int stride = SAMPLE_THREADS / 2; stride > 0; stride /= 2) {
+        if (t < stride) {
+            reduce_f[t] = fmaxf(reduce_f[t], reduce_f[t + stride]);
+            drawer[t] |= drawer[t + stride];
+        }
+        __syncthreads();
+    }
+    m = reduce_f[0];
+    bad = drawer[0] || m == -__uint_as_float(0x7f800000u);
+    __syncthreads();
+    if (bad) {
+        if (t == 0) {
+            out[row] = 0;
+            out[rows + row] = 0;
+            out[2 * rows + row] = 0;
+            out[3 * rows + row] = 1;
+        }
+        return;
+    }
+
+    // Each thread's contiguous chunk of columns, its f64 sum of weights, and the block's
+    // inclusive scan of those sums: the running sum in index order at each chunk's end.
+    const int chunk = (vocab + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    const int begin = min(vocab, t * chunk), end = min(vocab, begin + chunk);
+    double own = 0.0;
+    for (int i = begin; i < end; ++i) own += (double)expf(scaled(i) - m);
+    prefix[t] = own;
+    __syncthreads();
+    for (int offset = 1; offset < SAMPLE_THREADS; offset *= 2) {
+        const double add = t >= offset ? prefix[t - offset] : 0.0;
+        __syncthreads();
+        prefix[t] += add;
+        __syncthreads();
+    }
+    const double total = prefix[SAMPLE_THREADS - 1];
+    const double target = uniforms[row] * total;
+    const double before = prefix[t] - own;
+    // The draw falls in the last chunk with weight that starts at or below the target (chunks
+    // without weight are skipped, and rounding that leaves the target past every sum still
+    // lands in the last chunk with weight).
+    drawer[t] = own > 0.0 && before <= target ? t : -1;
+    __syncthreads();
+    for (int stride = SAMPLE_THREADS / 2; stride > 0; stride /= 2) {
+        if (t < stride) drawer[t] = max(drawer[t], drawer[t + stride]);
+        __syncthreads();
+    }
+    const float total_f = (float)total;
+    if (t == drawer[0]) {
+        // Within the chunk: the first column whose running sum exceeds the target, else its last
+        // column with weight (sample_row's fallback).
+        double running = 0.0;
+        int token = -1, last = begin;
+        float weight = 0.0f;
+        for (int i = begin; i < end; ++i) {
+            const float w = expf(scaled(i) - m);
+            if (w > 0.0f) last = i;
+            running += (double)w;
+            if (target - before < running) {
+                token = i;
+                weight = w;
+                break;
+            }
+        }
+        if (token < 0) {
+            token = last;
+            weight = expf(scaled(last) - m);
+        }
+        out[row] = (unsigned int)token;
+        out[rows + row] = __float_as_uint(weight / total_f);
+        out[3 * rows + row] = 0;
+    }
+    if (!with_entropy) {
+        if (t == 0) out[2 * rows + row] = 0;
+        return;
+    }
+    float entropy = 0.0f;
+    for (int i = t; i < vocab; i += SAMPLE_THREADS) {
+        const float p = fmaxf(expf(scaled(i) - m) / total_f, ENTROPY_CLAMP);
+        entropy -= p * logf(p);
+    }
+    __syncthreads();
+    reduce_f[t] = entropy;
+    __syncthreads();
+    for (int stride = SAMPLE_THREADS / 2; stride > 0; stride /= 2) {
+        if (t < stride) reduce_f[t] += reduce_f[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) out[2 * rows + row] = __float_as_uint(reduce_f[0]);
+}
+
 #define DECODE_OPS(TYPE, SUFFIX)                                                                  \
     extern "C" __global__ void add_rms_norm_##SUFFIX(                                             \
         const TYPE* residual, const TYPE* delta, const TYPE* weight, TYPE* sum_out,               \
@@ -422,6 +553,11 @@ __device__ void greedy_summary(const T* __restrict__ logits, unsigned int* __res
     extern "C" __global__ void __launch_bounds__(GREEDY_THREADS) greedy_summary_##SUFFIX(         \
         const TYPE* logits, unsigned int* out, int rows, int vocab) {                             \
         greedy_summary<TYPE>(logits, out, rows, vocab);                                           \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_summary_##SUFFIX(         \
+        const TYPE* logits, const float* temperatures, const double* uniforms, unsigned int* out,  \
+        int rows, int vocab, int with_entropy) {                                                  \
+        sample_summary<TYPE>(logits, temperatures, uniforms, out, rows, vocab, with_entropy);     \
     }
 
 DECODE_OPS(float, f32)

@@ -1,6 +1,7 @@
 //! Fused steps of the decoding forward (`decode_ops.cu`), each one launch instead of several
 //! candle ops: residual add + RMSNorm, the SiLU gate, and qk-norm + RoPE + KV-cache write; and
-//! the engine's greedy selection over the logits ([`greedy_summary`]).
+//! the engine's greedy and sampled selections over the logits ([`greedy_summary`],
+//! [`sample_summary`]).
 //!
 //! Their numerics are those of the candle CUDA kernels they replace, rounding for rounding (the
 //! top of `decode_ops.cu` lists them), so a forward gives the same bits with or without them;
@@ -50,6 +51,9 @@ const WIDE_COLS: usize = 8;
 /// Threads per CTA of `greedy_summary` (`GREEDY_THREADS`).
 const GREEDY_THREADS: u32 = 256;
 
+/// Threads per CTA of `sample_summary` (`SAMPLE_THREADS`).
+const SAMPLE_THREADS: u32 = 256;
+
 /// Threads per CTA of `silu_mul` (16 bytes of columns each), and most rows of its grid (CUDA's
 /// limit on grid y; it strides over the rest).
 const ELEMENTWISE_THREADS: u32 = 256;
@@ -63,6 +67,7 @@ struct Loaded {
     silu_mul: [CudaFunction; 3],
     qk_norm_rope_cache: [CudaFunction; 3],
     greedy_summary: [CudaFunction; 3],
+    sample_summary: [CudaFunction; 3],
 }
 
 /// Kernels by device.
@@ -86,6 +91,7 @@ fn load(dev: &CudaDevice) -> anyhow::Result<Loaded> {
         silu_mul: by_dtype("silu_mul")?,
         qk_norm_rope_cache: by_dtype("qk_norm_rope_cache")?,
         greedy_summary: by_dtype("greedy_summary")?,
+        sample_summary: by_dtype("sample_summary")?,
     })
 }
 
@@ -281,6 +287,77 @@ pub fn greedy_summary(logits: &Tensor) -> Result<Tensor> {
         .w()?;
     }
     Ok(wrap(out, (3, rows)))
+}
+
+/// A sampled candidate of every row of `logits` (`[.., vocab]`, f32, bf16 or f16, contiguous on
+/// a CUDA device) with no top-k or top-p filter: row `r`'s logits divided by `temperatures[r]`
+/// (f32 `[rows]`), softmax, and the inverse-CDF draw of `uniforms[r]` (f64 `[rows]`, in [0, 1))
+/// in index order. u32 `[4, rows]`: per row the token, the f32 bits of its probability, the f32
+/// bits of the distribution's entropy (0 unless `with_entropy`), and 1 where the row has a NaN,
+/// a +inf or only -inf (else 0). Three passes over each row on the device, so only these 16
+/// bytes per row reach the host instead of the row's `vocab` logits.
+pub fn sample_summary(
+    logits: &Tensor,
+    temperatures: &Tensor,
+    uniforms: &Tensor,
+    with_entropy: bool,
+) -> Result<Tensor> {
+    const OP: &str = "sample_summary";
+    let (dev, kernels, dtype) = kernels_for(OP, &[logits])?;
+    let vocab = logits.dim(candle_core::D::Minus1)?;
+    if vocab == 0 || vocab > i32::MAX as usize {
+        bail!("{OP} takes rows of 1 to 2^31 - 1 logits, got {vocab}");
+    }
+    let rows = logits.elem_count() / vocab;
+    for (what, t, want) in [
+        ("temperatures", temperatures, DType::F32),
+        ("uniforms", uniforms, DType::F64),
+    ] {
+        if t.dims() != [rows] || t.dtype() != want || !t.device().same_device(logits.device()) {
+            bail!(
+                "{OP} takes {what} of {want:?} [{rows}] on the logits' device, got {:?} {:?}",
+                t.dtype(),
+                t.dims()
+            );
+        }
+    }
+    let stream = dev.cuda_stream();
+    let out = alloc(&dev, DType::U32, 4 * rows)?;
+    if rows > 0 {
+        let (logits_s, logits_l) = logits.storage_and_layout();
+        let logits_p = tensor_ptr((&logits_s, logits_l), "the logits", &stream)?;
+        let (temperatures_s, temperatures_l) = temperatures.storage_and_layout();
+        let temperatures_p = tensor_ptr(
+            (&temperatures_s, temperatures_l),
+            "the temperatures",
+            &stream,
+        )?;
+        let (uniforms_s, uniforms_l) = uniforms.storage_and_layout();
+        let uniforms_p = tensor_ptr((&uniforms_s, uniforms_l), "the uniforms", &stream)?;
+        let out_p = slice_ptr(&out.slice, 0, &stream)?;
+        let (rows_i, vocab_i, entropy_i) = (rows as i32, vocab as i32, i32::from(with_entropy));
+        let mut launch = stream.launch_builder(&kernels.sample_summary[dtype]);
+        launch
+            .arg(&logits_p.0)
+            .arg(&temperatures_p.0)
+            .arg(&uniforms_p.0)
+            .arg(&out_p.0)
+            .arg(&rows_i)
+            .arg(&vocab_i)
+            .arg(&entropy_i);
+        // SAFETY: the arguments match `sample_summary_*`; the logits cover `rows * vocab`
+        // elements, the temperatures and uniforms `rows` (checked above) and the output
+        // `4 * rows`.
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: (rows as u32, 1, 1),
+                block_dim: (SAMPLE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .w()?;
+    }
+    Ok(wrap(out, (4, rows)))
 }
 
 /// `T(silu(f32(gate))) * up`, element-wise (candle: `gate.to_dtype(F32).silu().to_dtype(T)`,

@@ -19,7 +19,8 @@ pub(super) fn slice_ptr<'a>(
         CudaStorageSlice::BF16(s) => (s.device_ptr(stream), 2),
         CudaStorageSlice::F16(s) => (s.device_ptr(stream), 2),
         CudaStorageSlice::U32(s) => (s.device_ptr(stream), 4),
-        _ => bail!("the fused CUDA kernels take f32, bf16, f16 or u32 tensors"),
+        CudaStorageSlice::F64(s) => (s.device_ptr(stream), 8),
+        _ => bail!("the fused CUDA kernels take f32, bf16, f16, u32 or f64 tensors"),
     };
     Ok((ptr + (offset * element_bytes) as CUdeviceptr, record))
 }

@@ -298,6 +298,96 @@ template <typename T> void check_greedy_summary(int rows, int vocab) {
     std::printf("%s greedy_summary rows=%d vocab=%d: match\n", name<T>(), rows, vocab);
 }
 
+// Sampled picks over rows of continuous logits, some -inf (weightless columns, whole weightless
+// chunks of a thread), with uniforms at 0, inside and just below 1, at temperature 1 and not; plus
+// the unusable rows. The kernel's total adds each thread's chunk in another order than a scan
+// from the first column, so its token is checked to be where the f64 running sum of the same
+// weights crosses u * total (within the two sums' rounding), its probability and entropy against
+// sums taken in index order.
+template <typename T> void check_sample_summary(int rows, int vocab, float temperature) {
+    std::normal_distribution<double> normal(0.0, 3.0);
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    std::vector<T> logits((size_t)rows * vocab);
+    for (auto& x : logits) x = round_to<T>(normal(rng));
+    const float inf = __uint_as_float(0x7f800000u), nan = __uint_as_float(0x7fc00000u);
+    auto row = [&](int r) { return logits.data() + (size_t)r * vocab; };
+    std::vector<double> uniforms(rows);
+    for (int r = 0; r < rows; r++) uniforms[r] = uniform(rng);
+    std::vector<float> temperatures(rows, temperature);
+    if (rows >= 8) {
+        row(0)[vocab / 2] = from_float<T>(nan);
+        row(1)[vocab - 1] = from_float<T>(inf);
+        for (int i = 0; i < vocab; i++) row(2)[i] = from_float<T>(-inf);
+        // Weight only in the last column, and in every third column past the middle.
+        for (int i = 0; i + 1 < vocab; i++) row(3)[i] = from_float<T>(-inf);
+        for (int i = 0; i < vocab; i++)
+            if (i < vocab / 2 || i % 3) row(4)[i] = from_float<T>(-inf);
+        uniforms[5] = 0.0;
+        uniforms[6] = 1.0 - 1e-16;
+        uniforms[7] = 0.5;
+    }
+    std::vector<unsigned> out(4 * (size_t)rows, 0xdeadbeefu);
+    for (int with_entropy : {0, 1}) {
+        launch({(unsigned)rows, 1, 1}, SAMPLE_THREADS, [&] {
+            sample_summary<T>(logits.data(), temperatures.data(), uniforms.data(), out.data(), rows,
+                              vocab, with_entropy);
+        });
+        for (int r = 0; r < rows; r++) {
+            auto fail = [&](const char* what, double got, double want) {
+                std::printf("%s sample_summary rows=%d vocab=%d t=%g entropy=%d row %d: %s is %.9g, "
+                            "want %.9g\n",
+                            name<T>(), rows, vocab, temperature, with_entropy, r, what, got, want);
+                failures++;
+            };
+            std::vector<float> scaled(vocab);
+            bool bad = false;
+            float m = -inf;
+            for (int i = 0; i < vocab; i++) {
+                const float v = (float)value(row(r)[i]);
+                scaled[i] = temperature == 1.0f ? v : v / temperature;
+                if (scaled[i] != scaled[i] || scaled[i] == inf) bad = true;
+                else m = std::max(m, scaled[i]);
+            }
+            bad = bad || m == -inf;
+            if (out[3 * rows + r] != (unsigned)bad) {
+                fail("the unusable flag", out[3 * rows + r], bad);
+                continue;
+            }
+            if (bad) continue;
+            std::vector<float> w(vocab);
+            double total = 0;
+            for (int i = 0; i < vocab; i++) total += (double)(w[i] = expf(scaled[i] - m));
+            const unsigned token = out[r];
+            if (token >= (unsigned)vocab || w[token] <= 0.0f) {
+                fail("the token", token, -1);
+                continue;
+            }
+            double before = 0;
+            for (unsigned i = 0; i < token; i++) before += w[i];
+            const double target = uniforms[r] * total, slack = 1e-12 * total;
+            // u just below 1 may round past every sum: then the last column with weight.
+            int last = vocab - 1;
+            while (w[last] <= 0.0f) last--;
+            const bool past_all = target + slack >= total && (int)token == last;
+            if (!past_all && !(before <= target + slack && target < before + w[token] + slack))
+                fail("the token's running sum before it", before, target);
+            const double prob = __uint_as_float(out[rows + r]), want_prob = w[token] / total;
+            if (std::fabs(prob - want_prob) > 1e-6 * want_prob) fail("the probability", prob, want_prob);
+            double entropy = 0;
+            for (int i = 0; i < vocab; i++) {
+                const double p = std::max((double)w[i] / total, 1e-12);
+                entropy -= p * std::log(p);
+            }
+            const double got_entropy = __uint_as_float(out[2 * rows + r]);
+            const double want_entropy = with_entropy ? entropy : 0.0;
+            if (std::fabs(got_entropy - want_entropy) > 1e-4 * std::max(1.0, want_entropy))
+                fail("the entropy", got_entropy, want_entropy);
+        }
+    }
+    std::printf("%s sample_summary rows=%d vocab=%d t=%g: checked\n", name<T>(), rows, vocab,
+                temperature);
+}
+
 template <typename T> void check_all() {
     // The tiny golden model's hidden size, one below a 1024-thread block, a real model's; enough
     // rows that an f32 sum added in another order changes some rows' scale.
@@ -332,6 +422,11 @@ template <typename T> void check_all() {
     check_greedy_summary<T>(4, 2 * 8 * 2048 + 24);
     check_greedy_summary<T>(3, 5);
     check_greedy_summary<T>(3, 1003);
+    // Fewer columns than threads (most chunks empty), chunks of uneven end, and a chunk per
+    // thread of a real vocabulary's size over a smaller one.
+    check_sample_summary<T>(8, 100, 1.0f);
+    check_sample_summary<T>(9, 1003, 0.7f);
+    check_sample_summary<T>(8, 20000, 1.0f);
 }
 
 int main() {

@@ -3,11 +3,11 @@
 
 use super::format::gib;
 use super::profile::print_profile;
-use crate::cmd::args::RandomModelArgs;
+use crate::cmd::args::{RandomModelArgs, SamplingArgs};
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 use dice_engine::throughput::{ThroughputBench, ThroughputRow, ThroughputRun};
-use dice_engine::Strategy;
+use dice_engine::{SamplingParams, Strategy};
 use dice_model::device::set_cuda_event_tracking;
 use dice_model::sdar::ForwardProfile;
 use dice_report::targets::{describe_settings, Benchmark, Machine, Targets};
@@ -37,6 +37,10 @@ pub(crate) struct GenerateBenchArgs {
     /// Remasking strategy (the threshold ones with their default thresholds).
     #[arg(long, value_enum, default_value_t = Strategy::LowConfidenceStatic)]
     pub strategy: Strategy,
+    /// How each token is drawn: greedy by default (DICE's evaluation); `--top-k 0` samples the
+    /// whole distribution, as training rollouts do.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -85,16 +89,22 @@ pub(super) fn after_help() -> String {
     format!(
         "\
 Builds a model of CONFIG's real shapes with random weights, then for each batch size: an engine
-of that many slots generates NEW_TOKENS greedy tokens (no stop ids) after PROMPT_TOKENS
-pseudo-random prompt tokens for every sequence at once, after one untimed one-block warm-up.
+of that many slots generates NEW_TOKENS tokens (no stop ids; greedy unless --top-k says
+otherwise) after PROMPT_TOKENS pseudo-random prompt tokens for every sequence at once, after one
+untimed one-block warm-up. On CUDA, greedy tokens are picked, and tokens of the whole
+distribution (--top-k 0, --top-p 1: training rollouts' sampling) drawn, by one kernel over the
+logits; with a top-k above 1 or a top-p below 1 the logits are read back and drawn from on the
+host.
 Prints tokens/s (generated tokens / wall time), the forwards the engine ran (prefill included),
 ms per forward and peak memory; for the model shapes, batch sizes and settings of the benchmarks
 of bench/targets.toml, also their anchor (a reference implementation's figure) and whether their
 target is met:{compared}
 measured under:{settings}
 
-Example (H200):
+Examples (H200):
   dice bench generate --config sdar-4b.json --device cuda --batch 1,128
+  dice bench generate --config sdar-1.7b.json --device cuda --batch 128 --strategy dynamic \\
+    --top-k 0   # BiC-RL's rollout sampling (temperature 1, threshold 0.9)
 
 {}",
         crate::cmd::cuda_decoding_env!()
@@ -134,6 +144,9 @@ struct RunSettings<'a> {
     block_length: usize,
     steps: usize,
     strategy: &'a str,
+    /// 1: greedy; 0: the whole distribution sampled at `temperature`.
+    top_k: usize,
+    temperature: f32,
     prompt_tokens: usize,
     new_tokens: usize,
     /// The benchmark decodes without stop ids.
@@ -158,6 +171,7 @@ pub(super) fn run(args: GenerateBenchArgs) -> Result<()> {
         block_length: args.block_length,
         steps: args.steps,
         strategy: args.strategy,
+        sampling: args.sampling.params(),
         profile_bandwidth: args.profile.then_some(bandwidth),
     }
     .run(&config, dtype, &device)?;
@@ -237,6 +251,21 @@ pub(super) fn run(args: GenerateBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// `greedy`, or `sampled at temperature 1` with the filters that apply.
+fn describe_sampling(s: &SamplingParams) -> String {
+    if s.is_greedy() {
+        return "greedy".into();
+    }
+    let mut described = format!("sampled at temperature {}", s.temperature);
+    if s.top_k > 1 {
+        described.push_str(&format!(", top-k {}", s.top_k));
+    }
+    if s.top_p < 1.0 {
+        described.push_str(&format!(", top-p {}", s.top_p));
+    }
+    described
+}
+
 /// The settings of the generations at `batch`, as a benchmark's `settings` name them.
 fn run_settings(batch: usize, dtype: &str, run: &ThroughputRun) -> Result<toml::Table> {
     toml::Table::try_from(RunSettings {
@@ -245,6 +274,8 @@ fn run_settings(batch: usize, dtype: &str, run: &ThroughputRun) -> Result<toml::
         block_length: run.block_length,
         steps: run.steps,
         strategy: run.strategy,
+        top_k: run.sampling.top_k,
+        temperature: run.sampling.temperature,
         prompt_tokens: run.prompt_tokens,
         new_tokens: run.new_tokens,
         stop: false,
@@ -282,8 +313,13 @@ fn print_generate_bench(b: &GenerateBench, machine: &Machine) {
         machine.memory_bandwidth_bytes_per_s / 1e12,
     );
     println!(
-        "block {}, {} steps, {}, greedy, {}-token prompts, {} new tokens, no stop ids",
-        run.block_length, run.steps, run.strategy, run.prompt_tokens, run.new_tokens
+        "block {}, {} steps, {}, {}, {}-token prompts, {} new tokens, no stop ids",
+        run.block_length,
+        run.steps,
+        run.strategy,
+        describe_sampling(&run.sampling),
+        run.prompt_tokens,
+        run.new_tokens
     );
     println!("| config | batch | tokens/s | forwards (prefill) | ms/forward | peak memory | anchor | target |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |");
@@ -334,12 +370,14 @@ mod tests {
         args: GenerateBenchArgs,
     }
 
-    #[test]
-    fn the_default_flags_in_bf16_are_the_settings_of_the_anchors() {
-        let args = <Command as clap::Parser>::try_parse_from(["generate", "--config", "c.json"])
+    /// The settings a run with `flags` (and the model's) names.
+    fn run_of(flags: &[&str]) -> ThroughputRun {
+        let args = ["generate", "--config", "c.json"].iter().chain(flags);
+        let args = <Command as clap::Parser>::try_parse_from(args)
             .unwrap()
             .args;
-        let run = ThroughputRun {
+        assert_eq!(args.model.dtype.name(), "bf16");
+        ThroughputRun {
             parameters: 0,
             weight_bytes: 0,
             build_s: 0.0,
@@ -348,15 +386,39 @@ mod tests {
             block_length: args.block_length,
             steps: args.steps,
             strategy: args.strategy.name(),
+            sampling: args.sampling.params(),
             cuda_event_tracking: false,
-        };
-        assert_eq!(args.model.dtype.name(), "bf16");
+        }
+    }
+
+    #[test]
+    fn the_default_flags_in_bf16_are_the_settings_of_the_anchors() {
+        // The evaluation's benchmarks run with the defaults, the rollouts' with the flags their
+        // commands give.
+        let evaluation = run_of(&[]);
+        let rollout = run_of(&["--strategy", "dynamic", "--top-k", "0"]);
         for b in Targets::get().measured_by("bench generate") {
+            let run = match b.name.starts_with("rollout-") {
+                true => &rollout,
+                false => &evaluation,
+            };
+            assert!(
+                b.command.ends_with("--strategy dynamic --top-k 0")
+                    == b.name.starts_with("rollout-"),
+                "{}",
+                b.name
+            );
             let batch = b.settings["batch"].as_integer().unwrap() as usize;
-            let settings = run_settings(batch, "bf16", &run).unwrap();
+            let settings = run_settings(batch, "bf16", run).unwrap();
             assert_eq!(b.differing(&settings).count(), 0, "{}", b.name);
-            let settings = run_settings(batch, "f32", &run).unwrap();
+            let settings = run_settings(batch, "f32", run).unwrap();
             assert_eq!(b.differing(&settings).collect::<Vec<_>>(), ["dtype"]);
+            let other = match b.name.starts_with("rollout-") {
+                true => &evaluation,
+                false => &rollout,
+            };
+            let settings = run_settings(batch, "bf16", other).unwrap();
+            assert!(b.differing(&settings).count() > 0, "{}", b.name);
         }
     }
 }

@@ -9,7 +9,7 @@
 use crate::cmd::args::{candle_device, DTypeArg};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use dice_engine::golden::check_generations;
+use dice_engine::golden::{check_generations, check_sampling, SamplingCheck};
 use dice_eval::Device;
 use dice_model::golden::{low_precision_tolerance, FormulaGolden};
 use serde::Serialize;
@@ -21,7 +21,11 @@ Checks, on the chosen device and dtype, as the golden's README says: the block-c
 and one cached decode step (store_kv=false) against each row's stored logsumexp, sum and sum of
 squares, the logits at the reference's top-32 indices, our own 32 largest values, the logits at
 512 fixed columns and the argmax; the four greedy generations (token for token); the two-stream
-SFT loss, the stored gradient rows and every gradient norm. Prints each check's largest
+SFT loss, the stored gradient rows and every gradient norm; and 64 tokens drawn from the whole
+distribution of random logits over a 151,936-token vocabulary as the engine draws them on the
+device (one kernel on CUDA), each where the f64 running sum of its row's weights crosses the
+uniform number (all required), its probability and the entropy within 1e-4 of the host's
+arithmetic. Prints each check's largest
 difference beside its f32 tolerance (README: 1e-4 on logits, loss and gradients, 1e-2 on a
 row's sum, 1e-5 relative on its sum of squares, 1e-3 relative on gradient norms, argmax and
 generations exact). Exits non-zero when a check fails: in f32 its tolerance; in bf16/fp16 the
@@ -100,6 +104,15 @@ pub(super) fn run(args: GoldenArgs) -> Result<()> {
             name: m.name,
         })
         .collect();
+    let sampling = check_sampling(dtype, &device)?;
+    checks.push(Check {
+        passed: sampling.passes(),
+        name: "sampling/whole-distribution draws".into(),
+        max_diff: Some(sampling.max_relative_diff),
+        tolerance: Some(SamplingCheck::TOLERANCE),
+        relative: None,
+        tokens_equal: None,
+    });
     for case in check_generations(&golden, model_dir, dtype, &device)? {
         checks.push(Check {
             passed: case.passes(dtype),
@@ -141,6 +154,11 @@ pub(super) fn run(args: GoldenArgs) -> Result<()> {
             c.name
         );
     }
+    println!(
+        "sampling: {} of {} draws where the running sum crosses u x total; {} the host's own \
+         token (its f32 total may move the crossing on flat distributions)",
+        sampling.valid_draws, sampling.rows, sampling.equal_to_host
+    );
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&checks)?)
             .with_context(|| format!("cannot write {}", path.display()))?;

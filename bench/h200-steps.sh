@@ -1,0 +1,35 @@
+# The step runner of the GPU machine's benchmark scripts (bench/train/run-h200.sh,
+# bench/rl/run-h200.sh), sourced after DATA is set: unpacks DATA/dice.xz to $bin, sets the CUDA
+# libraries' path, the run folder OUT and a time budget (BUDGET_S, default an hour), and defines
+#   run NAME CAP_SECONDS DICE_ARGS...   one step (skipped unless named in the script's arguments,
+#                                       or none is), its output in OUT/NAME.txt, its wall time
+#                                       and mean SM utilisation in OUT/steps.txt
+#   wanted NAME, left, unxz FILE.xz DEST
+DATA=$(realpath "${DATA:?}")
+OUT=${OUT:-$(bash bench/run-folder.sh)} || exit 1
+mkdir -p "$OUT" && OUT=$(realpath "$OUT")
+# The binary links libnccl.so.2 and CUDA 13's libraries: torch's wheels carry both.
+nvidia=$(python3 -c 'import nvidia, os; print(nvidia.__path__[0])')
+export LD_LIBRARY_PATH=$nvidia/cu13/lib:$nvidia/nccl/lib
+bin=/tmp/dice-cuda configs=tests/data/sdar/configs
+unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; }
+unxz "$DATA/dice.xz" "$bin" && chmod +x "$bin"
+start=$(date +%s) budget=${BUDGET_S:-3600}
+left() { echo $(( budget - ($(date +%s) - start) )); }
+steps=" $* "
+wanted() { [[ $steps == "  " || $steps == *" $1 "* ]]; }
+run() { # name, cap seconds, dice args...   (GPU utilisation sampled each second beside it)
+  local name=$1 cap=$2; shift 2
+  wanted "$name" || return 0
+  local limit=$(( $(left) < cap ? $(left) : cap ))
+  (( limit > 10 )) || { echo "$name skipped: no time left" | tee -a "$OUT/steps.txt"; return; }
+  nvidia-smi dmon -s um -d 1 >"$OUT/$name.dmon" 2>&1 &
+  local dmon=$! t0=$(date +%s)
+  timeout "$limit" "$bin" "$@" >"$OUT/$name.txt" 2>&1
+  echo "$name rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
+  kill $dmon 2>/dev/null
+  tail -15 "$OUT/$name.txt"
+  # Mean SM utilisation over the samples that saw any (the model's build and the start excluded).
+  awk '$1 ~ /^[0-9]+$/ && $2 > 0 {n++; s += $2} END {if (n) printf "  sm%% mean over %d busy samples: %.0f\n", n, s / n}' \
+    "$OUT/$name.dmon" | tee -a "$OUT/steps.txt"
+}

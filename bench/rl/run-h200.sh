@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# BiC-RL's GPU evidence (issue #26: rollouts at the engine's speed), run on the H200 machine from
+# the repository root:
+#   DATA=DIR [BUDGET_S=SECONDS] bash bench/rl/run-h200.sh [STEP...]
+# (STEP: golden-f32, golden-bf16, sampled-1.7b, sampled-1.7b-host, greedy-1.7b, sampled-4b,
+# sampled-1.7b-rl-shape, rl-rollout; all by default)
+# reading the model configs, the tokenizer and the DICE tasks from tests/data, and under $DATA
+# (an ignored folder carried to the machine; nothing of it is committed):
+#   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
+# Writes steps.txt and each step's output to OUT, by default the run's folder
+# bench/runs/<date>-<commit>-<machine> (bench/run-folder.sh).
+set -uo pipefail
+source bench/h200-steps.sh "$@"
+# The engine's draws of sampled tokens on the device against the host's arithmetic (and the
+# formula golden's forwards, SFT step and greedy generations).
+run golden-f32 120 bench golden --golden tests/data/sdar/golden/formula --device cuda --dtype f32
+run golden-bf16 120 bench golden --golden tests/data/sdar/golden/formula --device cuda --dtype bf16
+# Rollout sampling (whole distribution, temperature 1, dynamic threshold 0.9, block 4) at the
+# engine's batch, drawn on the device; then the same drawn on the host (the rollouts' old path,
+# fewer tokens: it is slow); greedy beside it.
+rollout=(--device cuda --dtype bf16 --strategy dynamic --top-k 0)
+run sampled-1.7b 240 bench generate --config "$configs/sdar-1.7b.json" "${rollout[@]}" \
+  --batch 128,256 --json "$OUT/sampled-1.7b.json"
+DICE_DEVICE_SAMPLING=0 run sampled-1.7b-host 180 bench generate --config "$configs/sdar-1.7b.json" \
+  "${rollout[@]}" --batch 128 --new-tokens 64 --json "$OUT/sampled-1.7b-host.json"
+run greedy-1.7b 180 bench generate --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 \
+  --strategy dynamic --batch 128 --json "$OUT/greedy-1.7b.json"
+run sampled-4b 240 bench generate --config "$configs/sdar-4b.json" "${rollout[@]}" --batch 128 \
+  --json "$OUT/sampled-4b.json"
+# The shape of the rollout below (prompts of about 1,000 tokens, 256 new), for the comparison the
+# issue asks: rollout tokens/s within 10 % of the engine's at the same batch and lengths.
+run sampled-1.7b-rl-shape 180 bench generate --config "$configs/sdar-1.7b.json" "${rollout[@]}" \
+  --batch 128 --prompt-tokens 1024 --new-tokens 256 --json "$OUT/sampled-1.7b-rl-shape.json"
+# One stage-2 step of dice train rl on random 1.7B weights, 16 tasks x 8 samples of up to 256
+# tokens in one engine of 128, the toy reward (no judging): its rollout_tokens_per_s.
+if wanted rl-rollout; then
+  "$bin" model init --config "$configs/sdar-1.7b.json" --weights random --seed 1 \
+    --tokenizer tests/data/sdar --out /tmp/m17 --force >"$OUT/model-init.txt" 2>&1
+  run rl-rollout 300 train rl --model /tmp/m17 --tasks tests/data/dice/end_to_end_kernel_generation_4000.json \
+    --stage e2e --preset dice-1.7b-stage2 --tasks-per-step 16 --samples-per-task 8 --max-tokens 256 \
+    --max-active 128 --max-steps 1 --reward-token 16 --out /tmp/rl --device cuda
+  cp /tmp/rl/metrics.jsonl "$OUT/rl-rollout-metrics.jsonl" 2>/dev/null
+  du -sh /tmp/rl/* >"$OUT/rl-rollout-disk.txt" 2>&1
+  rm -rf /tmp/rl /tmp/m17
+fi
