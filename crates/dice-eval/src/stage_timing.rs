@@ -429,4 +429,15 @@ mod tests {
         assert_eq!(sides(Timing::KernelBench), ("cccbbb".to_string(), 20));
         assert_eq!(sides(Timing::KernelBenchV01), ("cccbbb".to_string(), 20));
     }
+
+    #[test]
+    fn the_checked_calls_are_as_many_as_asked_distinct_and_among_those_made() {
+        let named = |calls: Value| checked_calls(&json!({ "calls": calls }), 3, 10);
+        assert_eq!(named(json!([7, 0, 9])), Some(vec![7, 0, 9]));
+        assert_eq!(named(json!([7, 0])), None, "too few");
+        assert_eq!(named(json!([7, 7, 9])), None, "one call twice");
+        assert_eq!(named(json!([7, 0, 10])), None, "a call never made");
+        assert_eq!(named(json!([7, 0, -1])), None, "not a call number");
+        assert_eq!(checked_calls(&json!({}), 3, 10), None);
+    }
 }
