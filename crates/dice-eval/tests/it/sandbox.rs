@@ -251,6 +251,17 @@ fn runtime_hacks_are_flagged() {
             "",
             true,
         ),
+        // Keyed by shape from the first timed call on (after the correctness trials and the
+        // warm-ups): every later timed call returns that call's output for other inputs.
+        (
+            candidate(
+                "",
+                "self.cache = {}\n        self.calls = 0",
+                "self.calls += 1\n        if self.calls <= 8:\n            return torch.relu(x)\n        return self.cache.setdefault(tuple(x.shape), torch.relu(x))",
+            ),
+            "",
+            false,
+        ),
         (candidate("", "pass", "return torch.relu(x)"), "", true),
         // A clock slowed down a hundredfold through the evaluator's own module.
         (
