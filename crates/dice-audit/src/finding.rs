@@ -29,7 +29,6 @@ pub enum Rule {
     PersistingL2Cache,
     // Run-time rules: reported by the evaluator (dice-eval) while running a candidate.
     InputMutation,
-    OutputReused,
     TimingOutputMismatch,
     TimerInconsistent,
     CustomKernelNotLaunched,
@@ -39,7 +38,7 @@ pub enum Rule {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 29] = [
+    pub const ALL: [Rule; 28] = [
         Rule::NoCustomKernel,
         Rule::ExampleKernelCopied,
         Rule::KernelNotWired,
@@ -62,7 +61,6 @@ impl Rule {
         Rule::TorchComputeInForward,
         Rule::PersistingL2Cache,
         Rule::InputMutation,
-        Rule::OutputReused,
         Rule::TimingOutputMismatch,
         Rule::TimerInconsistent,
         Rule::CustomKernelNotLaunched,
@@ -95,7 +93,6 @@ impl Rule {
             Rule::TorchComputeInForward => "torch_compute_in_forward",
             Rule::PersistingL2Cache => "persisting_l2_cache",
             Rule::InputMutation => "input_mutation",
-            Rule::OutputReused => "output_reused",
             Rule::TimingOutputMismatch => "timing_output_mismatch",
             Rule::TimerInconsistent => "timer_inconsistent",
             Rule::CustomKernelNotLaunched => "custom_kernel_not_launched",

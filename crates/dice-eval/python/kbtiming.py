@@ -10,9 +10,9 @@ paper: 3 warm-ups on both sides, and per trial only record start, call, record e
 no flush, no synchronisation before the call, nothing discarded, no empty_cache.
 
 Both call the model with one input set, the same tensors every call (KB spec §3.2: set_seed(42),
-the first timing seed of `protocol.Seeds` under these methods), drawn as dice draws inputs (on
-the evaluation device), so that its last output can be judged against the reference's. Where CUDA events do not exist (the CPU), the same loop reads
-perf_counter around the call. Unlike dice's own Timer, garbage collection stays on, as in
+`protocol.Seeds.timed_call` under these methods), drawn as dice draws inputs (on the evaluation
+device), so that the last timed output can be judged against the reference's. Where CUDA events
+do not exist (the CPU), the same loop reads perf_counter around the call. Unlike dice's own Timer, garbage collection stays on, as in
 KernelBench's process; the timed process is still kept on its cores (the evaluator's builds run
 beside it, which KernelBench's harness never has). The persisting L2 state is reset before each
 round of calls and before every flush (persisting_l2.py).
@@ -55,17 +55,17 @@ class Timer:
         self.model = model
         self.cores = cores
         self.baseline = side == "baseline"
-        self.inputs = setup.inputs(problem, setup.seeds.timing[0])
-        # One input set, as KernelBench times: the evaluator judges its last output.
-        self.sets = [self.inputs]
+        # One input set, as KernelBench times: the evaluator judges the last timed output.
+        self.inputs = setup.inputs(problem, setup.seeds.timed_call(0))
         self.last = None
-        self.reused = None
+        self.last_call = None
         self.started = False
         self.untimed_calls = 0  # made by the last run before its timed ones
         self.cuda = setup.device.type == "cuda"
         self.l2 = persisting_l2.Guard(setup.device)
 
-    def run(self, n):
+    def run(self, n, first_call):
+        """Times calls first_call .. first_call + n - 1, all on the one input set."""
         if self.cores:
             os.sched_setaffinity(0, self.cores["timed"])
         self.l2.reset()
@@ -77,7 +77,9 @@ class Timer:
                     self.started = True
                     for _ in range(self.method.discard_first):
                         self._trial()
-                return [self._trial() for _ in range(n)]
+                times = [self._trial() for _ in range(n)]
+                self.last_call = first_call + n - 1
+                return times
         finally:
             if self.cores:
                 os.sched_setaffinity(0, self.cores["untimed"])
@@ -111,6 +113,6 @@ class Timer:
         torch.cuda.synchronize(self.setup.device)
         return start.elapsed_time(end)
 
-    def outputs(self, k):
-        """The last timed output (there is one input set, k = 0)."""
-        return protocol.as_tensor_list(self.last)
+    def checked_outputs(self):
+        """(call, outputs) of the last timed call, the one judged, as `protocol.Timer`'s."""
+        return [(self.last_call, protocol.as_tensor_list(self.last))]

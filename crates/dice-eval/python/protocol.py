@@ -9,6 +9,7 @@ allocate on the evaluation device from that device's generator, identically in b
 
 import errno
 import gc
+import hashlib
 import json
 import os
 import random
@@ -33,21 +34,30 @@ def set_seed(seed):
 
 
 class Seeds:
-    """The seeds of a run's correctness trials and timing input sets, all from one run seed that
-    the evaluator draws when the run begins (stored with the run, handed to both processes in
-    their requests): a program cannot carry its expected outputs for inputs it cannot predict.
-    From SEED they are KernelBench's: the trial seeds of torch.manual_seed(42) and torch.randint
-    (§2.4), and set_seed(42) for the first timing set (§3.2). KernelBench's timing methods
-    (`kernelbench_timing`) always time on that set, as its harness does: the timed outputs are
-    judged, but the correctness trials' inputs stay the run's."""
+    """The seeds of a run's correctness trials and timed calls, all from one run seed that the
+    evaluator draws when the run begins (stored with the run, handed to both processes in their
+    requests): a program cannot carry its expected outputs for inputs it cannot predict.
+    From SEED the trial seeds are KernelBench's: those of torch.manual_seed(42) and torch.randint
+    (§2.4). KernelBench's timing methods (`kernelbench_timing`) time every call on set_seed(42)'s
+    inputs (§3.2), as its harness does; dice times each call on inputs of its own (`Timer`)."""
 
     def __init__(self, run_seed, kernelbench_timing=False):
         self.run_seed = run_seed
-        self.timing = (SEED if kernelbench_timing else run_seed, run_seed + 1)
+        self.kernelbench_timing = kernelbench_timing
 
     def trials(self, n):
         generator = torch.Generator().manual_seed(self.run_seed)
         return [int(torch.randint(0, 2**32 - 1, (1,), generator=generator).item()) for _ in range(n)]
+
+    def timed_call(self, call):
+        """The seed of the inputs of timing call `call` (numbered from 0 in a candidate's timing;
+        negative for warm-ups). 64 bits from a hash of the run seed and the call: distinct for
+        every call, never a trial's (those are below 2**32 but for a 2**-32 chance), and the same
+        in both processes, so the baseline's call `call` gets the same inputs."""
+        if self.kernelbench_timing:
+            return SEED
+        digest = hashlib.blake2b(f"{self.run_seed}:{call}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little")
 
 
 def load_module(name, path, shared=None):
@@ -122,34 +132,42 @@ class Setup:
 
 
 class Timer:
-    """Times model calls, rotating input sets through fixed buffers (same process in both roles).
+    """Times model calls, each on inputs no call has seen before (same process in both roles).
 
-    The input sets come from the run's timing seeds (`Seeds`). Before
-    each call the next set is copied into the same tensors and the seed is set again, so an output
-    cached by input pointer is stale, and the last output of each set can be judged like a
-    correctness trial. Outputs of earlier calls are kept alive: a call that returns the storage of
-    the previous call on the same set, but not of the other sets (a cache keyed by value), is
-    recorded in `reused`.
+    Call c's inputs are the problem's own `get_inputs()` under seed `Seeds.timed_call(c)`, made
+    on the evaluation device before the call and copied into the same buffers every call: an
+    output cached by input value or fingerprint is never found again, and one cached by pointer
+    is stale. Making them costs both processes alike, outside the timed region (before the
+    synchronisation and the flush). A uniform sample of the timed calls keeps copies of its
+    outputs (`CheckedCalls`), which the evaluator has judged against the reference's output on
+    the same inputs.
     """
 
-    def __init__(self, setup, problem, model, cores=None):
+    def __init__(self, setup, problem, model, checked_calls, cores=None):
         self.setup = setup
+        self.problem = problem
         self.model = model
         self.cores = cores
-        self.sets = [setup.inputs(problem, seed) for seed in setup.seeds.timing]
-        self.buffers = [v.clone() if isinstance(v, torch.Tensor) else v for v in self.sets[0]]
-        self.calls = 0
+        self.buffers = []
+        self.warmed = False
         self.untimed_calls = 0  # made by the last run before its timed ones: the warm-ups
-        self.kept = [[] for _ in self.sets]
-        self.alive = [None] * len(self.sets)
-        self.last = [None] * len(self.sets)
-        self.reused = None
+        # A program wrong on a share w of its timed calls passes with probability
+        # (1 - w) ** checked_calls.
+        self.checked_calls = checked_calls
+        self.checked = CheckedCalls(checked_calls)
         self.flush = None
         if setup.device.type == "cuda":
             self.flush = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=setup.device)
         self.l2 = persisting_l2.Guard(setup.device)
+        # The input buffers on the device now, under the untimed pass the timer is made in (and
+        # in the reference's footprint): the first warm-up's inputs.
+        self._prepare(-1)
 
-    def run(self, n):
+    def run(self, n, first_call):
+        """Times calls first_call .. first_call + n - 1; a timing starts at call 0 (the reference's
+        process times the baseline for one candidate after another)."""
+        if first_call == 0:
+            self.checked = CheckedCalls(self.checked_calls)
         # Small kernels are timed by how fast Python launches them: on cores of their own,
         # other processes of the evaluation (builds, imports) cannot slow the launches down.
         if self.cores:
@@ -162,35 +180,44 @@ class Timer:
         gc.disable()
         try:
             with torch.no_grad():
-                self.untimed_calls = WARMUP_CALLS if self.calls == 0 else 0
-                for _ in range(self.untimed_calls):
-                    self._call(0)
-                return [self._timed(self.calls % len(self.sets), final=i >= n - len(self.sets)) for i in range(n)]
+                self.untimed_calls = 0 if self.warmed else WARMUP_CALLS
+                self.warmed = True
+                for warmup in range(self.untimed_calls):
+                    self._call(-1 - warmup)
+                return [self._timed(first_call + i) for i in range(n)]
         finally:
             if collecting:
                 gc.enable()
             if self.cores:
                 os.sched_setaffinity(0, self.cores["untimed"])
 
-    def _prepare(self, k):
+    def _prepare(self, call):
+        seed = self.setup.seeds.timed_call(call)
+        fresh = self.setup.inputs(self.problem, seed)
+        if len(self.buffers) != len(fresh):
+            self.buffers = [None] * len(fresh)
         args = []
-        for buf, value in zip(self.buffers, self.sets[k]):
-            if isinstance(buf, torch.Tensor):
+        for i, value in enumerate(fresh):
+            buf = self.buffers[i]
+            # A tensor of another shape or type than the last call's (a problem whose inputs
+            # vary) takes its own place.
+            if isinstance(value, torch.Tensor) and isinstance(buf, torch.Tensor) and buf.shape == value.shape and buf.dtype == value.dtype:
                 buf.copy_(value)
-                args.append(buf)
             else:
-                args.append(value)
-        set_seed(self.setup.seeds.timing[k])
+                self.buffers[i] = buf = value
+            args.append(buf)
+        del fresh
+        set_seed(seed)
         self.setup.sync()
         return args
 
-    def _call(self, k):
-        args = self._prepare(k)
+    def _call(self, call):
+        args = self._prepare(call)
         self.model(*args)
         self.setup.sync()
 
-    def _timed(self, k, final):
-        args = self._prepare(k)
+    def _timed(self, call):
+        args = self._prepare(call)
         if self.flush is None:
             start = perf_counter_ns()
             out = self.model(*args)
@@ -205,32 +232,37 @@ class Timer:
             end.record()
             torch.cuda.synchronize(self.setup.device)
             ms = start.elapsed_time(end)
-        self._keep(k, out, final)
-        self.calls += 1
+        self.checked.offer(call, out)
         return ms
 
-    def _keep(self, k, out, final):
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        tensors = [t for t in outs if isinstance(t, torch.Tensor) and t.numel() > 0]
-        storages = [storage_of(t) for t in tensors]
-        others = {s for j, kept in enumerate(self.kept) if j != k for s in kept}
-        # One output buffer for every input set is recomputed each call, so not a cache.
-        one_buffer = any(s in others for s in storages)
-        if not one_buffer and self.reused is None and any(s in self.kept[k] for s in storages):
-            self.reused = f"a timed call on input set {k + 1} returned the output storage of the previous call on that set"
-        self.kept[k] = storages
-        self.alive[k] = tensors  # while they live, a freshly computed output cannot get their addresses
-        # Published outputs must survive later calls that overwrite a shared buffer or an input,
-        # so they are copies. Only the last call on each set in a round can be published (a later
-        # round replaces it), and it is copied whatever it returned: the copies cost every process
-        # the same, in wall time only, so the candidate's rounds stay comparable with the
-        # baseline's in the evaluator's clock check (runtime.rs `check_clock`).
-        if final:
-            self.last[k] = [t.clone() for t in tensors]
+    def checked_outputs(self):
+        """(call, copies of its outputs) of each timed call to judge."""
+        return self.checked.kept
 
-    def outputs(self, k):
-        """The last output of input set k."""
-        return self.last[k]
+
+class CheckedCalls:
+    """A uniform sample of up to `size` timed calls and copies of their outputs (reservoir
+    sampling). Whether a call is kept is drawn after it returned, from the operating system's
+    randomness: no state of the process says beforehand which calls will be judged. Kept outputs
+    are copies, since a later call may overwrite a buffer the program returns again; both
+    processes make them alike, in wall time only, so the candidate's rounds stay comparable with
+    the baseline's in the evaluator's clock check (runtime.rs `check_clock`)."""
+
+    def __init__(self, size):
+        self.size = size
+        self.offered = 0
+        self.kept = []
+        self.draw = random.SystemRandom()
+
+    def offer(self, call, out):
+        self.offered += 1
+        slot = len(self.kept) if len(self.kept) < self.size else self.draw.randrange(self.offered)
+        if slot < self.size:
+            copies = [t.clone() for t in as_tensor_list(out)]
+            if slot == len(self.kept):
+                self.kept.append((call, copies))
+            else:
+                self.kept[slot] = (call, copies)
 
 
 def storage_of(t):

@@ -207,8 +207,8 @@ def serve_timing(channel, ops, job_dir, make_timer, profiled):
     timer = None  # held here alone, and freed before the profiled trial
     for op in ops:
         if op["op"] == "prepare_timing":
-            # The timing input sets and the L2 flush buffer go on the device while the evaluator
-            # holds an untimed pass: its exclusive window is for the timed calls alone.
+            # The L2 flush buffer (and KernelBench's one input set) go on the device while the
+            # evaluator holds an untimed pass: its exclusive window is for the timed calls alone.
             try:
                 timer = make_timer()
             except BaseException as e:  # noqa: B036
@@ -217,17 +217,19 @@ def serve_timing(channel, ops, job_dir, make_timer, profiled):
             channel.send(event="timing_ready")
         elif op["op"] == "time":
             try:
-                ms = timer.run(op["n"])
+                ms = timer.run(op["n"], op["first_call"])
             except BaseException as e:  # noqa: B036
                 fail(channel, *classify(e), "timing")
                 return
-            channel.send(event="times", ms=ms, reused=timer.reused, persisting_l2=timer.l2.found)
+            channel.send(event="times", ms=ms, persisting_l2=timer.l2.found)
         elif op["op"] == "publish_timing":
-            for k in range(len(timer.sets)):
-                protocol.publish(timer.outputs(k), os.path.join(job_dir, f"timing_{k}.bin"))
-            channel.send(event="timing_outputs", sets=len(timer.sets))
+            calls = []
+            for k, (call, outputs) in enumerate(timer.checked_outputs()):
+                protocol.publish(outputs, os.path.join(job_dir, f"timing_{k}.bin"))
+                calls.append(call)
+            channel.send(event="timing_outputs", calls=calls)
         elif op["op"] == "start_profiler":
-            # Timing is over: its input sets and kept outputs make room for the profiled trial.
+            # Timing is over: its inputs and kept outputs make room for the profiled trial.
             timer = None
             if torch.cuda.is_initialized():
                 torch.cuda.empty_cache()
@@ -246,7 +248,7 @@ def timer_for(req, setup, problem, model, side):
     """dice's own Timer, or KernelBench's (kbtiming.py) for `--timing kernelbench*`."""
     timing = req.get("timing", "dice")
     if timing == "dice":
-        return protocol.Timer(setup, problem, model, req.get("cores"))
+        return protocol.Timer(setup, problem, model, req["checked_timed_calls"], req.get("cores"))
     return kbtiming.Timer(setup, problem, model, timing, side, req.get("cores"))
 
 
@@ -280,7 +282,8 @@ def reference(channel, req):
     for op in ops:
         if op["op"] == "judge":
             try:
-                reference_outputs = expected[op["trial"]]
+                timed_call = op.get("timed_call")
+                reference_outputs = expected[op["trial"]] if timed_call is None else expected.timed_call(timed_call)
                 pristine = expected.inputs(op["trial"]) if op.get("inputs") else None
             except BaseException as e:  # noqa: B036
                 fail(channel, "reference_error", one_line(e), "reference")
@@ -294,7 +297,7 @@ def reference(channel, req):
             channel.send(event="judged", **judged)
         elif op["op"] == "time":
             try:
-                ms = timer.run(op["n"])
+                ms = timer.run(op["n"], op["first_call"])
             except BaseException as e:  # noqa: B036
                 fail(channel, "reference_error", one_line(e), "timing")
                 return
@@ -306,17 +309,17 @@ def reference(channel, req):
 
 
 class Expected:
-    """The reference's outputs: correctness trials, then the timing input sets (judged after a
-    candidate's timed calls), on the evaluation device. The first is computed with the model's
-    construction (for the process's footprint), the others when first needed, while the
-    evaluator holds the device for the trial that needs them; always in this order (a stateful
-    model sees the same calls)."""
+    """The reference's outputs of the correctness trials, kept on the evaluation device, and of
+    a candidate's checked timed calls, computed when judged and dropped. The first trial's is
+    computed with the model's construction (for the process's footprint), the others when first
+    needed, while the evaluator holds the device for the trial that needs them; always in this
+    order (a stateful model sees the same calls)."""
 
     def __init__(self, setup, problem, model, trials):
         self.setup = setup
         self.problem = problem
         self.model = model
-        self.seeds = setup.seeds.trials(trials) + list(setup.seeds.timing)
+        self.seeds = setup.seeds.trials(trials)
         self.outputs = []
 
     def footprint(self):
@@ -327,13 +330,19 @@ class Expected:
         if self.setup.device.type != "cuda":
             return {}
         kept = sum(t.numel() * t.element_size() for t in first if t.is_cuda)
-        peak = torch.cuda.max_memory_reserved() + (len(self.seeds) - 1) * kept
+        # The other trials' outputs, and one timed call's while it is judged.
+        peak = torch.cuda.max_memory_reserved() + len(self.seeds) * kept
         return {"device_bytes": peak, "device_total": torch.cuda.mem_get_info()[1]}
 
     def inputs(self, index):
         """The inputs of trial `index` as the candidate got them before its call, on the CPU."""
         made = self.setup.inputs(self.problem, self.seeds[index])
         return [v.cpu() if isinstance(v, torch.Tensor) else v for v in made]
+
+    def timed_call(self, call):
+        """The output of timing call `call`, on the inputs the candidate's call got."""
+        seed = self.setup.seeds.timed_call(call)
+        return protocol.as_tensor_list(self.setup.run_trial(self.problem, self.model, seed))
 
     def __getitem__(self, index):
         while len(self.outputs) <= index:

@@ -67,8 +67,9 @@ impl Baseline {
 /// How timed calls are made and summarised (crates/dice-eval/TIMING.md compares them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Timing {
-    /// dice's own: candidate and baseline rounds interleaved, input sets rotated through fixed
-    /// buffers, the L2 flushed before every call, garbage collection paused.
+    /// dice's own: candidate and baseline rounds interleaved, every call on inputs of its own
+    /// copied into fixed buffers, a sample of the timed calls judged, the L2 flushed before
+    /// every call, garbage collection paused.
     Dice,
     /// KernelBench HEAD's `cuda_event` harness (KB spec §3): the candidate's calls, then the
     /// baseline's as `measure_ref_program_time` makes them; one input set; means to 3
@@ -108,10 +109,12 @@ impl Timing {
         }
     }
 
-    /// The timed input sets whose last outputs are judged after timing.
-    pub fn input_sets(self) -> u64 {
+    /// How many of a candidate's timed calls have their outputs judged after timing (fewer when
+    /// it made fewer calls): a uniform sample of them (python/protocol.py `CheckedCalls`), or
+    /// KernelBench's last.
+    pub fn checked_timed_calls(self) -> u64 {
         match self {
-            Timing::Dice => 2,
+            Timing::Dice => 3,
             Timing::KernelBench | Timing::KernelBenchV01 => 1,
         }
     }
@@ -272,7 +275,7 @@ pub struct EvalConfig {
     pub postgres: Option<(String, String)>,
     /// Re-evaluate samples already stored.
     pub force: bool,
-    /// The run's seed of its correctness trials and timing input sets; None draws one when the
+    /// The run's seed of its correctness trials' and timed calls' inputs; None draws one when the
     /// run begins (or keeps the one it began with). A fixed seed reproduces a run, but it is
     /// public: a program can then carry its expected outputs instead of computing them.
     pub seed: Option<u64>,

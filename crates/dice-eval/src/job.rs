@@ -112,6 +112,7 @@ pub(crate) fn common_request(ctx: &JobContext) -> Value {
         "trials": ctx.cfg.correctness_trials,
         "seed": ctx.seed,
         "timing": ctx.cfg.timing.as_str(),
+        "checked_timed_calls": ctx.cfg.timing.checked_timed_calls(),
         "limits": ctx.limits,
         "cores": ctx.cores,
         "env": ctx.env,

@@ -38,7 +38,7 @@
 //!   one judgement) holds a shared pass, and timing holds the device alone (gate.rs); on CUDA machines
 //!   with 8+ cores two cores are kept for the timed process. Seconds per stage are stored with
 //!   each sample (`stages`). A CUDA out-of-memory beside others is retried alone. Only the timed
-//!   calls run in the exclusive window (timing's input sets are made under a shared pass).
+//!   calls and the making of their inputs run in the exclusive window.
 //! * Several processes may judge one run (claims.rs): each sample is claimed before it is built
 //!   or run, under a lease a heartbeat renews, and stored once by its claim's holder; timing
 //!   takes the device's file lock in `RUN_DIR/locks/` (device_lock.rs) after the gate's, so it
@@ -58,9 +58,11 @@
 //!   the profiler never runs in a process before its timed calls; that output is judged too.
 //! * Candidates (compile and run stage) are sandboxed: namespaces, an unprivileged user, limits
 //!   (python/sandbox.py; SANDBOX.md says what is and is not isolated).
+//! * Every timed call gets inputs no call has seen (the problem's `get_inputs` under a seed of
+//!   its own, the same for the baseline's call), so an output cache never hits, and a sample of
+//!   the timed calls' outputs is judged (stage_timing.rs).
 //! * Run-time checks add dice-audit rule ids to `flags` (module `runtime`): inputs changed in
-//!   place, cached outputs (timing rotates input sets through fixed buffers and judges the last
-//!   output of each), a clock far behind the evaluator's wall time, and on CUDA the profiled
+//!   place, a clock far behind the evaluator's wall time, and on CUDA the profiled
 //!   kernels of one correctness trial (the candidate's own must run, on the default stream).
 
 mod audit;

@@ -14,6 +14,16 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Instant;
 
+/// An output the reference computes to judge a candidate's against.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ExpectedOutput {
+    /// Correctness trial `0..`.
+    Trial(u32),
+    /// Call `0..` of a candidate's timing, on the inputs that call got (python/protocol.py
+    /// `Seeds.timed_call`).
+    TimedCall(u64),
+}
+
 /// The reference of a problem failed: a problem error, never blamed on the candidate.
 #[derive(Clone, Debug)]
 pub(crate) struct ReferenceFailed(pub String);
@@ -184,7 +194,7 @@ impl Reference {
         self.wait_for(ctx, reply, doing)
     }
 
-    /// Judges the output the candidate published at `path` against expected output `trial`,
+    /// Judges the output the candidate published at `path` against `expected`,
     /// then deletes it: published outputs can be GBs of RAM (job folders live in /dev/shm).
     /// An untimed step of its own (the candidate's step that made the output is over), so a
     /// timer waits for one of the two, never for both.
@@ -197,11 +207,11 @@ impl Reference {
         ctx: &JobContext,
         access: &Access<'_>,
         clock: &mut StageClock,
-        trial: u32,
+        expected: ExpectedOutput,
         path: &Path,
     ) -> Result<Value, ReferenceFailed> {
         let _step = clock.untimed(access);
-        let judged = self.judge_files(ctx, trial, path, None);
+        let judged = self.judge_files(ctx, expected, path, None);
         let _ = std::fs::remove_file(path);
         judged
     }
@@ -219,7 +229,7 @@ impl Reference {
         inputs: &Path,
     ) -> Result<Value, ReferenceFailed> {
         let _step = clock.untimed(access);
-        let judged = self.judge_files(ctx, trial, path, Some(inputs));
+        let judged = self.judge_files(ctx, ExpectedOutput::Trial(trial), path, Some(inputs));
         let _ = std::fs::remove_file(path);
         let _ = std::fs::remove_file(inputs);
         judged
@@ -228,17 +238,20 @@ impl Reference {
     fn judge_files(
         &mut self,
         ctx: &JobContext,
-        trial: u32,
+        expected: ExpectedOutput,
         path: &Path,
         inputs: Option<&Path>,
     ) -> Result<Value, ReferenceFailed> {
         if self.lost.is_none() {
-            let op = json!({
+            let mut op = json!({
                 "op": "judge",
-                "trial": trial,
                 "path": path.to_string_lossy(),
                 "inputs": inputs.map(Path::to_string_lossy),
             });
+            match expected {
+                ExpectedOutput::Trial(trial) => op["trial"] = json!(trial),
+                ExpectedOutput::TimedCall(call) => op["timed_call"] = json!(call),
+            }
             self.request(ctx, op, "judging", "computing an expected output")?;
             match self.wait_for(ctx, "judged", "judging an output") {
                 Ok(judged) => return Ok(judged),
@@ -252,13 +265,20 @@ impl Reference {
         }))
     }
 
-    /// A round of `n` timed calls: their times in ms as the reference reported them, the
-    /// evaluator-side wall time of the round, and the untimed warm-up calls it made first.
-    pub(crate) fn time(&mut self, ctx: &JobContext, n: u32) -> Result<TimedRound, ReferenceFailed> {
+    /// A round of `n` timed calls from call `first_call` of a candidate's timing (the inputs the
+    /// candidate's calls of those numbers get): their times in ms as the reference reported
+    /// them, the evaluator-side wall time of the round, and the untimed warm-up calls it made
+    /// first.
+    pub(crate) fn time(
+        &mut self,
+        ctx: &JobContext,
+        n: u32,
+        first_call: u64,
+    ) -> Result<TimedRound, ReferenceFailed> {
         let started = Instant::now();
         let reply = self.request(
             ctx,
-            json!({"op": "time", "n": n}),
+            json!({"op": "time", "n": n, "first_call": first_call}),
             "times",
             "timing the baseline",
         )?;

@@ -10,7 +10,7 @@ use crate::gate::Access;
 use crate::job::{times_of, JobContext, Outcome};
 use crate::quiet::Beside;
 use crate::runtime::{self, Finding, TimedRound};
-use crate::stage_reference::{judged_failure, Reference, ReferenceFailed};
+use crate::stage_reference::{judged_failure, ExpectedOutput, Reference, ReferenceFailed};
 use crate::stats::{dispersion, reported_stats, speedup_interval, timing_stats};
 use dice_audit::Rule;
 use dice_store::Verdict;
@@ -98,8 +98,9 @@ fn schedule(timing: Timing, total: u32, rounds: u32) -> Vec<(Side, u32)> {
 }
 
 /// Times the candidate and its baseline in rounds (`schedule`), each round with its own time
-/// limit; then judges the candidate's last output on each timing input set and checks its clock
-/// against the evaluator's wall time.
+/// limit, every call on inputs of its own (the baseline's call of the same number on the same
+/// ones); then judges a sample of the candidate's timed outputs and checks its clock against the
+/// evaluator's wall time.
 pub(crate) fn time_side_by_side(
     ctx: &JobContext,
     access: &Access<'_>,
@@ -130,8 +131,8 @@ pub(crate) fn time_side_by_side(
     // them is quiet enough to clear an honest candidate.
     let (mut all_candidate, mut all_baseline) = (Vec::new(), Vec::new());
     let mismatch = loop {
-        let first = t.candidate.is_empty();
-        match measure(ctx, child, reference, rounds, first, &mut found)? {
+        let calls_made = calls_ms(&all_candidate).len() as u64;
+        match measure(ctx, child, reference, rounds, calls_made, &mut found)? {
             Ok((candidate, baseline)) => {
                 all_candidate.extend(candidate.iter().cloned());
                 all_baseline.extend(baseline.iter().cloned());
@@ -153,11 +154,6 @@ pub(crate) fn time_side_by_side(
     drop(quiet);
     drop(alone);
     clock.lap("timing");
-    if let Some(why) = found.reused {
-        evidence
-            .findings
-            .push(Finding::error(Rule::OutputReused, why));
-    }
     // On the H200 every honest program of the 99 pairs was found with persisting L2 state
     // (bench/runs/2026-12-01-328bf66-h200): when the baseline's trusted process finds it too, the
     // environment set it, and the reset before every flush is all that is needed.
@@ -175,7 +171,8 @@ pub(crate) fn time_side_by_side(
         evidence.findings.push(mismatch.finding);
         t.trusted_candidate_ms = Some(mismatch.trusted_mean_ms);
     }
-    let judged = judge_timing_outputs(ctx, access, clock, child, reference)?;
+    let calls_made = calls_ms(&all_candidate).len() as u64;
+    let judged = judge_timing_outputs(ctx, access, clock, child, reference, calls_made)?;
     clock.lap("judge timing outputs");
     if let Err(failure) = judged {
         evidence.findings.push(Finding::error(
@@ -187,11 +184,9 @@ pub(crate) fn time_side_by_side(
     Ok(Ok(t))
 }
 
-/// What the candidate's timed calls showed about its outputs, over all measurements.
+/// What the candidate's timed calls showed, over all measurements.
 #[derive(Default)]
 struct Found {
-    /// Why its outputs look cached, if they do.
-    reused: Option<String>,
     /// The persisting L2 reservation or access-policy window found before a flush, if any.
     persisting_l2: Option<String>,
 }
@@ -199,26 +194,28 @@ struct Found {
 /// The rounds of one measurement: the candidate's and the baseline's.
 type Measurement = (Vec<TimedRound>, Vec<TimedRound>);
 
-/// One measurement: every round of the schedule.
+/// One measurement: every round of the schedule, from call `calls_made` of each side (the
+/// calls of earlier measurements).
 fn measure(
     ctx: &JobContext,
     child: &mut Child,
     reference: &mut Reference,
     rounds: u32,
-    first: bool,
+    calls_made: u64,
     found: &mut Found,
 ) -> Result<Result<Measurement, (Verdict, String)>, ReferenceFailed> {
     let (mut candidate, mut baseline) = (Vec::new(), Vec::new());
+    let (mut candidate_call, mut baseline_call) = (calls_made, calls_made);
     for (side, n) in schedule(ctx.cfg.timing, ctx.cfg.perf_trials, rounds) {
         if side == Side::Candidate {
             let started = Instant::now();
-            let timed = match time_candidate(ctx, child, n) {
+            let timed = match time_candidate(ctx, child, n, candidate_call) {
                 Ok(timed) => timed,
                 Err(failure) => return Ok(Err(failure)),
             };
-            found.reused = found.reused.take().or(timed.reused);
+            candidate_call += u64::from(n);
             found.persisting_l2 = found.persisting_l2.take().or(timed.persisting_l2);
-            let warmup_calls = if first && candidate.is_empty() {
+            let warmup_calls = if calls_made == 0 && candidate.is_empty() {
                 ctx.cfg.timing.untimed_first_calls()
             } else {
                 0
@@ -229,7 +226,8 @@ fn measure(
                 warmup_calls,
             });
         } else {
-            baseline.push(reference.time(ctx, n)?);
+            baseline.push(reference.time(ctx, n, baseline_call)?);
+            baseline_call += u64::from(n);
         }
     }
     Ok(Ok((candidate, baseline)))
@@ -250,14 +248,17 @@ fn calls_ms(rounds: &[TimedRound]) -> Vec<f64> {
         .collect()
 }
 
-/// Has the candidate publish its last timed output of each input set, and judges them like
-/// correctness trials (the reference knows the expected outputs after its correctness trials).
+/// Has the candidate publish the outputs of its checked timed calls (python/protocol.py
+/// `CheckedCalls`), and judges each against the reference's output on the inputs of that call.
+/// It made `calls_made` timed calls; it names the calls, and they must be as many as the
+/// evaluator asked for, distinct, and among those it made.
 fn judge_timing_outputs(
     ctx: &JobContext,
     access: &Access<'_>,
     clock: &mut StageClock,
     child: &mut Child,
     reference: &mut Reference,
+    calls_made: u64,
 ) -> Result<Result<(), (Verdict, String)>, ReferenceFailed> {
     let published = {
         let _step = clock.untimed(access);
@@ -272,22 +273,20 @@ fn judge_timing_outputs(
         Ok(reply) => reply,
         Err(failure) => return Ok(Err(failure)),
     };
-    let expected_sets = ctx.cfg.timing.input_sets();
-    let sets = reply["sets"].as_u64().unwrap_or(0).min(expected_sets);
-    if sets != expected_sets {
+    let expected_count = ctx.cfg.timing.checked_timed_calls().min(calls_made);
+    let Some(calls) = checked_calls(&reply, expected_count, calls_made) else {
         return Ok(Err((
             Verdict::RuntimeError,
             "the program broke the evaluation protocol".into(),
         )));
-    }
-    for k in 0..sets as u32 {
+    };
+    for (k, call) in calls.into_iter().enumerate() {
         let path = child.dir().join(format!("timing_{k}.bin"));
-        let index = ctx.cfg.correctness_trials + k;
-        let judged = reference.judge(ctx, access, clock, index, &path)?;
+        let judged = reference.judge(ctx, access, clock, ExpectedOutput::TimedCall(call), &path)?;
         if let Some((verdict, message)) = judged_failure(&judged) {
             let message = format!(
-                "the last timed call on input set {} was wrong: {message}",
-                k + 1
+                "timed call {} of {calls_made} was wrong: {message}",
+                call + 1
             );
             return Ok(Err((verdict, message)));
         }
@@ -295,18 +294,37 @@ fn judge_timing_outputs(
     Ok(Ok(()))
 }
 
+/// The timed calls a `timing_outputs` reply names, when they are `count` distinct calls below
+/// `calls_made`.
+fn checked_calls(reply: &Value, count: u64, calls_made: u64) -> Option<Vec<u64>> {
+    let calls: Vec<u64> = reply["calls"]
+        .as_array()?
+        .iter()
+        .map(Value::as_u64)
+        .collect::<Option<_>>()?;
+    let distinct: std::collections::BTreeSet<u64> = calls.iter().copied().collect();
+    let valid = calls.len() as u64 == count
+        && distinct.len() == calls.len()
+        && calls.iter().all(|&call| call < calls_made);
+    valid.then_some(calls)
+}
+
 /// What one round of the candidate's timed calls reported.
 struct Timed {
     ms: Vec<f64>,
-    /// Why its outputs look cached, if they do.
-    reused: Option<String>,
     /// The persisting L2 reservation or access-policy window found before a flush, if any.
     persisting_l2: Option<String>,
 }
 
-/// Timings of `n` calls of the candidate.
-fn time_candidate(ctx: &JobContext, child: &mut Child, n: u32) -> Result<Timed, (Verdict, String)> {
-    let msg = request_candidate(ctx, child, json!({"op": "time", "n": n}), "times")?;
+/// Timings of `n` calls of the candidate, from call `first_call` of its timing.
+fn time_candidate(
+    ctx: &JobContext,
+    child: &mut Child,
+    n: u32,
+    first_call: u64,
+) -> Result<Timed, (Verdict, String)> {
+    let op = json!({"op": "time", "n": n, "first_call": first_call});
+    let msg = request_candidate(ctx, child, op, "times")?;
     let ms = times_of(&msg);
     if ms.len() != n as usize || ms.iter().any(|x| !x.is_finite() || *x < 0.0) {
         return Err((
@@ -317,7 +335,6 @@ fn time_candidate(ctx: &JobContext, child: &mut Child, n: u32) -> Result<Timed, 
     let text = |field: &str| msg[field].as_str().map(str::to_string);
     Ok(Timed {
         ms,
-        reused: text("reused"),
         persisting_l2: text("persisting_l2"),
     })
 }
@@ -369,7 +386,8 @@ pub(crate) fn profile_candidate(
     let judged = match profiled {
         Ok(_) => {
             let path = child.dir().join("output_profiled.bin");
-            Ok(reference.judge(ctx, access, check.clock, 0, &path)?)
+            let first_trial = ExpectedOutput::Trial(0);
+            Ok(reference.judge(ctx, access, check.clock, first_trial, &path)?)
         }
         Err(failure) => Err(failure),
     };
@@ -410,5 +428,16 @@ mod tests {
         assert_eq!(sides(Timing::Dice), ("cbbccb".to_string(), 20));
         assert_eq!(sides(Timing::KernelBench), ("cccbbb".to_string(), 20));
         assert_eq!(sides(Timing::KernelBenchV01), ("cccbbb".to_string(), 20));
+    }
+
+    #[test]
+    fn the_checked_calls_are_as_many_as_asked_distinct_and_among_those_made() {
+        let named = |calls: Value| checked_calls(&json!({ "calls": calls }), 3, 10);
+        assert_eq!(named(json!([7, 0, 9])), Some(vec![7, 0, 9]));
+        assert_eq!(named(json!([7, 0])), None, "too few");
+        assert_eq!(named(json!([7, 7, 9])), None, "one call twice");
+        assert_eq!(named(json!([7, 0, 10])), None, "a call never made");
+        assert_eq!(named(json!([7, 0, -1])), None, "not a call number");
+        assert_eq!(checked_calls(&json!({}), 3, 10), None);
     }
 }

@@ -146,8 +146,9 @@ pub(crate) struct JudgeArgs {
     /// What speedups are measured against.
     #[arg(long, value_enum, default_value_t = BaselineArg::Eager)]
     pub baseline: BaselineArg,
-    /// How the timed calls are made. dice: candidate and baseline rounds interleaved, two input
-    /// sets rotated, L2 flushed before every call. kernelbench: KernelBench's harness call for
+    /// How the timed calls are made. dice: candidate and baseline rounds interleaved, every call
+    /// on inputs no call saw before (a sample of the timed outputs judged), L2 flushed before
+    /// every call. kernelbench: KernelBench's harness call for
     /// call (3 warm-ups, L2 flush and synchronisation before each of 100 calls, the first
     /// discarded, one input set, the candidate's calls then the baseline's, means to 3
     /// significant digits); kernelbench-v0.1: its form in DICE's paper (no flush, no

@@ -1,8 +1,9 @@
 //! The adversarial suite (tests/adversarial, repository root) through `dice eval` on the CPU:
 //! every CPU program runs against its real KernelBench problem (read from the test data, with
 //! its sizes shrunk so that a CPU evaluates it in seconds) under the sandbox, the run-time checks
-//! and the static audit. Each must be caught: a verdict other than `correct`, or `deceptive`
-//! with the manifest's rule. Slow on a cold build cache (about a dozen distinct extensions).
+//! and the static audit. Each must be caught: a verdict other than `correct`, `deceptive` with
+//! the manifest's rule, or (an output cache in front of a slow kernel) a speedup no better than
+//! its kernel's. Slow on a cold build cache (about a dozen distinct extensions).
 
 use dice_eval::{SampleRecord, Store, Verdict};
 use dice_test_support::{repo_root, shared_build_cache, test_data};
@@ -196,12 +197,18 @@ fn check_honest_cuda(run: &Path, records: &[SampleRecord]) {
 }
 
 /// Caught: not correct, or deceptive with the expected rule (static or run-time). A program
-/// expected as a warning fools only KernelBench's harness: flagged, never deceptive here.
+/// expected as a warning fools only KernelBench's harness: flagged, never deceptive here. A
+/// program with `speedup_at_most` hides a kernel many times slower than the baseline behind an
+/// output cache: judged at its kernel's speed, it cannot reach that speedup (a cache that paid
+/// would put it well above).
 fn caught(entry: &Value, record: &SampleRecord) -> bool {
     if record.verdict != Verdict::Correct {
         return true;
     }
     let expect = &entry["expect"];
+    if let Some(at_most) = expect["speedup_at_most"].as_f64() {
+        return record.speedup.is_some_and(|s| s <= at_most);
+    }
     let rule = expect["rule"].as_str().or(expect["runtime_rule"].as_str());
     let flagged = rule.is_some_and(|r| record.flags.iter().any(|f| f == r));
     if expect["severity"] == "warning" {
@@ -290,19 +297,20 @@ fn run_suite(device: &str) {
             .find(|r| (r.level, r.problem_id, r.sample_id) == (*level, *id, *sample))
             .unwrap_or_else(|| panic!("{}: no result", entry["file"]));
         eprintln!(
-            "{:<32} {:<16} deceptive={} flags={:?}",
+            "{:<36} {:<16} deceptive={} flags={:?} speedup={:?}",
             entry["file"].as_str().unwrap(),
             record.verdict.as_str(),
             record.deceptive,
-            record.flags
+            record.flags,
+            record.speedup
         );
         let runtime_rule = entry["expect"]["runtime_rule"].as_str();
         if !caught(entry, record)
             || runtime_rule.is_some_and(|r| !record.flags.iter().any(|f| f == r))
         {
             missed.push(format!(
-                "{}: {} {:?} {:?}",
-                entry["file"], record.verdict, record.message, record.flags
+                "{}: {} {:?} {:?} speedup {:?}",
+                entry["file"], record.verdict, record.message, record.flags, record.speedup
             ));
         }
     }

@@ -240,14 +240,27 @@ fn runtime_hacks_are_flagged() {
             "",
             false,
         ),
+        // Keyed by values, a cache never hits: every timed call gets inputs no call saw, so the
+        // program is timed computing each output, and nothing is left to flag.
         (
             candidate(
                 "",
                 "self.cache = {}",
                 "key = tuple(x.flatten()[:8].tolist())\n        if key not in self.cache:\n            self.cache[key] = torch.relu(x)\n        return self.cache[key]",
             ),
-            "output_reused",
+            "",
             true,
+        ),
+        // Keyed by shape from the first timed call on (after the correctness trials and the
+        // warm-ups): every later timed call returns that call's output for other inputs.
+        (
+            candidate(
+                "",
+                "self.cache = {}\n        self.calls = 0",
+                "self.calls += 1\n        if self.calls <= 8:\n            return torch.relu(x)\n        return self.cache.setdefault(tuple(x.shape), torch.relu(x))",
+            ),
+            "",
+            false,
         ),
         (candidate("", "pass", "return torch.relu(x)"), "", true),
         // A clock slowed down a hundredfold through the evaluator's own module.
@@ -286,7 +299,7 @@ fn runtime_hacks_are_flagged() {
 }
 
 /// A cache keyed by the input's pointer that survives correctness (inputs at fresh addresses)
-/// returns stale outputs once timing refills the same buffers with another input set.
+/// returns stale outputs once timing refills the same buffers with the next call's inputs.
 #[test]
 fn a_pointer_cache_is_caught_by_the_timing_outputs() {
     let _machine = machine_shared();
@@ -304,6 +317,77 @@ fn a_pointer_cache_is_caught_by_the_timing_outputs() {
     assert!(
         r.flags.iter().any(|f| f == "timing_output_mismatch")
             || r.verdict == Verdict::OutputMismatch,
+        "{r:?}"
+    );
+}
+
+/// Every call the timer makes, warm-ups and timed ones, gets inputs of its own: the candidate
+/// prints a sum of each input it sees, and no two are equal.
+#[test]
+fn every_timed_call_gets_inputs_no_call_saw_before() {
+    let _machine = machine_shared();
+    let printing = candidate(
+        "",
+        "pass",
+        "print('INPUT', repr(float(x.double().sum())), flush=True)\n        return torch.relu(x)",
+    );
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(run.path());
+    cfg.max_remeasures = 0;
+    let calls = cfg.correctness_trials + 3 + cfg.perf_trials;
+    let (problem, samples) = relu_problem_and_samples(RELU, vec![printing], "fresh inputs");
+    dice_eval::evaluate(cfg, vec![problem], samples, None).unwrap();
+    let records = Store::open(&run.path().join("dice.db"))
+        .unwrap()
+        .samples()
+        .unwrap();
+    let r = &records[0];
+    assert_eq!(r.verdict, Verdict::Correct, "{r:?}");
+    let sums: Vec<&str> = r
+        .log_excerpt
+        .lines()
+        .filter_map(|l| l.strip_prefix("INPUT "))
+        .collect();
+    assert_eq!(sums.len() as u32, calls, "{}", r.log_excerpt);
+    let distinct: std::collections::BTreeSet<&&str> = sums.iter().collect();
+    assert_eq!(distinct.len(), sums.len(), "inputs seen twice: {sums:?}");
+}
+
+/// Wrong on every timed call but the last two: a timing that judged only its last outputs (one
+/// per input set) passed it; a uniform sample of the timed calls catches it.
+#[test]
+fn a_wrong_output_before_the_last_timed_call_is_caught() {
+    let _machine = machine_shared();
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(run.path());
+    cfg.max_remeasures = 0;
+    // Calls before timing: the correctness trials, then the timer's warm-ups.
+    let first_timed = cfg.correctness_trials + 3;
+    let last_wrong = first_timed + cfg.perf_trials - 2;
+    let wrong = candidate(
+        "",
+        "self.calls = 0",
+        &format!(
+            "self.calls += 1\n        if {first_timed} < self.calls <= {last_wrong}:\n            return torch.zeros_like(x)\n        return torch.relu(x)"
+        ),
+    );
+    let (problem, samples) = relu_problem_and_samples(RELU, vec![wrong], "wrong timed call");
+    dice_eval::evaluate(cfg, vec![problem], samples, None).unwrap();
+    let records = Store::open(&run.path().join("dice.db"))
+        .unwrap()
+        .samples()
+        .unwrap();
+    let r = &records[0];
+    assert_eq!(r.verdict, Verdict::OutputMismatch, "{r:?}");
+    assert!(
+        r.flags.iter().any(|f| f == "timing_output_mismatch"),
+        "{r:?}"
+    );
+    assert!(
+        r.message
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("timed call"),
         "{r:?}"
     );
 }
