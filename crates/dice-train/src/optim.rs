@@ -633,22 +633,27 @@ impl StoredState {
         for &(name, dims) in shapes {
             let [exp_avg, exp_avg_sq, master] = AdamW::state_keys(name);
             let mut keys: Vec<(&MmapedSafetensors, String)> = Vec::new();
-            match &model {
-                None => keys.push((&file, master)),
-                Some(model) => keys.push((model, name.to_string())),
-            }
             if moments {
                 keys.extend([(&file, exp_avg), (&file, exp_avg_sq)]);
             }
+            let beside = match &model {
+                None => {
+                    keys.push((&file, master));
+                    ""
+                }
+                Some(model) => {
+                    keys.push((model, name.to_string()));
+                    " in the model beside it, which holds the f32 weights when the state has none"
+                }
+            };
             for (source, key) in keys {
                 let view = source.get(&key).with_context(|| {
-                    format!("{} has no `{key}`: it belongs to another model", what())
+                    format!("{} has no `{key}`{beside}: it belongs to another model", what())
                 })?;
                 let f32 = DType::try_from(view.dtype()).ok() == Some(DType::F32);
                 ensure!(
                     f32 && view.shape() == dims,
-                    "{}: `{key}` is {:?} {:?}, expected F32 {:?} (a checkpoint whose state holds \
-                     no masters has its weights in f32)",
+                    "{}: `{key}`{beside} is {:?} {:?}, expected F32 {:?}",
                     what(),
                     view.dtype(),
                     view.shape(),
