@@ -240,7 +240,10 @@ pub(crate) const CHECKPOINT_SECONDS: ChartSpec = ChartSpec::new(
     "checkpoint seconds",
     Quantity::Amount("seconds"),
     &[
-        ("seconds_checkpoint", "training waited (copy to host memory)"),
+        (
+            "seconds_checkpoint",
+            "training waited (copy to host memory)",
+        ),
         ("seconds_checkpoint_write", "background write"),
     ],
 );

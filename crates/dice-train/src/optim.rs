@@ -529,7 +529,10 @@ impl OptimizerSnapshot {
 
     /// f32 values of every master (the parameters optimized).
     pub fn parameters(&self) -> u64 {
-        self.masters.iter().map(|(_, t)| t.elem_count() as u64).sum()
+        self.masters
+            .iter()
+            .map(|(_, t)| t.elem_count() as u64)
+            .sum()
     }
 
     /// Bytes of tensor data [`Self::save_state`] writes (the header aside): 4 per parameter
@@ -623,12 +626,14 @@ impl StoredState {
             let dir = path.parent().unwrap_or(Path::new("."));
             let files = model_files(dir, path)?;
             // SAFETY: as above.
-            Some(unsafe { MmapedSafetensors::multi(&files) }.with_context(|| {
-                format!(
-                    "{} holds no f32 masters and the model beside it cannot be read",
-                    what()
-                )
-            })?)
+            Some(
+                unsafe { MmapedSafetensors::multi(&files) }.with_context(|| {
+                    format!(
+                        "{} holds no f32 masters and the model beside it cannot be read",
+                        what()
+                    )
+                })?,
+            )
         };
         for &(name, dims) in shapes {
             let [exp_avg, exp_avg_sq, master] = AdamW::state_keys(name);
@@ -648,7 +653,10 @@ impl StoredState {
             };
             for (source, key) in keys {
                 let view = source.get(&key).with_context(|| {
-                    format!("{} has no `{key}`{beside}: it belongs to another model", what())
+                    format!(
+                        "{} has no `{key}`{beside}: it belongs to another model",
+                        what()
+                    )
                 })?;
                 let f32 = DType::try_from(view.dtype()).ok() == Some(DType::F32);
                 ensure!(
@@ -890,7 +898,11 @@ mod tests {
 
     /// The state with its masters and moments, as a checkpoint of SFT holds it.
     fn save_whole_state(optimizer: &AdamW, path: &Path) {
-        optimizer.snapshot(true).unwrap().save_state(path, true).unwrap();
+        optimizer
+            .snapshot(true)
+            .unwrap()
+            .save_state(path, true)
+            .unwrap();
     }
 
     fn config() -> AdamWConfig {

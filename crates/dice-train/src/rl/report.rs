@@ -1,9 +1,7 @@
 //! `metrics.html` of an RL run: the curves of `metrics.jsonl`, one chart per quantity, as a
 //! self-contained page (inline SVG, no script), rewritten after every step.
 
-use crate::metrics::{
-    write_page, ChartSpec, Page, Quantity, CHECKPOINT_BYTES, CHECKPOINT_SECONDS,
-};
+use crate::metrics::{write_page, ChartSpec, Page, Quantity, CHECKPOINT_BYTES, CHECKPOINT_SECONDS};
 use anyhow::Result;
 use std::path::Path;
 

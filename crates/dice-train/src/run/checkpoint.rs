@@ -290,9 +290,8 @@ impl Checkpointer {
     /// less room than `save` needs.
     pub fn check_free_space(&self, save: &CheckpointSave) -> Result<()> {
         let needed = self.expected_bytes(save);
-        let free = (self.free_bytes)(&self.out).with_context(|| {
-            format!("cannot read the free space of {}", self.out.display())
-        })?;
+        let free = (self.free_bytes)(&self.out)
+            .with_context(|| format!("cannot read the free space of {}", self.out.display()))?;
         if free < needed {
             bail!(
                 "no room for {name}: it needs {needed} bytes ({:.1} GB) and the file system of {out} \
@@ -400,7 +399,9 @@ impl Checkpointer {
     /// Removes a complete folder, renamed first, so that a kill meanwhile leaves no folder
     /// under a checkpoint's name that is not complete.
     fn discard(&self, dir: &Path) -> Result<()> {
-        let name = dir.file_name().map_or_else(Default::default, |n| n.to_string_lossy());
+        let name = dir
+            .file_name()
+            .map_or_else(Default::default, |n| n.to_string_lossy());
         let aside = self
             .out
             .join(format!("{PARTIAL}removed-{name}-{}", std::process::id()));

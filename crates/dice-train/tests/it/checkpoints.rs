@@ -40,7 +40,10 @@ fn optimizer(config: &SdarConfig, dtype: DType) -> AdamW {
         .map(|(k, (name, shape))| {
             let value = 1.0 + k as f64 / 7.0 + 1.0 / 3.0;
             let master = Tensor::full(value as f32, shape, &Device::Cpu).unwrap();
-            (name, Var::from_tensor(&master.to_dtype(dtype).unwrap()).unwrap())
+            (
+                name,
+                Var::from_tensor(&master.to_dtype(dtype).unwrap()).unwrap(),
+            )
         })
         .collect::<Vec<_>>();
     AdamW::new(weights, AdamWConfig::default()).unwrap()
@@ -117,7 +120,10 @@ fn the_newest_checkpoint_is_resumable_and_every_save_steps_th_is_kept_as_a_model
         let optimizer = optimizer(&narrow_config(), DType::F32);
         for step in 1..=7 {
             let line = save_and_wait(&mut writer, &optimizer, step);
-            assert_eq!((line.step, line.checkpoint.as_str()), (step, &*checkpoint_name(step)));
+            assert_eq!(
+                (line.step, line.checkpoint.as_str()),
+                (step, &*checkpoint_name(step))
+            );
             let folder = out.join(checkpoint_name(step));
             assert_eq!(line.checkpoint_bytes, bytes_of(&folder));
             assert!(line.seconds_checkpoint >= 0.0 && line.seconds_checkpoint_write > 0.0);
@@ -133,7 +139,10 @@ fn the_newest_checkpoint_is_resumable_and_every_save_steps_th_is_kept_as_a_model
                 "{name}: only the newest checkpoint keeps the resume state"
             );
         }
-        assert_eq!(newest_resumable(&out).unwrap(), Some(out.join("checkpoint-7")));
+        assert_eq!(
+            newest_resumable(&out).unwrap(),
+            Some(out.join("checkpoint-7"))
+        );
     }
 }
 
@@ -178,7 +187,10 @@ fn a_state_without_masters_or_moments_restores_the_f32_weights_of_the_model_besi
             .collect()
     };
     assert_eq!(masters(&restored), masters(&saved));
-    assert_ne!(masters(&restored), masters(&optimizer(&config, DType::BF16)));
+    assert_ne!(
+        masters(&restored),
+        masters(&optimizer(&config, DType::BF16))
+    );
 }
 
 /// A write that fails halfway (the base model's config.json gone after the weights were
@@ -201,7 +213,10 @@ fn a_failed_write_is_an_error_and_leaves_the_checkpoint_before_it() {
         "{error}"
     );
     assert!(!out.join("checkpoint-2").exists());
-    assert_eq!(newest_resumable(&out).unwrap(), Some(out.join("checkpoint-1")));
+    assert_eq!(
+        newest_resumable(&out).unwrap(),
+        Some(out.join("checkpoint-1"))
+    );
     assert!(std::fs::read(out.join("checkpoint-1").join(OPTIMIZER_STATE)).unwrap() == before);
 }
 
@@ -219,7 +234,10 @@ fn the_disk_guard_refuses_a_checkpoint_that_does_not_fit() {
 
     let needed = checkpointer.expected_bytes(&save(&optimizer, 2));
     // bf16 model, f32 masters and both moments, and the small files' allowance.
-    assert_eq!(needed, 14 * narrow_config().num_parameters() as u64 + (64 << 20));
+    assert_eq!(
+        needed,
+        14 * narrow_config().num_parameters() as u64 + (64 << 20)
+    );
     let mut guarded = CheckpointWriter::new(checkpointer.with_free_bytes(|_| Ok(1_000_000)));
     let error = guarded
         .start(save(&optimizer, 2), Instant::now())

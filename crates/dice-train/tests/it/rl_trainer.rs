@@ -313,7 +313,11 @@ fn a_run_resumed_from_a_checkpoint_without_moments_ends_as_the_uninterrupted_run
     };
     let straight = dir.path().join("straight");
     let summary = train(&straight, 3);
-    assert!(summary.steps.iter().any(|s| s.learned), "{:?}", summary.steps);
+    assert!(
+        summary.steps.iter().any(|s| s.learned),
+        "{:?}",
+        summary.steps
+    );
     let resumed = dir.path().join("resumed");
     train(&resumed, 2);
     let state = candle_core::safetensors::load(
@@ -321,7 +325,9 @@ fn a_run_resumed_from_a_checkpoint_without_moments_ends_as_the_uninterrupted_run
         &Device::Cpu,
     )
     .unwrap();
-    assert!(state.keys().all(|k| k == "step" || k.starts_with("master.")));
+    assert!(state
+        .keys()
+        .all(|k| k == "step" || k.starts_with("master.")));
     assert_eq!(state.len(), 1 + weights(&model).len());
     assert_eq!(train(&resumed, 3).steps_run(), 1);
 
@@ -342,9 +348,18 @@ fn a_run_resumed_from_a_checkpoint_without_moments_ends_as_the_uninterrupted_run
         names.sort();
         assert_eq!(
             names,
-            ["checkpoint-3", "config.toml", "final", "metrics.html", "metrics.jsonl"]
+            [
+                "checkpoint-3",
+                "config.toml",
+                "final",
+                "metrics.html",
+                "metrics.jsonl"
+            ]
         );
-        for line in metrics(out).iter().filter(|l| l.get("checkpoint").is_some()) {
+        for line in metrics(out)
+            .iter()
+            .filter(|l| l.get("checkpoint").is_some())
+        {
             let folder = out.join(line["checkpoint"].as_str().unwrap());
             if folder.exists() {
                 let bytes: u64 = std::fs::read_dir(&folder)

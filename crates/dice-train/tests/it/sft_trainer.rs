@@ -198,8 +198,8 @@ fn checkpoints_load_as_models_and_a_resumed_run_ends_with_the_same_weights() {
         stop_after: Some(1),
         ..run_options(&out)
     };
-    let mut stopped = SftTrainer::new(settings_again.clone(), options, Box::new(SingleProcess))
-        .unwrap();
+    let mut stopped =
+        SftTrainer::new(settings_again.clone(), options, Box::new(SingleProcess)).unwrap();
     assert_eq!(stopped.train().unwrap().steps_run(), 1);
     drop(stopped);
     assert!(out.join("checkpoint-1/optimizer.safetensors").is_file());
