@@ -332,19 +332,12 @@ impl Checkpointer {
         if partial.exists() {
             std::fs::remove_dir_all(&partial)?;
         }
-        std::fs::create_dir_all(&partial)
-            .with_context(|| format!("cannot create {}", partial.display()))?;
-        self.write_model(&partial, &save.snapshot)?;
-        if save.resumable {
-            save.snapshot
-                .save_state(&partial.join(OPTIMIZER_STATE), self.writes_masters())?;
+        let written = self.write_files(&partial, save);
+        if written.is_err() {
+            // What was written of it would only fill the disk (a full disk is the likely cause).
+            let _ = std::fs::remove_dir_all(&partial);
         }
-        write_atomically(&partial.join(TRAINER_STATE), |w| {
-            serde_json::to_writer_pretty(&mut *w, &save.state)?;
-            writeln!(w)?;
-            Ok(())
-        })?;
-        let bytes = folder_bytes(&partial)?;
+        let bytes = written?;
         if target.exists() {
             self.discard(&target)?;
         }
@@ -358,6 +351,22 @@ impl Checkpointer {
             self.prune(save.state.step)?;
         }
         Ok(bytes)
+    }
+
+    /// The files of `save` in the new folder `dir`; returns their bytes.
+    fn write_files(&self, dir: &Path, save: &CheckpointSave) -> Result<u64> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        self.write_model(dir, &save.snapshot)?;
+        if save.resumable {
+            save.snapshot
+                .save_state(&dir.join(OPTIMIZER_STATE), self.writes_masters())?;
+        }
+        write_atomically(&dir.join(TRAINER_STATE), |w| {
+            serde_json::to_writer_pretty(&mut *w, &save.state)?;
+            writeln!(w)?;
+            Ok(())
+        })?;
+        folder_bytes(dir)
     }
 
     /// After the resumable checkpoint of `step` is complete: each older checkpoint is kept as

@@ -322,8 +322,8 @@ impl<C: Settings> Run<C> {
                     bar.suspend(|| steps.evaluate(self))?;
                 }
             }
-            if end
-                || self.step == stop
+            // The last step of this call (the run's end, or where it stops) always saves.
+            if self.step == stop
                 || steps.checkpoint_every_step()
                 || self.step.is_multiple_of(self.save_steps)
             {

@@ -195,7 +195,8 @@ fn a_state_without_masters_or_moments_restores_the_f32_weights_of_the_model_besi
 
 /// A write that fails halfway (the base model's config.json gone after the weights were
 /// written) is an error of the wait for it, and leaves the checkpoint before it complete and
-/// resumable; the folder it was writing never appears under its name.
+/// resumable; the folder it was writing never appears under its name, and what was written of
+/// it is removed.
 #[test]
 fn a_failed_write_is_an_error_and_leaves_the_checkpoint_before_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -212,7 +213,11 @@ fn a_failed_write_is_an_error_and_leaves_the_checkpoint_before_it() {
         error.starts_with("cannot write checkpoint-2") && error.contains("config.json"),
         "{error}"
     );
-    assert!(!out.join("checkpoint-2").exists());
+    assert_eq!(
+        listing(&out),
+        ["checkpoint-1"],
+        "the part written of checkpoint-2 is removed"
+    );
     assert_eq!(
         newest_resumable(&out).unwrap(),
         Some(out.join("checkpoint-1"))
