@@ -234,6 +234,27 @@ impl Quantity {
     }
 }
 
+/// The chart of the checkpoints' lines ([`crate::run::checkpoint::CheckpointMetrics`]) on
+/// every trainer's page: the time a save holds the training up against its background write.
+pub(crate) const CHECKPOINT_SECONDS: ChartSpec = ChartSpec::new(
+    "checkpoint seconds",
+    Quantity::Amount("seconds"),
+    &[
+        (
+            "seconds_checkpoint",
+            "training waited (copy to host memory)",
+        ),
+        ("seconds_checkpoint_write", "background write"),
+    ],
+);
+
+/// The chart of the checkpoints' sizes on every trainer's page.
+pub(crate) const CHECKPOINT_BYTES: ChartSpec = ChartSpec::new(
+    "checkpoint size",
+    Quantity::Bytes("GiB"),
+    &[("checkpoint_bytes", "bytes on disk")],
+);
+
 /// The charts of an SFT run's page.
 const SFT_PAGE: Page = Page {
     summary: &[
@@ -301,6 +322,8 @@ const SFT_PAGE: Page = Page {
             Quantity::Count("rows"),
             &[("eval_rows", "rows evaluated")],
         ),
+        CHECKPOINT_SECONDS,
+        CHECKPOINT_BYTES,
     ],
 };
 
@@ -605,7 +628,7 @@ mod tests {
         assert!(!page.contains("<script"));
     }
 
-    /// The lines an SFT run writes: every field of its step and eval lines.
+    /// The lines an SFT run writes: every field of its step, eval and checkpoint lines.
     fn sft_lines(steps: u64) -> Vec<serde_json::Value> {
         let mut lines = Vec::new();
         for step in 1..=steps {
@@ -633,6 +656,16 @@ mod tests {
                         epoch: s / steps as f64,
                         eval_loss: 2.0 / s.sqrt(),
                         eval_rows: 64,
+                    })
+                    .unwrap(),
+                );
+                lines.push(
+                    serde_json::to_value(crate::run::checkpoint::CheckpointMetrics {
+                        step,
+                        checkpoint: format!("checkpoint-{step}"),
+                        checkpoint_bytes: 28 << 30,
+                        seconds_checkpoint: 1.5,
+                        seconds_checkpoint_write: 40.0,
                     })
                     .unwrap(),
                 );

@@ -392,28 +392,24 @@ impl AdamW {
         Ok(())
     }
 
-    /// Writes the state a resumed run needs into one safetensors file: `step` (I64), and per
-    /// weight NAME `exp_avg.NAME`, `exp_avg_sq.NAME` and `master.NAME` (the f32 weights, so
-    /// that a run whose checkpoints are bf16 resumes from its exact f32 values). The file is
-    /// written under a temporary name and renamed into place.
-    pub fn save_state(&self, path: &Path) -> Result<()> {
-        let mut tensors = HashMap::new();
-        tensors.insert(
-            "step".to_string(),
-            Tensor::new(self.steps as i64, &Device::Cpu)?,
-        );
+    /// A copy of the state on the host, so that the training can go on while it is written
+    /// ([`OptimizerSnapshot::save_state`]): the f32 masters and step count, and the moments
+    /// with `moments` (a run that resets them before every update has no use for them).
+    pub fn snapshot(&self, moments: bool) -> Result<OptimizerSnapshot> {
+        let mut snapshot = OptimizerSnapshot {
+            steps: self.steps,
+            masters: Vec::with_capacity(self.params.len()),
+            moments: moments.then(Vec::new),
+        };
         for param in &self.params {
-            let [exp_avg, exp_avg_sq, master] = Self::state_keys(&param.name);
-            tensors.insert(exp_avg, param.exp_avg.clone());
-            tensors.insert(exp_avg_sq, param.exp_avg_sq.clone());
-            tensors.insert(master, param.master());
+            snapshot
+                .masters
+                .push((param.name.clone(), host_copy(&param.master())?));
+            if let Some(moments) = &mut snapshot.moments {
+                moments.push([host_copy(&param.exp_avg)?, host_copy(&param.exp_avg_sq)?]);
+            }
         }
-        let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
-        candle_core::safetensors::save(&tensors, &partial)
-            .with_context(|| format!("cannot write the optimizer state {}", path.display()))?;
-        std::fs::rename(&partial, path)
-            .with_context(|| format!("cannot move the optimizer state into {}", path.display()))
+        Ok(snapshot)
     }
 
     /// The state file's keys of the moments and f32 weights of weight `name`.
@@ -421,24 +417,28 @@ impl AdamW {
         ["exp_avg", "exp_avg_sq", "master"].map(|kind| format!("{kind}.{name}"))
     }
 
-    /// Restores a state written by [`AdamW::save_state`] for the same weights: the moments, the
-    /// step count, and the f32 weights (the model's weights are overwritten with them).
+    /// Restores a state written by [`OptimizerSnapshot::save_state`] for the same weights: the
+    /// f32 weights (the model's weights are overwritten with them), and the moments and step
+    /// count, or those of a fresh AdamW when the file holds no moments.
     pub fn load_state(&mut self, path: &Path) -> Result<()> {
         let shapes: Vec<(&str, &[usize])> = self
             .params
             .iter()
             .map(|p| (p.name.as_str(), p.weight.dims()))
             .collect();
-        let (state, steps) = open_state(path, &shapes)?;
+        let state = StoredState::open(path, &shapes)?;
         for param in &mut self.params {
             let device = param.weight.device().clone();
-            let [exp_avg, exp_avg_sq, master] =
-                Self::state_keys(&param.name).map(|key| state.load(&key, &device));
-            param.exp_avg = exp_avg?;
-            param.exp_avg_sq = exp_avg_sq?;
-            param.set_master(master?)?;
+            if let Some([exp_avg, exp_avg_sq]) = state.moments(&param.name, &device)? {
+                param.exp_avg = exp_avg;
+                param.exp_avg_sq = exp_avg_sq;
+            } else {
+                param.exp_avg = param.exp_avg.zeros_like()?;
+                param.exp_avg_sq = param.exp_avg_sq.zeros_like()?;
+            }
+            param.set_master(state.master(&param.name, &device)?)?;
         }
-        self.steps = steps;
+        self.steps = state.steps();
         Ok(())
     }
 
@@ -486,49 +486,240 @@ impl AdamW {
     }
 }
 
-/// Opens a state file of [`AdamW::save_state`] and checks that it holds exactly the f32
-/// master, m and v of the named weights of these shapes; returns it with its step count.
-/// Every header is checked before anything is restored, so a refused file changes nothing.
-#[allow(unsafe_code)] // the state file is memory-mapped (12 bytes per parameter)
-pub(crate) fn open_state(
-    path: &Path,
-    shapes: &[(&str, &[usize])],
-) -> Result<(MmapedSafetensors, u64)> {
-    let what = || format!("the optimizer state {}", path.display());
-    // SAFETY: the file is mapped read-only while it is read here; like every checkpoint
-    // reader we rely on nobody truncating it meanwhile.
-    let state = unsafe { MmapedSafetensors::new(path) }
-        .with_context(|| format!("cannot read {}", what()))?;
-    let stored = state.tensors().len();
-    let expected = 1 + 3 * shapes.len();
-    ensure!(
-        stored == expected,
-        "{} holds {stored} tensors, this model's state has {expected}: it belongs to another model",
-        what()
-    );
-    let steps = state
-        .load("step", &Device::Cpu)
-        .and_then(|t| t.to_scalar::<i64>())
-        .with_context(|| format!("{} has no valid `step`", what()))?;
-    let steps =
-        u64::try_from(steps).with_context(|| format!("{}: negative step {steps}", what()))?;
-    for &(name, dims) in shapes {
-        for key in AdamW::state_keys(name) {
-            let view = state.get(&key).with_context(|| {
-                format!("{} has no `{key}`: it belongs to another model", what())
-            })?;
-            let f32 = DType::try_from(view.dtype()).ok() == Some(DType::F32);
-            ensure!(
-                f32 && view.shape() == dims,
-                "{}: `{key}` is {:?} {:?}, expected F32 {:?}",
-                what(),
-                view.dtype(),
-                view.shape(),
-                dims
-            );
+/// A copy of an optimizer's state in host memory ([`AdamW::snapshot`]), the weights sorted by
+/// name: what a checkpoint writes while the training goes on.
+pub struct OptimizerSnapshot {
+    steps: u64,
+    /// Every weight's name and f32 master.
+    masters: Vec<(String, Tensor)>,
+    /// m and v of every weight, in the order of `masters`; `None` when not kept.
+    moments: Option<Vec<[Tensor; 2]>>,
+}
+
+impl OptimizerSnapshot {
+    /// The snapshot of a state gathered from shards: per weight its name and host tensors, the
+    /// f32 master alone or followed by m and v.
+    pub(crate) fn from_gathered(steps: u64, gathered: Vec<(String, Vec<Tensor>)>) -> Self {
+        let mut masters = Vec::with_capacity(gathered.len());
+        let mut moments = Vec::with_capacity(gathered.len());
+        for (name, tensors) in gathered {
+            let mut tensors = tensors.into_iter();
+            masters.push((name, tensors.next().expect("a master per weight")));
+            if let (Some(m), Some(v)) = (tensors.next(), tensors.next()) {
+                moments.push([m, v]);
+            }
+        }
+        let moments = (moments.len() == masters.len()).then_some(moments);
+        Self {
+            steps,
+            masters,
+            moments,
         }
     }
-    Ok((state, steps))
+
+    /// Every weight's name and f32 master, sorted by name.
+    pub fn masters(&self) -> impl Iterator<Item = (&str, &Tensor)> + '_ {
+        self.masters.iter().map(|(name, t)| (name.as_str(), t))
+    }
+
+    /// Whether the snapshot holds the moments.
+    pub fn has_moments(&self) -> bool {
+        self.moments.is_some()
+    }
+
+    /// f32 values of every master (the parameters optimized).
+    pub fn parameters(&self) -> u64 {
+        self.masters
+            .iter()
+            .map(|(_, t)| t.elem_count() as u64)
+            .sum()
+    }
+
+    /// Bytes of tensor data [`Self::save_state`] writes (the header aside): 4 per parameter
+    /// for the masters when `masters`, 8 for the moments when the snapshot has them.
+    pub fn state_bytes(&self, masters: bool) -> u64 {
+        let per_parameter = 4 * u64::from(masters) + 8 * u64::from(self.has_moments());
+        per_parameter * self.parameters()
+    }
+
+    /// Writes the state a resumed run needs into one safetensors file: `step` (I64), per
+    /// weight NAME `master.NAME` (the f32 weights, so that a run whose checkpoints are bf16
+    /// resumes from its exact f32 values) when `masters`, and `exp_avg.NAME`, `exp_avg_sq.NAME`
+    /// when the snapshot has the moments. Without `masters` the f32 weights are those of the
+    /// model saved beside it in f32 ([`AdamW::load_state`] reads them there). The file is
+    /// written under a temporary name and renamed into place.
+    pub fn save_state(&self, path: &Path, masters: bool) -> Result<()> {
+        let mut tensors = HashMap::new();
+        tensors.insert(
+            "step".to_string(),
+            Tensor::new(self.steps as i64, &Device::Cpu)?,
+        );
+        for (k, (name, master)) in self.masters.iter().enumerate() {
+            let [exp_avg, exp_avg_sq, master_key] = AdamW::state_keys(name);
+            if masters {
+                tensors.insert(master_key, master.clone());
+            }
+            if let Some(moments) = &self.moments {
+                tensors.insert(exp_avg, moments[k][0].clone());
+                tensors.insert(exp_avg_sq, moments[k][1].clone());
+            }
+        }
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        candle_core::safetensors::save(&tensors, &partial)
+            .with_context(|| format!("cannot write the optimizer state {}", path.display()))?;
+        std::fs::rename(&partial, path)
+            .with_context(|| format!("cannot move the optimizer state into {}", path.display()))
+    }
+}
+
+/// A copy of `tensor` in host memory that later in-place updates of it do not reach.
+fn host_copy(tensor: &Tensor) -> Result<Tensor> {
+    Ok(if tensor.device().is_cpu() {
+        tensor.copy()?
+    } else {
+        tensor.to_device(&Device::Cpu)?
+    })
+}
+
+/// An optimizer state file of [`OptimizerSnapshot::save_state`], opened and checked against
+/// the named weights of these shapes: every header is checked before anything is restored, so
+/// a refused file changes nothing.
+pub(crate) struct StoredState {
+    file: MmapedSafetensors,
+    /// The f32 model weights beside a file that holds no masters.
+    model: Option<MmapedSafetensors>,
+    moments: bool,
+    steps: u64,
+}
+
+impl StoredState {
+    #[allow(unsafe_code)] // the state file is memory-mapped (up to 12 bytes per parameter)
+    pub(crate) fn open(path: &Path, shapes: &[(&str, &[usize])]) -> Result<Self> {
+        let what = || format!("the optimizer state {}", path.display());
+        // SAFETY: the files are mapped read-only while they are read here; like every
+        // checkpoint reader we rely on nobody truncating them meanwhile.
+        let file = unsafe { MmapedSafetensors::new(path) }
+            .with_context(|| format!("cannot read {}", what()))?;
+        let has = |kind: &str| {
+            shapes
+                .first()
+                .is_some_and(|(name, _)| file.get(&format!("{kind}.{name}")).is_ok())
+        };
+        let (masters, moments) = (has("master"), has("exp_avg"));
+        let stored = file.tensors().len();
+        let expected = 1 + shapes.len() * (usize::from(masters) + 2 * usize::from(moments));
+        ensure!(
+            stored == expected,
+            "{} holds {stored} tensors, this model's state has {expected}: it belongs to another model",
+            what()
+        );
+        let steps = file
+            .load("step", &Device::Cpu)
+            .and_then(|t| t.to_scalar::<i64>())
+            .with_context(|| format!("{} has no valid `step`", what()))?;
+        let steps =
+            u64::try_from(steps).with_context(|| format!("{}: negative step {steps}", what()))?;
+        let model = if masters {
+            None
+        } else {
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let files = model_files(dir, path)?;
+            // SAFETY: as above.
+            Some(
+                unsafe { MmapedSafetensors::multi(&files) }.with_context(|| {
+                    format!(
+                        "{} holds no f32 masters and the model beside it cannot be read",
+                        what()
+                    )
+                })?,
+            )
+        };
+        for &(name, dims) in shapes {
+            let [exp_avg, exp_avg_sq, master] = AdamW::state_keys(name);
+            let mut keys: Vec<(&MmapedSafetensors, String)> = Vec::new();
+            if moments {
+                keys.extend([(&file, exp_avg), (&file, exp_avg_sq)]);
+            }
+            let beside = match &model {
+                None => {
+                    keys.push((&file, master));
+                    ""
+                }
+                Some(model) => {
+                    keys.push((model, name.to_string()));
+                    " in the model beside it, which holds the f32 weights when the state has none"
+                }
+            };
+            for (source, key) in keys {
+                let view = source.get(&key).with_context(|| {
+                    format!(
+                        "{} has no `{key}`{beside}: it belongs to another model",
+                        what()
+                    )
+                })?;
+                let f32 = DType::try_from(view.dtype()).ok() == Some(DType::F32);
+                ensure!(
+                    f32 && view.shape() == dims,
+                    "{}: `{key}`{beside} is {:?} {:?}, expected F32 {:?}",
+                    what(),
+                    view.dtype(),
+                    view.shape(),
+                    dims
+                );
+            }
+        }
+        Ok(Self {
+            file,
+            model,
+            moments,
+            steps,
+        })
+    }
+
+    /// The update count: the file's, or a fresh AdamW's 0 when it holds no moments.
+    pub(crate) fn steps(&self) -> u64 {
+        if self.moments {
+            self.steps
+        } else {
+            0
+        }
+    }
+
+    /// The f32 master of weight `name`.
+    pub(crate) fn master(&self, name: &str, device: &Device) -> Result<Tensor> {
+        let loaded = match &self.model {
+            None => self.file.load(&format!("master.{name}"), device),
+            Some(model) => model.load(name, device),
+        };
+        loaded.with_context(|| format!("cannot read the f32 weights of `{name}`"))
+    }
+
+    /// m and v of weight `name`, when the file holds moments.
+    pub(crate) fn moments(&self, name: &str, device: &Device) -> Result<Option<[Tensor; 2]>> {
+        if !self.moments {
+            return Ok(None);
+        }
+        let load = |kind: &str| {
+            self.file
+                .load(&format!("{kind}.{name}"), device)
+                .with_context(|| format!("cannot read `{kind}.{name}`"))
+        };
+        Ok(Some([load("exp_avg")?, load("exp_avg_sq")?]))
+    }
+}
+
+/// The model's weight files in `dir`: every `*.safetensors` but the state file `state`.
+fn model_files(dir: &Path, state: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "safetensors") && path != state {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
 }
 
 /// Scales all gradients together so that their global L2 norm is at most `max_norm`, as
@@ -705,6 +896,15 @@ mod tests {
         }
     }
 
+    /// The state with its masters and moments, as a checkpoint of SFT holds it.
+    fn save_whole_state(optimizer: &AdamW, path: &Path) {
+        optimizer
+            .snapshot(true)
+            .unwrap()
+            .save_state(path, true)
+            .unwrap();
+    }
+
     fn config() -> AdamWConfig {
         AdamWConfig {
             weight_decay: 0.01,
@@ -720,15 +920,13 @@ mod tests {
         let straight_weights = weights(dtype);
         let mut straight = AdamW::new(straight_weights.clone(), config()).unwrap();
         run(&straight_weights, &mut straight, 8);
-        straight
-            .save_state(&dir.path().join("straight.safetensors"))
-            .unwrap();
+        save_whole_state(&straight, &dir.path().join("straight.safetensors"));
 
         let first_weights = weights(dtype);
         let mut first = AdamW::new(first_weights.clone(), config()).unwrap();
         run(&first_weights, &mut first, 3);
         let state = dir.path().join("state.safetensors");
-        first.save_state(&state).unwrap();
+        save_whole_state(&first, &state);
         let checkpoint: Vec<(String, Var)> = first_weights
             .iter()
             .map(|(name, w)| {
@@ -744,9 +942,7 @@ mod tests {
         resumed.load_state(&state).unwrap();
         assert_eq!(resumed.steps(), 3);
         run(&checkpoint, &mut resumed, 5);
-        resumed
-            .save_state(&dir.path().join("resumed.safetensors"))
-            .unwrap();
+        save_whole_state(&resumed, &dir.path().join("resumed.safetensors"));
 
         let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
         assert!(read("straight.safetensors") == read("resumed.safetensors"));
@@ -797,7 +993,7 @@ mod tests {
         let state = dir.path().join("state.safetensors");
         let mut saved = AdamW::new(weights(DType::F32), config()).unwrap();
         saved.step(&grads(&weights(DType::F32)), 1e-2).unwrap();
-        saved.save_state(&state).unwrap();
+        save_whole_state(&saved, &state);
 
         let refusal = |weights: Vec<(String, Var)>| {
             let mut optimizer = AdamW::new(weights.clone(), config()).unwrap();

@@ -25,7 +25,9 @@
 //! for the time of the save. Resuming, every rank maps the file and reads its shard.
 
 use super::collective::{contiguous_share, Collective};
-use crate::optim::{clip_grad_norm, clip_sharded_grad_norm, open_state, AdamW, AdamWConfig};
+use crate::optim::{
+    clip_grad_norm, clip_sharded_grad_norm, AdamW, AdamWConfig, OptimizerSnapshot, StoredState,
+};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use std::collections::HashMap;
@@ -153,7 +155,8 @@ impl DataParallelAdamW {
         }
     }
 
-    /// Restores a state file of [`AdamW::save_state`]: the whole of it, or this rank's shard.
+    /// Restores a state file of [`OptimizerSnapshot::save_state`]: the whole of it, or this
+    /// rank's shard.
     pub fn load_state(&mut self, path: &Path) -> Result<()> {
         match self {
             Self::Replicated(optimizer) => optimizer.load_state(path),
@@ -161,20 +164,20 @@ impl DataParallelAdamW {
         }
     }
 
-    /// Runs `save` on rank 0 with the whole optimizer (its masters are the model to save);
-    /// a sharded state is gathered for it first, with every rank taking part.
-    pub fn with_whole_state_on_rank0(
+    /// The whole state copied to rank 0's host memory ([`AdamW::snapshot`]: the masters, and
+    /// the moments with `moments`), `None` on the other ranks; a sharded state is gathered for
+    /// it, with every rank taking part.
+    pub fn snapshot_on_rank0(
         &self,
         collective: &dyn Collective,
-        save: impl FnOnce(&AdamW) -> Result<()>,
-    ) -> Result<()> {
+        moments: bool,
+    ) -> Result<Option<OptimizerSnapshot>> {
         match self {
-            Self::Replicated(optimizer) if collective.rank() == 0 => save(optimizer),
-            Self::Replicated(_) => Ok(()),
-            Self::Sharded(optimizer) => match optimizer.gather(collective)? {
-                Some(whole) => save(&whole),
-                None => Ok(()),
-            },
+            Self::Replicated(optimizer) if collective.rank() == 0 => {
+                Ok(Some(optimizer.snapshot(moments)?))
+            }
+            Self::Replicated(_) => Ok(None),
+            Self::Sharded(optimizer) => optimizer.gather(collective, moments),
         }
     }
 }
@@ -359,8 +362,14 @@ impl ShardedAdamW {
         Ok(())
     }
 
-    /// The whole state on rank 0 (on the host), gathered a weight at a time; `None` elsewhere.
-    fn gather(&self, collective: &dyn Collective) -> Result<Option<AdamW>> {
+    /// The whole state on rank 0 (on the host), gathered a weight at a time, the moments only
+    /// with `moments`; `None` elsewhere.
+    fn gather(
+        &self,
+        collective: &dyn Collective,
+        moments: bool,
+    ) -> Result<Option<OptimizerSnapshot>> {
+        let kinds = if moments { 3 } else { 1 };
         let mut mine: HashMap<&str, [Tensor; 3]> = self.shard.state_tensors().collect();
         let mut whole = Vec::with_capacity(self.weights.len());
         for (w, (name, weight)) in self.weights.iter().enumerate() {
@@ -370,8 +379,8 @@ impl ShardedAdamW {
                 .map(|shard| overlap(&self.spans[w], shard).len())
                 .collect();
             let pieces = mine.remove(name.as_str());
-            let mut tensors = Vec::with_capacity(3);
-            for kind in 0..3 {
+            let mut tensors = Vec::with_capacity(kinds);
+            for kind in 0..kinds {
                 let piece = match &pieces {
                     Some(state) => state[kind].to_vec1::<f32>()?,
                     None => Vec::new(),
@@ -379,17 +388,15 @@ impl ShardedAdamW {
                 let values = collective.all_gather_f32(&piece, &counts)?;
                 tensors.push(Tensor::from_vec(values, weight.shape(), &Device::Cpu)?);
             }
-            let tensors: [Tensor; 3] = tensors.try_into().expect("three state tensors");
             whole.push((name.clone(), tensors));
         }
         if self.rank != 0 {
             return Ok(None);
         }
-        Ok(Some(AdamW::from_state(
-            self.config,
+        Ok(Some(OptimizerSnapshot::from_gathered(
             self.shard.steps(),
             whole,
-        )?))
+        )))
     }
 
     /// Restores this rank's shard of a whole state file, and every weight from its masters.
@@ -399,18 +406,12 @@ impl ShardedAdamW {
             .iter()
             .map(|(name, weight)| (name.as_str(), weight.dims()))
             .collect();
-        let (state, steps) = open_state(path, &shapes)?;
+        let state = StoredState::open(path, &shapes)?;
         let mut pieces = self.pieces.iter().peekable();
         let mut shard = Vec::with_capacity(self.pieces.len());
         for (w, (name, weight)) in self.weights.iter().enumerate() {
             let device = weight.device();
-            let load = |kind: &str| {
-                let key = format!("{kind}.{name}");
-                state
-                    .load(&key, device)
-                    .with_context(|| format!("cannot read `{key}` of {}", path.display()))
-            };
-            let master = load("master")?;
+            let master = state.master(name, device)?;
             weight.set(&master.to_dtype(weight.dtype())?)?;
             let Some((_, range)) = pieces.next_if(|(p, _)| *p == w) else {
                 continue;
@@ -421,15 +422,16 @@ impl ShardedAdamW {
                     .narrow(0, range.start, range.len())?
                     .copy()?)
             };
-            shard.push((
-                name.clone(),
-                [
-                    piece(master)?,
-                    piece(load("exp_avg")?)?,
-                    piece(load("exp_avg_sq")?)?,
-                ],
-            ));
+            let [exp_avg, exp_avg_sq] = match state.moments(name, device)? {
+                Some([m, v]) => [piece(m)?, piece(v)?],
+                None => {
+                    let zeros = || Tensor::zeros(range.len(), DType::F32, device);
+                    [zeros()?, zeros()?]
+                }
+            };
+            shard.push((name.clone(), [piece(master)?, exp_avg, exp_avg_sq]));
         }
+        let steps = state.steps();
         self.shard = AdamW::from_state(self.config, steps, shard)?;
         Ok(())
     }

@@ -347,6 +347,10 @@ impl Settings for RlConfig {
         })
     }
 
+    fn resets_moments(&self) -> bool {
+        self.training.reset_moments
+    }
+
     fn run_parts(&self) -> RunParts<'_> {
         let (model, checkpoint) = (&self.model, &self.checkpoint);
         RunParts::new(model, &self.training.run, self.optimizer, checkpoint)

@@ -1,7 +1,7 @@
 //! `metrics.html` of an RL run: the curves of `metrics.jsonl`, one chart per quantity, as a
 //! self-contained page (inline SVG, no script), rewritten after every step.
 
-use crate::metrics::{write_page, ChartSpec, Page, Quantity};
+use crate::metrics::{write_page, ChartSpec, Page, Quantity, CHECKPOINT_BYTES, CHECKPOINT_SECONDS};
 use anyhow::Result;
 use std::path::Path;
 
@@ -138,6 +138,8 @@ const RL_PAGE: Page = Page {
             Quantity::Count("updates"),
             &[("updates", "updates")],
         ),
+        CHECKPOINT_SECONDS,
+        CHECKPOINT_BYTES,
         ChartSpec::new(
             "held-out tasks",
             Quantity::Count("tasks"),
@@ -161,8 +163,9 @@ mod tests {
     use super::*;
     use crate::metrics::layout_misses;
     use crate::rl::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics};
+    use crate::run::checkpoint::CheckpointMetrics;
 
-    /// The lines of a two-rank RL run: every field of its step and eval lines.
+    /// The lines of a two-rank RL run: every field of its step, eval and checkpoint lines.
     fn lines() -> Vec<serde_json::Value> {
         let step = |step: u64, reward: f64| RlStepMetrics {
             step,
@@ -213,6 +216,14 @@ mod tests {
             serde_json::to_value(step(1, 0.25)).unwrap(),
             serde_json::to_value(step(2, 0.5)).unwrap(),
             serde_json::to_value(eval).unwrap(),
+            serde_json::to_value(CheckpointMetrics {
+                step: 1,
+                checkpoint: "checkpoint-1".into(),
+                checkpoint_bytes: 12 << 30,
+                seconds_checkpoint: 0.4,
+                seconds_checkpoint_write: 9.0,
+            })
+            .unwrap(),
         ]
     }
 

@@ -12,8 +12,10 @@
 //!    replay samples per AdamW step (data-parallel over the ranks through the
 //!    [`Collective`]), the moments reset at the start of the step as the reference's fresh
 //!    optimizer has them;
-//! 5. write the step's metrics line and a resumable checkpoint (kept every `save_steps` steps;
-//!    the newest is always there, so a killed run resumes after its last completed step).
+//! 5. write the step's metrics line and a resumable checkpoint, in the background while the
+//!    next step runs (f32 masters, no moments when they are reset every step; older ones kept
+//!    every `save_steps` steps as models only; the newest is always there, so a killed run
+//!    resumes after its last completed step).
 //!
 //! Rolling out step k+1 before step k's update would sample from weights the update's ratio
 //! does not know about, so the loop does not: the judge's tail after the last completion and

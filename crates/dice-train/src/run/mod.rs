@@ -5,8 +5,10 @@
 //! metrics log and the progress loop that runs a trainer's steps ([`Run::train`], the trainer
 //! saying what a step, an evaluation and a metrics line are through [`Steps`]).
 //!
-//! A run's output folder: `checkpoint-STEP/` (resumable), `final/`, `config.toml` (the resolved
-//! settings), `metrics.jsonl` and `metrics.html`. Rank 0 alone writes it.
+//! A run's output folder: `checkpoint-STEP/` (the newest resumable, older kept ones models
+//! only: [`checkpoint`]), `final/`, `config.toml` (the resolved settings), `metrics.jsonl` and
+//! `metrics.html`. Rank 0 alone writes it; checkpoints are written in the background while the
+//! next steps run.
 
 pub mod checkpoint;
 pub mod settings;
@@ -18,7 +20,8 @@ use anyhow::{bail, ensure, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use checkpoint::{
-    checkpoint_name, checkpoints, Checkpointer, TrainerState, FINAL, OPTIMIZER_STATE,
+    checkpoint_name, is_resumable, newest_resumable, CheckpointSave, CheckpointWriter,
+    Checkpointer, TrainerState, FINAL, OPTIMIZER_STATE,
 };
 use dice_model::Sdar;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -26,6 +29,7 @@ use serde::Serialize;
 use settings::{resume_key_difference, Settings};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// Where a run starts from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +50,10 @@ pub struct RunOptions {
     pub resume: Resume,
     /// Draw a progress bar on stderr (hidden when stderr is not a terminal).
     pub progress: bool,
+    /// Stop after this step as a run killed right after that step's checkpoint would: the
+    /// checkpoint written (whatever `save_steps` says), no final model; running again resumes
+    /// there (tests of resuming, or a job with a time limit). `None`: run to the end.
+    pub stop_after: Option<u64>,
 }
 
 /// What a trainer's `train` did.
@@ -140,9 +148,9 @@ pub trait Steps {
     /// Evaluates the held-out data after step `run.step()` and logs its line.
     fn evaluate(&mut self, run: &mut Run<Self::Config>) -> Result<()>;
 
-    /// Whether a resumable checkpoint follows every step, the one before it removed unless its
-    /// step is a multiple of `save_steps` (an RL step is minutes of rollout), rather than
-    /// every `save_steps` steps only.
+    /// Whether a resumable checkpoint follows every step (an RL step is minutes of rollout),
+    /// rather than every `save_steps` steps only; either way the older ones are pruned as
+    /// [`Checkpointer::prune`] says.
     fn checkpoint_every_step(&self) -> bool;
 
     /// Draws `metrics.html` from `metrics.jsonl`.
@@ -162,7 +170,8 @@ pub struct Run<C> {
     /// The model's weights by checkpoint name (the optimizer updates them in place).
     pub(crate) vars: VarMap,
     pub(crate) optimizer: DataParallelAdamW,
-    checkpointer: Checkpointer,
+    /// Writes the checkpoints in the background (rank 0's are the ones written).
+    writer: CheckpointWriter,
     save_steps: u64,
     /// Rank 0's log; other ranks write none.
     metrics: Option<MetricsLog>,
@@ -195,10 +204,17 @@ impl<C: Settings> Run<C> {
         }
         let resume_from = match &options.resume {
             Resume::From(dir) => Some(dir.clone()),
-            Resume::Auto => checkpoints(&options.out)?.pop().map(|(_, dir)| dir),
+            Resume::Auto => newest_resumable(&options.out)?,
         };
         let mut step = 0;
         if let Some(dir) = &resume_from {
+            ensure!(
+                is_resumable(dir),
+                "{} holds no resume state (only a run's newest checkpoint keeps it): resume from \
+                 the newest checkpoint-STEP of its run, or start a new run from it with --model {}",
+                dir.display(),
+                dir.display()
+            );
             let state = TrainerState::read(dir)?;
             check_resumable(dir, &state, &resume_key, &data)?;
             step = state.step;
@@ -229,6 +245,7 @@ impl<C: Settings> Run<C> {
             Checkpointer::new(&options.out, parts.model, model.config(), parts.checkpoint);
         let metrics = checkpointer.open_run_folder(&*collective, &config.to_toml()?, step)?;
         let save_steps = parts.checkpoint.save_steps;
+        let writer = CheckpointWriter::new(checkpointer);
         Ok(Self {
             config,
             options,
@@ -238,7 +255,7 @@ impl<C: Settings> Run<C> {
             model,
             vars,
             optimizer,
-            checkpointer,
+            writer,
             save_steps,
             metrics,
             resume_key,
@@ -270,7 +287,8 @@ impl<C: Settings> Run<C> {
     /// Runs `steps` to the end of the run: after each step its metrics line, an evaluation of
     /// the held-out data every `eval_steps` steps and at the end, then a checkpoint every
     /// `save_steps` steps and at the end (or after every step, [`Steps::checkpoint_every_step`]);
-    /// at the end the finished model in `final/`. A run already complete does nothing.
+    /// at the end the finished model in `final/`, and the wait for the last write. A run
+    /// already complete does nothing.
     pub fn train<S: Steps<Config = C>>(&mut self, steps: &mut S) -> Result<TrainSummary<S::Line>> {
         let total = steps.total_steps(&self.config);
         let mut summary = TrainSummary {
@@ -285,8 +303,9 @@ impl<C: Settings> Run<C> {
             );
             return Ok(summary);
         }
+        let stop = self.options.stop_after.map_or(total, |s| s.min(total));
         let bar = self.progress_bar(total, S::STEP_NAME);
-        while self.step < total {
+        while self.step < stop {
             let line = steps.step(self)?;
             self.step += 1;
             bar.set_position(self.step);
@@ -303,13 +322,20 @@ impl<C: Settings> Run<C> {
                     bar.suspend(|| steps.evaluate(self))?;
                 }
             }
-            if end || steps.checkpoint_every_step() || self.step.is_multiple_of(self.save_steps) {
+            // The last step of this call (the run's end, or where it stops) always saves.
+            if self.step == stop
+                || steps.checkpoint_every_step()
+                || self.step.is_multiple_of(self.save_steps)
+            {
                 bar.suspend(|| self.save(&checkpoint_name(self.step), true, steps))?;
             }
             summary.steps.push(line);
         }
         bar.finish_and_clear();
-        self.save(FINAL, false, steps)?;
+        if self.step == total {
+            self.save(FINAL, false, steps)?;
+        }
+        self.finish_writes(steps)?;
         Ok(summary)
     }
 
@@ -368,32 +394,57 @@ impl<C: Settings> Run<C> {
             .collect()
     }
 
-    /// Rank 0 writes the folder `name` (the optimizer state too when `resumable`), prunes the
-    /// checkpoints and redraws `metrics.html`; every rank takes part in gathering a sharded
-    /// optimizer state and waits for rank 0.
-    fn save<S: Steps<Config = C>>(&self, name: &str, resumable: bool, steps: &S) -> Result<()> {
-        self.optimizer
-            .with_whole_state_on_rank0(&*self.collective, |optimizer| {
-                let state = TrainerState {
-                    step: self.step,
-                    total_steps: steps.total_steps(&self.config),
-                    epoch: steps.epoch(&self.config, self.step),
-                    data_fingerprint: self.data.sha256.clone(),
-                    resume_key: self.resume_key.clone(),
-                };
-                let dir = self.checkpointer.save(name, optimizer, &state, resumable)?;
-                tracing::info!("saved {}", dir.display());
-                if resumable {
-                    self.checkpointer.prune(self.step, self.save_steps)?;
-                }
-                if let Some(log) = &self.metrics {
-                    let out = &self.options.out;
-                    let title = format!("{} · {}", S::COMMAND, out.display());
-                    steps.draw_page(log.path(), &out.join("metrics.html"), &title)?;
-                }
-                Ok(())
-            })?;
+    /// Saves the folder `name` (with the optimizer state when `resumable`): rank 0 waits for
+    /// the write before it, copies the state to host memory (every rank takes part in gathering
+    /// a sharded state) and starts writing it in the background, then redraws `metrics.html`;
+    /// every rank waits for rank 0.
+    fn save<S: Steps<Config = C>>(&mut self, name: &str, resumable: bool, steps: &S) -> Result<()> {
+        let started = Instant::now();
+        if let Some(written) = self.writer.wait()? {
+            self.log(&written)?;
+        }
+        let moments = resumable && !self.config.resets_moments();
+        let snapshot = self
+            .optimizer
+            .snapshot_on_rank0(&*self.collective, moments)?;
+        if let Some(snapshot) = snapshot {
+            let state = TrainerState {
+                step: self.step,
+                total_steps: steps.total_steps(&self.config),
+                epoch: steps.epoch(&self.config, self.step),
+                data_fingerprint: self.data.sha256.clone(),
+                resume_key: self.resume_key.clone(),
+            };
+            let save = CheckpointSave {
+                name: name.to_string(),
+                snapshot,
+                state,
+                resumable,
+            };
+            self.writer.start(save, started)?;
+            self.draw_page(steps)?;
+        }
         self.collective.barrier()
+    }
+
+    /// Waits for the last checkpoint's write and logs it (rank 0), then every rank waits for
+    /// rank 0: a run ends with its folders complete.
+    fn finish_writes<S: Steps<Config = C>>(&mut self, steps: &S) -> Result<()> {
+        if let Some(written) = self.writer.wait()? {
+            self.log(&written)?;
+            self.draw_page(steps)?;
+        }
+        self.collective.barrier()
+    }
+
+    /// Redraws `metrics.html` from `metrics.jsonl` (rank 0).
+    fn draw_page<S: Steps<Config = C>>(&self, steps: &S) -> Result<()> {
+        if let Some(log) = &self.metrics {
+            let out = &self.options.out;
+            let title = format!("{} · {}", S::COMMAND, out.display());
+            steps.draw_page(log.path(), &out.join("metrics.html"), &title)?;
+        }
+        Ok(())
     }
 }
 

@@ -227,6 +227,12 @@ pub trait Settings: Serialize + DeserializeOwned + Sized {
     /// resumed run must ask for the same ([`resume_key_difference`]).
     fn resume_key(&self) -> serde_json::Value;
 
+    /// Whether the optimizer's moments are reset before every step's update (BiC-RL's fresh
+    /// AdamW per step), so that a checkpoint need not keep them.
+    fn resets_moments(&self) -> bool {
+        false
+    }
+
     /// How the optimizer state is spread over the ranks: replicated unless the trainer
     /// shards it.
     fn zero_stage(&self) -> Result<ZeroStage> {

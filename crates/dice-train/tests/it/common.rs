@@ -100,6 +100,7 @@ pub(crate) fn run_options(out: &Path) -> RunOptions {
         out: out.to_path_buf(),
         resume: Resume::Auto,
         progress: false,
+        stop_after: None,
     }
 }
 

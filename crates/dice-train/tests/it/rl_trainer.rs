@@ -1,9 +1,10 @@
 //! The BiC-RL loop on the CPU in f32, on a tiny model (the formula golden's two layers and full
 //! 151,936-token vocabulary, narrowed to hidden 16): it learns a verifiable toy reward, says so
-//! when a step learns nothing, its output folder holds the metrics, settings and checkpoints,
-//! and a killed run resumes after its last step.
+//! when a step learns nothing, its output folder holds the metrics, settings and checkpoints
+//! (without AdamW's moments, which the presets reset every step), and a killed run resumes
+//! after its last step, from such a checkpoint to the bytes of an uninterrupted run.
 
-use crate::common::{formula_config, metrics, run_options, weights};
+use crate::common::{formula_config, metrics, read, run_options, weights};
 use candle_core::Device;
 use dice_model::init::InitWeights;
 use dice_model::SdarConfig;
@@ -92,18 +93,11 @@ impl Reward for TokenCensus {
     }
 }
 
-/// 20 steps of 2 tasks × 4 samples of 8 tokens, rewarded for holding a token that some of the
-/// untrained model's completions hold (2 to 5 of 8): the mean reward of the last steps is well
-/// above the first steps'. Once every completion earns the reward the groups carry no signal
-/// and the steps skip the update.
-#[test]
-fn twenty_steps_learn_a_toy_reward() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
-    let tasks = task_file(dir.path());
-
+/// A token that 2 to 5 of the untrained model's 8 completions of the first step hold (a
+/// census run in `out`): rewarding it gives the groups a learning signal.
+fn rewarded_token(model: &Path, tasks: &Path, out: &Path) -> u32 {
     let mut census = TokenCensus::default();
-    open(settings(&model, &tasks, 1), &dir.path().join("census"))
+    open(settings(model, tasks, 1), out)
         .unwrap()
         .train(&mut census)
         .unwrap();
@@ -118,7 +112,20 @@ fn twenty_steps_learn_a_toy_reward() {
         .rev()
         .find(|(n, _)| (2..=5).contains(n))
         .expect("some token is held by 2-5 of the 8 completions");
+    token
+}
 
+/// 20 steps of 2 tasks × 4 samples of 8 tokens, rewarded for holding a token that some of the
+/// untrained model's completions hold (2 to 5 of 8): the mean reward of the last steps is well
+/// above the first steps'. Once every completion earns the reward the groups carry no signal
+/// and the steps skip the update.
+#[test]
+fn twenty_steps_learn_a_toy_reward() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tasks = task_file(dir.path());
+
+    let token = rewarded_token(&model, &tasks, &dir.path().join("census"));
     let out = dir.path().join("run");
     let summary = open(settings(&model, &tasks, 20), &out)
         .unwrap()
@@ -192,8 +199,13 @@ fn a_step_is_judged_by_the_evaluator() {
     assert_eq!(step.groups_kept, 0, "an all-correct group has no signal");
     assert_eq!(step.pass_rate_by_level.get(&0), Some(&1.0));
     let lines = metrics(&out);
-    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines.len(), 4, "{lines:?}");
     assert_eq!(lines[1]["eval_tasks"], 1);
+    // The checkpoints' lines, logged once their background writes were complete.
+    assert_eq!(
+        (&lines[2]["checkpoint"], &lines[3]["checkpoint"]),
+        (&"checkpoint-1".into(), &"final".into())
+    );
     assert_eq!(lines[1]["eval_pass_rate"], 1.0);
     assert!(out.join("judge.db").is_file());
     assert!(out.join("checkpoint-1/trainer_state.json").is_file());
@@ -230,6 +242,7 @@ fn a_run_continues_after_its_last_completed_step() {
     assert!(out.join("checkpoint-3").is_dir() && !out.join("checkpoint-2").exists());
     let steps: Vec<u64> = metrics(&out)
         .iter()
+        .filter(|l| l.get("reward_mean").is_some())
         .map(|l| l["step"].as_u64().unwrap())
         .collect();
     assert_eq!(steps, [1, 2, 3]);
@@ -278,4 +291,83 @@ fn a_step_whose_groups_are_all_rewarded_alike_learns_nothing() {
         "an AdamW step was taken"
     );
     assert_eq!(weights(&out.join("final")), weights(&model));
+}
+
+/// The presets reset AdamW's moments before every step's update, so their checkpoints keep none:
+/// the optimizer state holds the step and the f32 masters only. A run that learns for 2 steps
+/// and is run again for a third from checkpoint-2 ends with the bytes of a run of 3 steps: the
+/// final model and checkpoint-3's state. Each output folder then holds the newest checkpoint
+/// alone (save_steps 5), complete as its line in metrics.jsonl counted it: the background
+/// writes ended with the run.
+#[test]
+fn a_run_resumed_from_a_checkpoint_without_moments_ends_as_the_uninterrupted_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tasks = task_file(dir.path());
+    let token = rewarded_token(&model, &tasks, &dir.path().join("census"));
+    let train = |out: &Path, steps: u64| {
+        open(settings(&model, &tasks, steps), out)
+            .unwrap()
+            .train(&mut ContainsToken(token))
+            .unwrap()
+    };
+    let straight = dir.path().join("straight");
+    let summary = train(&straight, 3);
+    assert!(
+        summary.steps.iter().any(|s| s.learned),
+        "{:?}",
+        summary.steps
+    );
+    let resumed = dir.path().join("resumed");
+    train(&resumed, 2);
+    let state = candle_core::safetensors::load(
+        resumed.join("checkpoint-2/optimizer.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap();
+    assert!(state
+        .keys()
+        .all(|k| k == "step" || k.starts_with("master.")));
+    assert_eq!(state.len(), 1 + weights(&model).len());
+    assert_eq!(train(&resumed, 3).steps_run(), 1);
+
+    for file in [
+        "final/model-00001-of-00001.safetensors",
+        "checkpoint-3/optimizer.safetensors",
+    ] {
+        assert!(
+            read(&straight.join(file)) == read(&resumed.join(file)),
+            "{file} differs"
+        );
+    }
+    for out in [&straight, &resumed] {
+        let mut names: Vec<String> = std::fs::read_dir(out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "checkpoint-3",
+                "config.toml",
+                "final",
+                "metrics.html",
+                "metrics.jsonl"
+            ]
+        );
+        for line in metrics(out)
+            .iter()
+            .filter(|l| l.get("checkpoint").is_some())
+        {
+            let folder = out.join(line["checkpoint"].as_str().unwrap());
+            if folder.exists() {
+                let bytes: u64 = std::fs::read_dir(&folder)
+                    .unwrap()
+                    .map(|e| e.unwrap().metadata().unwrap().len())
+                    .sum();
+                assert_eq!(line["checkpoint_bytes"], bytes, "{line}");
+            }
+        }
+    }
 }

@@ -53,7 +53,10 @@ Task files: a JSON array or JSON Lines of objects with `pytorch_code`, and for -
 end_to_end_kernel_generation_4000.json and kernel_infilling_*.json read as they are.
 
 Output folder.
-  checkpoint-STEP/  after every step (resumable); kept every --save-steps steps
+  checkpoint-STEP/  after every step, written in the background while the next step runs: the
+                    newest is resumable (f32 masters, no AdamW moments: the presets reset them
+                    every step), older ones are kept every --save-steps steps as models only
+                    (disk use: see --save-steps)
   final/            the finished model (a Hugging Face folder, as dice train sft writes)
   config.toml       the run's settings
   judge.db          the judge's verdicts of every candidate (rank R > 0: judge-rankR.db)
@@ -65,7 +68,9 @@ Output folder.
                     updates, tokens_generated, rollout_tokens_per_s, seconds_rollout,
                     seconds_judge, seconds_idle (last completion to last verdict),
                     seconds_update, seconds_step (rank 0's), seconds_per_rank (each rank's
-                    rollout, judge, idle, update); and per evaluation (--eval-tasks, every
+                    rollout, judge, idle, update); per checkpoint once written: checkpoint,
+                    checkpoint_bytes, seconds_checkpoint (the training waited),
+                    seconds_checkpoint_write (the background write); and per evaluation (--eval-tasks, every
                     --eval-steps steps: one greedy static sample per task) eval_tasks,
                     eval_pass_rate, eval_deceptive_rate, eval_seconds
   metrics.html      the curves of metrics.jsonl (inline SVG), redrawn after every step

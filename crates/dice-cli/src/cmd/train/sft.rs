@@ -26,19 +26,26 @@ flags override the file. Every run writes its resolved settings to OUT/config.to
 `dice train sft --config OUT/config.toml --out OUT` runs it again.
 
 Output folder.
-  checkpoint-STEP/  every --save-steps steps and at the end; the newest --save-total-limit kept
+  checkpoint-STEP/  every --save-steps steps and at the end, written in the background; the
+                    newest is resumable, older kept ones are models only; the newest
+                    --save-total-limit kept
   final/            the finished model
   config.toml       the run's settings
   metrics.jsonl     one JSON object per optimizer step: step, epoch, loss, lr, grad_norm,
                     tokens, tokens_per_s, tflops, mfu, memory (peak bytes: the GPU's during the
-                    step, the process's resident peak on the CPU), step_time_s; and one per
-                    evaluation: step, epoch, eval_loss, eval_rows
+                    step, the process's resident peak on the CPU), step_time_s; one per
+                    evaluation: step, epoch, eval_loss, eval_rows; and one per checkpoint once
+                    written: step, checkpoint, checkpoint_bytes, seconds_checkpoint (the
+                    training waited: the state copied to host memory), seconds_checkpoint_write
+                    (the background write)
   metrics.html      loss and learning-rate curves (inline SVG), refreshed at every save
 A checkpoint is a Hugging Face model folder, loadable by dice generate, dice serve and
 transformers: model-0000N-of-0000M.safetensors + model.safetensors.index.json under the SDAR key
 names (bf16 by default, --save-dtype), the base model's config.json, tokenizer files, chat
-template, generation_config.json and *.py files; checkpoint-STEP/ adds optimizer.safetensors and
-trainer_state.json. Folders are written under a temporary name and renamed when complete.
+template, generation_config.json and *.py files, and trainer_state.json; the newest
+checkpoint-STEP/ adds optimizer.safetensors (f32 masters unless --save-dtype f32, and the AdamW
+moments). Folders are written under a temporary name and renamed when complete, so a crash
+mid-write leaves the checkpoint before. Disk use per checkpoint: see --save-steps.
 
 Resuming. Run the same command again: it continues from the newest complete checkpoint in
 --out (or from --resume DIR) with its f32 weights, optimizer moments, schedule step, data order
