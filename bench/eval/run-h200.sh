@@ -11,7 +11,8 @@
 #                                renamed ModelNew, the first 20 of levels 1-3 whose inputs fit 8 GiB
 # Steps: c-cold (32 pairs, empty build cache), c-warm (the same 32 in a new run, cache filled),
 # a-pairs (all 99), b-identity, adversarial (the GPU programs of tests/adversarial through the
-# real test binary). Runs resume, so a step cut by BUDGET_S is finished by running it again.
+# real test binary), adversarial-cli (the same programs through the dice binary alone). Runs
+# resume, so a step cut by BUDGET_S is finished by running it again.
 # OUT, by default the run's folder bench/runs/<date>-<commit>-<machine> (bench/run-folder.sh),
 # gets steps.txt, each step's `dice report` in md and json, and adversarial-gpu.log; stores and
 # logs stay in /tmp/dice-runs, where a step resumes. PACK=1 puts stores, logs and reports in
@@ -24,7 +25,9 @@ mkdir -p "$OUT" && OUT=$(realpath "$OUT")
 start=$(date +%s)
 budget=${BUDGET_S:-580}
 export DICE_PYTHON=$(command -v python3)
-export LD_LIBRARY_PATH=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))')
+# A CUDA build of dice also links libnccl.so.2: torch's wheels carry it beside CUDA 13's libraries.
+nvidia=$(python3 -c 'import nvidia; print(nvidia.__path__[0])')
+export LD_LIBRARY_PATH=$nvidia/cu13/lib:$nvidia/nccl/lib
 runs=/tmp/dice-runs cache=/tmp/dice-build-cache bin=/tmp/dice-bin
 mkdir -p "$runs" "$bin"
 [[ -d $DATA/runs ]] && cp -a "$DATA/runs/." "$runs/"   # earlier calls' stores, to resume
@@ -68,6 +71,15 @@ adversarial() {
   echo "adversarial rc=$? wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
   tail -5 "$OUT/adversarial-gpu.log"
 }
+adversarial_cli() {
+  # The same GPU programs judged by the dice binary alone, where no test binary was carried:
+  # candidates and shrunk problems written by adversarial_cli.py, its verdict per program.
+  local candidates=$runs/adversarial-candidates tree=$runs/adversarial-kernelbench
+  rm -rf "$candidates" "$tree"
+  python3 bench/eval/adversarial_cli.py prepare "$candidates" "$tree"
+  step adversarial-cli 420 "$candidates" --kernelbench "$tree" --timeout 60
+  python3 bench/eval/adversarial_cli.py check "$runs/adversarial-cli.json" | tee "$OUT/adversarial-cli.txt"
+}
 kb_script() {
   # Builds in 16 processes first (a folder of extensions per program), then times one program at a
   # time in one process, as the spec describes.
@@ -97,6 +109,7 @@ for s in "$@"; do
     a-pairs) step a-pairs 600 --pairs tests/data/dice/kernel_infilling_evaluation.json --runs-per-device 8 ;;
     b-identity) step b-identity 600 "$DATA/identity.jsonl" --kernelbench tests/data/kernelbench --runs-per-device 4 ;;
     adversarial) adversarial ;;
+    adversarial-cli) adversarial_cli ;;
     # Issue #15: the 99 pairs and an identity candidate of each as one cold batch; the same pairs
     # one candidate at a time on the device with the cache warm; KernelBench's timing in dice and
     # in a plain script on the fixed 32; then the figures of the acceptance.

@@ -3,7 +3,7 @@
 # the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/rl/run-h200.sh [STEP...]
 # (STEP: golden-f32, golden-bf16, sampled-1.7b, sampled-1.7b-host, greedy-1.7b, sampled-4b,
-# sampled-1.7b-rl-shape, rl-rollout; all by default)
+# sampled-1.7b-rl-shape, rl-rollout, sampled-1.7b-rl256-shape, rl-rollout-256; all by default)
 # reading the model configs, the tokenizer and the DICE tasks from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -31,15 +31,26 @@ run sampled-4b 240 bench generate --config "$configs/sdar-4b.json" "${rollout[@]
 # issue asks: rollout tokens/s within 10 % of the engine's at the same batch and lengths.
 run sampled-1.7b-rl-shape 180 bench generate --config "$configs/sdar-1.7b.json" "${rollout[@]}" \
   --batch 128 --prompt-tokens 1024 --new-tokens 256 --json "$OUT/sampled-1.7b-rl-shape.json"
-# One stage-2 step of dice train rl on random 1.7B weights, 16 tasks x 8 samples of up to 256
-# tokens in one engine of 128, the toy reward (no judging): its rollout_tokens_per_s.
-if wanted rl-rollout; then
-  "$bin" model init --config "$configs/sdar-1.7b.json" --weights random --seed 1 \
-    --tokenizer tests/data/sdar --out /tmp/m17 --force >"$OUT/model-init.txt" 2>&1
-  run rl-rollout 300 train rl --model /tmp/m17 --tasks tests/data/dice/end_to_end_kernel_generation_4000.json \
-    --stage e2e --preset dice-1.7b-stage2 --tasks-per-step 16 --samples-per-task 8 --max-tokens 256 \
-    --max-active 128 --max-steps 1 --reward-token 16 --out /tmp/rl --device cuda
-  cp /tmp/rl/metrics.jsonl "$OUT/rl-rollout-metrics.jsonl" 2>/dev/null
-  du -sh /tmp/rl/* >"$OUT/rl-rollout-disk.txt" 2>&1
-  rm -rf /tmp/rl /tmp/m17
-fi
+# Steps of dice train rl on random 1.7B weights (stage-2 preset, the toy reward: no judging), and
+# dice bench generate at the same batch and lengths (the stage-2 tasks' prompts: 811-1,287
+# tokens, mean 890, `dice train rl --dry-run`): the rollout's tokens/s against the engine's, the
+# checkpoints' size and the seconds the step waited for them.
+# NAME TASKS MAX_TOKENS MAX_ACTIVE STEPS
+rl_rollout() {
+  local name=$1 tasks=$2 tokens=$3 active=$4 steps=$5
+  wanted "$name" || return 0
+  [[ -d /tmp/m17 ]] || "$bin" model init --config "$configs/sdar-1.7b.json" --weights random \
+    --seed 1 --tokenizer tests/data/sdar --out /tmp/m17 --force >"$OUT/model-init.txt" 2>&1
+  run "$name" 300 train rl --model /tmp/m17 --tasks tests/data/dice/end_to_end_kernel_generation_4000.json \
+    --stage e2e --preset dice-1.7b-stage2 --tasks-per-step "$tasks" --samples-per-task 8 \
+    --max-tokens "$tokens" --max-active "$active" --max-steps "$steps" --reward-token 16 \
+    --out "/tmp/$name" --device cuda
+  cp "/tmp/$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
+  du -sh "/tmp/$name"/* >"$OUT/$name-disk.txt" 2>&1
+  rm -rf "/tmp/$name"
+}
+rl_rollout rl-rollout 16 256 128 1
+run sampled-1.7b-rl256-shape 180 bench generate --config "$configs/sdar-1.7b.json" "${rollout[@]}" \
+  --batch 256 --prompt-tokens 896 --new-tokens 512 --json "$OUT/sampled-1.7b-rl256-shape.json"
+rl_rollout rl-rollout-256 32 512 256 2
+rm -rf /tmp/m17
