@@ -35,15 +35,15 @@ run sampled-1.7b-rl-shape 180 bench generate --config "$configs/sdar-1.7b.json" 
 # dice bench generate at the same batch and lengths (the stage-2 tasks' prompts: 811-1,287
 # tokens, mean 890, `dice train rl --dry-run`): the rollout's tokens/s against the engine's, the
 # checkpoints' size and the seconds the step waited for them.
-# NAME TASKS MAX_TOKENS MAX_ACTIVE STEPS
+# NAME TASKS MAX_TOKENS MAX_ACTIVE STEPS (`count`: `steps` is the runner's list of wanted steps)
 rl_rollout() {
-  local name=$1 tasks=$2 tokens=$3 active=$4 steps=$5
+  local name=$1 tasks=$2 tokens=$3 active=$4 count=$5
   wanted "$name" || return 0
   [[ -d /tmp/m17 ]] || "$bin" model init --config "$configs/sdar-1.7b.json" --weights random \
     --seed 1 --tokenizer tests/data/sdar --out /tmp/m17 --force >"$OUT/model-init.txt" 2>&1
   run "$name" 300 train rl --model /tmp/m17 --tasks tests/data/dice/end_to_end_kernel_generation_4000.json \
     --stage e2e --preset dice-1.7b-stage2 --tasks-per-step "$tasks" --samples-per-task 8 \
-    --max-tokens "$tokens" --max-active "$active" --max-steps "$steps" --reward-token 16 \
+    --max-tokens "$tokens" --max-active "$active" --max-steps "$count" --reward-token 16 \
     --out "/tmp/$name" --device cuda
   cp "/tmp/$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
   du -sh "/tmp/$name"/* >"$OUT/$name-disk.txt" 2>&1

@@ -41,12 +41,16 @@ RUNTIME = cuda_runtime()
 
 
 class Guard:
-    """Resets the process's persisting L2 state before a flush; `found` says what was set (the
-    first time anything was), None while nothing was. Does nothing off CUDA."""
+    """Resets the process's persisting L2 state before a flush; `found` says what was set, by
+    kind ("limit": a persisting reservation, "window": an access-policy window on the timed
+    stream), each described the first time it was seen. The evaluator compares the kinds with
+    those the trusted baseline's own process finds: a machine may reserve persisting L2 for every
+    process, but what only the candidate's process shows is the candidate's doing. Does nothing
+    off CUDA."""
 
     def __init__(self, device):
         self.device = device
-        self.found = None
+        self.found = {}
         self.runtime = RUNTIME if device.type == "cuda" else None
         self.reset()
 
@@ -56,18 +60,17 @@ class Guard:
         rt = self.runtime
         limit = ctypes.c_size_t(0)
         if rt.cudaDeviceGetLimit(ctypes.byref(limit), LIMIT_PERSISTING_L2) == 0 and limit.value > 0:
-            self._note(f"reserved {limit.value} bytes of L2 for persisting accesses (cudaLimitPersistingL2CacheSize)")
+            self._note("limit", f"reserved {limit.value} bytes of L2 for persisting accesses (cudaLimitPersistingL2CacheSize)")
             rt.cudaDeviceSetLimit(LIMIT_PERSISTING_L2, ctypes.c_size_t(0))
         stream = ctypes.c_void_p(torch.cuda.current_stream(self.device).cuda_stream)
         value = ctypes.create_string_buffer(ATTRIBUTE_VALUE_BYTES)
         if rt.cudaStreamGetAttribute(stream, ATTRIBUTE_ACCESS_POLICY_WINDOW, value) == 0:
             window = ctypes.c_size_t.from_buffer(value, WINDOW_NUM_BYTES_AT).value
             if window > 0:
-                self._note(f"set an access-policy window of {window} bytes on the timed stream")
+                self._note("window", f"set an access-policy window of {window} bytes on the timed stream")
                 rt.cudaStreamSetAttribute(stream, ATTRIBUTE_ACCESS_POLICY_WINDOW, ctypes.create_string_buffer(ATTRIBUTE_VALUE_BYTES))
         rt.cudaCtxResetPersistingL2Cache()
         rt.cudaGetLastError()
 
-    def _note(self, what):
-        if self.found is None:
-            self.found = f"before a timed call's L2 flush, the program had {what}: persisting lines survive the flush (reset before every flush)"
+    def _note(self, kind, what):
+        self.found.setdefault(kind, f"before a timed call's L2 flush, the program had {what}: persisting lines survive the flush (reset before every flush)")

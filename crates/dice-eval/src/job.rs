@@ -6,6 +6,7 @@ use crate::runtime::Finding;
 use crate::sandbox::SandboxUsers;
 use dice_store::{BuildRecord, KernelProfile, SpeedupInterval, TimingStats, Verdict};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub(crate) struct JobContext {
@@ -125,6 +126,18 @@ pub(crate) fn times_of(reply: &Value) -> Vec<f64> {
         .as_array()
         .map(|a| a.iter().filter_map(Value::as_f64).collect())
         .unwrap_or_default()
+}
+
+/// The persisting L2 state a timer reported (`persisting_l2.py`'s `Guard.found`): its
+/// description by kind, "limit" (a persisting reservation) or "window" (an access-policy window
+/// on the timed stream).
+pub(crate) fn persisting_l2_of(reply: &Value) -> BTreeMap<String, String> {
+    reply["persisting_l2"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(kind, why)| Some((kind.clone(), why.as_str()?.to_string())))
+        .collect()
 }
 
 /// What the compile stage leaves for the run stage.

@@ -6,11 +6,12 @@ use crate::child::{describe_exit, Child, Deadline, Event};
 use crate::clock::StageClock;
 use crate::config::EvalProblem;
 use crate::gate::Access;
-use crate::job::{common_request, times_of, JobContext};
+use crate::job::{common_request, persisting_l2_of, times_of, JobContext};
 use crate::runtime::TimedRound;
 use crate::zygote::Zygote;
 use dice_store::Verdict;
 use serde_json::{json, Value};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Instant;
 
@@ -49,9 +50,10 @@ pub(crate) struct Reference {
     /// Why the process died or hung on a candidate's output, which it was reading: that
     /// candidate's failure, and the problem's next candidate gets a fresh reference.
     lost: Option<String>,
-    /// The persisting-L2 state its own timer found before a flush: set by the environment (the
-    /// trusted process ran no candidate code), so the same finding of a candidate is not its doing.
-    pub(crate) environment_l2: Option<String>,
+    /// The kinds of persisting-L2 state its own timer found before a flush: set by the
+    /// environment (the trusted process ran no candidate code), so the same kind found in a
+    /// candidate's process is not its doing.
+    pub(crate) environment_l2: BTreeSet<String>,
 }
 
 /// What a reference process holds on its GPU once all its expected outputs are computed, and
@@ -133,7 +135,7 @@ impl Reference {
                 child,
                 footprint: None,
                 lost: None,
-                environment_l2: None,
+                environment_l2: BTreeSet::new(),
             },
         })
     }
@@ -282,9 +284,8 @@ impl Reference {
             "times",
             "timing the baseline",
         )?;
-        if let Some(found) = reply["persisting_l2"].as_str() {
-            self.environment_l2 = Some(found.to_string());
-        }
+        self.environment_l2
+            .extend(persisting_l2_of(&reply).into_keys());
         Ok(TimedRound {
             reported_ms: times_of(&reply),
             wall_ms: started.elapsed().as_secs_f64() * 1e3,

@@ -7,7 +7,7 @@ use crate::child::Child;
 use crate::clock::StageClock;
 use crate::config::{Device, Timing};
 use crate::gate::Access;
-use crate::job::{times_of, JobContext, Outcome};
+use crate::job::{persisting_l2_of, times_of, JobContext, Outcome};
 use crate::quiet::Beside;
 use crate::runtime::{self, Finding, TimedRound};
 use crate::stage_reference::{judged_failure, ExpectedOutput, Reference, ReferenceFailed};
@@ -15,6 +15,7 @@ use crate::stats::{dispersion, reported_stats, speedup_interval, timing_stats};
 use dice_audit::Rule;
 use dice_store::Verdict;
 use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 /// A timed candidate's rounds and its baseline's, as they reported them and as the evaluator's
@@ -155,17 +156,18 @@ pub(crate) fn time_side_by_side(
     drop(alone);
     clock.lap("timing");
     // On the H200 every honest program of the 99 pairs was found with persisting L2 state
-    // (bench/runs/2026-12-01-328bf66-h200): when the baseline's trusted process finds it too, the
-    // environment set it, and the reset before every flush is all that is needed.
-    if let Some(why) = found.persisting_l2 {
-        match &reference.environment_l2 {
-            None => evidence
-                .findings
-                .push(Finding::error(Rule::L2PersistingWindow, why)),
-            Some(seen) => {
-                tracing::debug!("persisting L2 state also in the baseline's process: {seen}");
-            }
-        }
+    // (bench/runs/2026-12-01-328bf66-h200): what the baseline's trusted process finds too, the
+    // environment set, and the reset before every flush is all that is needed. A kind of state
+    // only the candidate's process had (a reservation, a window on the timed stream) is its own.
+    if let Some(why) = own_persisting_l2(&found.persisting_l2, &reference.environment_l2) {
+        evidence
+            .findings
+            .push(Finding::error(Rule::L2PersistingWindow, why.clone()));
+    } else if !found.persisting_l2.is_empty() {
+        tracing::debug!(
+            "persisting L2 state also in the baseline's process: {:?}",
+            reference.environment_l2
+        );
     }
     if let Some(mismatch) = mismatch {
         evidence.findings.push(mismatch.finding);
@@ -184,11 +186,23 @@ pub(crate) fn time_side_by_side(
     Ok(Ok(t))
 }
 
+/// The description of the first kind of persisting L2 state the candidate's process had and the
+/// baseline's (`environment`) never did: what the candidate itself set.
+fn own_persisting_l2<'a>(
+    found: &'a BTreeMap<String, String>,
+    environment: &BTreeSet<String>,
+) -> Option<&'a String> {
+    found
+        .iter()
+        .find(|(kind, _)| !environment.contains(*kind))
+        .map(|(_, why)| why)
+}
+
 /// What the candidate's timed calls showed, over all measurements.
 #[derive(Default)]
 struct Found {
-    /// The persisting L2 reservation or access-policy window found before a flush, if any.
-    persisting_l2: Option<String>,
+    /// The persisting L2 state found before a flush, by kind (see [`persisting_l2_of`]).
+    persisting_l2: BTreeMap<String, String>,
 }
 
 /// The rounds of one measurement: the candidate's and the baseline's.
@@ -214,7 +228,9 @@ fn measure(
                 Err(failure) => return Ok(Err(failure)),
             };
             candidate_call += u64::from(n);
-            found.persisting_l2 = found.persisting_l2.take().or(timed.persisting_l2);
+            for (kind, why) in timed.persisting_l2 {
+                found.persisting_l2.entry(kind).or_insert(why);
+            }
             let warmup_calls = if calls_made == 0 && candidate.is_empty() {
                 ctx.cfg.timing.untimed_first_calls()
             } else {
@@ -312,8 +328,8 @@ fn checked_calls(reply: &Value, count: u64, calls_made: u64) -> Option<Vec<u64>>
 /// What one round of the candidate's timed calls reported.
 struct Timed {
     ms: Vec<f64>,
-    /// The persisting L2 reservation or access-policy window found before a flush, if any.
-    persisting_l2: Option<String>,
+    /// The persisting L2 state found before a flush, by kind.
+    persisting_l2: BTreeMap<String, String>,
 }
 
 /// Timings of `n` calls of the candidate, from call `first_call` of its timing.
@@ -332,10 +348,9 @@ fn time_candidate(
             "the timing loop returned invalid timings".into(),
         ));
     }
-    let text = |field: &str| msg[field].as_str().map(str::to_string);
     Ok(Timed {
         ms,
-        persisting_l2: text("persisting_l2"),
+        persisting_l2: persisting_l2_of(&msg),
     })
 }
 
@@ -412,6 +427,33 @@ pub(crate) fn profile_candidate(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn persisting_l2_of_the_environment_is_not_the_candidates() {
+        use super::{own_persisting_l2, persisting_l2_of};
+        let reply =
+            serde_json::json!({"persisting_l2": {"limit": "reserved", "window": "a window"}});
+        let found = persisting_l2_of(&reply);
+        let environment = |kinds: &[&str]| kinds.iter().map(ToString::to_string).collect();
+        // The machine reserves persisting L2 for every process: the window is the candidate's.
+        assert_eq!(
+            own_persisting_l2(&found, &environment(&["limit"])),
+            Some(&"a window".to_string())
+        );
+        assert_eq!(
+            own_persisting_l2(&found, &environment(&["limit", "window"])),
+            None
+        );
+        let honest = persisting_l2_of(&serde_json::json!({"persisting_l2": {"limit": "reserved"}}));
+        assert_eq!(own_persisting_l2(&honest, &environment(&["limit"])), None);
+        assert_eq!(
+            own_persisting_l2(&honest, &environment(&[])),
+            Some(&"reserved".to_string())
+        );
+        // A timer off CUDA reports nothing (an empty object, or none at all).
+        assert!(persisting_l2_of(&serde_json::json!({"persisting_l2": {}})).is_empty());
+        assert!(persisting_l2_of(&serde_json::json!({"ms": [1.0]})).is_empty());
+    }
+
     use super::*;
 
     #[test]
