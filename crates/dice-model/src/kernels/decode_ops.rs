@@ -249,6 +249,16 @@ pub(crate) fn add_rms_norm(
     Ok((wrap(sum, shape.clone()), wrap(normed, shape)))
 }
 
+/// The rows and vocabulary of `logits` (`[.., vocab]`) for the one-CTA-per-row kernels, whose
+/// column indices are 32-bit.
+fn logit_rows(op: &str, logits: &Tensor) -> Result<(usize, usize)> {
+    let vocab = logits.dim(candle_core::D::Minus1)?;
+    if vocab == 0 || vocab > i32::MAX as usize {
+        bail!("{op} takes rows of 1 to 2^31 - 1 logits, got {vocab}");
+    }
+    Ok((logits.elem_count() / vocab, vocab))
+}
+
 /// The greedy pick of every row of `logits` (`[.., vocab]`, f32, bf16 or f16, contiguous on a
 /// CUDA device), in one pass over each row: u32 `[3, rows]` holding per row the lowest index of
 /// its highest value, how many entries equal that value, and 1 where the row has a NaN, a +inf
@@ -257,11 +267,7 @@ pub(crate) fn add_rms_norm(
 pub fn greedy_summary(logits: &Tensor) -> Result<Tensor> {
     const OP: &str = "greedy_summary";
     let (dev, kernels, dtype) = kernels_for(OP, &[logits])?;
-    let vocab = logits.dim(candle_core::D::Minus1)?;
-    if vocab == 0 || vocab > i32::MAX as usize {
-        bail!("{OP} takes rows of 1 to 2^31 - 1 logits, got {vocab}");
-    }
-    let rows = logits.elem_count() / vocab;
+    let (rows, vocab) = logit_rows(OP, logits)?;
     let stream = dev.cuda_stream();
     let out = alloc(&dev, DType::U32, 3 * rows)?;
     if rows > 0 {
@@ -304,11 +310,7 @@ pub fn sample_summary(
 ) -> Result<Tensor> {
     const OP: &str = "sample_summary";
     let (dev, kernels, dtype) = kernels_for(OP, &[logits])?;
-    let vocab = logits.dim(candle_core::D::Minus1)?;
-    if vocab == 0 || vocab > i32::MAX as usize {
-        bail!("{OP} takes rows of 1 to 2^31 - 1 logits, got {vocab}");
-    }
-    let rows = logits.elem_count() / vocab;
+    let (rows, vocab) = logit_rows(OP, logits)?;
     for (what, t, want) in [
         ("temperatures", temperatures, DType::F32),
         ("uniforms", uniforms, DType::F64),

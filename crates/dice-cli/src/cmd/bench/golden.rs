@@ -25,7 +25,7 @@ SFT loss, the stored gradient rows and every gradient norm; and 64 tokens drawn 
 distribution of random logits over a 151,936-token vocabulary as the engine draws them on the
 device (one kernel on CUDA), each where the f64 running sum of its row's weights crosses the
 uniform number (all required), its probability and the entropy within 1e-4 of the host's
-arithmetic. Prints each check's largest
+arithmetic (both beyond what the host's f32 total of the weights itself rounds). Prints each check's largest
 difference beside its f32 tolerance (README: 1e-4 on logits, loss and gradients, 1e-2 on a
 row's sum, 1e-5 relative on its sum of squares, 1e-3 relative on gradient norms, argmax and
 generations exact). Exits non-zero when a check fails: in f32 its tolerance; in bf16/fp16 the
