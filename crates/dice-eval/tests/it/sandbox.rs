@@ -3,7 +3,7 @@
 //! in place and cached outputs.
 
 use crate::common::{machine_alone, machine_shared, relu_problem_and_samples, test_config};
-use dice_eval::{SampleRecord, Store, Verdict};
+use dice_eval::{EvalConfig, SampleRecord, Store, Verdict};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,11 @@ fn candidate(prelude: &str, init: &str, forward: &str) -> Vec<u8> {
 fn evaluate(run: &Path, codes: Vec<Vec<u8>>, timeout_s: u64) -> Vec<SampleRecord> {
     let mut cfg = test_config(run);
     cfg.timeout = Duration::from_secs(timeout_s);
+    evaluate_with(run, cfg, codes)
+}
+
+/// The records of `codes` judged under `cfg` (a [`test_config`] of `run`).
+fn evaluate_with(run: &Path, cfg: EvalConfig, codes: Vec<Vec<u8>>) -> Vec<SampleRecord> {
     let (problem, samples) = relu_problem_and_samples(RELU, codes, "sandbox test sample");
     dice_eval::evaluate(cfg, vec![problem], samples, None).unwrap();
     Store::open(&run.join("dice.db"))
@@ -351,12 +356,7 @@ fn every_timed_call_gets_inputs_no_call_saw_before() {
     let mut cfg = test_config(run.path());
     cfg.max_remeasures = 0;
     let calls = cfg.correctness_trials + 3 + cfg.perf_trials;
-    let (problem, samples) = relu_problem_and_samples(RELU, vec![printing], "fresh inputs");
-    dice_eval::evaluate(cfg, vec![problem], samples, None).unwrap();
-    let records = Store::open(&run.path().join("dice.db"))
-        .unwrap()
-        .samples()
-        .unwrap();
+    let records = evaluate_with(run.path(), cfg, vec![printing]);
     let r = &records[0];
     assert_eq!(r.verdict, Verdict::Correct, "{r:?}");
     let sums: Vec<&str> = r
@@ -387,12 +387,7 @@ fn a_wrong_output_before_the_last_timed_call_is_caught() {
             "self.calls += 1\n        if {first_timed} < self.calls <= {last_wrong}:\n            return torch.zeros_like(x)\n        return torch.relu(x)"
         ),
     );
-    let (problem, samples) = relu_problem_and_samples(RELU, vec![wrong], "wrong timed call");
-    dice_eval::evaluate(cfg, vec![problem], samples, None).unwrap();
-    let records = Store::open(&run.path().join("dice.db"))
-        .unwrap()
-        .samples()
-        .unwrap();
+    let records = evaluate_with(run.path(), cfg, vec![wrong]);
     let r = &records[0];
     assert_eq!(r.verdict, Verdict::OutputMismatch, "{r:?}");
     assert!(
