@@ -49,14 +49,19 @@ class Seeds:
         generator = torch.Generator().manual_seed(self.run_seed)
         return [int(torch.randint(0, 2**32 - 1, (1,), generator=generator).item()) for _ in range(n)]
 
-    def timed_call(self, call):
+    def timed_call(self, call, round_key=None):
         """The seed of the inputs of timing call `call` (numbered from 0 in a candidate's timing;
-        negative for warm-ups). 64 bits from a hash of the run seed and the call: distinct for
-        every call, never a trial's (those are below 2**32 but for a 2**-32 chance), and the same
-        in both processes, so the baseline's call `call` gets the same inputs."""
+        negative for warm-ups). 64 bits from a hash of the run seed, the call and the key of the
+        call's round: distinct for every call, never a trial's (those are below 2**32 but for a
+        2**-32 chance), and the same in both processes, so the baseline's call `call` gets the
+        same inputs. The evaluator draws a round's key when it asks for the round: the run seed
+        is in this process from its start, so without the key a program could make every timed
+        call's inputs itself, untimed (at its construction), and compute their outputs ahead.
+        Warm-ups (no key) are neither timed nor judged."""
         if self.kernelbench_timing:
             return SEED
-        digest = hashlib.blake2b(f"{self.run_seed}:{call}".encode(), digest_size=8).digest()
+        salt = f"{self.run_seed}:{call}" if round_key is None else f"{self.run_seed}:{call}:{round_key}"
+        digest = hashlib.blake2b(salt.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little")
 
 
@@ -151,6 +156,7 @@ class Timer:
         self.buffers = []
         self.warmed = False
         self.untimed_calls = 0  # made by the last run before its timed ones: the warm-ups
+        self.round_key = None  # of the round being timed
         # A program wrong on a share w of its timed calls passes with probability
         # (1 - w) ** checked_calls.
         self.checked_calls = checked_calls
@@ -163,9 +169,11 @@ class Timer:
         # in the reference's footprint): the first warm-up's inputs.
         self._prepare(-1)
 
-    def run(self, n, first_call):
-        """Times calls first_call .. first_call + n - 1; a timing starts at call 0 (the reference's
-        process times the baseline for one candidate after another)."""
+    def run(self, n, first_call, round_key):
+        """Times calls first_call .. first_call + n - 1 on the inputs of `round_key`
+        (`Seeds.timed_call`); a timing starts at call 0 (the reference's process times the
+        baseline for one candidate after another)."""
+        self.round_key = round_key
         if first_call == 0:
             self.checked = CheckedCalls(self.checked_calls)
         # Small kernels are timed by how fast Python launches them: on cores of their own,
@@ -192,7 +200,7 @@ class Timer:
                 os.sched_setaffinity(0, self.cores["untimed"])
 
     def _prepare(self, call):
-        seed = self.setup.seeds.timed_call(call)
+        seed = self.setup.seeds.timed_call(call, self.round_key if call >= 0 else None)
         fresh = self.setup.inputs(self.problem, seed)
         if len(self.buffers) != len(fresh):
             self.buffers = [None] * len(fresh)

@@ -217,7 +217,7 @@ def serve_timing(channel, ops, job_dir, make_timer, profiled):
             channel.send(event="timing_ready")
         elif op["op"] == "time":
             try:
-                ms = timer.run(op["n"], op["first_call"])
+                ms = timer.run(op["n"], op["first_call"], op["round_key"])
             except BaseException as e:  # noqa: B036
                 fail(channel, *classify(e), "timing")
                 return
@@ -283,7 +283,10 @@ def reference(channel, req):
         if op["op"] == "judge":
             try:
                 timed_call = op.get("timed_call")
-                reference_outputs = expected[op["trial"]] if timed_call is None else expected.timed_call(timed_call)
+                if timed_call is None:
+                    reference_outputs = expected[op["trial"]]
+                else:
+                    reference_outputs = expected.timed_call(timed_call, op["round_key"])
                 pristine = expected.inputs(op["trial"]) if op.get("inputs") else None
             except BaseException as e:  # noqa: B036
                 fail(channel, "reference_error", one_line(e), "reference")
@@ -297,7 +300,7 @@ def reference(channel, req):
             channel.send(event="judged", **judged)
         elif op["op"] == "time":
             try:
-                ms = timer.run(op["n"], op["first_call"])
+                ms = timer.run(op["n"], op["first_call"], op["round_key"])
             except BaseException as e:  # noqa: B036
                 fail(channel, "reference_error", one_line(e), "timing")
                 return
@@ -339,9 +342,10 @@ class Expected:
         made = self.setup.inputs(self.problem, self.seeds[index])
         return [v.cpu() if isinstance(v, torch.Tensor) else v for v in made]
 
-    def timed_call(self, call):
-        """The output of timing call `call`, on the inputs the candidate's call got."""
-        seed = self.setup.seeds.timed_call(call)
+    def timed_call(self, call, round_key):
+        """The output of timing call `call` of the round of `round_key`, on the inputs the
+        candidate's call got."""
+        seed = self.setup.seeds.timed_call(call, round_key)
         return protocol.as_tensor_list(self.setup.run_trial(self.problem, self.model, seed))
 
     def __getitem__(self, index):

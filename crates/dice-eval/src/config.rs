@@ -255,8 +255,9 @@ pub struct EvalConfig {
     pub quiet_timing_share: f64,
     /// A side whose calls' coefficient of variation is above this is measured again...
     pub remeasure_above_cv: f64,
-    /// ... at most this many times, as is a candidate whose clock the evaluator's contradicts;
-    /// the last measurement is kept.
+    /// ... at most this many times, as is a candidate whose clock the evaluator's contradicts
+    /// (that one past this limit until its contradiction rests on
+    /// [`crate::runtime::CLOCK_EVIDENCE_ROUNDS`] rounds); the last measurement is kept.
     pub max_remeasures: u32,
     pub atol: f64,
     pub rtol: f64,

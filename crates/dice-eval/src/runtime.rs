@@ -15,6 +15,14 @@ const CLOCK_FLOOR_MS: f64 = 0.01;
 /// distributed like the baseline's comes out above all the rest below 10^-4 from 10 rounds on,
 /// before the tolerances (0.8 % at 6 rounds, the smallest number that leaves one out).
 const ROUNDS_PER_OUTLIER: usize = 6;
+/// Candidate rounds a clock finding needs, every one contradicting the clock: a timing that
+/// contradicts with fewer is measured again until it has this many (src/stage_timing.rs). Load
+/// hits an honest candidate's rounds one by one: on the 2-core CPU machine with three busy loops
+/// beside a test's evaluation about half of the 5-call rounds were hit, and every one of 6
+/// rounds at times (a false alarm); every one of 10 at that rate is one in a thousand. A forged
+/// clock contradicts every round however many there are. The default timing has 10 rounds per
+/// measurement, so this costs only timings with fewer rounds that are contradicted.
+pub const CLOCK_EVIDENCE_ROUNDS: usize = 10;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Finding {

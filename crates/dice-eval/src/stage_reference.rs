@@ -20,9 +20,9 @@ use std::time::Instant;
 pub(crate) enum ExpectedOutput {
     /// Correctness trial `0..`.
     Trial(u32),
-    /// Call `0..` of a candidate's timing, on the inputs that call got (python/protocol.py
-    /// `Seeds.timed_call`).
-    TimedCall(u64),
+    /// Call `0..` of a candidate's timing, on the inputs that call got in the round of
+    /// `round_key` (python/protocol.py `Seeds.timed_call`).
+    TimedCall { call: u64, round_key: u64 },
 }
 
 /// The reference of a problem failed: a problem error, never blamed on the candidate.
@@ -252,7 +252,10 @@ impl Reference {
             });
             match expected {
                 ExpectedOutput::Trial(trial) => op["trial"] = json!(trial),
-                ExpectedOutput::TimedCall(call) => op["timed_call"] = json!(call),
+                ExpectedOutput::TimedCall { call, round_key } => {
+                    op["timed_call"] = json!(call);
+                    op["round_key"] = json!(round_key);
+                }
             }
             self.request(ctx, op, "judging", "computing an expected output")?;
             match self.wait_for(ctx, "judged", "judging an output") {
@@ -267,20 +270,21 @@ impl Reference {
         }))
     }
 
-    /// A round of `n` timed calls from call `first_call` of a candidate's timing (the inputs the
-    /// candidate's calls of those numbers get): their times in ms as the reference reported
-    /// them, the evaluator-side wall time of the round, and the untimed warm-up calls it made
-    /// first.
+    /// A round of `n` timed calls from call `first_call` of a candidate's timing, on the inputs
+    /// of `round_key` (those the candidate's calls of those numbers get): their times in ms as
+    /// the reference reported them, the evaluator-side wall time of the round, and the untimed
+    /// warm-up calls it made first.
     pub(crate) fn time(
         &mut self,
         ctx: &JobContext,
         n: u32,
         first_call: u64,
+        round_key: u64,
     ) -> Result<TimedRound, ReferenceFailed> {
         let started = Instant::now();
         let reply = self.request(
             ctx,
-            json!({"op": "time", "n": n, "first_call": first_call}),
+            json!({"op": "time", "n": n, "first_call": first_call, "round_key": round_key}),
             "times",
             "timing the baseline",
         )?;

@@ -16,6 +16,7 @@ use dice_audit::Rule;
 use dice_store::Verdict;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{BuildHasher, Hasher};
 use std::time::Instant;
 
 /// A timed candidate's rounds and its baseline's, as they reported them and as the evaluator's
@@ -131,9 +132,12 @@ pub(crate) fn time_side_by_side(
     // Every measurement's rounds, for the clock check: the more rounds, the likelier one of
     // them is quiet enough to clear an honest candidate.
     let (mut all_candidate, mut all_baseline) = (Vec::new(), Vec::new());
+    let mut keys = RoundKeys::default();
     let mismatch = loop {
         let calls_made = calls_ms(&all_candidate).len() as u64;
-        match measure(ctx, child, reference, rounds, calls_made, &mut found)? {
+        match measure(
+            ctx, child, reference, rounds, calls_made, &mut keys, &mut found,
+        )? {
             Ok((candidate, baseline)) => {
                 all_candidate.extend(candidate.iter().cloned());
                 all_baseline.extend(baseline.iter().cloned());
@@ -142,10 +146,14 @@ pub(crate) fn time_side_by_side(
             Err(failure) => return Ok(Err(failure)),
         }
         let mismatch = runtime::check_clock(&all_candidate, &all_baseline);
-        let settled = !ctx.cfg.timing.remeasures() || t.remeasures == ctx.cfg.max_remeasures;
         // A clock contradicted by a few rounds may be a burst of load that hit all of them:
         // more rounds are unlikely to be hit all alike, while a forged clock contradicts every
-        // one.
+        // one; so a contradiction is measured again past the remeasures' limit until it rests on
+        // enough rounds.
+        let clock_unsettled =
+            mismatch.is_some() && all_candidate.len() < runtime::CLOCK_EVIDENCE_ROUNDS;
+        let settled = !ctx.cfg.timing.remeasures()
+            || (t.remeasures >= ctx.cfg.max_remeasures && !clock_unsettled);
         if settled || !(too_dispersed(ctx, &t) || mismatch.is_some()) {
             break mismatch;
         }
@@ -174,7 +182,7 @@ pub(crate) fn time_side_by_side(
         t.trusted_candidate_ms = Some(mismatch.trusted_mean_ms);
     }
     let calls_made = calls_ms(&all_candidate).len() as u64;
-    let judged = judge_timing_outputs(ctx, access, clock, child, reference, calls_made)?;
+    let judged = judge_timing_outputs(ctx, access, clock, child, reference, calls_made, &keys)?;
     clock.lap("judge timing outputs");
     if let Err(failure) = judged {
         evidence.findings.push(Finding::error(
@@ -198,6 +206,40 @@ fn own_persisting_l2<'a>(
         .map(|(_, why)| why)
 }
 
+/// The key of every round of timed calls (python/protocol.py `Seeds.timed_call`), drawn by the
+/// evaluator when it asks for the round: the candidate's process holds the run seed, so without
+/// a key it could make the inputs of every timed call itself, untimed, and compute their
+/// outputs ahead. The baseline's round of the same calls gets the same key, hence the same
+/// inputs.
+#[derive(Default)]
+struct RoundKeys {
+    /// By the round's first call: its number of calls and its key.
+    rounds: BTreeMap<u64, (u32, u64)>,
+}
+
+impl RoundKeys {
+    /// The key of the round of `n` calls from `first_call`, drawn at its first use.
+    fn of_round(&mut self, first_call: u64, n: u32) -> u64 {
+        self.rounds
+            .entry(first_call)
+            .or_insert_with(|| {
+                // SipHash under the keys std draws from the operating system per process (and
+                // steps for every `RandomState`): unpredictable outside this process.
+                let key = std::collections::hash_map::RandomState::new()
+                    .build_hasher()
+                    .finish();
+                (n, key)
+            })
+            .1
+    }
+
+    /// The key of the round that made call `call`.
+    fn of_call(&self, call: u64) -> Option<u64> {
+        let (first, (n, key)) = self.rounds.range(..=call).next_back()?;
+        (call < first + u64::from(*n)).then_some(*key)
+    }
+}
+
 /// What the candidate's timed calls showed, over all measurements.
 #[derive(Default)]
 struct Found {
@@ -216,14 +258,16 @@ fn measure(
     reference: &mut Reference,
     rounds: u32,
     calls_made: u64,
+    keys: &mut RoundKeys,
     found: &mut Found,
 ) -> Result<Result<Measurement, (Verdict, String)>, ReferenceFailed> {
     let (mut candidate, mut baseline) = (Vec::new(), Vec::new());
     let (mut candidate_call, mut baseline_call) = (calls_made, calls_made);
     for (side, n) in schedule(ctx.cfg.timing, ctx.cfg.perf_trials, rounds) {
         if side == Side::Candidate {
+            let round_key = keys.of_round(candidate_call, n);
             let started = Instant::now();
-            let timed = match time_candidate(ctx, child, n, candidate_call) {
+            let timed = match time_candidate(ctx, child, n, candidate_call, round_key) {
                 Ok(timed) => timed,
                 Err(failure) => return Ok(Err(failure)),
             };
@@ -242,7 +286,8 @@ fn measure(
                 warmup_calls,
             });
         } else {
-            baseline.push(reference.time(ctx, n, baseline_call)?);
+            let round_key = keys.of_round(baseline_call, n);
+            baseline.push(reference.time(ctx, n, baseline_call, round_key)?);
             baseline_call += u64::from(n);
         }
     }
@@ -275,6 +320,7 @@ fn judge_timing_outputs(
     child: &mut Child,
     reference: &mut Reference,
     calls_made: u64,
+    keys: &RoundKeys,
 ) -> Result<Result<(), (Verdict, String)>, ReferenceFailed> {
     let published = {
         let _step = clock.untimed(access);
@@ -298,7 +344,11 @@ fn judge_timing_outputs(
     };
     for (k, call) in calls.into_iter().enumerate() {
         let path = child.dir().join(format!("timing_{k}.bin"));
-        let judged = reference.judge(ctx, access, clock, ExpectedOutput::TimedCall(call), &path)?;
+        let round_key = keys
+            .of_call(call)
+            .ok_or_else(|| ReferenceFailed(format!("no round made timed call {call}")))?;
+        let expected = ExpectedOutput::TimedCall { call, round_key };
+        let judged = reference.judge(ctx, access, clock, expected, &path)?;
         if let Some((verdict, message)) = judged_failure(&judged) {
             let message = format!(
                 "timed call {} of {calls_made} was wrong: {message}",
@@ -332,14 +382,16 @@ struct Timed {
     persisting_l2: BTreeMap<String, String>,
 }
 
-/// Timings of `n` calls of the candidate, from call `first_call` of its timing.
+/// Timings of `n` calls of the candidate, from call `first_call` of its timing, on the inputs
+/// of `round_key`.
 fn time_candidate(
     ctx: &JobContext,
     child: &mut Child,
     n: u32,
     first_call: u64,
+    round_key: u64,
 ) -> Result<Timed, (Verdict, String)> {
-    let op = json!({"op": "time", "n": n, "first_call": first_call});
+    let op = json!({"op": "time", "n": n, "first_call": first_call, "round_key": round_key});
     let msg = request_candidate(ctx, child, op, "times")?;
     let ms = times_of(&msg);
     if ms.len() != n as usize || ms.iter().any(|x| !x.is_finite() || *x < 0.0) {
@@ -427,6 +479,21 @@ pub(crate) fn profile_candidate(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_round_key_is_drawn_once_and_found_for_each_of_its_calls() {
+        let mut keys = super::RoundKeys::default();
+        let first = keys.of_round(0, 5);
+        let second = keys.of_round(5, 5);
+        // The baseline's round of the same calls gets the candidate's key.
+        assert_eq!(keys.of_round(0, 5), first);
+        assert_ne!(first, second, "two rounds drew one key");
+        assert_eq!(keys.of_call(0), Some(first));
+        assert_eq!(keys.of_call(4), Some(first));
+        assert_eq!(keys.of_call(5), Some(second));
+        assert_eq!(keys.of_call(9), Some(second));
+        assert_eq!(keys.of_call(10), None, "no round made call 10");
+    }
+
     #[test]
     fn persisting_l2_of_the_environment_is_not_the_candidates() {
         use super::{own_persisting_l2, persisting_l2_of};
