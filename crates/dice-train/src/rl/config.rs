@@ -119,11 +119,43 @@ pub struct RewardConfig {
     /// the project's .dice/venv, else python3].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub python: Option<PathBuf>,
-    /// Reward 1 for a completion holding this token id, else 0, instead of judging programs:
-    /// the verifiable toy reward ([`super::ContainsToken`]) that checks the loop, its ranks and
-    /// a deployment without the evaluator.
+    /// Reward 1 for a completion holding this token, else 0, instead of judging programs: the
+    /// verifiable toy reward ([`super::ContainsToken`]) that checks the loop, its ranks and a
+    /// deployment without the evaluator.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub contains_token: Option<u32>,
+    pub contains_token: Option<RewardToken>,
+}
+
+/// The token of the toy reward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RewardToken {
+    /// This token id.
+    Id(u32),
+    /// The token held by the share of the first step's completions closest to half, found by a
+    /// census of them ([`super::CensusToken`]): a reward that some but not all completions of
+    /// an untrained model earn, whatever its weights, so its groups carry a learning signal.
+    Census(Census),
+}
+
+/// `census`, as the settings spell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Census {
+    Census,
+}
+
+impl std::str::FromStr for RewardToken {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "census" {
+            return Ok(RewardToken::Census(Census::Census));
+        }
+        s.parse()
+            .map(RewardToken::Id)
+            .map_err(|_| format!("`{s}` is neither a token id nor `census`"))
+    }
 }
 
 impl Default for RewardConfig {
@@ -359,6 +391,23 @@ impl Settings for RlConfig {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_reward_token_is_an_id_or_census_in_flags_and_settings() {
+        use super::{Census, RewardToken};
+        assert_eq!("16".parse(), Ok(RewardToken::Id(16)));
+        assert_eq!("census".parse(), Ok(RewardToken::Census(Census::Census)));
+        assert!("half".parse::<RewardToken>().is_err());
+        for token in [RewardToken::Id(16), RewardToken::Census(Census::Census)] {
+            let text = toml::to_string(&super::RewardConfig {
+                contains_token: Some(token),
+                ..Default::default()
+            })
+            .unwrap();
+            let back: super::RewardConfig = toml::from_str(&text).unwrap();
+            assert_eq!(back.contains_token, Some(token), "{text}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -25,7 +25,7 @@ pub mod rollout;
 pub mod task;
 pub mod trainer;
 
-pub use config::RlConfig;
+pub use config::{RewardToken, RlConfig};
 pub use dry_run::dry_run_report;
 pub use loss::{
     old_log_probs, policy_loss_and_grad_sums, policy_loss_and_grads, PolicyLoss,
@@ -33,6 +33,6 @@ pub use loss::{
 };
 pub use metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics};
 pub use replay::{BlockGrid, Replay, ReplaySample, ReplaySettings, ReplayedRecord, TraceRecord};
-pub use reward::{Candidate, ContainsToken, JudgeReward, Reward, Score};
+pub use reward::{Candidate, CensusToken, ContainsToken, JudgeReward, Reward, Score, TokenCensus};
 pub use task::{load_tasks, RlTask, Stage, TaskOrder};
 pub use trainer::RlTrainer;

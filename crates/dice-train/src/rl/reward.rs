@@ -1,7 +1,8 @@
 //! Rewards (spec bicrl §6): what a rollout's completions are worth. [`JudgeReward`] judges
 //! their programs with the evaluator (strict: 1 for a program that compiles, is correct and is
 //! not flagged deceptive, else 0; speedup shaping on request); [`ContainsToken`] is a verifiable
-//! toy reward for tests of the loop.
+//! toy reward for tests of the loop, [`CensusToken`] the same with a token a census of the first
+//! step's completions picks.
 
 use super::config::RewardConfig;
 use super::task::RlTask;
@@ -85,6 +86,141 @@ impl Reward for ContainsToken {
                 }
             })
             .collect())
+    }
+}
+
+/// Per token, the completions holding it (each counted once, however often it holds it).
+#[derive(Debug, Default, Clone)]
+pub struct TokenCensus {
+    pub holding: HashMap<u32, usize>,
+    pub completions: usize,
+}
+
+impl TokenCensus {
+    pub fn count(&mut self, token_ids: &[u32]) {
+        let mut ids = token_ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        for id in ids {
+            *self.holding.entry(id).or_default() += 1;
+        }
+        self.completions += 1;
+    }
+
+    /// The token held by the number of completions closest to half of them (some but not all:
+    /// none when every token is held by all or by one alike), the smaller id among equals;
+    /// with the completions holding it.
+    pub fn balanced(&self) -> Option<(u32, usize)> {
+        let half = self.completions as f64 / 2.0;
+        self.holding
+            .iter()
+            .filter(|&(_, &n)| n < self.completions)
+            .map(|(&id, &n)| (id, n))
+            .min_by(|a, b| {
+                let off = |n: usize| (n as f64 - half).abs();
+                off(a.1).total_cmp(&off(b.1)).then(a.0.cmp(&b.0))
+            })
+    }
+}
+
+/// [`ContainsToken`] with the token a census of the run's first step picks
+/// ([`TokenCensus::balanced`]): the first step's completions are held until all `first_step`
+/// of them are in, then scored with it. The choice is written to `record` (JSON: the token, the
+/// completions holding it, the census's most held tokens), and a run that finds the file there
+/// (a resumed run) keeps its token.
+pub struct CensusToken {
+    first_step: usize,
+    record: PathBuf,
+    census: TokenCensus,
+    held: Vec<Candidate>,
+    chosen: Option<ContainsToken>,
+}
+
+impl CensusToken {
+    pub fn new(first_step: usize, record: PathBuf) -> Result<Self> {
+        let chosen = match std::fs::read_to_string(&record) {
+            Ok(text) => {
+                let value: serde_json::Value = serde_json::from_str(&text)
+                    .with_context(|| format!("cannot read {}", record.display()))?;
+                let token = value["token"]
+                    .as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .with_context(|| format!("{} names no token", record.display()))?;
+                Some(ContainsToken(token))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", record.display())),
+        };
+        Ok(Self {
+            first_step,
+            record,
+            census: TokenCensus::default(),
+            held: Vec::new(),
+            chosen,
+        })
+    }
+
+    /// The census's choice, recorded; the error says what the completions were like.
+    fn choose(&mut self) -> Result<ContainsToken> {
+        let (token, holding) = self.census.balanced().with_context(|| {
+            format!(
+                "the census of the first step's {} completions found no token that some but                  not all of them hold: give a token id to --reward-token instead",
+                self.census.completions
+            )
+        })?;
+        let mut most: Vec<(usize, u32)> =
+            self.census.holding.iter().map(|(&t, &n)| (n, t)).collect();
+        most.sort_unstable_by(|a, b| b.cmp(a));
+        most.truncate(20);
+        let record = serde_json::json!({
+            "token": token,
+            "holding": holding,
+            "completions": self.census.completions,
+            "most_held": most.iter().map(|&(n, t)| serde_json::json!({"token": t, "holding": n})).collect::<Vec<_>>(),
+        });
+        std::fs::write(&self.record, format!("{record:#}\n"))
+            .with_context(|| format!("cannot write {}", self.record.display()))?;
+        tracing::info!(
+            "the toy reward's token is {token}: {holding} of the first step's {} completions \
+             hold it (census in {})",
+            self.census.completions,
+            self.record.display()
+        );
+        Ok(ContainsToken(token))
+    }
+}
+
+impl Reward for CensusToken {
+    fn score(&mut self, candidates: &[Candidate]) -> Result<Vec<Score>> {
+        let mut scores: HashMap<usize, Score> =
+            self.submit(candidates.to_vec())?.into_iter().collect();
+        candidates
+            .iter()
+            .map(|c| {
+                scores.remove(&c.slot).with_context(|| {
+                    format!(
+                        "the census holds completions until the first step's {} are in",
+                        self.first_step
+                    )
+                })
+            })
+            .collect()
+    }
+
+    fn submit(&mut self, candidates: Vec<Candidate>) -> Result<Vec<(usize, Score)>> {
+        if let Some(mut token) = self.chosen {
+            return token.submit(candidates);
+        }
+        for c in &candidates {
+            self.census.count(&c.token_ids);
+        }
+        self.held.extend(candidates);
+        if self.held.len() < self.first_step {
+            return Ok(Vec::new());
+        }
+        let mut token = self.choose()?;
+        self.chosen = Some(token);
+        token.submit(std::mem::take(&mut self.held))
     }
 }
 
@@ -232,4 +368,27 @@ impl Reward for JudgeReward {
 /// The evaluator's problem key of a task: its level, and its position in the task file.
 fn problem_key(task: &RlTask) -> (u32, u32) {
     (task.level, task.index as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TokenCensus;
+
+    #[test]
+    fn the_census_picks_the_token_held_closest_to_half_never_one_all_hold() {
+        let mut census = TokenCensus::default();
+        for completion in [&[1, 2, 3, 3][..], &[1, 2], &[1, 4], &[1, 2, 5]] {
+            census.count(completion);
+        }
+        // 1 is in all four (no signal), 2 in three, 3/4/5 in one: 3 repeated counts once.
+        assert_eq!(census.holding[&3], 1);
+        assert_eq!(census.balanced(), Some((2, 3)));
+        census.count(&[3, 4]);
+        // Of five, 2 (3) and 3, 4 (2 each) are equally far from 2.5: the smaller id.
+        assert_eq!(census.balanced(), Some((2, 3)));
+        let mut alike = TokenCensus::default();
+        alike.count(&[7]);
+        alike.count(&[7]);
+        assert_eq!(alike.balanced(), None);
+    }
 }

@@ -22,10 +22,11 @@
 //! the update are the only phases that do not overlap.
 
 use super::advantage::group_advantages;
+use super::config::RewardToken;
 use super::config::RlConfig;
 use super::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics, StepTotals};
 use super::report::write_html;
-use super::reward::{ContainsToken, JudgeReward, Reward};
+use super::reward::{CensusToken, ContainsToken, JudgeReward, Reward};
 use super::rollout::{
     decoder, eval_params, roll_out_and_score, rollout_params, sample_seed, Candidates, PhaseTimes,
     Rolled,
@@ -36,7 +37,7 @@ use super::{old_log_probs, policy_loss_and_grad_sums, PolicyLossSettings, Replay
 use crate::dist::zero::StepSettings;
 use crate::dist::{contiguous_share, Collective};
 use crate::run::{DataFingerprint, Run, RunOptions, Steps, TrainSummary};
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
 use dice_engine::{DecodeParams, Request, TextCodec};
 use dice_model::SdarTokenizer;
@@ -137,8 +138,20 @@ impl RlTrainer {
     /// the run succeeds or not.
     pub fn train_with_configured_reward(&mut self) -> Result<TrainSummary<RlStepMetrics>> {
         let config = self.run.config();
-        if let Some(token) = config.reward.contains_token {
-            return self.train(&mut ContainsToken(token));
+        match config.reward.contains_token {
+            Some(RewardToken::Id(token)) => return self.train(&mut ContainsToken(token)),
+            Some(RewardToken::Census(_)) => {
+                // Each rank would count only its own completions and could pick another token.
+                ensure!(
+                    self.run.collective.world_size() == 1,
+                    "--reward-token census needs a single rank: run it once on one GPU and \
+                     give the token it picks (OUT/reward_token.json) to the run of several"
+                );
+                let first_step = config.rollout.tasks_per_step * config.rollout.samples_per_task;
+                let record = self.run.options.out.join("reward_token.json");
+                return self.train(&mut CensusToken::new(first_step, record)?);
+            }
+            None => {}
         }
         let db = match self.run.collective.rank() {
             0 => self.run.options.out.join("judge.db"),

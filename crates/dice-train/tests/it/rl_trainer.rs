@@ -10,11 +10,11 @@ use dice_model::init::InitWeights;
 use dice_model::SdarConfig;
 use dice_train::dist::SingleProcess;
 use dice_train::rl::{
-    Candidate, ContainsToken, JudgeReward, Reward, RlConfig, RlStepMetrics, RlTrainer, Score, Stage,
+    Candidate, ContainsToken, JudgeReward, Reward, RlConfig, RlStepMetrics, RlTrainer, Score,
+    Stage, TokenCensus,
 };
 use dice_train::run::settings::Settings;
 use dice_train::run::{StepLine, TrainSummary};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The formula golden's model narrowed to hidden 16 (the loop's checks need no width, and every
@@ -70,17 +70,12 @@ fn open(config: RlConfig, out: &Path) -> anyhow::Result<RlTrainer> {
 
 /// Rewards nothing and counts, per token, the completions holding it.
 #[derive(Default)]
-struct TokenCensus(HashMap<u32, usize>);
+struct Counting(TokenCensus);
 
-impl Reward for TokenCensus {
+impl Reward for Counting {
     fn score(&mut self, candidates: &[Candidate]) -> anyhow::Result<Vec<Score>> {
         for c in candidates {
-            let mut ids = c.token_ids.clone();
-            ids.sort_unstable();
-            ids.dedup();
-            for id in ids {
-                *self.0.entry(id).or_default() += 1;
-            }
+            self.0.count(&c.token_ids);
         }
         Ok(candidates
             .iter()
@@ -96,12 +91,12 @@ impl Reward for TokenCensus {
 /// A token that 2 to 5 of the untrained model's 8 completions of the first step hold (a
 /// census run in `out`): rewarding it gives the groups a learning signal.
 fn rewarded_token(model: &Path, tasks: &Path, out: &Path) -> u32 {
-    let mut census = TokenCensus::default();
+    let mut census = Counting::default();
     open(settings(model, tasks, 1), out)
         .unwrap()
         .train(&mut census)
         .unwrap();
-    let mut counts: Vec<(usize, u32)> = census.0.iter().map(|(&id, &n)| (n, id)).collect();
+    let mut counts: Vec<(usize, u32)> = census.0.holding.iter().map(|(&id, &n)| (n, id)).collect();
     counts.sort_unstable();
     eprintln!(
         "token census (completions holding each): {:?}",
@@ -115,22 +110,34 @@ fn rewarded_token(model: &Path, tasks: &Path, out: &Path) -> u32 {
     token
 }
 
-/// 20 steps of 2 tasks × 4 samples of 8 tokens, rewarded for holding a token that some of the
-/// untrained model's completions hold (2 to 5 of 8): the mean reward of the last steps is well
-/// above the first steps'. Once every completion earns the reward the groups carry no signal
-/// and the steps skip the update.
+/// 20 steps of 2 tasks × 4 samples of 8 tokens, rewarded for holding the token that a census of
+/// the untrained model's first step picks (`--reward-token census`: held by the share of its 8
+/// completions closest to half): the mean reward of the last steps is well above the first
+/// steps'. Once every completion earns the reward the groups carry no signal and the steps skip
+/// the update.
 #[test]
 fn twenty_steps_learn_a_toy_reward() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let tasks = task_file(dir.path());
 
-    let token = rewarded_token(&model, &tasks, &dir.path().join("census"));
     let out = dir.path().join("run");
-    let summary = open(settings(&model, &tasks, 20), &out)
+    let mut config = settings(&model, &tasks, 20);
+    config.reward.contains_token = Some("census".parse().unwrap());
+    let summary = open(config, &out)
         .unwrap()
-        .train(&mut ContainsToken(token))
+        .train_with_configured_reward()
         .unwrap();
+    let census: serde_json::Value =
+        serde_json::from_slice(&read(&out.join("reward_token.json"))).unwrap();
+    eprintln!("census: {census}");
+    let holding = census["holding"].as_u64().unwrap();
+    assert!((1..8).contains(&holding), "{census}");
+    assert_eq!(
+        summary.steps[0].reward_mean,
+        holding as f64 / 8.0,
+        "{census}"
+    );
     let rewards: Vec<f64> = summary.steps.iter().map(|s| s.reward_mean).collect();
     eprintln!("reward per step: {rewards:?}");
     let first: f64 = rewards[..3].iter().sum::<f64>() / 3.0;
@@ -219,7 +226,7 @@ fn unrewarded_run(dir: &Path, steps: u64) -> (PathBuf, PathBuf, TrainSummary<RlS
     let tasks = task_file(dir);
     let summary = open(settings(&model, &tasks, steps), &dir.join("run"))
         .unwrap()
-        .train(&mut TokenCensus::default())
+        .train(&mut Counting::default())
         .unwrap();
     (model, tasks, summary)
 }
@@ -237,7 +244,7 @@ fn a_run_continues_after_its_last_completed_step() {
 
     let mut resumed = open(settings(&model, &tasks, 3), &out).unwrap();
     assert_eq!(resumed.run().step(), 2);
-    let second = resumed.train(&mut TokenCensus::default()).unwrap();
+    let second = resumed.train(&mut Counting::default()).unwrap();
     assert_eq!(second.steps.iter().map(|s| s.step).collect::<Vec<_>>(), [3]);
     assert!(out.join("checkpoint-3").is_dir() && !out.join("checkpoint-2").exists());
     let steps: Vec<u64> = metrics(&out)

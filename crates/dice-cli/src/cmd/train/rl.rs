@@ -4,7 +4,7 @@ use super::{set, RunArgs};
 use anyhow::Result;
 use clap::Args;
 use dice_train::rl::config::GridName;
-use dice_train::rl::{dry_run_report, RlConfig, RlTrainer, Stage, TaskOrder};
+use dice_train::rl::{dry_run_report, RewardToken, RlConfig, RlTrainer, Stage, TaskOrder};
 use std::path::PathBuf;
 
 /// The preset without --preset or --config.
@@ -46,7 +46,8 @@ TOML file instead (sections [model] [tasks] [rollout] [reward] [training] [optim
 [checkpoint] [eval], the keys of OUT/config.toml); flags override either. Every run writes its
 resolved settings to OUT/config.toml. --reward-token ID replaces the judge by a toy reward, 1
 for a completion holding that token id, else 0: it checks the loop, the ranks and a deployment
-without compiling anything.
+without compiling anything; --reward-token census lets a census of the first step's completions
+pick the token (the one closest to half of them hold), so that random weights learn too.
 
 Task files: a JSON array or JSON Lines of objects with `pytorch_code`, and for --stage infill
 `prefix` and `suffix`; `level` (number or string) is kept for the per-level pass rates. DICE's
@@ -155,9 +156,11 @@ pub(crate) struct RlArgs {
     pub speedup_shaping: bool,
     /// Reward 1 for a completion holding this token id, else 0, instead of judging its
     /// program: a verifiable toy reward to check the loop, the ranks and a deployment without
-    /// the evaluator.
-    #[arg(long, value_name = "ID")]
-    pub reward_token: Option<u32>,
+    /// the evaluator. `census` picks the token that the share of the first step's completions
+    /// closest to half holds (one rank only; the choice goes to OUT/reward_token.json and a
+    /// resumed run keeps it): a reward an untrained model earns sometimes, whatever its weights.
+    #[arg(long, value_name = "ID|census")]
+    pub reward_token: Option<RewardToken>,
     /// Held-out task file, evaluated every --eval-steps steps and at the end.
     #[arg(long, value_name = "FILE")]
     pub eval_tasks: Option<PathBuf>,
