@@ -93,6 +93,7 @@ pub struct Engine<M: BlockDiffusionModel> {
     config: EngineConfig,
     /// Allocated at the first step, then reused for the engine's lifetime.
     cache: Option<M::Cache>,
+    /// Popped from the back: slot 0 first.
     free_slots: Vec<usize>,
     waiting: VecDeque<(RequestId, Request)>,
     active: Vec<Active>,
@@ -110,7 +111,7 @@ impl<M: BlockDiffusionModel> Engine<M> {
             model,
             config,
             cache: None,
-            free_slots: (0..config.max_batch).rev().collect(),
+            free_slots: every_slot(config.max_batch),
             waiting: VecDeque::new(),
             active: Vec::new(),
             next_id: 0,
@@ -144,8 +145,7 @@ impl<M: BlockDiffusionModel> Engine<M> {
         if let Some(bad) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
             bail!("prompt token id {bad} is outside the model's vocabulary of {vocab}");
         }
-        let needed = (request.prompt.len() + params.max_new_tokens).div_ceil(params.block_length)
-            * params.block_length;
+        let needed = params.positions(request.prompt.len());
         ensure!(
             needed <= self.config.max_seq_len,
             "a prompt of {} tokens plus {} new tokens needs {needed} positions, more than the \
@@ -170,7 +170,7 @@ impl<M: BlockDiffusionModel> Engine<M> {
         let mut ids: Vec<RequestId> = self.active.drain(..).map(|a| a.id).collect();
         ids.extend(self.waiting.drain(..).map(|(id, _)| id));
         self.cache = None;
-        self.free_slots = (0..self.config.max_batch).rev().collect();
+        self.free_slots = every_slot(self.config.max_batch);
         ids
     }
 
@@ -210,8 +210,14 @@ impl<M: BlockDiffusionModel> Engine<M> {
         Ok(ids.iter().filter_map(|id| done.remove(id)).collect())
     }
 
-    /// Slots are empty when handed out: they are cleared when their sequence finishes.
+    /// Slots are empty when handed out: they are cleared when their sequence finishes. With no
+    /// sequence running they are handed out from slot 0 again, as a new engine hands them out:
+    /// an engine kept for one batch of requests after another (a trainer's rollouts) places
+    /// each batch as a new engine would.
     fn admit(&mut self) {
+        if self.active.is_empty() {
+            self.free_slots = every_slot(self.config.max_batch);
+        }
         while !self.waiting.is_empty() {
             let Some(slot) = self.free_slots.pop() else {
                 break;
@@ -442,6 +448,11 @@ impl<M: BlockDiffusionModel> Engine<M> {
         }
         Ok(())
     }
+}
+
+/// Every slot of an engine of `max_batch`, free, in the order [`Engine::admit`] hands them out.
+fn every_slot(max_batch: usize) -> Vec<usize> {
+    (0..max_batch).rev().collect()
 }
 
 /// A running member of a forward: its index in `active`, and whether the forward stores (writes

@@ -129,6 +129,23 @@ fn a_freed_slot_is_refilled_before_the_next_forward() {
     );
 }
 
+/// Sequences that finish in slot order give their slots back in that order; once none runs,
+/// the next request still takes slot 0, as in a new engine.
+#[test]
+fn an_idle_engine_hands_out_its_slots_as_a_new_one() {
+    let mut e = engine(3);
+    let first: Vec<Request> = (0..3)
+        .map(|i| request(prompt(i, 8), &DecodeParams::dice_eval(4 + 8 * i as usize)))
+        .collect();
+    e.generate(first).unwrap();
+    assert!(!e.has_work());
+    e.submit(request(prompt(5, 8), &DecodeParams::dice_eval(4)))
+        .unwrap();
+    e.step().unwrap();
+    let slots: Vec<usize> = e.active.iter().map(|a| a.slot).collect();
+    assert_eq!(slots, [0]);
+}
+
 /// The sum of the calls of `kind` (their rows) and how many there were.
 fn calls_of(model: &HashModel, kind: &str) -> (usize, usize) {
     let calls = model.calls.borrow();

@@ -81,6 +81,12 @@ impl DecodeParams {
         }
     }
 
+    /// The KV-cache positions a sequence of these parameters takes after a prompt of
+    /// `prompt_len` tokens: the prompt and `max_new_tokens`, rounded up to whole blocks.
+    pub fn positions(&self, prompt_len: usize) -> usize {
+        (prompt_len + self.max_new_tokens).div_ceil(self.block_length) * self.block_length
+    }
+
     pub fn validate(&self) -> Result<()> {
         if self.block_length == 0 {
             bail!("block length must be at least 1");

@@ -1,4 +1,5 @@
-//! Peak device memory of a piece of work, as the CUDA driver reports it.
+//! Device memory as the CUDA driver reports it: free and total now, and the peak of a piece of
+//! work.
 //!
 //! candle frees device memory as tensors drop, so a reading after the work misses the transient
 //! peak inside it. A sampler thread polls the driver's used-memory figure (`cuMemGetInfo`,
@@ -43,6 +44,18 @@ impl PeakMemory {
             None
         }
     }
+}
+
+/// Free and total bytes of `device`'s memory as the CUDA driver reports them (device-wide);
+/// `None` off CUDA.
+pub fn free_and_total(device: &Device) -> anyhow::Result<Option<(u64, u64)>> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        let (free, total) = dev.cuda_stream().context().mem_get_info()?;
+        return Ok(Some((free as u64, total as u64)));
+    }
+    let _ = device;
+    Ok(None)
 }
 
 #[cfg(feature = "cuda")]

@@ -674,6 +674,12 @@ impl KvCache {
     }
 }
 
+/// Whether two tensors are views of one buffer.
+fn same_buffer(a: &Tensor, b: &Tensor) -> bool {
+    let address = |t: &Tensor| std::ptr::from_ref(&*t.storage_and_layout().0) as usize;
+    address(a) == address(b)
+}
+
 /// An SDAR causal-LM: embeddings, decoder layers, final norm and (untied) lm_head.
 pub struct Sdar {
     config: SdarConfig,
@@ -760,6 +766,47 @@ impl Sdar {
                 .context("cannot stack the q/k/v and gate/up weights")?;
         }
         Ok(())
+    }
+
+    /// Gives every weight `weights`' current values again, in place, so that a model built
+    /// over a trainer's weights follows its updates: a weight that is `weights`' own tensor
+    /// (a `VarMap`'s, which the optimizer sets in place) already holds them and is left alone;
+    /// any other (a view into the stacks of [`Sdar::concatenate_projections`]) gets them copied
+    /// into its buffer. No buffer is replaced, so a CUDA graph captured over the model
+    /// ([`DecodeGraph`]) stays valid; the copies run on the device's stream, after the updates
+    /// before them and before the forwards after them.
+    pub fn refresh_weights(&self, weights: &VarBuilder) -> anyhow::Result<()> {
+        let named = self.config.tensor_shapes();
+        let held = self.weights();
+        ensure!(
+            named.len() == held.len(),
+            "internal error: {} weights held for {} checkpoint tensors",
+            held.len(),
+            named.len()
+        );
+        for ((name, shape), weight) in named.into_iter().zip(held) {
+            let source = weights
+                .get(shape, &name)
+                .with_context(|| format!("cannot read the weight {name} to refresh"))?;
+            if !same_buffer(weight, &source) {
+                weight
+                    .slice_set(&source.to_dtype(weight.dtype())?, 0, 0)
+                    .with_context(|| format!("cannot refresh the weight {name}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The weights in the order of [`SdarConfig::tensor_shapes`] (a tied lm_head is the
+    /// embedding, listed once).
+    fn weights(&self) -> Vec<&Tensor> {
+        let mut weights = vec![&self.embed_tokens];
+        weights.extend(self.layers.iter().flat_map(DecoderLayer::tensors));
+        weights.push(&self.norm);
+        if !self.config.tie_word_embeddings {
+            weights.push(&self.lm_head);
+        }
+        weights
     }
 
     pub fn dtype(&self) -> DType {

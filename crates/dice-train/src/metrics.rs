@@ -240,10 +240,7 @@ pub(crate) const CHECKPOINT_SECONDS: ChartSpec = ChartSpec::new(
     "checkpoint seconds",
     Quantity::Amount("seconds"),
     &[
-        (
-            "seconds_checkpoint",
-            "training waited (copy to host memory)",
-        ),
+        ("seconds_checkpoint", "training waited (the state's copy)"),
         ("seconds_checkpoint_write", "background write"),
     ],
 );
@@ -666,6 +663,7 @@ mod tests {
                         checkpoint_bytes: 28 << 30,
                         seconds_checkpoint: 1.5,
                         seconds_checkpoint_write: 40.0,
+                        checkpoint_snapshot: crate::optim::SnapshotPlace::Host,
                     })
                     .unwrap(),
                 );

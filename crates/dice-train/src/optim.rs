@@ -19,6 +19,14 @@ use std::path::Path;
 /// Elements per f64 slice when a gradient's norm is summed (128 MiB of f64).
 const NORM_CHUNK: usize = 1 << 24;
 
+/// A snapshot kept on the device must leave this share of the device's memory (1/N) free
+/// beside itself: the next step starts while the writer reads it back (seconds).
+const SNAPSHOT_RESERVE_SHARE: u64 = 4;
+
+/// The environment variable that keeps snapshots off the device (`0`): read back at once, as
+/// on a device without room for them.
+const DEVICE_SNAPSHOT_SWITCH: &str = "DICE_DEVICE_SNAPSHOT";
+
 /// AdamW hyper-parameters; the learning rate comes with each step (from the schedule).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -392,10 +400,42 @@ impl AdamW {
         Ok(())
     }
 
-    /// A copy of the state on the host, so that the training can go on while it is written
-    /// ([`OptimizerSnapshot::save_state`]): the f32 masters and step count, and the moments
-    /// with `moments` (a run that resets them before every update has no use for them).
+    /// A copy of the state that later updates do not reach, so that the training can go on
+    /// while it is written ([`OptimizerSnapshot::save_state`]): the f32 masters and step
+    /// count, and the moments with `moments` (a run that resets them before every update has
+    /// no use for them). On a CUDA device with room for it ([`SnapshotPlace::for_state`]) the
+    /// copy is made on the device, in milliseconds, and read back by the writer
+    /// ([`OptimizerSnapshot::into_host`]); else, or when the device's copy fails, it is read
+    /// back here (a 1.7B model's masters took 5.5–9.1 s on the H200).
     pub fn snapshot(&self, moments: bool) -> Result<OptimizerSnapshot> {
+        let device = self
+            .params
+            .first()
+            .map_or(Device::Cpu, |p| p.weight.device().clone());
+        let per_element = if moments { 12 } else { 4 };
+        let elements: usize = self.params.iter().map(|p| p.weight.elem_count()).sum();
+        if SnapshotPlace::for_state(&device, (per_element * elements) as u64)?
+            == SnapshotPlace::Device
+        {
+            match self.snapshot_in(SnapshotPlace::Device, moments) {
+                Ok(snapshot) => {
+                    // candle's CUDA stream is the calling thread's own (CU_STREAM_PER_THREAD):
+                    // the writer's thread reads on another, which does not wait for this one.
+                    device.synchronize()?;
+                    return Ok(snapshot);
+                }
+                Err(e) => tracing::warn!("the checkpoint's state is copied to the host: {e:#}"),
+            }
+        }
+        self.snapshot_in(SnapshotPlace::Host, moments)
+    }
+
+    /// [`Self::snapshot`]'s copies, made in `place`.
+    fn snapshot_in(&self, place: SnapshotPlace, moments: bool) -> Result<OptimizerSnapshot> {
+        let copy = |tensor: &Tensor| match place {
+            SnapshotPlace::Device => Ok(tensor.copy()?),
+            SnapshotPlace::Host => host_copy(tensor),
+        };
         let mut snapshot = OptimizerSnapshot {
             steps: self.steps,
             masters: Vec::with_capacity(self.params.len()),
@@ -404,9 +444,9 @@ impl AdamW {
         for param in &self.params {
             snapshot
                 .masters
-                .push((param.name.clone(), host_copy(&param.master())?));
+                .push((param.name.clone(), copy(&param.master())?));
             if let Some(moments) = &mut snapshot.moments {
-                moments.push([host_copy(&param.exp_avg)?, host_copy(&param.exp_avg_sq)?]);
+                moments.push([copy(&param.exp_avg)?, copy(&param.exp_avg_sq)?]);
             }
         }
         Ok(snapshot)
@@ -517,6 +557,44 @@ impl OptimizerSnapshot {
         }
     }
 
+    /// Where the copy is held: on the device until [`Self::into_host`] reads it back.
+    pub fn place(&self) -> SnapshotPlace {
+        match self.masters.first() {
+            Some((_, master)) if !master.device().is_cpu() => SnapshotPlace::Device,
+            _ => SnapshotPlace::Host,
+        }
+    }
+
+    /// The snapshot in host memory: a copy held on the device is read back, and its device
+    /// memory freed, tensor by tensor. The checkpoint writer's thread runs it, on a CUDA
+    /// stream of its own, beside the training's next step.
+    pub fn into_host(self) -> Result<Self> {
+        let on_host = |tensor: Tensor| -> Result<Tensor> {
+            Ok(if tensor.device().is_cpu() {
+                tensor
+            } else {
+                tensor.to_device(&Device::Cpu)?
+            })
+        };
+        Ok(Self {
+            steps: self.steps,
+            masters: self
+                .masters
+                .into_iter()
+                .map(|(name, master)| Ok((name, on_host(master)?)))
+                .collect::<Result<_>>()?,
+            moments: self
+                .moments
+                .map(|moments| {
+                    moments
+                        .into_iter()
+                        .map(|[m, v]| Ok([on_host(m)?, on_host(v)?]))
+                        .collect::<Result<_>>()
+                })
+                .transpose()?,
+        })
+    }
+
     /// Every weight's name and f32 master, sorted by name.
     pub fn masters(&self) -> impl Iterator<Item = (&str, &Tensor)> + '_ {
         self.masters.iter().map(|(name, t)| (name.as_str(), t))
@@ -570,6 +648,35 @@ impl OptimizerSnapshot {
             .with_context(|| format!("cannot write the optimizer state {}", path.display()))?;
         std::fs::rename(&partial, path)
             .with_context(|| format!("cannot move the optimizer state into {}", path.display()))
+    }
+}
+
+/// Where an [`OptimizerSnapshot`] holds its copy of the state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SnapshotPlace {
+    /// In device memory, read back by the checkpoint writer.
+    Device,
+    /// In host memory, read back before the training went on.
+    Host,
+}
+
+impl SnapshotPlace {
+    /// Where a snapshot of `bytes` of state on `device` goes: on a CUDA device whose free
+    /// memory holds it and still leaves [`SNAPSHOT_RESERVE_SHARE`] of the device free, the
+    /// device (unless `DICE_DEVICE_SNAPSHOT=0`); else the host.
+    fn for_state(device: &Device, bytes: u64) -> Result<Self> {
+        if std::env::var(DEVICE_SNAPSHOT_SWITCH).is_ok_and(|v| v.trim() == "0") {
+            return Ok(Self::Host);
+        }
+        if device.is_cuda() {
+            // What the step freed goes back to the driver's count at a synchronization.
+            device.synchronize()?;
+        }
+        Ok(match dice_model::memory::free_and_total(device)? {
+            Some((free, total)) if free >= bytes + total / SNAPSHOT_RESERVE_SHARE => Self::Device,
+            _ => Self::Host,
+        })
     }
 }
 

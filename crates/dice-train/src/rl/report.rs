@@ -222,6 +222,7 @@ mod tests {
                 checkpoint_bytes: 12 << 30,
                 seconds_checkpoint: 0.4,
                 seconds_checkpoint_write: 9.0,
+                checkpoint_snapshot: crate::optim::SnapshotPlace::Device,
             })
             .unwrap(),
         ]

@@ -1,18 +1,19 @@
 //! Rollouts (spec bicrl §5): the trainer's weights decode the step's prompts in the engine, in
 //! memory (the decoder's model is built over the trainer's own `Var`s, so an update is seen by
-//! the next rollout without a copy through the disk), and each completion is handed on as it
-//! finishes, with its trace: to the judging thread ([`roll_out_and_score`]), which hands it to
-//! the reward beside those still being judged, so judging overlaps the rest of the rollout.
+//! the next rollout without a copy through the disk; the few weights the decoder holds as
+//! copies of its own are refreshed in place before each rollout, so one engine, its KV cache
+//! and its CUDA graphs serve the whole run), and each completion is handed on as it finishes,
+//! with its trace: to the judging thread ([`roll_out_and_score`]), which hands it to the reward
+//! beside those still being judged, so judging overlaps the rest of the rollout.
 
 use super::config::{EvalConfig, RolloutConfig};
 use super::reward::{Candidate, Reward, Score};
 use super::task::{candidate_program, RlTask, Stage};
-use anyhow::{Context, Result};
-use candle_core::{DType, Device};
-use candle_nn::{VarBuilder, VarMap};
+use anyhow::{ensure, Context, Result};
+use candle_nn::VarBuilder;
 use dice_engine::{
-    Completion, DecodeParams, Engine, EngineConfig, Event, Overflow, Request, SamplingParams,
-    SdarDecoder, Strategy, TextCodec,
+    Completion, DecodeParams, Engine, Event, Overflow, Request, SamplingParams, SdarDecoder,
+    Strategy, TextCodec,
 };
 use dice_model::{Sdar, SdarConfig};
 use std::collections::{BTreeMap, HashMap};
@@ -65,63 +66,73 @@ pub fn sample_seed(seed: u64, step: u64, slot: usize) -> u64 {
         ^ (slot as u64).wrapping_mul(0x1656_67B1_9E37_79F9)
 }
 
-/// A decoder over the weights of `vars` (the trainer's, shared, not copied on the CPU; on CUDA
-/// the decoder stacks its projections into buffers of its own).
+/// A decoder over `weights` (the trainer's `VarMap`: its weights shared, not copied; on CUDA
+/// the decoder stacks its q/k/v and gate/up projections into buffers of its own, which
+/// [`roll_out`] refreshes).
 pub fn decoder(
     config: &SdarConfig,
-    vars: &VarMap,
-    dtype: DType,
-    device: &Device,
+    weights: VarBuilder,
     block_length: usize,
 ) -> Result<SdarDecoder> {
     let config = SdarConfig {
         block_size: block_length,
         ..config.clone()
     };
-    let model = Sdar::new(&config, VarBuilder::from_varmap(vars, dtype, device))
+    let model = Sdar::new(&config, weights)
         .context("cannot build the rollout model from the trainer's weights")?;
     SdarDecoder::new(model)
 }
 
-/// Decodes `requests` (each with the caller's slot number) with up to `max_active` at once,
-/// handing each completion to `finished` as soon as it is done.
+/// Decodes `requests` (each with the caller's slot number) in `engine`, up to `max_active` at
+/// once, handing each completion to `finished` as soon as it is done. The engine is a run's,
+/// kept from one rollout to the next with its KV cache and CUDA graphs: its decoder's own
+/// copies of the weights are first given `weights`' current values, in place. The engine is
+/// left without work, whether the rollout succeeds or not.
 pub fn roll_out(
-    decoder: SdarDecoder,
+    engine: &mut Engine<SdarDecoder>,
+    weights: &VarBuilder,
     requests: Vec<(usize, Request)>,
     max_active: usize,
     mut finished: impl FnMut(usize, Completion) -> Result<()>,
 ) -> Result<()> {
-    let Some(max_seq_len) = requests
-        .iter()
-        .map(|(_, r)| {
-            let b = r.params.block_length;
-            (r.prompt.len() + r.params.max_new_tokens).div_ceil(b) * b
-        })
-        .max()
-    else {
-        return Ok(());
-    };
-    let config = EngineConfig {
-        max_batch: max_active.clamp(1, requests.len()),
-        max_seq_len,
-        ..EngineConfig::default()
-    };
-    let mut engine = Engine::new(decoder, config)?;
-    let mut slots = BTreeMap::new();
-    for (slot, request) in requests {
-        slots.insert(engine.submit(request)?, slot);
-    }
-    while engine.has_work() {
-        for event in engine.step()? {
-            if let Event::Finished(completion) = event {
-                let slot = slots
-                    .remove(&completion.id)
-                    .context("the engine finished a request it was not given")?;
-                finished(slot, completion)?;
+    ensure!(
+        !engine.has_work(),
+        "internal error: a rollout started in an engine with work left"
+    );
+    let decode = || -> Result<()> {
+        engine
+            .model()
+            .model()
+            .refresh_weights(weights)
+            .context("cannot refresh the rollout model's weights")?;
+        let mut queued = requests.into_iter();
+        let mut slots = BTreeMap::new();
+        loop {
+            // A finished request's place goes to the next before the step that admits it.
+            while slots.len() < max_active.max(1) {
+                let Some((slot, request)) = queued.next() else {
+                    break;
+                };
+                slots.insert(engine.submit(request)?, slot);
+            }
+            if !engine.has_work() {
+                return Ok(());
+            }
+            for event in engine.step()? {
+                if let Event::Finished(completion) = event {
+                    let slot = slots
+                        .remove(&completion.id)
+                        .context("the engine finished a request it was not given")?;
+                    finished(slot, completion)?;
+                }
             }
         }
+    };
+    let decoded = decode();
+    if decoded.is_err() {
+        engine.abort_all();
     }
-    Ok(())
+    decoded
 }
 
 /// A rolled-out completion with its score.
@@ -159,11 +170,12 @@ pub(crate) struct Candidates<'a> {
     pub(crate) sample_id_base: usize,
 }
 
-/// Decodes `requests` (numbered by slot, 0..n) with up to `max_active` at once and scores each
-/// completion with `reward` in a judging thread the moment it finishes; returns them in slot
-/// order with the phase times.
+/// Decodes `requests` (numbered by slot, 0..n) in `engine` ([`roll_out`]) with up to
+/// `max_active` at once and scores each completion with `reward` in a judging thread the
+/// moment it finishes; returns them in slot order with the phase times.
 pub(crate) fn roll_out_and_score(
-    decoder: SdarDecoder,
+    engine: &mut Engine<SdarDecoder>,
+    weights: &VarBuilder,
     requests: Vec<(usize, Request)>,
     max_active: usize,
     candidates: &Candidates,
@@ -216,7 +228,7 @@ pub(crate) fn roll_out_and_score(
                 done: Instant::now(),
             })
         });
-        let rolled_out = roll_out(decoder, requests, max_active, |slot, completion| {
+        let rolled_out = roll_out(engine, weights, requests, max_active, |slot, completion| {
             let task = &candidates.tasks[slot / candidates.group];
             let text = candidates.codec.completion_text(&completion.token_ids)?;
             let candidate = Candidate {

@@ -4,7 +4,8 @@
 //! 1. draw the step's tasks ([`select_tasks`]); each rank takes a contiguous share of them, so a
 //!    task's whole group is rolled out, rewarded and standardised on one rank;
 //! 2. render their prompts and roll each out `samples_per_task` times with the trainer's current
-//!    weights, every completion judged as it finishes ([`super::rollout`]);
+//!    weights, in the engine kept for the whole run, every completion judged as it finishes
+//!    ([`super::rollout`]);
 //! 3. z-score the rewards within each task's group, dropping zero-variance groups (a step whose
 //!    groups are all dropped learns nothing, and says so: [`RlStepMetrics::learned`]);
 //! 4. replay the traces ([`Replay`]), take the old log-probabilities from the weights the step
@@ -29,9 +30,8 @@ use super::report::write_html;
 use super::reward::{CensusToken, ContainsToken, JudgeReward, Reward};
 use super::rollout::{
     decoder, eval_params, roll_out_and_score, rollout_params, sample_seed, Candidates, PhaseTimes,
-    Rolled,
 };
-use super::task::{load_tasks, render_prompt, select_tasks, RlTask};
+use super::task::{load_tasks, render_prompt, select_tasks, RlTask, Stage};
 use super::TraceRecord;
 use super::{old_log_probs, policy_loss_and_grad_sums, PolicyLossSettings, Replay, ReplaySettings};
 use crate::dist::zero::StepSettings;
@@ -39,7 +39,8 @@ use crate::dist::{contiguous_share, Collective};
 use crate::run::{DataFingerprint, Run, RunOptions, Steps, TrainSummary};
 use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
-use dice_engine::{DecodeParams, Request, TextCodec};
+use candle_nn::VarBuilder;
+use dice_engine::{DecodeParams, Engine, EngineConfig, Request, SdarDecoder, TextCodec};
 use dice_model::SdarTokenizer;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -61,13 +62,45 @@ pub struct RlTrainer {
     rl: RlSteps,
 }
 
-/// RL's part of the loop: the tasks and the text of prompts and completions.
+/// RL's part of the loop: the tasks, the text of prompts and completions, and the engine they
+/// are decoded in.
 struct RlSteps {
     tokenizer: SdarTokenizer,
     codec: TextCodec,
     end_of_text: u32,
     tasks: Vec<Arc<RlTask>>,
     eval_tasks: Vec<Arc<RlTask>>,
+    engine: KeptEngine,
+}
+
+/// The engine every rollout and evaluation of this rank decodes in: built at the first, over
+/// the trainer's weights, and kept for the run with its KV cache and CUDA graphs
+/// ([`super::rollout::roll_out`] refreshes the decoder's own copies of the weights). Rebuilding
+/// it at every step cost 1.5 s of a 12 s rollout on the H200 (bench/notes/rl-h200.md).
+struct KeptEngine {
+    /// Room for every rollout's and evaluation's requests ([`engine_config`]).
+    config: EngineConfig,
+    engine: Option<Engine<SdarDecoder>>,
+}
+
+impl KeptEngine {
+    /// The engine, built over `run`'s weights the first time.
+    fn get(&mut self, run: &Run<RlConfig>) -> Result<&mut Engine<SdarDecoder>> {
+        let engine = match self.engine.take() {
+            Some(engine) => engine,
+            None => {
+                let block_length = run.config().rollout.block_length;
+                let decoder = decoder(run.model.config(), trainer_weights(run), block_length)?;
+                Engine::new(decoder, self.config)?
+            }
+        };
+        Ok(self.engine.insert(engine))
+    }
+}
+
+/// The trainer's weights, as the rollouts' decoder reads them.
+fn trainer_weights(run: &Run<RlConfig>) -> VarBuilder<'static> {
+    VarBuilder::from_varmap(&run.vars, run.dtype, &run.device)
 }
 
 /// RL's steps with the reward of one call of [`RlTrainer::train`].
@@ -110,13 +143,25 @@ impl RlTrainer {
             .inner()
             .token_to_id(END_OF_TEXT)
             .with_context(|| format!("the tokenizer of {} has no {END_OF_TEXT}", text.display()))?;
+        // The engine is sized once, for the longest request of the run.
+        let longest = |tasks: &[Arc<RlTask>]| -> Result<usize> {
+            tasks.iter().try_fold(0, |longest, task| {
+                Ok(longest.max(prompt_ids(&tokenizer, task, stage)?.len()))
+            })
+        };
+        let longest_prompts = [longest(&tasks)?, longest(&eval_tasks)?];
         let run = Run::open(config, data, options, ranks)?;
+        let engine = KeptEngine {
+            config: engine_config(&run, end_of_text, longest_prompts, eval_tasks.len()),
+            engine: None,
+        };
         let rl = RlSteps {
             tokenizer,
             codec,
             end_of_text,
             tasks,
             eval_tasks,
+            engine,
         };
         Ok(Self { run, rl })
     }
@@ -204,7 +249,7 @@ impl Steps for Rewarded<'_> {
 
 impl RlSteps {
     /// RL step `run.step() + 1`; returns its metrics line.
-    fn step(&self, run: &mut Run<RlConfig>, reward: &mut dyn Reward) -> Result<RlStepMetrics> {
+    fn step(&mut self, run: &mut Run<RlConfig>, reward: &mut dyn Reward) -> Result<RlStepMetrics> {
         let started = Instant::now();
         let step = run.step() + 1;
         let config = run.config();
@@ -226,18 +271,22 @@ impl RlSteps {
             .collect();
         let params = rollout_params(rollout, vec![self.end_of_text]);
         let step_base = (step - 1) as usize * rollout.tasks_per_step * group;
-        let (rolled, times) = self.roll_out_and_score(
-            run,
-            Candidates {
-                tasks: &mine,
-                group,
-                stage: config.tasks.stage,
-                codec: &self.codec,
-                sample_id_base: step_base + first_slot,
-            },
-            &params,
-            |slot| sample_seed(seed, step, first_slot + slot),
+        let requests = self.requests(config, &mine, group, &params, |slot| {
+            sample_seed(seed, step, first_slot + slot)
+        })?;
+        let candidates = Candidates {
+            tasks: &mine,
+            group,
+            stage: config.tasks.stage,
+            codec: &self.codec,
+            sample_id_base: step_base + first_slot,
+        };
+        let (rolled, times) = roll_out_and_score(
+            self.engine.get(run)?,
+            &trainer_weights(run),
+            requests,
             rollout.max_active,
+            &candidates,
             reward,
         )?;
 
@@ -310,26 +359,22 @@ impl RlSteps {
     }
 
     fn prompt_ids(&self, config: &RlConfig, task: &RlTask) -> Result<Vec<u32>> {
-        self.tokenizer
-            .encode(&render_prompt(task, config.tasks.stage)?)
+        prompt_ids(&self.tokenizer, task, config.tasks.stage)
     }
 
-    /// Rolls out `candidates.group` completions of each of its tasks with the run's current
-    /// weights (completion `slot` seeded with `seed(slot)`), each scored by `reward` as it
-    /// finishes; returns them task-major with the phase times.
-    fn roll_out_and_score(
+    /// The requests of `group` completions of each of `tasks`, task-major, numbered by slot
+    /// (completion `slot` seeded with `seed(slot)`).
+    fn requests(
         &self,
-        run: &Run<RlConfig>,
-        candidates: Candidates,
+        config: &RlConfig,
+        tasks: &[Arc<RlTask>],
+        group: usize,
         params: &DecodeParams,
         seed: impl Fn(usize) -> u64,
-        max_active: usize,
-        reward: &mut dyn Reward,
-    ) -> Result<(Vec<Rolled>, PhaseTimes)> {
-        let group = candidates.group;
-        let mut requests = Vec::with_capacity(candidates.tasks.len() * group);
-        for (t, task) in candidates.tasks.iter().enumerate() {
-            let prompt = self.prompt_ids(run.config(), task)?;
+    ) -> Result<Vec<(usize, Request)>> {
+        let mut requests = Vec::with_capacity(tasks.len() * group);
+        for (t, task) in tasks.iter().enumerate() {
+            let prompt = self.prompt_ids(config, task)?;
             for j in 0..group {
                 let slot = t * group + j;
                 let params = DecodeParams {
@@ -345,14 +390,7 @@ impl RlSteps {
                 ));
             }
         }
-        let decoder = decoder(
-            run.model.config(),
-            &run.vars,
-            run.dtype,
-            &run.device,
-            params.block_length,
-        )?;
-        roll_out_and_score(decoder, requests, max_active, &candidates, reward)
+        Ok(requests)
     }
 
     /// The TraceRL update of one step over this rank's records, `group` records per task.
@@ -454,7 +492,7 @@ impl RlSteps {
     }
 
     /// Pass rate of the held-out tasks: one greedy, static completion each (spec bicrl §11).
-    fn evaluate(&self, run: &mut Run<RlConfig>, reward: &mut dyn Reward) -> Result<()> {
+    fn evaluate(&mut self, run: &mut Run<RlConfig>, reward: &mut dyn Reward) -> Result<()> {
         let started = Instant::now();
         let share = contiguous_share(
             self.eval_tasks.len(),
@@ -465,16 +503,23 @@ impl RlSteps {
         let params = eval_params(&config.rollout, &config.eval, vec![self.end_of_text]);
         // One sample per task and evaluation, numbered by the step: ids never repeat.
         let base = run.step() as usize * self.eval_tasks.len() + share.start;
+        let tasks = &self.eval_tasks[share];
+        let requests = self.requests(config, tasks, 1, &params, |_| 0)?;
         let candidates = Candidates {
-            tasks: &self.eval_tasks[share],
+            tasks,
             group: 1,
             stage: config.tasks.stage,
             codec: &self.codec,
             sample_id_base: base,
         };
-        let max_active = config.eval.max_active;
-        let (rolled, _) =
-            self.roll_out_and_score(run, candidates, &params, |_| 0, max_active, reward)?;
+        let (rolled, _) = roll_out_and_score(
+            self.engine.get(run)?,
+            &trainer_weights(run),
+            requests,
+            config.eval.max_active,
+            &candidates,
+            reward,
+        )?;
         let mut totals = [
             rolled
                 .iter()
@@ -563,6 +608,42 @@ fn group_runs(replay: &Replay, range: Range<usize>, group: usize) -> Vec<Range<u
         }
     }
     runs
+}
+
+/// The token ids of `task`'s prompt for `stage`.
+fn prompt_ids(tokenizer: &SdarTokenizer, task: &RlTask, stage: Stage) -> Result<Vec<u32>> {
+    tokenizer.encode(&render_prompt(task, stage)?)
+}
+
+/// The size of `run`'s engine on this rank: as many slots as a rollout or an evaluation
+/// decodes at once here (its `max_active`, or fewer when this rank's share of the requests is
+/// smaller), each as long as the longest request of either (`longest_prompts` of the training
+/// and the `eval_tasks` evaluation tasks, and the tokens each asks for, in whole blocks).
+fn engine_config(
+    run: &Run<RlConfig>,
+    end_of_text: u32,
+    longest_prompts: [usize; 2],
+    eval_tasks: usize,
+) -> EngineConfig {
+    let config = run.config();
+    let (rank, world) = (run.collective.rank(), run.collective.world_size());
+    let rollout = &config.rollout;
+    let params = rollout_params(rollout, vec![end_of_text]);
+    let samples =
+        contiguous_share(rollout.tasks_per_step, rank, world).len() * rollout.samples_per_task;
+    let mut max_batch = rollout.max_active.min(samples);
+    let mut max_seq_len = params.positions(longest_prompts[0]);
+    if eval_tasks > 0 {
+        let params = eval_params(rollout, &config.eval, vec![end_of_text]);
+        let samples = contiguous_share(eval_tasks, rank, world).len();
+        max_batch = max_batch.max(config.eval.max_active.min(samples));
+        max_seq_len = max_seq_len.max(params.positions(longest_prompts[1]));
+    }
+    EngineConfig {
+        max_batch: max_batch.max(1),
+        max_seq_len,
+        ..EngineConfig::default()
+    }
 }
 
 /// SHA-256 of the task file's bytes.

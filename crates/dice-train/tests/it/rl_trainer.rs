@@ -1,14 +1,19 @@
 //! The BiC-RL loop on the CPU in f32, on a tiny model (the formula golden's two layers and full
 //! 151,936-token vocabulary, narrowed to hidden 16): it learns a verifiable toy reward, says so
 //! when a step learns nothing, its output folder holds the metrics, settings and checkpoints
-//! (without AdamW's moments, which the presets reset every step), and a killed run resumes
-//! after its last step, from such a checkpoint to the bytes of an uninterrupted run.
+//! (without AdamW's moments, which the presets reset every step), a killed run resumes after
+//! its last step, from such a checkpoint to the bytes of an uninterrupted run, and the engine
+//! kept from one rollout to the next decodes updated weights as a new one would.
 
 use crate::common::{formula_config, metrics, read, run_options, weights};
-use candle_core::Device;
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
+use dice_engine::{DecodeParams, Engine, EngineConfig, Request, SdarDecoder};
 use dice_model::init::InitWeights;
-use dice_model::SdarConfig;
+use dice_model::{Sdar, SdarConfig};
 use dice_train::dist::SingleProcess;
+use dice_train::rl::config::RolloutConfig;
+use dice_train::rl::rollout::{self, rollout_params, sample_seed};
 use dice_train::rl::{
     Candidate, ContainsToken, JudgeReward, Reward, RlConfig, RlStepMetrics, RlTrainer, Score,
     Stage, TokenCensus,
@@ -24,7 +29,12 @@ use std::path::{Path, PathBuf};
 /// favourite tokens: with near-uniform logits no token recurs across completions, and there is
 /// nothing to reward.
 fn tiny_model(dir: &Path) -> PathBuf {
-    let config = SdarConfig {
+    crate::common::tiny_model(dir, &tiny_config(), InitWeights::Random { seed: 1 })
+}
+
+/// The config of [`tiny_model`].
+fn tiny_config() -> SdarConfig {
+    SdarConfig {
         hidden_size: 16,
         intermediate_size: 32,
         num_attention_heads: 2,
@@ -32,8 +42,7 @@ fn tiny_model(dir: &Path) -> PathBuf {
         head_dim: 8,
         initializer_range: 1.2,
         ..formula_config()
-    };
-    crate::common::tiny_model(dir, &config, InitWeights::Random { seed: 1 })
+    }
 }
 
 /// Two end-to-end tasks with short prompts of their own (the one-shot prompt's 900 tokens would
@@ -377,4 +386,113 @@ fn a_run_resumed_from_a_checkpoint_without_moments_ends_as_the_uninterrupted_run
             }
         }
     }
+}
+
+/// A decoder of the tiny model over `weights` with its q/k/v and gate/up projections stacked,
+/// as the decoder stacks them on CUDA (on the CPU it does not): the weights it holds copies of.
+fn stacked_decoder(weights: &VarBuilder) -> SdarDecoder {
+    let config = SdarConfig {
+        block_size: 4,
+        ..tiny_config()
+    };
+    let mut model = Sdar::new(&config, weights.clone()).unwrap();
+    model.concatenate_projections().unwrap();
+    SdarDecoder::new(model).unwrap()
+}
+
+/// The tokens and traces of `completions` by slot.
+type Decoded = Vec<(Vec<u32>, Vec<u32>)>;
+
+/// Rolls out `requests` in `engine` ([`rollout::roll_out`], two at a time).
+fn roll_out(
+    engine: &mut Engine<SdarDecoder>,
+    weights: &VarBuilder,
+    requests: &[(usize, Request)],
+) -> Decoded {
+    let mut decoded = vec![(Vec::new(), Vec::new()); requests.len()];
+    rollout::roll_out(engine, weights, requests.to_vec(), 2, |slot, c| {
+        decoded[slot] = (c.token_ids, c.trace);
+        Ok(())
+    })
+    .unwrap();
+    decoded
+}
+
+/// The trainer keeps one engine (decoder, KV cache, CUDA graphs) for the whole run, its
+/// decoder's own copies of the weights refreshed before each rollout: after the weights
+/// change (set in place, as the optimizer sets them), a rollout through the kept engine decodes
+/// exactly what a new decoder and engine over the new weights decode, seed for seed, with the
+/// projections stacked as on CUDA. Without the refresh the stacks would still hold the old
+/// projections, and the decoding differs; rolling out two at a time in an engine of three slots
+/// decodes what an engine of two slots given every request at once decodes.
+#[test]
+fn a_kept_engine_decodes_updated_weights_as_a_new_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = tiny_config();
+    let (_, vars) =
+        Sdar::load_trainable(&tiny_model(dir.path()), DType::F32, &Device::Cpu).unwrap();
+    let weights = VarBuilder::from_varmap(&vars, DType::F32, &Device::Cpu);
+    let rollout = RolloutConfig {
+        max_tokens: 12,
+        ..RolloutConfig::default()
+    };
+    let params = rollout_params(&rollout, Vec::new());
+    let requests: Vec<(usize, Request)> = (0..5)
+        .map(|slot| {
+            let prompt = (0..3 + 2 * slot as u32).map(|i| 100 + 37 * i).collect();
+            let params = DecodeParams {
+                seed: sample_seed(7, 1, slot),
+                ..params.clone()
+            };
+            (slot, Request { prompt, params })
+        })
+        .collect();
+    let engine_of = |max_batch| EngineConfig {
+        max_batch,
+        max_seq_len: 32,
+        ..EngineConfig::default()
+    };
+    let mut kept = Engine::new(stacked_decoder(&weights), engine_of(3)).unwrap();
+    let mut stale = Engine::new(stacked_decoder(&weights), engine_of(3)).unwrap();
+    let before = roll_out(&mut kept, &weights, &requests);
+
+    // New values for every weight, in place.
+    let (_, updated) = Sdar::load_trainable(
+        &crate::common::tiny_model(
+            &dir.path().join("updated"),
+            &config,
+            InitWeights::Random { seed: 2 },
+        ),
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    for (name, var) in vars.data().lock().unwrap().iter() {
+        var.set(updated.data().lock().unwrap()[name].as_tensor())
+            .unwrap();
+    }
+    let after = roll_out(&mut kept, &weights, &requests);
+    let mut new = Engine::new(stacked_decoder(&weights), engine_of(3)).unwrap();
+    assert_eq!(after, roll_out(&mut new, &weights, &requests));
+    assert_ne!(after, before, "the new weights decode as the old ones did");
+
+    let unrefreshed: Decoded = stale
+        .generate(requests.iter().map(|(_, r)| r.clone()).collect())
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.token_ids, c.trace))
+        .collect();
+    assert_ne!(
+        unrefreshed, after,
+        "the stacked projections were never copies"
+    );
+
+    let mut all_at_once = Engine::new(stacked_decoder(&weights), engine_of(2)).unwrap();
+    let at_once: Decoded = all_at_once
+        .generate(requests.iter().map(|(_, r)| r.clone()).collect())
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.token_ids, c.trace))
+        .collect();
+    assert_eq!(at_once, after);
 }

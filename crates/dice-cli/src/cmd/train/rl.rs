@@ -71,9 +71,10 @@ Output folder.
                     seconds_update, seconds_step (rank 0's), seconds_per_rank (each rank's
                     rollout, judge, idle, update); per checkpoint once written: checkpoint,
                     checkpoint_bytes, seconds_checkpoint (the training waited),
-                    seconds_checkpoint_write (the background write); and per evaluation (--eval-tasks, every
-                    --eval-steps steps: one greedy static sample per task) eval_tasks,
-                    eval_pass_rate, eval_deceptive_rate, eval_seconds
+                    seconds_checkpoint_write (the background write), checkpoint_snapshot
+                    (device or host: where the state was copied); and per evaluation
+                    (--eval-tasks, every --eval-steps steps: one greedy static sample per task)
+                    eval_tasks, eval_pass_rate, eval_deceptive_rate, eval_seconds
   metrics.html      the curves of metrics.jsonl (inline SVG), redrawn after every step
 Resuming: run the same command again; a killed run continues after its last completed step.
 A progress bar shows the step, reward, pass rate and KL; RUST_LOG=info logs every step.

@@ -36,8 +36,9 @@ Output folder.
                     step, the process's resident peak on the CPU), step_time_s; one per
                     evaluation: step, epoch, eval_loss, eval_rows; and one per checkpoint once
                     written: step, checkpoint, checkpoint_bytes, seconds_checkpoint (the
-                    training waited: the state copied to host memory), seconds_checkpoint_write
-                    (the background write)
+                    training waited: the state copied), seconds_checkpoint_write (the background
+                    write), checkpoint_snapshot (where the state was copied: device memory, read
+                    back by the background write, when the GPU has room; else host memory)
   metrics.html      loss and learning-rate curves (inline SVG), refreshed at every save
 A checkpoint is a Hugging Face model folder, loadable by dice generate, dice serve and
 transformers: model-0000N-of-0000M.safetensors + model.safetensors.index.json under the SDAR key
