@@ -3,7 +3,8 @@
 # the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/rl/run-h200.sh [STEP...]
 # (STEP: golden-f32, golden-bf16, sampled-1.7b, sampled-1.7b-host, greedy-1.7b, sampled-4b,
-# sampled-1.7b-rl-shape, rl-rollout, sampled-1.7b-rl256-shape, rl-rollout-256; all by default)
+# sampled-1.7b-rl-shape, rl-rollout, sampled-1.7b-rl256-shape, rl-rollout-256, rl-learn; all by
+# default)
 # reading the model configs, the tokenizer and the DICE tasks from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -35,22 +36,33 @@ run sampled-1.7b-rl-shape 180 bench generate --config "$configs/sdar-1.7b.json" 
 # dice bench generate at the same batch and lengths (the stage-2 tasks' prompts: 811-1,287
 # tokens, mean 890, `dice train rl --dry-run`): the rollout's tokens/s against the engine's, the
 # checkpoints' size and the seconds the step waited for them.
-# NAME TASKS MAX_TOKENS MAX_ACTIVE STEPS (`count`: `steps` is the runner's list of wanted steps)
-rl_rollout() {
-  local name=$1 tasks=$2 tokens=$3 active=$4 count=$5
+# NAME CAP TASKS SAMPLES MAX_TOKENS MAX_ACTIVE STEPS [dice train rl args...] (`count`: `steps` is
+# the runner's list of wanted steps)
+rl_run() {
+  local name=$1 cap=$2 tasks=$3 samples=$4 tokens=$5 active=$6 count=$7
+  shift 7
   wanted "$name" || return 0
   [[ -d /tmp/m17 ]] || "$bin" model init --config "$configs/sdar-1.7b.json" --weights random \
     --seed 1 --tokenizer tests/data/sdar --out /tmp/m17 --force >"$OUT/model-init.txt" 2>&1
-  run "$name" 300 train rl --model /tmp/m17 --tasks tests/data/dice/end_to_end_kernel_generation_4000.json \
-    --stage e2e --preset dice-1.7b-stage2 --tasks-per-step "$tasks" --samples-per-task 8 \
-    --max-tokens "$tokens" --max-active "$active" --max-steps "$count" --reward-token 16 \
-    --out "/tmp/$name" --device cuda
-  cp "/tmp/$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
+  run "$name" "$cap" train rl --model /tmp/m17 --tasks tests/data/dice/end_to_end_kernel_generation_4000.json \
+    --stage e2e --preset dice-1.7b-stage2 --tasks-per-step "$tasks" --samples-per-task "$samples" \
+    --max-tokens "$tokens" --max-active "$active" --max-steps "$count" --out "/tmp/$name" \
+    --device cuda "$@"
+  cp "/tmp/$name/metrics.jsonl" "/tmp/$name/metrics.html" "/tmp/$name/reward_token.json" "$OUT/" 2>/dev/null
+  [[ -f $OUT/metrics.jsonl ]] && mv "$OUT/metrics.jsonl" "$OUT/$name-metrics.jsonl"
+  [[ -f $OUT/metrics.html ]] && mv "$OUT/metrics.html" "$OUT/$name-metrics.html"
   du -sh "/tmp/$name"/* >"$OUT/$name-disk.txt" 2>&1
   rm -rf "/tmp/$name"
 }
-rl_rollout rl-rollout 16 256 128 1
+rl_run rl-rollout 300 16 8 256 128 1 --reward-token 16
 run sampled-1.7b-rl256-shape 180 bench generate --config "$configs/sdar-1.7b.json" "${rollout[@]}" \
   --batch 256 --prompt-tokens 896 --new-tokens 512 --json "$OUT/sampled-1.7b-rl256-shape.json"
-rl_rollout rl-rollout-256 32 512 256 2
+# Three steps: the engine, its KV cache and graphs are built for the first and kept for the
+# others; the checkpoint's snapshot (on the device when it fits) against the step.
+rl_run rl-rollout-256 300 32 8 512 256 3 --reward-token 16
+# Learning on the GPU: 20 steps of 2 tasks x 8 samples of 64 tokens rewarded for the token a
+# census of the first step picks; the preset's learning rate moves random weights too slowly to
+# show in 20 steps, so 1e-4 (Adam's first step after the preset's moment reset moves every weight
+# by about the rate: about 0.2 of a logit per step for the rewarded token).
+rl_run rl-learn 540 2 8 64 16 20 --reward-token census --lr 1e-4
 rm -rf /tmp/m17
