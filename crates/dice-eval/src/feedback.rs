@@ -26,7 +26,9 @@ const EVALUATOR_LINE: &str = "[dice-eval]";
 pub fn refinement_feedback(record: &SampleRecord, custom_kernel_share: Option<f64>) -> String {
     let verdict = verdict_in_words(record, custom_kernel_share);
     let findings = findings_in_words(&record.flags);
-    let next = if !record.verdict.is_correct() {
+    let next = if record.verdict == Verdict::NoCode {
+        "Write the program."
+    } else if !record.verdict.is_correct() {
         "Fix the program."
     } else if record.deceptive {
         "Rewrite it so that your own CUDA kernels compute the output on forward's path, with \
