@@ -71,7 +71,8 @@ pub enum Event {
     },
     /// The judge starts on this many candidates of a turn; those judged before are skipped.
     Judging { turn: u32, candidates: usize },
-    /// Every sample stopped before this turn: correct and fast enough.
+    /// No sample goes on to this turn: each reached the target speedup, or got no verdict (its
+    /// problem's reference failed).
     AllStopped { turn: u32 },
 }
 

@@ -11,7 +11,8 @@
 //! everywhere (the claims of workers sharing a run, resumption, training rewards), and a turn
 //! judged apart gets inputs drawn from a seed of its own. Every turn resumes like turn 1: an
 //! answer stored is not asked for again, a verdict stored is not judged again, and the
-//! conversations are rebuilt from what the turns before stored.
+//! conversations are rebuilt from what the turns before stored. Sample s decodes with the seed of
+//! sample s at every turn: its prompt, not its seed, is what changes.
 
 use crate::candidates::{stored_candidates, CandidateKey, CANDIDATES_FILE};
 use crate::kernelbench::STORE_FILE;

@@ -150,7 +150,7 @@ pub(crate) fn run(a: KernelBenchArgs) -> Result<()> {
             eprintln!("judge {candidates} candidates{of_turn} (those judged before are skipped)");
         }
         Event::AllStopped { turn } => eprintln!(
-            "turn {turn}: no sample goes on (each is correct and faster than --target-speedup)"
+            "turn {turn}: no sample goes on (each reached --target-speedup or has no verdict)"
         ),
     })?;
     for turn in &finished.turns {
