@@ -21,16 +21,30 @@ use std::sync::Mutex;
 pub struct Job<K> {
     /// What the answer is filed under.
     pub key: K,
-    /// The user message, or with [`PromptStyle::Raw`] the whole prompt.
+    /// The conversation before `text`, with [`PromptStyle::Chat`]: user and assistant messages
+    /// in turn, a user's first (the earlier turns of a multi-turn refinement). Empty for a
+    /// one-turn prompt, and always with [`PromptStyle::Raw`].
+    pub history: Vec<ChatMessage>,
+    /// The (last) user message, or with [`PromptStyle::Raw`] the whole prompt.
     pub text: String,
     /// Which sample of its prompt this is: it decodes with [`DecodeParams::for_sample`].
     pub sample: usize,
 }
 
+impl<K> Job<K> {
+    /// The chat messages of [`PromptStyle::Chat`]: the history, then `text` as the user's.
+    fn messages(&self) -> Vec<ChatMessage> {
+        let mut messages = self.history.clone();
+        messages.push(ChatMessage::new("user", &self.text));
+        messages
+    }
+}
+
 /// How a job's text becomes the model's prompt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PromptStyle {
-    /// One user message, rendered with the chat template (`/chat/completions` of an endpoint).
+    /// Chat messages (the job's history, then its text as the user's), rendered with the chat
+    /// template (`/chat/completions` of an endpoint).
     Chat,
     /// The whole prompt, used as is (`/completions` of an endpoint).
     Raw,
@@ -69,6 +83,10 @@ impl Generator {
         jobs: Vec<Job<K>>,
         store: impl FnMut(K, Answer) -> Result<()>,
     ) -> Result<()> {
+        ensure!(
+            style == PromptStyle::Chat || jobs.iter().all(|job| job.history.is_empty()),
+            "a raw prompt has no conversation: earlier turns need the chat style"
+        );
         match self {
             Generator::Local(engines) => engines.run(params, style, jobs, store),
             Generator::Endpoint {
@@ -90,6 +108,7 @@ pub fn generate_samples(
     let jobs = (0..samples)
         .map(|sample| Job {
             key: sample,
+            history: Vec::new(),
             text: text.to_string(),
             sample,
         })
@@ -116,9 +135,7 @@ impl LocalEngines {
             .map(|job| {
                 let prompt = match style {
                     PromptStyle::Raw => codec.raw_prompt_ids(&job.text)?,
-                    PromptStyle::Chat => {
-                        codec.chat_prompt_ids(&[ChatMessage::new("user", &job.text)])?
-                    }
+                    PromptStyle::Chat => codec.chat_prompt_ids(&job.messages())?,
                 };
                 let params = params.for_sample(job.sample);
                 Ok((job.key, Request { prompt, params }))
@@ -233,7 +250,7 @@ fn run_endpoint<K: Send>(
                 let settings = completion_settings(&params.for_sample(job.sample));
                 let answer = match style {
                     PromptStyle::Raw => client.complete(&job.text, &settings),
-                    PromptStyle::Chat => client.chat(&job.text, &settings),
+                    PromptStyle::Chat => client.chat(&job.messages(), &settings),
                 };
                 // The receiver is gone only when storing failed: no more requests.
                 if results.send((job.key, answer)).is_err() {

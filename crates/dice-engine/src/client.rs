@@ -3,6 +3,7 @@
 //! connection errors.
 
 use anyhow::{bail, Context, Result};
+use dice_model::chat::ChatMessage;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -73,10 +74,11 @@ impl ApiClient {
         self
     }
 
-    /// One user message through `/chat/completions`.
-    pub fn chat(&self, user_message: &str, settings: &CompletionSettings) -> Result<Answer> {
+    /// A conversation (user and assistant messages, the last a user's) through
+    /// `/chat/completions`.
+    pub fn chat(&self, messages: &[ChatMessage], settings: &CompletionSettings) -> Result<Answer> {
         let mut body = self.body(settings);
-        body["messages"] = json!([{"role": "user", "content": user_message}]);
+        body["messages"] = json!(messages);
         let answer = self.post("chat/completions", &body, settings.whole_blocks)?;
         let choice = &answer["choices"][0];
         let text = choice["message"]["content"]

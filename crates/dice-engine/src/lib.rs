@@ -31,6 +31,8 @@ pub mod throughput;
 
 pub use batch::{generate_samples, Generator, Job, LocalEngines, PromptStyle};
 pub use client::{Answer, ApiClient, CompletionSettings, WHOLE_BLOCKS};
+/// A chat message of a [`Job`]'s conversation.
+pub use dice_model::chat::ChatMessage;
 pub use engine::{Completion, Engine, EngineConfig, Event, ForwardCounts, Request, RequestId};
 pub use greedy::greedy_candidates;
 pub use model::{BlockDiffusionModel, BlockRow, PrefillRow};

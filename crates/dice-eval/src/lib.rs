@@ -13,7 +13,8 @@
 //! batch with a judge of its own (`dice eval`). An [`Evaluator`] is the library call of training
 //! loops and curation: batches submitted at any time join one running pipeline (no batch waits
 //! for the previous one to drain) and each sample's outcome streams back as it is stored. The
-//! records, verdicts and the store are dice-store's, re-exported here.
+//! records, verdicts and the store are dice-store's, re-exported here. [`refinement_feedback`]
+//! puts a stored verdict in words for the model that wrote the sample (multi-turn refinement).
 //!
 //! Decisions worth knowing:
 //! * Seeding is symmetric (python/protocol.py): set_seed(42) before init inputs and before the
@@ -77,6 +78,7 @@ mod device_lock;
 mod device_memory;
 mod evaluator;
 mod excerpt;
+mod feedback;
 mod gate;
 mod job;
 mod judge;
@@ -109,6 +111,7 @@ pub use dice_store::{
 };
 pub use evaluator::Evaluator;
 pub use excerpt::Excerpt;
+pub use feedback::refinement_feedback;
 pub use judge::{evaluate, Judge};
 pub use outcome::{sha256_hex, Evaluated, SampleOutcome, Summary};
 pub use prebuild::{prebuild, BuildSummary, Shard};

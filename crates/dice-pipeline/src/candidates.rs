@@ -42,12 +42,24 @@ pub fn generate_candidates(
     generator: &Generator,
     params: &DecodeParams,
     run: &CandidateRun,
-    mut progress: impl FnMut(Progress),
+    progress: impl FnMut(Progress),
 ) -> Result<()> {
     let jobs = kernelbench_jobs(run)?;
-    std::fs::create_dir_all(&run.run)
-        .with_context(|| format!("cannot create the run folder {}", run.run.display()))?;
-    let path = run.run.join(CANDIDATES_FILE);
+    append_answers(generator, params, &run.run, jobs, progress)
+}
+
+/// Answers the jobs whose candidates the folder `dir` (created when missing) does not hold yet,
+/// appending each answer to its candidates file as it finishes.
+pub(crate) fn append_answers(
+    generator: &Generator,
+    params: &DecodeParams,
+    dir: &Path,
+    jobs: Vec<Job<CandidateKey>>,
+    mut progress: impl FnMut(Progress),
+) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the run folder {}", dir.display()))?;
+    let path = dir.join(CANDIDATES_FILE);
     let done = stored_keys(&path)?;
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -85,7 +97,7 @@ pub fn generate_candidates(
     )
 }
 
-type CandidateKey = (u32, u32, u32);
+pub(crate) type CandidateKey = (u32, u32, u32);
 
 /// Every (problem, sample) of `run`, keyed as [`CandidateRecord::key`].
 fn kernelbench_jobs(run: &CandidateRun) -> Result<Vec<Job<CandidateKey>>> {
@@ -99,6 +111,7 @@ fn kernelbench_jobs(run: &CandidateRun) -> Result<Vec<Job<CandidateKey>>> {
         let text = problem_prompt(problem)?;
         jobs.extend((0..run.samples).map(|sample_id| Job {
             key: (run.level, problem.problem_id, sample_id),
+            history: Vec::new(),
             text: text.clone(),
             sample: sample_id as usize,
         }));
@@ -117,14 +130,21 @@ fn kernelbench_jobs(run: &CandidateRun) -> Result<Vec<Job<CandidateKey>>> {
 
 /// The keys of the candidates in `path` (an absent file has none).
 fn stored_keys(path: &Path) -> Result<BTreeSet<CandidateKey>> {
+    Ok(stored_candidates(path)?
+        .iter()
+        .map(CandidateRecord::key)
+        .collect())
+}
+
+/// The candidates in `path` (an absent file has none).
+pub(crate) fn stored_candidates(path: &Path) -> Result<Vec<CandidateRecord>> {
     if !path.exists() {
-        return Ok(BTreeSet::new());
+        return Ok(Vec::new());
     }
-    let records = read_candidate_records(path).with_context(|| {
+    read_candidate_records(path).with_context(|| {
         format!(
             "cannot resume from {}; fix or remove the line named here",
             path.display()
         )
-    })?;
-    Ok(records.iter().map(CandidateRecord::key).collect())
+    })
 }

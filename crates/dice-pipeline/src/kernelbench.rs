@@ -1,16 +1,21 @@
 //! A model on KernelBench in one run folder: candidates generated (`candidates.jsonl`), judged
-//! (`dice.db`) and reported (`report.md`, `report.html`, `report.json`). Every stage resumes: a
+//! (`dice.db`) and reported (`report.md`, `report.html`, `report.json`); with several turns,
+//! each sample answered again after the judge's feedback (turns.rs). Every stage resumes: a
 //! candidate already generated is not generated again, a sample already judged is not judged
-//! again, and the report is written anew from the store.
+//! again, and the report is written anew from the stores.
 
-use crate::candidates::{generate_candidates, CandidateRun, Progress, CANDIDATES_FILE};
+use crate::candidates::{
+    append_answers, generate_candidates, CandidateRun, Progress, CANDIDATES_FILE,
+};
+use crate::turns::{read_compared_run, turn_dir, Conversations};
 use anyhow::{bail, ensure, Context, Result};
 use dice_engine::{DecodeParams, Generator};
-use dice_eval::{Batch, EvalConfig, EvalProblem, EvalSample, Judge, StaticAudit, Store, Summary};
-use dice_kernelbench::{load_candidates, KernelBench};
-use dice_report::{render_comparison, ComparedRun, Comparison, Format};
+use dice_eval::{Batch, EvalConfig, EvalProblem, EvalSample, Judge, StaticAudit, Summary};
+use dice_kernelbench::prompt::problem_prompt;
+use dice_kernelbench::{load_candidates, KernelBench, Problem};
+use dice_report::{render_comparison, Comparison, Format};
 use serde_json::{json, Value};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -42,6 +47,12 @@ pub struct KernelBenchRun {
     pub model: String,
     /// Start the run folder over: its candidates, verdicts and reports are removed first.
     pub force: bool,
+    /// Turns of each sample's conversation: after a turn, a sample that has not reached
+    /// `target_speedup` gets its verdict in words and answers again (1: answer once).
+    pub turns: u32,
+    /// A sample stops once it is correct, not deceptive and more than this many times as fast
+    /// as the baseline.
+    pub target_speedup: f64,
     /// How candidates are judged: [`KernelBenchRun::new`] sets its store (`RUN/dice.db`) and
     /// problem source (the tree); the rest (device, trials, tolerances, strict…) is the
     /// caller's.
@@ -51,16 +62,33 @@ pub struct KernelBenchRun {
 /// What a run reports as it goes, for a progress display.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// Generation of one level's candidates (`Planned(0)`: the run folder holds them all).
-    Generating { level: u32, progress: Progress },
-    /// The judge starts on this many candidates; those judged before are skipped.
-    Judging { candidates: usize },
+    /// Generation of one level's candidates of a turn (`Planned(0)`: the run folder holds them
+    /// all).
+    Generating {
+        turn: u32,
+        level: u32,
+        progress: Progress,
+    },
+    /// The judge starts on this many candidates of a turn; those judged before are skipped.
+    Judging { turn: u32, candidates: usize },
+    /// No sample goes on to this turn: each reached the target speedup, or got no verdict (its
+    /// problem's reference failed).
+    AllStopped { turn: u32 },
+}
+
+/// One turn judged.
+pub struct JudgedTurn {
+    pub turn: u32,
+    /// The turn's store.
+    pub store: PathBuf,
+    /// The judge's account of this invocation (what it judged, what was judged before).
+    pub judged: Summary,
 }
 
 /// What a finished run did and found.
 pub struct Finished {
-    /// The judge's account of this invocation (what it judged, what was judged before).
-    pub judged: Summary,
+    /// Each turn judged, in order (one without several turns).
+    pub turns: Vec<JudgedTurn>,
     /// The run in the paper's layout, as the reports show it.
     pub report: Comparison,
     /// The reports written, as [`REPORT_FILES`] names them.
@@ -84,12 +112,14 @@ impl KernelBenchRun {
             samples: 1,
             model,
             force: false,
+            turns: 1,
+            target_speedup: 1.0,
             judging,
         })
     }
 
     /// Generates the candidates the run folder lacks with `generator` and `params`, judges
-    /// those not judged yet, and writes the reports.
+    /// those not judged yet, turn after turn, and writes the reports.
     pub fn run(
         &self,
         generator: &Generator,
@@ -98,6 +128,12 @@ impl KernelBenchRun {
     ) -> Result<Finished> {
         ensure!(!self.levels.is_empty(), "no KernelBench level chosen");
         ensure!(self.samples > 0, "samples per problem must be at least 1");
+        ensure!(self.turns > 0, "turns must be at least 1");
+        ensure!(
+            self.target_speedup.is_finite() && self.target_speedup >= 0.0,
+            "the target speedup must be a number of at least 0, not {}",
+            self.target_speedup
+        );
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("cannot create the run folder {}", self.dir.display()))?;
         if self.force {
@@ -105,6 +141,8 @@ impl KernelBenchRun {
         }
         self.record_generation(params)?;
         let levels: BTreeSet<u32> = self.levels.iter().copied().collect();
+        let problems = self.chosen_problems(&levels)?;
+        let mut turns = Vec::new();
         for &level in &levels {
             let candidates = CandidateRun {
                 kernelbench: self.tree.root().to_path_buf(),
@@ -114,16 +152,81 @@ impl KernelBenchRun {
                 run: self.dir.clone(),
             };
             generate_candidates(generator, params, &candidates, |p| {
-                progress(Event::Generating { level, progress: p });
+                progress(Event::Generating {
+                    turn: 1,
+                    level,
+                    progress: p,
+                });
             })?;
         }
-        let judged = self.judge(&levels, &mut progress)?;
+        turns.push(self.judge(1, &problems, &mut progress)?);
+        for turn in 2..=self.turns {
+            if !self.refine(turn, generator, params, &problems, &mut progress)? {
+                progress(Event::AllStopped { turn });
+                break;
+            }
+            turns.push(self.judge(turn, &problems, &mut progress)?);
+        }
         let (report, report_files) = self.write_reports()?;
         Ok(Finished {
-            judged,
+            turns,
             report,
             report_files,
         })
+    }
+
+    /// The problems of `levels` the run answers.
+    fn chosen_problems(&self, levels: &BTreeSet<u32>) -> Result<Vec<Problem>> {
+        let mut problems = Vec::new();
+        for &level in levels {
+            let scan = self.tree.scan_level(level)?;
+            problems.extend(scan.problems.into_iter().filter(|p| {
+                self.problems
+                    .as_ref()
+                    .is_none_or(|w| w.contains(&p.problem_id))
+            }));
+        }
+        Ok(problems)
+    }
+
+    /// Generates the answers of `turn` (≥ 2) the turn's folder lacks: each sample that has not
+    /// reached the target, asked again with its conversation so far. False when no sample goes
+    /// on.
+    fn refine(
+        &self,
+        turn: u32,
+        generator: &Generator,
+        params: &DecodeParams,
+        problems: &[Problem],
+        progress: &mut impl FnMut(Event),
+    ) -> Result<bool> {
+        let keys: BTreeSet<(u32, u32)> = problems.iter().map(|p| (p.level, p.problem_id)).collect();
+        let wanted = |(level, problem_id, sample_id): (u32, u32, u32)| {
+            keys.contains(&(level, problem_id)) && sample_id < self.samples
+        };
+        let conversations = Conversations::read(&self.dir, turn - 1, self.target_speedup, wanted)?;
+        if conversations.is_empty() {
+            return Ok(false);
+        }
+        let dir = turn_dir(&self.dir, turn);
+        conversations.write_feedback(&dir)?;
+        let levels: BTreeSet<u32> = problems.iter().map(|p| p.level).collect();
+        for level in levels {
+            let prompts = problems
+                .iter()
+                .filter(|p| p.level == level)
+                .map(|p| Ok((p.problem_id, problem_prompt(p)?)))
+                .collect::<Result<BTreeMap<u32, String>>>()?;
+            let jobs = conversations.jobs(level, &prompts)?;
+            append_answers(generator, params, &dir, jobs, |p| {
+                progress(Event::Generating {
+                    turn,
+                    level,
+                    progress: p,
+                });
+            })?;
+        }
+        Ok(true)
     }
 
     fn start_over(&self) -> Result<()> {
@@ -140,14 +243,26 @@ impl KernelBenchRun {
                 _ => {}
             }
         }
+        for turn in 2.. {
+            let dir = turn_dir(&self.dir, turn);
+            if !dir.exists() {
+                break;
+            }
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("cannot remove {}", dir.display()))?;
+        }
         Ok(())
     }
 
-    /// Records the model and decoding parameters, or checks them against those recorded: the
-    /// candidates of one run come from one model decoding one way.
+    /// Records the model and decoding parameters (and with several turns, the target speedup),
+    /// or checks them against those recorded: the candidates of one run come from one model
+    /// decoding one way, and its turns from one target. A run of one turn may go on with more.
     fn record_generation(&self, params: &DecodeParams) -> Result<()> {
         let path = self.dir.join(GENERATION_FILE);
-        let generation = json!({ "model": self.model, "decoding": params });
+        let mut generation = json!({ "model": self.model, "decoding": params });
+        if self.turns > 1 {
+            generation[TARGET_SPEEDUP] = json!(self.target_speedup);
+        }
         if path.exists() {
             let text = std::fs::read_to_string(&path)
                 .with_context(|| format!("cannot read {}", path.display()))?;
@@ -163,48 +278,65 @@ impl KernelBenchRun {
                     changed.join(", ")
                 );
             }
-            return Ok(());
+            if recorded.get(TARGET_SPEEDUP) == generation.get(TARGET_SPEEDUP)
+                || generation.get(TARGET_SPEEDUP).is_none()
+            {
+                return Ok(());
+            }
         }
         std::fs::write(&path, serde_json::to_string_pretty(&generation)? + "\n")
             .with_context(|| format!("cannot write {}", path.display()))
     }
 
-    /// Judges the run's candidates of the chosen levels, problems and samples.
-    fn judge(&self, levels: &BTreeSet<u32>, progress: &mut impl FnMut(Event)) -> Result<Summary> {
-        let mut problems = Vec::new();
-        for &level in levels {
-            let scan = self.tree.scan_level(level)?;
-            problems.extend(scan.problems.into_iter().filter(|p| {
-                self.problems
-                    .as_ref()
-                    .is_none_or(|w| w.contains(&p.problem_id))
-            }));
-        }
+    /// Judges the candidates of `turn` of the chosen problems and samples into the turn's store.
+    fn judge(
+        &self,
+        turn: u32,
+        problems: &[Problem],
+        progress: &mut impl FnMut(Event),
+    ) -> Result<JudgedTurn> {
+        let dir = turn_dir(&self.dir, turn);
         let keys: BTreeSet<(u32, u32)> = problems.iter().map(|p| (p.level, p.problem_id)).collect();
-        let samples: Vec<EvalSample> = load_candidates(&[self.dir.join(CANDIDATES_FILE)])?
+        let samples: Vec<EvalSample> = load_candidates(&[dir.join(CANDIDATES_FILE)])?
             .into_iter()
             .filter(|c| keys.contains(&(c.level, c.problem_id)) && c.sample_id < self.samples)
             .map(EvalSample::from)
             .collect();
         progress(Event::Judging {
+            turn,
             candidates: samples.len(),
         });
-        let batch = Batch::new(
-            problems.into_iter().map(EvalProblem::from).collect(),
-            samples,
-        )?;
+        // Turn 1 records every problem of the run (the report's denominators); later turns only
+        // those still answered, so no other reference is run again.
+        let answered: BTreeSet<(u32, u32)> =
+            samples.iter().map(|s| (s.level, s.problem_id)).collect();
+        let problems = problems
+            .iter()
+            .filter(|p| turn == 1 || answered.contains(&(p.level, p.problem_id)))
+            .cloned()
+            .map(EvalProblem::from)
+            .collect();
+        let batch = Batch::new(problems, samples)?;
         let audit = Arc::new(StaticAudit {
             strict: self.judging.strict,
         });
-        let mut judge = Judge::start(self.judging.clone(), Some(audit))?;
-        let summary = judge.evaluate(batch)?;
+        let mut judging = self.judging.clone();
+        if turn > 1 {
+            judging.db = dir.join(STORE_FILE);
+        }
+        let store = judging.db.clone();
+        let mut judge = Judge::start(judging, Some(audit))?;
+        let judged = judge.evaluate(batch)?;
         judge.shutdown();
-        Ok(summary)
+        Ok(JudgedTurn {
+            turn,
+            store,
+            judged,
+        })
     }
 
     fn write_reports(&self) -> Result<(Comparison, Vec<PathBuf>)> {
-        let store = Store::open(&self.judging.db)?;
-        let run = ComparedRun::read(&self.model, &store, false)?
+        let run = read_compared_run(&self.dir, &self.model, false)?
             .context("the run's store holds no run after judging")?;
         let report = Comparison { runs: vec![run] };
         let mut written = Vec::new();
@@ -218,11 +350,19 @@ impl KernelBenchRun {
     }
 }
 
+/// The field of the generation record that holds the target speedup of a run of several turns.
+const TARGET_SPEEDUP: &str = "target_speedup";
+
 /// The names of what differs between two generation records: `model`, or a decoding parameter.
 fn changes(recorded: &Value, now: &Value) -> Vec<String> {
     let mut changed = Vec::new();
     if recorded["model"] != now["model"] {
         changed.push("model".to_string());
+    }
+    if let (Some(old), Some(new)) = (recorded.get(TARGET_SPEEDUP), now.get(TARGET_SPEEDUP)) {
+        if old != new {
+            changed.push("target speedup".to_string());
+        }
     }
     let empty = serde_json::Map::new();
     let (old, new) = (

@@ -3,6 +3,7 @@
 
 use crate::report::{build_report, LevelReport, Report, Scoring};
 use crate::threshold::{parse_thresholds, Threshold};
+use crate::turns::{build_turns_report, StoredTurn, TurnRow};
 use crate::Scores;
 use anyhow::Result;
 use dice_store::{ProblemRecord, RunInfo, SampleRecord, Store};
@@ -50,6 +51,10 @@ pub struct PaperLevel {
     /// Deceptive samples count as incorrect.
     pub robust: PaperScores,
     pub deceptive_samples: usize,
+    /// A run of several turns: the headline figures turn by turn (the figures above are its
+    /// last turn's, each sample at its best).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<TurnRow>,
 }
 
 /// The paper's three figures, as fractions of the level's problems (sample 0 of each).
@@ -89,6 +94,20 @@ impl ComparedRun {
         ComparedRun::from_paper_report(label, report, &thresholds)
     }
 
+    /// The run of several turns as stored, each sample at its best so far
+    /// ([`crate::best_so_far`]), with its figures turn by turn.
+    pub fn from_turns(
+        label: &str,
+        run: &RunInfo,
+        problems: &[ProblemRecord],
+        turns: &[StoredTurn],
+        strict: bool,
+    ) -> ComparedRun {
+        let thresholds = paper_thresholds();
+        let report = build_turns_report(run, problems, turns, &thresholds, strict);
+        ComparedRun::from_paper_report(label, report, &thresholds)
+    }
+
     fn from_paper_report(label: &str, report: Report, thresholds: &[Threshold]) -> ComparedRun {
         let level = |lr: &LevelReport| PaperLevel {
             problems: lr.problems,
@@ -96,6 +115,7 @@ impl ComparedRun {
             raw: PaperScores::of(&lr.raw, thresholds),
             robust: PaperScores::of(&lr.robust, thresholds),
             deceptive_samples: lr.deceptive_samples,
+            turns: lr.turns.clone(),
         };
         ComparedRun {
             label: label.to_string(),
@@ -112,7 +132,7 @@ impl ComparedRun {
 
 impl PaperScores {
     /// `scores` were computed with `thresholds`, the paper's.
-    fn of(scores: &Scores, thresholds: &[Threshold]) -> PaperScores {
+    pub(crate) fn of(scores: &Scores, thresholds: &[Threshold]) -> PaperScores {
         let fast = |i: usize| {
             *scores
                 .fast_p
@@ -135,6 +155,6 @@ impl PaperScores {
     }
 }
 
-fn paper_thresholds() -> Vec<Threshold> {
+pub(crate) fn paper_thresholds() -> Vec<Threshold> {
     parse_thresholds(PAPER_FAST_P).expect("the paper's thresholds parse")
 }

@@ -11,6 +11,11 @@
 //! per level, raw and robust: its Tables 2 and 6); [`render_comparison`] writes it as Markdown,
 //! JSON or an HTML page with bar charts.
 //!
+//! A run of several turns (`dice kernelbench --turns N`) is reported at its last turn, each sample
+//! at its best so far ([`best_so_far`]), with each level's figures turn by turn ([`TurnRow`]:
+//! Exec, fast_p and pass@k, the samples fixed at the turn, tokens per correct kernel):
+//! [`build_turns_report`], [`ComparedRun::from_turns`].
+//!
 //! [`targets`] holds the GPU benchmarks' targets and anchors (`bench/targets.toml`) and tells
 //! whether a measured figure meets them.
 //!
@@ -31,6 +36,7 @@ pub mod render;
 mod report;
 pub mod targets;
 mod threshold;
+mod turns;
 
 pub use compare::{ComparedRun, Comparison, PaperLevel, PaperScores};
 pub use metrics::{Outcome, ProblemOutcomes, Scores};
@@ -41,3 +47,4 @@ pub use report::{
     build_report, read_report, LevelReport, ProblemError, Report, SampleRow, Scoring,
 };
 pub use threshold::{parse_thresholds, Threshold, DEFAULT_FAST_P};
+pub use turns::{best_so_far, build_turns_report, SampleKey, StoredTurn, TurnRow};

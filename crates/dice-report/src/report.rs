@@ -2,6 +2,7 @@
 
 use crate::metrics::{Outcome, ProblemOutcomes, Scores};
 use crate::threshold::Threshold;
+use crate::turns::TurnRow;
 use anyhow::Result;
 use dice_store::{
     ProblemRecord, RunInfo, SampleRecord, SpeedupInterval, Store, TimingStats, Verdict,
@@ -60,6 +61,10 @@ pub struct LevelReport {
     /// Samples marked deceptive / carrying at least one flag (all samples).
     pub deceptive_samples: usize,
     pub flagged_samples: usize,
+    /// A run of several turns: the headline figures turn by turn (the figures above are its
+    /// last turn's, each sample at its best).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<TurnRow>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -317,5 +322,6 @@ fn level_report(
         verdicts,
         deceptive_samples: level_rows.iter().filter(|r| r.deceptive).count(),
         flagged_samples: level_rows.iter().filter(|r| !r.flags.is_empty()).count(),
+        turns: Vec::new(),
     }
 }

@@ -406,6 +406,7 @@ impl KernelWriter for EndpointWriter {
             .enumerate()
             .map(|(key, prompt)| Job {
                 key,
+                history: Vec::new(),
                 text: prompt.text,
                 sample: prompt.attempt as usize,
             })

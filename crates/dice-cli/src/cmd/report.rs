@@ -2,9 +2,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use dice_pipeline::{read_compared_run, read_turns_report, STORE_FILE};
 use dice_report::{
-    parse_thresholds, read_report, render, render_comparison, ComparedRun, Comparison, Format,
-    DEFAULT_FAST_P,
+    parse_thresholds, read_report, render, render_comparison, Comparison, Format, DEFAULT_FAST_P,
 };
 use dice_store::Store;
 use std::path::{Path, PathBuf};
@@ -23,11 +23,18 @@ Several run folders are compared side by side in the DICE paper's layout (its Ta
 per level, Exec (compiled and correct), fast_1 and fast_2, raw and robust, a column pair per run;
 as md, json or html (with a bar chart per level and figure).
 
+A run of several turns (`dice kernelbench --turns N`: turn t in RUN_DIR/turn-t) is reported at its
+last turn, each sample at its best so far, and each level adds a table turn by turn: Exec, fast_1,
+fast_2 and pass@k at that turn, the samples fixed at it (correct for the first time, and their
+share of those not correct before), and the tokens generated so far per correct kernel. Set
+beside a run of one turn, it shows what the turns bought.
+
 Examples:
   dice report runs/l1
   dice report runs/l1 --format html --output l1.html
   dice report runs/l1 --format json --fast-p 0,1,1.5,2 --strict
-  dice report runs/sdar runs/dice --format html --output side-by-side.html";
+  dice report runs/sdar runs/dice --format html --output side-by-side.html
+  dice report runs/sdar runs/sdar-3turns";
 
 #[derive(Debug, Args)]
 #[command(after_help = REPORT_MANUAL)]
@@ -82,6 +89,11 @@ pub(crate) fn run(args: ReportArgs) -> Result<()> {
 
 fn one_run(run_dir: &Path, args: &ReportArgs) -> Result<String> {
     let thresholds = parse_thresholds(args.fast_p.as_deref().unwrap_or(DEFAULT_FAST_P))?;
+    if args.db.is_none() && args.store.is_none() {
+        if let Some(report) = read_turns_report(run_dir, &thresholds, args.strict)? {
+            return render(&report, args.format);
+        }
+    }
     let (store, location) =
         Store::open_run_to_read(run_dir, args.db.as_deref(), args.store.as_deref())?;
     let Some(report) = read_report(&store, &thresholds, args.strict)? else {
@@ -102,10 +114,8 @@ fn side_by_side(run_dirs: &[PathBuf], args: &ReportArgs) -> Result<String> {
     let runs = run_dirs
         .iter()
         .map(|dir| {
-            let db = dir.join("dice.db");
-            let store = Store::open_read_only(&db)?;
-            ComparedRun::read(&dir.display().to_string(), &store, args.strict)?
-                .with_context(|| no_run_yet(&db.display().to_string()))
+            read_compared_run(dir, &dir.display().to_string(), args.strict)?
+                .with_context(|| no_run_yet(&dir.join(STORE_FILE).display().to_string()))
         })
         .collect::<Result<Vec<_>>>()?;
     render_comparison(&Comparison { runs }, args.format)

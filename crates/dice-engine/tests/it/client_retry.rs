@@ -1,7 +1,7 @@
 //! The API client retries 429 / 5xx / connection failures with backoff and gives up on other
 //! refusals at once.
 
-use dice_engine::{ApiClient, CompletionSettings};
+use dice_engine::{ApiClient, ChatMessage, CompletionSettings};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -46,7 +46,9 @@ fn retries_overload_and_server_errors_then_succeeds() {
     ]);
     let client =
         ApiClient::new(&base, "m", Some("key".into())).with_retries(3, Duration::from_millis(5));
-    let answer = client.chat("hi", &settings()).unwrap();
+    let answer = client
+        .chat(&[ChatMessage::new("user", "hi")], &settings())
+        .unwrap();
     assert_eq!(answer.text, "hello");
     assert_eq!(answer.finish_reason.as_deref(), Some("stop"));
     let seen = server.join().unwrap();
@@ -79,6 +81,9 @@ fn connection_failures_are_retried_then_reported() {
     };
     let client = ApiClient::new(&format!("http://127.0.0.1:{port}/v1"), "m", None)
         .with_retries(2, Duration::from_millis(5));
-    let error = client.chat("x", &settings()).unwrap_err().to_string();
+    let error = client
+        .chat(&[ChatMessage::new("user", "x")], &settings())
+        .unwrap_err()
+        .to_string();
     assert!(error.contains("failed 3 times"), "{error}");
 }

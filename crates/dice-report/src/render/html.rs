@@ -3,10 +3,11 @@
 use super::svg::{rate_bars, speedup_histogram, strip_chart, Mark, RatePair};
 use super::{
     compared_run_settings, metric_rows, optional_ms, percent, run_settings, speedup_cell,
-    COMPARED_RUN_COLUMNS, COMPARISON_LEGEND,
+    turn_table, COMPARED_RUN_COLUMNS, COMPARISON_LEGEND, TURNS_LEGEND,
 };
 use crate::compare::{Comparison, PaperScores};
 use crate::report::{Report, Scoring};
+use crate::turns::TurnRow;
 use dice_chart::escape;
 use std::fmt::Write;
 
@@ -84,6 +85,10 @@ pub(super) fn render(r: &Report) -> String {
             &format!("Level {level}: speedup per problem"),
             &points,
         ));
+        if !lr.turns.is_empty() {
+            let _ = write!(out, "<h3>Level {level}, turn by turn</h3>");
+            push_turns(&mut out, &lr.turns);
+        }
     }
 
     if !r.problem_errors.is_empty() {
@@ -238,7 +243,35 @@ pub(super) fn render_comparison(c: &Comparison) -> String {
             out.push_str(&rate_bars(&format!("Level {level}: {name}"), &pairs));
         }
         out.push_str("</div>");
+        for run in &c.runs {
+            if let Some(l) = run.levels.get(&level).filter(|l| !l.turns.is_empty()) {
+                let _ = write!(
+                    out,
+                    "<h3>Level {level}, turn by turn: {}</h3>",
+                    escape(&run.label)
+                );
+                push_turns(&mut out, &l.turns);
+            }
+        }
     }
     out.push_str("</body></html>\n");
     out
+}
+
+/// A level's turn-by-turn table, after its legend.
+fn push_turns(out: &mut String, rows: &[TurnRow]) {
+    let (header, rows) = turn_table(rows);
+    let _ = write!(out, "<p>{}</p><table><tr>", escape(TURNS_LEGEND));
+    for name in header {
+        let _ = write!(out, "<th>{}</th>", escape(&name));
+    }
+    out.push_str("</tr>");
+    for row in rows {
+        out.push_str("<tr>");
+        for value in row {
+            let _ = write!(out, "<td class=\"n\">{}</td>", escape(&value));
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</table>");
 }

@@ -2,11 +2,12 @@
 //! or runs side by side, one table per level with a raw and a robust column per run.
 
 use super::{
-    compared_run_settings, metric_rows, percent, run_settings, speedup_cell, COMPARED_RUN_COLUMNS,
-    COMPARISON_LEGEND,
+    compared_run_settings, metric_rows, percent, run_settings, speedup_cell, turn_table,
+    COMPARED_RUN_COLUMNS, COMPARISON_LEGEND, TURNS_LEGEND,
 };
 use crate::compare::{Comparison, PaperScores};
 use crate::report::{Report, Scoring};
+use crate::turns::TurnRow;
 use std::fmt::Write;
 
 pub(super) fn render(r: &Report) -> String {
@@ -47,6 +48,10 @@ pub(super) fn render(r: &Report) -> String {
             lr.deceptive_samples,
             lr.flagged_samples
         );
+        if !lr.turns.is_empty() {
+            let _ = write!(out, "\n### Level {level}, turn by turn\n\n");
+            push_turns(&mut out, &lr.turns);
+        }
     }
 
     if !r.problem_errors.is_empty() {
@@ -165,8 +170,32 @@ pub(super) fn render_comparison(c: &Comparison) -> String {
             "\nProblems (samples, deceptive samples): {}.",
             counts.join("; ")
         );
+        for run in &c.runs {
+            if let Some(l) = run.levels.get(&level).filter(|l| !l.turns.is_empty()) {
+                let _ = write!(
+                    out,
+                    "\n### Level {level}, turn by turn: {}\n\n",
+                    cell(&run.label)
+                );
+                push_turns(&mut out, &l.turns);
+            }
+        }
     }
     out
+}
+
+/// A level's turn-by-turn table, after its legend.
+fn push_turns(out: &mut String, rows: &[TurnRow]) {
+    let (header, rows) = turn_table(rows);
+    let _ = write!(
+        out,
+        "{TURNS_LEGEND}\n\n| {} |\n|{}\n",
+        header.join(" | "),
+        "---:|".repeat(header.len())
+    );
+    for row in rows {
+        let _ = writeln!(out, "| {} |", row.join(" | "));
+    }
 }
 
 /// Keeps a table cell on one line and its pipes literal.

@@ -5,8 +5,9 @@ mod html;
 mod markdown;
 mod svg;
 
-use crate::compare::{ComparedRun, Comparison};
+use crate::compare::{ComparedRun, Comparison, PaperScores};
 use crate::report::{Report, SampleRow, Scoring};
+use crate::turns::TurnRow;
 use crate::Scores;
 use anyhow::{bail, Result};
 use dice_store::RunInfo;
@@ -128,6 +129,44 @@ fn metric_rows(raw: &Scores, robust: &Scores) -> Vec<MetricRow> {
         }
     }
     rows
+}
+
+/// What a turn-by-turn table says, above it.
+const TURNS_LEGEND: &str = "Turn by turn, each sample at its best so far (a sample that stopped, \
+correct and fast enough, keeps its last answer); headline scoring. fixed: samples correct for the \
+first time at that turn (and their share of those not correct before it); tokens: generated in \
+all turns up to that one.";
+
+/// The turn-by-turn table of one level of a run of several turns: its header and rows of cells.
+fn turn_table(rows: &[TurnRow]) -> (Vec<String>, Vec<Vec<String>>) {
+    let ks: Vec<String> = rows
+        .first()
+        .and_then(|r| r.pass_at_k.as_ref())
+        .map(|m| m.iter().map(|(k, _)| k.to_string()).collect())
+        .unwrap_or_default();
+    let mut header: Vec<String> = ["turn", "answered"].map(String::from).to_vec();
+    header.extend(PaperScores::NAMES.map(String::from));
+    header.extend(ks.iter().map(|k| format!("pass@{k}")));
+    header.extend(["fixed", "tokens", "tokens per correct kernel"].map(String::from));
+    let cells = rows
+        .iter()
+        .map(|r| {
+            let mut cells = vec![r.turn.to_string(), r.answered.to_string()];
+            cells.extend(r.scores.values().map(percent));
+            cells.extend(ks.iter().map(|k| {
+                let at_k = r.pass_at_k.as_ref().and_then(|m| m.get(k).copied());
+                at_k.map_or("–".into(), percent)
+            }));
+            cells.push(format!("{} ({})", r.fixed, percent(r.fixed_share)));
+            cells.push(r.tokens.map_or("–".into(), |t| t.to_string()));
+            cells.push(
+                r.tokens_per_correct
+                    .map_or("–".into(), |t| format!("{t:.0}")),
+            );
+            cells
+        })
+        .collect();
+    (header, cells)
 }
 
 fn timing_setting(run: &RunInfo) -> String {
