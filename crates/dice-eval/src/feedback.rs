@@ -236,27 +236,7 @@ mod tests {
     use super::*;
 
     fn record(verdict: Verdict) -> SampleRecord {
-        SampleRecord {
-            level: 1,
-            problem_id: 19,
-            sample_id: 0,
-            code_hash: None,
-            verdict,
-            message: None,
-            max_abs_error: None,
-            max_rel_error: None,
-            trials_passed: 0,
-            candidate_timing: None,
-            baseline_timing: None,
-            speedup: None,
-            speedup_interval: None,
-            timing_remeasures: 0,
-            flags: Vec::new(),
-            deceptive: false,
-            log_excerpt: String::new(),
-            wall_s: 0.0,
-            stages: Vec::new(),
-        }
+        SampleRecord::new(1, 19, 0, verdict)
     }
 
     #[test]

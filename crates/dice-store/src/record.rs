@@ -135,6 +135,34 @@ pub struct SampleRecord {
     pub stages: Vec<(String, f64)>,
 }
 
+impl SampleRecord {
+    /// The record of a verdict and nothing else measured: no message, errors, timings, flags,
+    /// log or stages (tests and reports fill in what they need with struct update syntax).
+    pub fn new(level: u32, problem_id: u32, sample_id: u32, verdict: Verdict) -> Self {
+        Self {
+            level,
+            problem_id,
+            sample_id,
+            code_hash: None,
+            verdict,
+            message: None,
+            max_abs_error: None,
+            max_rel_error: None,
+            trials_passed: 0,
+            candidate_timing: None,
+            baseline_timing: None,
+            speedup: None,
+            speedup_interval: None,
+            timing_remeasures: 0,
+            flags: Vec::new(),
+            deceptive: false,
+            log_excerpt: String::new(),
+            wall_s: 0.0,
+            stages: Vec::new(),
+        }
+    }
+}
+
 /// One extension build (or cache hit) seen while evaluating a sample.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BuildRecord {

@@ -192,29 +192,20 @@ fn sample(
 ) -> SampleRecord {
     let correct = verdict == Verdict::Correct;
     SampleRecord {
-        level: 1,
-        problem_id,
-        sample_id: 0,
         code_hash: Some("00".into()),
-        verdict,
         message: (!correct).then(|| "failed".into()),
-        max_abs_error: None,
-        max_rel_error: None,
         trials_passed: if correct { 5 } else { 0 },
         candidate_timing: candidate_ms.map(timing),
         baseline_timing: candidate_ms.map(|_| timing(4.0)),
         speedup: candidate_ms.map(|ms| 4.0 / ms),
-        speedup_interval: None,
-        timing_remeasures: 0,
         flags: if deceptive {
             vec!["no_candidate_kernel_launched".into()]
         } else {
             Vec::new()
         },
         deceptive,
-        log_excerpt: String::new(),
         wall_s: 1.0,
-        stages: Vec::new(),
+        ..SampleRecord::new(1, problem_id, 0, verdict)
     }
 }
 

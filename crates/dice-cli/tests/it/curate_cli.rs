@@ -326,27 +326,7 @@ fn export_levels_come_from_a_run_or_dice_serve_and_load_for_rl() {
     let sha256 = dice_eval::sha256_hex(source.as_bytes());
     store.add_problems(&[(problem, sha256)]).unwrap();
     for (sample_id, verdict) in [(0, Verdict::Correct), (1, Verdict::OutputMismatch)] {
-        let sample = SampleRecord {
-            level: 1,
-            problem_id: 4,
-            sample_id,
-            code_hash: None,
-            verdict,
-            message: None,
-            max_abs_error: None,
-            max_rel_error: None,
-            trials_passed: 0,
-            candidate_timing: None,
-            baseline_timing: None,
-            speedup: None,
-            speedup_interval: None,
-            timing_remeasures: 0,
-            flags: Vec::new(),
-            deceptive: false,
-            log_excerpt: String::new(),
-            wall_s: 0.0,
-            stages: Vec::new(),
-        };
+        let sample = SampleRecord::new(1, 4, sample_id, verdict);
         store.put_sample(&sample, &Default::default()).unwrap();
     }
     drop(store);

@@ -35,25 +35,8 @@ fn problem_only_run(dir: &Path) -> (RunDir, Vec<Pair>) {
 
 fn sample(problem: (u32, u32), sample_id: u32, verdict: Verdict, deceptive: bool) -> SampleRecord {
     SampleRecord {
-        level: problem.0,
-        problem_id: problem.1,
-        sample_id,
-        code_hash: None,
-        verdict,
-        message: None,
-        max_abs_error: None,
-        max_rel_error: None,
-        trials_passed: 0,
-        candidate_timing: None,
-        baseline_timing: None,
-        speedup: None,
-        speedup_interval: None,
-        timing_remeasures: 0,
-        flags: Vec::new(),
         deceptive,
-        log_excerpt: String::new(),
-        wall_s: 0.0,
-        stages: Vec::new(),
+        ..SampleRecord::new(problem.0, problem.1, sample_id, verdict)
     }
 }
 

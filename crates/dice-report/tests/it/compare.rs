@@ -8,33 +8,27 @@ use serde_json::Value;
 /// Sample 0 of a problem; `speedup` for correct ones, `deceptive` flags it as a reward hack.
 fn sample(level: u32, pid: u32, speedup: Option<f64>, deceptive: bool) -> SampleRecord {
     SampleRecord {
-        level,
-        problem_id: pid,
-        sample_id: 0,
         code_hash: Some("ab".into()),
-        verdict: if speedup.is_some() {
-            Verdict::Correct
-        } else {
-            Verdict::CompileError
-        },
-        message: None,
-        max_abs_error: None,
-        max_rel_error: None,
-        trials_passed: 0,
         candidate_timing: speedup.map(|s| timing(10.0 / s)),
         baseline_timing: speedup.map(|_| timing(10.0)),
         speedup,
-        speedup_interval: None,
-        timing_remeasures: 0,
         flags: if deceptive {
             vec!["no_candidate_kernel_launched".into()]
         } else {
             Vec::new()
         },
         deceptive,
-        log_excerpt: String::new(),
         wall_s: 1.0,
-        stages: Vec::new(),
+        ..SampleRecord::new(
+            level,
+            pid,
+            0,
+            if speedup.is_some() {
+                Verdict::Correct
+            } else {
+                Verdict::CompileError
+            },
+        )
     }
 }
 

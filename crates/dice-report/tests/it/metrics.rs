@@ -12,25 +12,13 @@ fn problems(level: u32, ids: std::ops::RangeInclusive<u32>) -> Vec<ProblemRecord
 /// A sample; `speedup` is given for correct ones (timings are derived from it).
 fn sample(pid: u32, sid: u32, verdict: Verdict, speedup: Option<f64>) -> SampleRecord {
     SampleRecord {
-        level: 1,
-        problem_id: pid,
-        sample_id: sid,
         code_hash: Some("ab".into()),
-        verdict,
         message: (verdict != Verdict::Correct).then(|| "why".into()),
-        max_abs_error: None,
-        max_rel_error: None,
-        trials_passed: 0,
         candidate_timing: speedup.map(|s| timing(10.0 / s)),
         baseline_timing: speedup.map(|_| timing(10.0)),
         speedup,
-        speedup_interval: None,
-        timing_remeasures: 0,
-        flags: Vec::new(),
-        deceptive: false,
-        log_excerpt: String::new(),
         wall_s: 1.0,
-        stages: Vec::new(),
+        ..SampleRecord::new(1, pid, sid, verdict)
     }
 }
 

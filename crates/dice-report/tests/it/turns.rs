@@ -12,25 +12,12 @@ use serde_json::Value;
 /// Sample `sid` of level-1 problem `pid`: `verdict`, with `speedup` when correct.
 fn sample(pid: u32, sid: u32, verdict: Verdict, speedup: Option<f64>) -> SampleRecord {
     SampleRecord {
-        level: 1,
-        problem_id: pid,
-        sample_id: sid,
         code_hash: Some("ab".into()),
-        verdict,
-        message: None,
-        max_abs_error: None,
-        max_rel_error: None,
-        trials_passed: 0,
         candidate_timing: speedup.map(|s| timing(10.0 / s)),
         baseline_timing: speedup.map(|_| timing(10.0)),
         speedup,
-        speedup_interval: None,
-        timing_remeasures: 0,
-        flags: Vec::new(),
-        deceptive: false,
-        log_excerpt: String::new(),
         wall_s: 1.0,
-        stages: Vec::new(),
+        ..SampleRecord::new(1, pid, sid, verdict)
     }
 }
 
