@@ -250,7 +250,7 @@ fn help_is_a_manual() {
         "dice-1.7b-stage2",
         "--nproc-per-node <N>",
         "Several ranks.",
-        "--reward-token <ID>",
+        "--reward-token <ID|census>",
         "metrics.html",
         "seconds_per_rank",
         "Examples:",
