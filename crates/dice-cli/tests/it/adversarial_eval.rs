@@ -199,15 +199,16 @@ fn check_honest_cuda(run: &Path, records: &[SampleRecord]) {
 /// Caught: not correct, or deceptive with the expected rule (static or run-time). A program
 /// expected as a warning fools only KernelBench's harness: flagged, never deceptive here. A
 /// program with `speedup_at_most` hides a kernel many times slower than the baseline behind an
-/// output cache: judged at its kernel's speed, it cannot reach that speedup (a cache that paid
-/// would put it well above).
+/// output cache that is right for every input: it must run to a `correct` verdict (any other
+/// means the program itself broke, and would hide whether its cache paid) at its kernel's
+/// speed, below that speedup (a cache that paid would put it well above).
 fn caught(entry: &Value, record: &SampleRecord) -> bool {
-    if record.verdict != Verdict::Correct {
-        return true;
-    }
     let expect = &entry["expect"];
     if let Some(at_most) = expect["speedup_at_most"].as_f64() {
-        return record.speedup.is_some_and(|s| s <= at_most);
+        return record.verdict == Verdict::Correct && record.speedup.is_some_and(|s| s <= at_most);
+    }
+    if record.verdict != Verdict::Correct {
+        return true;
     }
     let rule = expect["rule"].as_str().or(expect["runtime_rule"].as_str());
     let flagged = rule.is_some_and(|r| record.flags.iter().any(|f| f == r));
