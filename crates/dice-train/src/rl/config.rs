@@ -460,6 +460,24 @@ mod tests {
     }
 
     #[test]
+    fn one_turn_settings_read_and_resume_as_before_refinement() {
+        let one = RlConfig::preset("dice-8b-stage2").unwrap();
+        assert_eq!(one.rollout.turns, 1);
+        let text = one.to_toml().unwrap();
+        assert!(!text.contains("turns ="), "{text}");
+        assert!(one.resume_key()["rollout"].get("turns").is_none());
+        assert!(one.resume_key()["reward"].get("turn_discount").is_none());
+        let mut two = one.clone();
+        two.rollout.turns = 2;
+        assert_eq!(RlConfig::from_toml(&two.to_toml().unwrap()).unwrap(), two);
+        assert_eq!(two.resume_key()["rollout"]["turns"], 2);
+        assert_eq!(two.resume_key()["reward"]["turn_discount"], 0.4);
+        let mut discounted = two.clone();
+        discounted.reward.turn_discount = 0.5;
+        assert_ne!(discounted.resume_key(), two.resume_key());
+    }
+
+    #[test]
     fn presets_differ_as_the_reference_configs_do() {
         let stage2 = RlConfig::preset("dice-8b-stage2").unwrap();
         assert_eq!(stage2.tasks.stage, Stage::E2e);

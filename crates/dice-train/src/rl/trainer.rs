@@ -328,9 +328,7 @@ impl RlSteps {
             let every_turn = || group_turns.iter().flatten();
             totals.add_group(task.level as usize, every_turn().map(|turn| &turn.rolled));
             if let Some(turn_totals) = &mut turn_totals {
-                group_turns
-                    .iter()
-                    .for_each(|turns| turn_totals.add_trajectory(turns));
+                turn_totals.add_group(group_turns);
             }
             let returns: Vec<f64> = group_turns
                 .iter()

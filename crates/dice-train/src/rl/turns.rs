@@ -189,18 +189,31 @@ impl TurnTotals {
         }
     }
 
-    pub(crate) fn add_trajectory(&mut self, turns: &[Turn]) {
-        for (sums, turn) in self.by_turn.iter_mut().zip(turns) {
-            sums[0] += 1.0;
-            sums[1] += turn.rolled.score.reward;
+    /// Adds a task group's trajectories: their sums taken on their own, then added to the
+    /// step's, so that ranks holding a group each sum as one rank holding them all
+    /// ([`super::metrics::StepTotals`] does the same).
+    pub(crate) fn add_group(&mut self, trajectories: &[Vec<Turn>]) {
+        let mut group = Self::new(self.by_turn.len());
+        for turns in trajectories {
+            for (sums, turn) in group.by_turn.iter_mut().zip(turns) {
+                sums[0] += 1.0;
+                sums[1] += turn.rolled.score.reward;
+            }
+            group.trajectories += 1.0;
+            group.best_reward_sum += turns
+                .iter()
+                .map(|t| t.rolled.score.reward)
+                .fold(0.0, f64::max);
+            let earned_at = turns.iter().position(|t| earned(&t.rolled.score));
+            group.fixed += f64::from(u8::from(earned_at.is_some_and(|t| t > 0)));
         }
-        self.trajectories += 1.0;
-        self.best_reward_sum += turns
-            .iter()
-            .map(|t| t.rolled.score.reward)
-            .fold(0.0, f64::max);
-        let earned_at = turns.iter().position(|t| earned(&t.rolled.score));
-        self.fixed += f64::from(u8::from(earned_at.is_some_and(|t| t > 0)));
+        for (sums, group) in self.by_turn.iter_mut().zip(&group.by_turn) {
+            sums[0] += group[0];
+            sums[1] += group[1];
+        }
+        self.trajectories += group.trajectories;
+        self.best_reward_sum += group.best_reward_sum;
+        self.fixed += group.fixed;
     }
 
     pub(crate) fn all_reduce(self, collective: &dyn Collective) -> Result<TurnMetrics> {
