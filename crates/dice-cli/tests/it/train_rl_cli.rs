@@ -242,6 +242,57 @@ fn two_ranks_take_the_steps_of_one() {
     assert!(page.contains("<h2>pass rate per level"), "{page}");
 }
 
+/// Refinement over two ranks: with `--turns 2` the second turns (their prompts the conversation
+/// with the toy reward's feedback) are rolled out, rewarded and replayed on the rank of their
+/// task group, and the ranks still take the steps of one: the same metrics, the turns' included,
+/// and the same final weights.
+#[test]
+fn two_ranks_refine_as_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_policy(dir.path());
+    let tasks = two_tasks(dir.path());
+    let turns = ["--stage", "e2e", "--turns", "2", "--turn-discount", "0.4"];
+    let alone = dir.path().join("alone");
+    let out = toy_run(&model, &tasks, &alone, &turns);
+    assert!(
+        out.status.success(),
+        "one rank: {}",
+        crate::common::stderr(&out)
+    );
+    let ranks = dir.path().join("ranks");
+    let out = toy_run(
+        &model,
+        &tasks,
+        &ranks,
+        &[&turns[..], &["--nproc-per-node", "2"]].concat(),
+    );
+    assert!(
+        out.status.success(),
+        "two ranks: {}",
+        crate::common::stderr(&out)
+    );
+
+    let (one, two) = (metrics(&alone), metrics(&ranks));
+    let by_turn = one[0]["samples_by_turn"].as_array().unwrap();
+    assert_eq!(by_turn[0], 8, "{}", one[0]);
+    assert!(
+        by_turn[1].as_u64().unwrap() > 0,
+        "no second turn: {}",
+        one[0]
+    );
+    assert_eq!(
+        one.iter().map(without_times).collect::<Vec<_>>(),
+        two.iter().map(without_times).collect::<Vec<_>>()
+    );
+    let weights = |run: &Path| std::fs::read(run.join("final/model-00001-of-00001.safetensors"));
+    assert!(weights(&alone).unwrap() == weights(&ranks).unwrap());
+    let config = std::fs::read_to_string(alone.join("config.toml")).unwrap();
+    assert!(
+        config.contains("turns = 2") && config.contains("turn_discount = 0.4"),
+        "{config}"
+    );
+}
+
 #[test]
 fn help_is_a_manual() {
     let text = stdout(&crate::common::dice(&["train", "rl", "--help"]));
@@ -251,6 +302,8 @@ fn help_is_a_manual() {
         "--nproc-per-node <N>",
         "Several ranks.",
         "--reward-token <ID|census>",
+        "--turns <N>",
+        "--turn-discount <G>",
         "metrics.html",
         "seconds_per_rank",
         "Examples:",

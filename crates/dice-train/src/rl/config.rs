@@ -79,6 +79,15 @@ pub struct RolloutConfig {
     pub top_p: f32,
     /// Sequences an engine decodes at once (throughput only).
     pub max_active: usize,
+    /// Turns of each sample's trajectory (refinement, [`super::turns`]): after the first, a
+    /// sample that did not earn the full reward is decoded again with the judge's feedback.
+    /// Left out of the settings at 1, so one-turn runs write and resume as before it existed.
+    #[serde(skip_serializing_if = "is_one_turn")]
+    pub turns: usize,
+}
+
+fn is_one_turn(turns: &usize) -> bool {
+    *turns == 1
 }
 
 impl Default for RolloutConfig {
@@ -94,6 +103,7 @@ impl Default for RolloutConfig {
             top_k: 0,
             top_p: 1.0,
             max_active: 32,
+            turns: 1,
         }
     }
 }
@@ -115,6 +125,9 @@ pub struct RewardConfig {
     /// Reward correct programs `min(speedup, cap)` instead of 1 (times them; off in DICE).
     pub speedup_shaping: bool,
     pub speedup_cap: f64,
+    /// γ of a trajectory's returns: a turn's program earns its reward plus γ times the next
+    /// turn's return (Kevin's 0.4); used when `rollout.turns` > 1.
+    pub turn_discount: f64,
     /// The Python with torch and ninja the judge's workers run [default: `DICE_PYTHON`, else
     /// the project's .dice/venv, else python3].
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -167,6 +180,7 @@ impl Default for RewardConfig {
             timeout_s: 300,
             speedup_shaping: false,
             speedup_cap: 4.0,
+            turn_discount: 0.4,
             python: None,
             contains_token: None,
         }
@@ -331,6 +345,16 @@ impl RlConfig {
             r.max_tokens > 0 && r.block_length > 0 && r.denoising_steps > 0,
             "max_tokens, block_length and denoising_steps must be at least 1"
         );
+        ensure!(r.turns > 0, "turns must be at least 1");
+        ensure!(
+            r.turns == 1 || self.tasks.stage == Stage::E2e,
+            "--turns is a stage-2 option: the judge's feedback asks for the whole program, which \
+             only --stage e2e writes"
+        );
+        ensure!(
+            (0.0..=1.0).contains(&self.reward.turn_discount),
+            "turn_discount must be within 0..=1"
+        );
         let t = &mut self.training;
         ensure!(t.total_steps > 0, "total_steps must be at least 1");
         ensure!(
@@ -365,7 +389,7 @@ impl Settings for RlConfig {
     /// not the device, the engines' batch size, the evaluation or the run's length (a
     /// finished run can be extended).
     fn resume_key(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut key = serde_json::json!({
             "tasks": {"stage": self.tasks.stage, "order": self.tasks.order},
             "rollout": without(&self.rollout, &["max_active"]),
             "reward": {
@@ -376,7 +400,13 @@ impl Settings for RlConfig {
             },
             "training": without(&self.training, &["device", "total_steps"]),
             "optimizer": self.optimizer,
-        })
+        });
+        // Only trajectories of several turns are discounted: one-turn runs keep the key they
+        // had before refinement existed, and resume.
+        if self.rollout.turns > 1 {
+            key["reward"]["turn_discount"] = self.reward.turn_discount.into();
+        }
+        key
     }
 
     fn resets_moments(&self) -> bool {
@@ -427,6 +457,24 @@ mod tests {
             RlConfig::preset("dice-8b-stage1").unwrap().rollout,
             config.rollout
         );
+    }
+
+    #[test]
+    fn one_turn_settings_read_and_resume_as_before_refinement() {
+        let one = RlConfig::preset("dice-8b-stage2").unwrap();
+        assert_eq!(one.rollout.turns, 1);
+        let text = one.to_toml().unwrap();
+        assert!(!text.contains("turns ="), "{text}");
+        assert!(one.resume_key()["rollout"].get("turns").is_none());
+        assert!(one.resume_key()["reward"].get("turn_discount").is_none());
+        let mut two = one.clone();
+        two.rollout.turns = 2;
+        assert_eq!(RlConfig::from_toml(&two.to_toml().unwrap()).unwrap(), two);
+        assert_eq!(two.resume_key()["rollout"]["turns"], 2);
+        assert_eq!(two.resume_key()["reward"]["turn_discount"], 0.4);
+        let mut discounted = two.clone();
+        discounted.reward.turn_discount = 0.5;
+        assert_ne!(discounted.resume_key(), two.resume_key());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! evaluation ([`RlEvalMetrics`]), and the sums a step's line is made of ([`StepTotals`]).
 
 use super::rollout::Rolled;
+use super::turns::TurnMetrics;
 use crate::dist::Collective;
 use crate::run::StepLine;
 use anyhow::Result;
@@ -58,6 +59,10 @@ pub struct RlStepMetrics {
     /// Each rank's rollout, judge, idle and update seconds, in rank order (a rank is a GPU
     /// with --device cuda).
     pub seconds_per_rank: Vec<RankSeconds>,
+    /// How refinement went, with trajectories of several turns (absent with one: the counts
+    /// above are then over every turn's completions, the seconds over every turn's rollout).
+    #[serde(flatten)]
+    pub turns: Option<TurnMetrics>,
 }
 
 /// One rank's share of a step's time.
@@ -108,6 +113,8 @@ pub(crate) struct StepTotals {
     pub(crate) deceptive: f64,
     pub(crate) tokens: f64,
     pub(crate) groups_kept: f64,
+    /// Advantages of the kept groups (one per completion, of every turn).
+    pub(crate) advantages: f64,
     pub(crate) advantage_sum: f64,
     pub(crate) advantage_sq_sum: f64,
     pub(crate) advantage_abs_max: f64,
@@ -118,29 +125,33 @@ pub(crate) struct StepTotals {
 /// A task group's sums are taken on their own, then added to the step's: the ranks' totals
 /// add up to one rank's exactly when each holds one group (see [`super::trainer`]'s update).
 impl StepTotals {
-    pub(crate) fn add_group(&mut self, level: usize, rolled: &[Rolled]) {
-        let passed: f64 = rolled
-            .iter()
+    /// Adds a task group's completions (of every turn, when trajectories have several).
+    pub(crate) fn add_group<'a, I>(&mut self, level: usize, rolled: I)
+    where
+        I: IntoIterator<Item = &'a Rolled> + Clone,
+    {
+        let rolled = || rolled.clone().into_iter();
+        let passed: f64 = rolled()
             .map(|r| f64::from(u8::from(r.score.passed && !r.score.deceptive)))
             .sum();
-        self.samples += rolled.len() as f64;
-        self.reward_sum += rolled.iter().map(|r| r.score.reward).sum::<f64>();
+        let samples = rolled().count() as f64;
+        self.samples += samples;
+        self.reward_sum += rolled().map(|r| r.score.reward).sum::<f64>();
         self.passed += passed;
-        self.deceptive += rolled
-            .iter()
+        self.deceptive += rolled()
             .map(|r| f64::from(u8::from(r.score.deceptive)))
             .sum::<f64>();
-        self.tokens += rolled
-            .iter()
+        self.tokens += rolled()
             .map(|r| r.completion.token_ids.len() as f64)
             .sum::<f64>();
         let bucket = &mut self.levels[level.min(LEVELS - 1)];
-        bucket[0] += rolled.len() as f64;
+        bucket[0] += samples;
         bucket[1] += passed;
     }
 
     pub(crate) fn add_advantages(&mut self, advantages: &[f64]) {
         self.groups_kept += 1.0;
+        self.advantages += advantages.len() as f64;
         self.advantage_sum += advantages.iter().sum::<f64>();
         self.advantage_sq_sum += advantages.iter().map(|a| a * a).sum::<f64>();
         self.advantage_abs_max = advantages
@@ -156,6 +167,7 @@ impl StepTotals {
             self.deceptive,
             self.tokens,
             self.groups_kept,
+            self.advantages,
             self.advantage_sum,
             self.advantage_sq_sum,
         ]
@@ -171,6 +183,7 @@ impl StepTotals {
         self.deceptive = next();
         self.tokens = next();
         self.groups_kept = next();
+        self.advantages = next();
         self.advantage_sum = next();
         self.advantage_sq_sum = next();
         for bucket in &mut self.levels {
@@ -215,6 +228,7 @@ mod tests {
                 reward: f64::from(u8::from(passed)),
                 passed,
                 deceptive: false,
+                feedback: None,
             },
         };
         let mut totals = StepTotals::default();

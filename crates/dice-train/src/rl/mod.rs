@@ -3,7 +3,7 @@
 //! ([`reward`]), group-relative advantages, the replay of every response's decoding trace into
 //! training samples on the rollout's block grid or the reference trainer's, old
 //! log-probabilities, and the clipped policy loss with its k3 KL penalty and gradients; the
-//! settings and presets ([`config`]).
+//! settings and presets ([`config`]); refinement over several turns ([`turns`]).
 //!
 //! One RL step's update, given the rollouts and their rewards:
 //!
@@ -24,6 +24,7 @@ pub mod reward;
 pub mod rollout;
 pub mod task;
 pub mod trainer;
+pub mod turns;
 
 pub use config::{RewardToken, RlConfig};
 pub use dry_run::dry_run_report;

@@ -23,6 +23,24 @@ const RL_PAGE: Page = Page {
             &[("reward_mean", "reward mean")],
         ),
         ChartSpec::new(
+            "reward per turn (refinement, turns counted from 0)",
+            Quantity::Real("mean over the turn's completions"),
+            &[
+                ("reward_mean_by_turn.*", "turn *"),
+                ("best_turn_reward_mean", "best turn of each trajectory"),
+            ],
+        ),
+        ChartSpec::new(
+            "completions per turn (refinement, turns counted from 0)",
+            Quantity::Count("completions"),
+            &[("samples_by_turn.*", "turn *")],
+        ),
+        ChartSpec::new(
+            "trajectories fixed after the first turn",
+            Quantity::Share("share of trajectories"),
+            &[("fixed_after_first_turn", "fixed by a later turn")],
+        ),
+        ChartSpec::new(
             "pass and deceptive rates",
             Quantity::Share("share of completions"),
             &[
@@ -163,6 +181,7 @@ mod tests {
     use super::*;
     use crate::metrics::layout_misses;
     use crate::rl::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics};
+    use crate::rl::turns::TurnMetrics;
     use crate::run::checkpoint::CheckpointMetrics;
 
     /// The lines of a two-rank RL run: every field of its step, eval and checkpoint lines.
@@ -204,6 +223,13 @@ mod tests {
                 };
                 2
             ],
+            // A run of two-turn trajectories from step 2 on: the refinement's keys too.
+            turns: (step > 1).then(|| TurnMetrics {
+                samples_by_turn: vec![64, 40],
+                reward_mean_by_turn: vec![reward, reward / 2.0],
+                best_turn_reward_mean: reward,
+                fixed_after_first_turn: 0.1,
+            }),
         };
         let eval = RlEvalMetrics {
             step: 2,

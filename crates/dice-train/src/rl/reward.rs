@@ -9,7 +9,8 @@ use super::task::RlTask;
 use anyhow::{bail, ensure, Context, Result};
 use dice_eval::store::{SampleKey, Verdict};
 use dice_eval::{
-    Batch, EvalConfig, EvalProblem, EvalSample, Evaluated, Evaluator, SampleOutcome, StaticAudit,
+    refinement_feedback, Batch, EvalConfig, EvalProblem, EvalSample, Evaluated, Evaluator,
+    SampleOutcome, StaticAudit,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -37,6 +38,11 @@ pub struct Score {
     pub passed: bool,
     /// Flagged as a reward hack by the audit.
     pub deceptive: bool,
+    /// What the verdict tells the model, as the next turn's user message of a refinement
+    /// ([`dice_eval::refinement_feedback`]: it reveals none of the judge's inputs, seeds or
+    /// thresholds); `None` from a reward without a verdict (the toy rewards, a task whose
+    /// reference failed), whose next turn is told only that it earned nothing.
+    pub feedback: Option<String>,
 }
 
 /// Scores completions; called from the judging thread with whatever completions have finished
@@ -83,6 +89,7 @@ impl Reward for ContainsToken {
                     reward: f64::from(u8::from(passed)),
                     passed,
                     deceptive: false,
+                    feedback: None,
                 }
             })
             .collect())
@@ -282,6 +289,7 @@ impl JudgeReward {
                     reward: 0.0,
                     passed: false,
                     deceptive: false,
+                    feedback: None,
                 };
                 return Ok((slot, score));
             }
@@ -301,6 +309,7 @@ impl JudgeReward {
             reward,
             passed,
             deceptive: record.deceptive,
+            feedback: Some(refinement_feedback(&record, None)),
         };
         Ok((slot, score))
     }

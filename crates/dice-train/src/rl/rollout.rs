@@ -170,8 +170,8 @@ pub(crate) struct Candidates<'a> {
     pub(crate) sample_id_base: usize,
 }
 
-/// Decodes `requests` (numbered by slot, 0..n) in `engine` ([`roll_out`]) with up to
-/// `max_active` at once and scores each completion with `reward` in a judging thread the
+/// Decodes `requests` (each numbered by its slot, a slot once) in `engine` ([`roll_out`]) with
+/// up to `max_active` at once and scores each completion with `reward` in a judging thread the
 /// moment it finishes; returns them in slot order with the phase times.
 pub(crate) fn roll_out_and_score(
     engine: &mut Engine<SdarDecoder>,
@@ -181,7 +181,8 @@ pub(crate) fn roll_out_and_score(
     candidates: &Candidates,
     reward: &mut dyn Reward,
 ) -> Result<(Vec<Rolled>, PhaseTimes)> {
-    let mut completions: Vec<Option<Completion>> = vec![None; requests.len()];
+    let mut completions: BTreeMap<usize, Option<Completion>> =
+        requests.iter().map(|(slot, _)| (*slot, None)).collect();
     let (to_judge, judging) = channel::<Candidate>();
     let started = Instant::now();
     let (rolled_out, judged) = std::thread::scope(|scope| {
@@ -239,7 +240,9 @@ pub(crate) fn roll_out_and_score(
                 token_ids: completion.token_ids.clone(),
                 program: candidate_program(task, candidates.stage, &text),
             };
-            completions[slot] = Some(completion);
+            *completions
+                .get_mut(&slot)
+                .context("the engine finished a request of no slot")? = Some(completion);
             to_judge
                 .send(candidate)
                 .map_err(|_| anyhow::anyhow!("the judge stopped"))
@@ -260,7 +263,6 @@ pub(crate) fn roll_out_and_score(
     let mut scores: HashMap<usize, Score> = scores.into_iter().collect();
     let rolled = completions
         .into_iter()
-        .enumerate()
         .map(|(slot, completion)| {
             Ok(Rolled {
                 completion: completion.context("a request finished without a completion")?,

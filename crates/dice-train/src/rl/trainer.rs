@@ -5,7 +5,9 @@
 //!    task's whole group is rolled out, rewarded and standardised on one rank;
 //! 2. render their prompts and roll each out `samples_per_task` times with the trainer's current
 //!    weights, in the engine kept for the whole run, every completion judged as it finishes
-//!    ([`super::rollout`]);
+//!    ([`super::rollout`]); with `rollout.turns` > 1 a sample whose completion did not earn the
+//!    reward gets further turns with the judge's feedback ([`super::turns`]), and its turns'
+//!    discounted returns stand for the rewards below;
 //! 3. z-score the rewards within each task's group, dropping zero-variance groups (a step whose
 //!    groups are all dropped learns nothing, and says so: [`RlStepMetrics::learned`]);
 //! 4. replay the traces ([`Replay`]), take the old log-probabilities from the weights the step
@@ -29,9 +31,13 @@ use super::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics, StepTotals};
 use super::report::write_html;
 use super::reward::{CensusToken, ContainsToken, JudgeReward, Reward};
 use super::rollout::{
-    decoder, eval_params, roll_out_and_score, rollout_params, sample_seed, Candidates, PhaseTimes,
+    decoder, eval_params, roll_out_and_score, rollout_params, Candidates, PhaseTimes,
 };
 use super::task::{load_tasks, render_prompt, select_tasks, RlTask, Stage};
+use super::turns::{
+    discounted_returns, longest_turn_prompt, roll_out_trajectories, turn_seed, Refinement,
+    TurnTotals,
+};
 use super::TraceRecord;
 use super::{old_log_probs, policy_loss_and_grad_sums, PolicyLossSettings, Replay, ReplaySettings};
 use crate::dist::zero::StepSettings;
@@ -181,7 +187,12 @@ impl RlTrainer {
                 Ok(longest.max(prompt_ids(&tokenizer, task, stage)?.len()))
             })
         };
-        let longest_prompts = [longest(&tasks)?, longest(&eval_tasks)?];
+        let longest_first = longest(&tasks)?;
+        let (turns, max_prompt_len) = (config.rollout.turns, config.training.max_prompt_len);
+        let longest_prompts = [
+            longest_turn_prompt(turns, longest_first, max_prompt_len),
+            longest(&eval_tasks)?,
+        ];
         let run = Run::open(config, data, options, ranks)?;
         let engine = KeptEngine {
             config: engine_config(&run, end_of_text, longest_prompts, eval_tasks.len()),
@@ -302,45 +313,75 @@ impl RlSteps {
             .map(|&t| self.tasks[t].clone())
             .collect();
         let params = rollout_params(rollout, vec![self.end_of_text]);
-        let step_base = (step - 1) as usize * rollout.tasks_per_step * group;
-        let requests = self.requests(config, &mine, group, &params, |slot| {
-            sample_seed(seed, step, first_slot + slot)
-        })?;
-        let candidates = Candidates {
-            tasks: &mine,
-            group,
-            stage: config.tasks.stage,
-            codec: &self.codec,
-            sample_id_base: step_base + first_slot,
+        let samples_per_step = rollout.tasks_per_step * group;
+        let mut first_prompts = Vec::with_capacity(mine.len() * group);
+        for task in &mine {
+            first_prompts.extend(std::iter::repeat_n(self.prompt_ids(config, task)?, group));
+        }
+        let refinement = match rollout.turns {
+            1 => None,
+            turns => Some(Refinement::new(
+                &self.tokenizer,
+                self.end_of_text,
+                turns,
+                config.training.max_prompt_len,
+            )?),
         };
-        let (rolled, times) = roll_out_and_score(
-            self.engine.get(run)?,
-            &trainer_weights(run),
-            requests,
-            rollout.max_active,
-            &candidates,
-            reward,
-        )?;
+        let engine = self.engine.get(run)?;
+        let weights = trainer_weights(run);
+        let (trajectories, times) =
+            roll_out_trajectories(first_prompts, refinement.as_ref(), |turn, prompts| {
+                let requests = requests(prompts, &params, |slot| {
+                    turn_seed(seed, step, first_slot + slot, turn)
+                });
+                // The judge's sample ids run on over the turns, each a step's worth of samples.
+                let earlier = (step - 1) as usize * rollout.turns + turn;
+                let candidates = Candidates {
+                    tasks: &mine,
+                    group,
+                    stage: config.tasks.stage,
+                    codec: &self.codec,
+                    sample_id_base: earlier * samples_per_step + first_slot,
+                };
+                let max_active = rollout.max_active;
+                roll_out_and_score(engine, &weights, requests, max_active, &candidates, reward)
+            })?;
         self.engine.release_if_large(run)?;
 
-        // Rewards, advantages and the records to replay, task group by task group.
+        // Returns, advantages and the records to replay (every turn's response), task group by
+        // task group. A group's returns are z-scored over all its turns, not per turn: the later
+        // turns are taken only by samples that failed before (a turn's own group can be one
+        // sample, or all failures), and pooled they share the task's one baseline.
+        let discount = config.reward.turn_discount;
         let mut records = Vec::new();
+        let mut record_groups = Vec::new();
         let mut totals = StepTotals::default();
-        for (task, rolled) in mine.iter().zip(rolled.chunks(group)) {
-            let rewards: Vec<f64> = rolled.iter().map(|r| r.score.reward).collect();
-            totals.add_group(task.level as usize, rolled);
-            let Some(advantages) = group_advantages(&rewards) else {
+        let mut turn_totals = refinement.map(|_| TurnTotals::new(rollout.turns));
+        for (t, (task, group_turns)) in mine.iter().zip(trajectories.chunks(group)).enumerate() {
+            let every_turn = || group_turns.iter().flatten();
+            totals.add_group(task.level as usize, every_turn().map(|turn| &turn.rolled));
+            if let Some(turn_totals) = &mut turn_totals {
+                turn_totals.add_group(group_turns);
+            }
+            let returns: Vec<f64> = group_turns
+                .iter()
+                .flat_map(|turns| {
+                    let rewards: Vec<f64> = turns.iter().map(|t| t.rolled.score.reward).collect();
+                    discounted_returns(&rewards, discount)
+                })
+                .collect();
+            let Some(advantages) = group_advantages(&returns) else {
                 continue;
             };
             totals.add_advantages(&advantages);
-            let prompt = self.prompt_ids(run.config(), task)?;
-            for (r, advantage) in rolled.iter().zip(advantages) {
+            for (turn, advantage) in every_turn().zip(advantages) {
                 records.push(TraceRecord {
-                    prompt: prompt.clone(),
-                    response: r.completion.token_ids.clone(),
-                    trace: r.completion.trace.clone(),
+                    prompt: turn.prompt.clone(),
+                    response: turn.rolled.completion.token_ids.clone(),
+                    trace: turn.rolled.completion.trace.clone(),
                     advantage,
                 });
+                record_groups.push(t);
             }
         }
         let totals = totals.all_reduce(run.collective.as_ref())?;
@@ -348,14 +389,14 @@ impl RlSteps {
         let learned = totals.groups_kept > 0.0;
         let update_started = Instant::now();
         let update = if learned {
-            self.update(run, &records, group)?
+            self.update(run, &records, &record_groups)?
         } else {
             UpdateTotals::default()
         };
         let seconds_update = update_started.elapsed().as_secs_f64();
         let seconds_per_rank = seconds_per_rank(run.collective.as_ref(), &times, seconds_update)?;
         let samples = totals.samples.max(1.0);
-        let kept_samples = (totals.groups_kept * group as f64).max(1.0);
+        let kept_samples = totals.advantages.max(1.0);
         let advantage_mean = totals.advantage_sum / kept_samples;
         Ok(RlStepMetrics {
             step,
@@ -388,6 +429,9 @@ impl RlSteps {
             seconds_update,
             seconds_step: started.elapsed().as_secs_f64(),
             seconds_per_rank,
+            turns: turn_totals
+                .map(|t| t.all_reduce(run.collective.as_ref()))
+                .transpose()?,
         })
     }
 
@@ -395,38 +439,8 @@ impl RlSteps {
         prompt_ids(&self.tokenizer, task, config.tasks.stage)
     }
 
-    /// The requests of `group` completions of each of `tasks`, task-major, numbered by slot
-    /// (completion `slot` seeded with `seed(slot)`).
-    fn requests(
-        &self,
-        config: &RlConfig,
-        tasks: &[Arc<RlTask>],
-        group: usize,
-        params: &DecodeParams,
-        seed: impl Fn(usize) -> u64,
-    ) -> Result<Vec<(usize, Request)>> {
-        let mut requests = Vec::with_capacity(tasks.len() * group);
-        for (t, task) in tasks.iter().enumerate() {
-            let prompt = self.prompt_ids(config, task)?;
-            for j in 0..group {
-                let slot = t * group + j;
-                let params = DecodeParams {
-                    seed: seed(slot),
-                    ..params.clone()
-                };
-                requests.push((
-                    slot,
-                    Request {
-                        prompt: prompt.clone(),
-                        params,
-                    },
-                ));
-            }
-        }
-        Ok(requests)
-    }
-
-    /// The TraceRL update of one step over this rank's records, `group` records per task.
+    /// The TraceRL update of one step over this rank's records, record `i` of the task group
+    /// `record_groups[i]` (a group's records one after another).
     ///
     /// Every sum (gradients, loss, KL, token counts) is taken task group by task group and the
     /// groups' sums are added in task order, on each rank and then over the ranks: ranks that
@@ -435,7 +449,7 @@ impl RlSteps {
         &self,
         run: &mut Run<RlConfig>,
         records: &[TraceRecord],
-        group: usize,
+        record_groups: &[usize],
     ) -> Result<UpdateTotals> {
         let training = run.config().training.clone();
         let settings = ReplaySettings {
@@ -465,7 +479,7 @@ impl RlSteps {
         };
         let local = replay.samples.len();
         let mut sums = UpdateSums::default();
-        for groups in group_runs(&replay, 0..local, group) {
+        for groups in group_runs(&replay, 0..local, record_groups) {
             sums.entropy += old[groups]
                 .iter()
                 .flatten()
@@ -476,7 +490,7 @@ impl RlSteps {
         for u in 0..updates {
             let range = contiguous_share(local, u, updates);
             let mut update_grads: Option<HashMap<String, Tensor>> = None;
-            for groups in group_runs(&replay, range.clone(), group) {
+            for groups in group_runs(&replay, range.clone(), record_groups) {
                 let loss =
                     policy_loss_and_grad_sums(&run.model, &replay, groups, &old, &loss_settings)?;
                 sums.loss += loss.samples.iter().map(|s| f64::from(s.loss)).sum::<f64>();
@@ -537,7 +551,12 @@ impl RlSteps {
         // One sample per task and evaluation, numbered by the step: ids never repeat.
         let base = run.step() as usize * self.eval_tasks.len() + share.start;
         let tasks = &self.eval_tasks[share];
-        let requests = self.requests(config, tasks, 1, &params, |_| 0)?;
+        let prompts = tasks
+            .iter()
+            .enumerate()
+            .map(|(t, task)| Ok((t, self.prompt_ids(config, task)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let requests = requests(&prompts, &params, |_| 0);
         let candidates = Candidates {
             tasks,
             group: 1,
@@ -598,6 +617,25 @@ struct UpdateTotals {
     grad_norm: Option<f64>,
 }
 
+/// The requests of `prompts` (each with its slot), completion `slot` seeded with `seed(slot)`.
+fn requests(
+    prompts: &[(usize, Vec<u32>)],
+    params: &DecodeParams,
+    seed: impl Fn(usize) -> u64,
+) -> Vec<(usize, Request)> {
+    prompts
+        .iter()
+        .map(|(slot, prompt)| {
+            let params = DecodeParams {
+                seed: seed(*slot),
+                ..params.clone()
+            };
+            let prompt = prompt.clone();
+            (*slot, Request { prompt, params })
+        })
+        .collect()
+}
+
 /// Every rank's phase times, gathered on every rank.
 fn seconds_per_rank(
     collective: &dyn Collective,
@@ -630,10 +668,10 @@ fn max_over_ranks(collective: &dyn Collective, value: usize) -> Result<usize> {
     Ok(row.into_iter().fold(0.0f32, f32::max) as usize)
 }
 
-/// `range` of the replay's samples cut where the task group of their record changes (a kept
-/// group's `group` records come one after another).
-fn group_runs(replay: &Replay, range: Range<usize>, group: usize) -> Vec<Range<usize>> {
-    let group_of = |n: usize| replay.records[replay.samples[n].record].source / group;
+/// `range` of the replay's samples cut where the task group of their record changes (record
+/// `i` is of group `record_groups[i]`, a group's records one after another).
+fn group_runs(replay: &Replay, range: Range<usize>, record_groups: &[usize]) -> Vec<Range<usize>> {
+    let group_of = |n: usize| record_groups[replay.records[replay.samples[n].record].source];
     let mut runs: Vec<Range<usize>> = Vec::new();
     for n in range {
         match runs.last_mut() {

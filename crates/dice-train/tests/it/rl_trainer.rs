@@ -92,6 +92,7 @@ impl Reward for Counting {
                 reward: 0.0,
                 passed: false,
                 deceptive: false,
+                feedback: None,
             })
             .collect())
     }
@@ -155,6 +156,57 @@ fn twenty_steps_learn_a_toy_reward() {
         last >= first + 0.3 && last >= 0.7,
         "mean reward of the first three steps {first:.3}, of the last three {last:.3}: {rewards:?}"
     );
+}
+
+/// Refinement: the same toy reward over 30 steps of two-turn trajectories (a sample whose first
+/// completion lacks the token is decoded again, its prompt the conversation with the toy
+/// feedback; each turn replayed with its discounted return's advantage). The first step took
+/// second turns exactly for the first turn's failures, and the first turn's mean reward of the
+/// last steps is well above the first steps' (on the way it dips while the second turns, whose
+/// longer prompt favours the token, earn most of the reward, then climbs to 1 by step 20: 30
+/// steps, not the one-turn test's 20, leave room for that).
+#[test]
+fn two_turn_trajectories_learn_a_toy_reward() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tasks = task_file(dir.path());
+
+    let out = dir.path().join("run");
+    let mut config = settings(&model, &tasks, 30);
+    config.reward.contains_token = Some("census".parse().unwrap());
+    config.rollout.turns = 2;
+    config.reward.turn_discount = 0.4;
+    // The engine is sized for prompts up to the replay's longest: keep it small on the CPU.
+    config.training.max_prompt_len = 256;
+    let summary = open(config, &out)
+        .unwrap()
+        .train_with_configured_reward()
+        .unwrap();
+    let turns: Vec<_> = summary
+        .steps
+        .iter()
+        .map(|s| s.turns.clone().expect("two-turn steps report their turns"))
+        .collect();
+    let first = &turns[0];
+    let failed_first = (8.0 * (1.0 - first.reward_mean_by_turn[0])).round() as usize;
+    assert_eq!(first.samples_by_turn, [8, failed_first], "{first:?}");
+    assert_eq!(summary.steps[0].samples, 8 + failed_first);
+    let rewards: Vec<f64> = turns.iter().map(|t| t.reward_mean_by_turn[0]).collect();
+    eprintln!("first-turn reward per step: {rewards:?}");
+    eprintln!("turns per step: {turns:?}");
+    let first: f64 = rewards[..3].iter().sum::<f64>() / 3.0;
+    let last: f64 = rewards[27..].iter().sum::<f64>() / 3.0;
+    assert!(
+        last >= first + 0.3 && last >= 0.7,
+        "first-turn mean reward of the first three steps {first:.3}, of the last three \
+         {last:.3}: {rewards:?}"
+    );
+    let line = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    assert!(line
+        .lines()
+        .next()
+        .unwrap()
+        .contains("\"reward_mean_by_turn\""));
 }
 
 /// An infilling task around the examples' correct C++ ReLU (examples/candidates.jsonl, problem

@@ -32,6 +32,15 @@ them) takes one step per 256 replay samples on the PPO-clip loss (eps 0.2) with 
 penalty (beta 0.01), gradients scaled by 1/32 as the reference's DeepSpeed does and clipped to
 norm 1.0.
 
+Refinement (--turns N, stage 2, as Kevin does): a sample whose program is not correct, or is
+deceptive, gets another turn, its prompt the conversation so far with the judge's feedback on
+the verdict (what the verdict says, never the judge's inputs, seeds or thresholds) as the next
+user message, up to N turns or until the prompt would pass the replay's longest; each turn's
+return is its reward plus --turn-discount (0.4) times the next turn's return, the returns of
+all the turns of a task's group are z-scored together, and every turn's response is replayed.
+metrics.jsonl then adds samples_by_turn, reward_mean_by_turn, best_turn_reward_mean and
+fixed_after_first_turn.
+
 Settings. --preset picks DICE's configuration (spec bicrl §2, §13):
   dice-8b-stage1    --stage infill, 20 steps, prompts up to 2000 tokens, engines of 32
                     sequences (evaluation 32): the default
@@ -146,6 +155,14 @@ pub(crate) struct RlArgs {
     /// Sequences each engine decodes at once [default: the preset's].
     #[arg(long, value_name = "N")]
     pub max_active: Option<usize>,
+    /// Turns of each sample's trajectory (--stage e2e): a sample whose program does not earn
+    /// the reward is decoded again with the judge's feedback on it, up to N turns [default: 1].
+    #[arg(long, value_name = "N")]
+    pub turns: Option<usize>,
+    /// γ of the trajectories' returns: a turn earns its reward plus γ times the next turn's
+    /// return [default: 0.4, Kevin's].
+    #[arg(long, value_name = "G")]
+    pub turn_discount: Option<f64>,
     /// Keep AdamW's moments from one RL step to the next (the reference resets them).
     #[arg(long)]
     pub keep_moments: bool,
@@ -202,6 +219,8 @@ fn settings(a: &RlArgs) -> Result<RlConfig> {
     set(&mut c.rollout.samples_per_task, &a.samples_per_task);
     set(&mut c.rollout.max_tokens, &a.max_tokens);
     set(&mut c.rollout.max_active, &a.max_active);
+    set(&mut c.rollout.turns, &a.turns);
+    set(&mut c.reward.turn_discount, &a.turn_discount);
     let t = &mut c.training;
     set(&mut t.total_steps, &a.run.max_steps);
     if a.keep_moments {
