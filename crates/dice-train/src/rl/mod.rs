@@ -14,6 +14,7 @@
 //! 4. [`policy_loss_and_grads`] over consecutive groups of samples, one optimizer step each.
 
 pub mod advantage;
+pub mod bench;
 pub mod config;
 pub mod dry_run;
 pub mod loss;

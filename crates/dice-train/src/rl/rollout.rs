@@ -170,18 +170,21 @@ pub(crate) struct Candidates<'a> {
     pub(crate) sample_id_base: usize,
 }
 
-/// Decodes `requests` (numbered by slot, 0..n) in `engine` ([`roll_out`]) with up to
-/// `max_active` at once and scores each completion with `reward` in a judging thread the
-/// moment it finishes; returns them in slot order with the phase times.
+/// Where a step's completions come from: `produce` hands each of the `slots` completions
+/// (numbered by slot, 0..slots) to its callback as it finishes — the engine decoding them
+/// ([`roll_out`]), or a benchmark's recorded programs ([`super::bench`]).
+pub(crate) type Finished<'f> = &'f mut dyn FnMut(usize, Completion) -> Result<()>;
+
+/// Runs `produce` ([`Finished`]) and scores each of its `slots` completions with `reward` in a
+/// judging thread the moment it is handed over; returns them in slot order with the phase
+/// times.
 pub(crate) fn roll_out_and_score(
-    engine: &mut Engine<SdarDecoder>,
-    weights: &VarBuilder,
-    requests: Vec<(usize, Request)>,
-    max_active: usize,
+    produce: impl FnOnce(Finished) -> Result<()>,
+    slots: usize,
     candidates: &Candidates,
     reward: &mut dyn Reward,
 ) -> Result<(Vec<Rolled>, PhaseTimes)> {
-    let mut completions: Vec<Option<Completion>> = vec![None; requests.len()];
+    let mut completions: Vec<Option<Completion>> = vec![None; slots];
     let (to_judge, judging) = channel::<Candidate>();
     let started = Instant::now();
     let (rolled_out, judged) = std::thread::scope(|scope| {
@@ -228,7 +231,7 @@ pub(crate) fn roll_out_and_score(
                 done: Instant::now(),
             })
         });
-        let rolled_out = roll_out(engine, weights, requests, max_active, |slot, completion| {
+        let rolled_out = produce(&mut |slot, completion: Completion| {
             let task = &candidates.tasks[slot / candidates.group];
             let text = candidates.codec.completion_text(&completion.token_ids)?;
             let candidate = Candidate {

@@ -23,13 +23,15 @@
 //! the update are the only phases that do not overlap.
 
 use super::advantage::group_advantages;
+use super::bench::RecordedCompletions;
 use super::config::RewardToken;
 use super::config::RlConfig;
 use super::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics, StepTotals};
 use super::report::write_html;
 use super::reward::{CensusToken, ContainsToken, JudgeReward, Reward};
 use super::rollout::{
-    decoder, eval_params, roll_out_and_score, rollout_params, sample_seed, Candidates, PhaseTimes,
+    decoder, eval_params, roll_out, roll_out_and_score, rollout_params, sample_seed, Candidates,
+    PhaseTimes,
 };
 use super::task::{load_tasks, render_prompt, select_tasks, RlTask, Stage};
 use super::TraceRecord;
@@ -71,6 +73,9 @@ struct RlSteps {
     tasks: Vec<Arc<RlTask>>,
     eval_tasks: Vec<Arc<RlTask>>,
     engine: KeptEngine,
+    /// `dice bench rl`'s completions, handed over in place of the decoded ones
+    /// ([`RlTrainer::with_recorded_completions`]).
+    recorded: Option<RecordedCompletions>,
 }
 
 /// The engine every rollout and evaluation of this rank decodes in: built at the first, over
@@ -162,8 +167,17 @@ impl RlTrainer {
             tasks,
             eval_tasks,
             engine,
+            recorded: None,
         };
         Ok(Self { run, rl })
+    }
+
+    /// Steps that judge and learn from `recorded` programs instead of what the policy decodes
+    /// (`dice bench rl`): the policy still decodes as many tokens, each decoded completion
+    /// traded for its recorded one as it finishes.
+    pub fn with_recorded_completions(mut self, recorded: RecordedCompletions) -> Self {
+        self.rl.recorded = Some(recorded);
+        self
     }
 
     /// The run: its settings, model and step.
@@ -281,11 +295,23 @@ impl RlSteps {
             codec: &self.codec,
             sample_id_base: step_base + first_slot,
         };
+        let weights = trainer_weights(run);
+        let engine = self.engine.get(run)?;
+        let slots = requests.len();
+        let recorded = self.recorded.as_ref();
         let (rolled, times) = roll_out_and_score(
-            self.engine.get(run)?,
-            &trainer_weights(run),
-            requests,
-            rollout.max_active,
+            |finished| match recorded {
+                None => roll_out(engine, &weights, requests, rollout.max_active, finished),
+                Some(recorded) => recorded.roll_out(
+                    engine,
+                    &weights,
+                    requests,
+                    rollout.max_active,
+                    (&mine, group),
+                    finished,
+                ),
+            },
+            slots,
             &candidates,
             reward,
         )?;
@@ -512,11 +538,12 @@ impl RlSteps {
             codec: &self.codec,
             sample_id_base: base,
         };
+        let weights = trainer_weights(run);
+        let engine = self.engine.get(run)?;
+        let slots = requests.len();
         let (rolled, _) = roll_out_and_score(
-            self.engine.get(run)?,
-            &trainer_weights(run),
-            requests,
-            config.eval.max_active,
+            |finished| roll_out(engine, &weights, requests, config.eval.max_active, finished),
+            slots,
             &candidates,
             reward,
         )?;
