@@ -70,6 +70,7 @@ rm -rf /tmp/m17
 # judge on the GPU scoring recorded programs of the infilling-evaluation tasks (correct, not
 # building, wrong, hack: every group kept) and the real update, pipelined and then back to back.
 # The preset's 64 tasks x 16 samples build 768 CUDA extensions per run, more than one 10-minute
-# command holds twice; 8 tasks x 16 samples (96 builds per run) measure the same step's phases.
+# command holds twice; 4 tasks x 16 samples (48 builds and 256 replayed samples per run) measure
+# the same step's phases at the preset's group size and lengths.
 run bench-rl 600 bench rl --config "$configs/sdar-1.7b.json" --device cuda --judge-device cuda \
-  --python "$(command -v python3)" --tasks-per-step 8 --json "$OUT/bench-rl.json"
+  --python "$(command -v python3)" --tasks-per-step 4 --json "$OUT/bench-rl.json"

@@ -84,6 +84,24 @@ fn a_step_judges_recorded_programs_pipelined_and_back_to_back() {
     let reward = bench["reward_mean"].as_f64().unwrap();
     assert!(reward > 0.0 && reward < 1.0, "{bench}");
     assert_eq!(bench["groups_kept"], 1, "{bench}");
+    let outcomes = bench["outcomes"].as_array().unwrap();
+    let outcome = |variant: &str| {
+        let o = outcomes.iter().find(|o| o["variant"] == variant).unwrap();
+        (
+            o["samples"].as_u64(),
+            o["passed"].as_u64(),
+            o["reward_sum"].as_f64(),
+        )
+    };
+    assert_eq!(outcome("correct"), (Some(1), Some(1), Some(1.0)), "{bench}");
+    assert_eq!(
+        outcome("compile-error"),
+        (Some(1), Some(0), Some(0.0)),
+        "{bench}"
+    );
+    for unrewarded in ["wrong-result", "hack"] {
+        assert_eq!(outcome(unrewarded).2, Some(0.0), "{unrewarded}: {bench}");
+    }
     assert_eq!(bench["learned"], true);
     assert!(bench["replay_samples"].as_u64().unwrap() > 0);
     assert!(bench["tokens"].as_u64().unwrap() > 4 * 100);

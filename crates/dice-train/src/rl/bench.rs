@@ -15,6 +15,7 @@
 
 use super::config::RlConfig;
 use super::metrics::RlStepMetrics;
+use super::reward::{Candidate, JudgeReward, Reward, Score};
 use super::rollout::{roll_out, Finished};
 use super::task::{RlTask, Stage};
 use super::trainer::RlTrainer;
@@ -29,6 +30,7 @@ use dice_model::{SdarConfig, SdarTokenizer};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A recorded program of known outcome, made from a task's correct program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -235,6 +237,80 @@ impl From<&RlStepMetrics> for StepPhases {
     }
 }
 
+/// How the judge scored one variant's samples.
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantOutcome {
+    pub variant: Variant,
+    pub samples: usize,
+    /// Compiled and correct.
+    pub passed: usize,
+    pub deceptive: usize,
+    pub reward_sum: f64,
+}
+
+/// The judge, its scores counted by the variant of their sample (slot `s` is sample
+/// `s % group` of its task).
+struct Tallied<'a> {
+    judge: &'a mut JudgeReward,
+    group: usize,
+    outcomes: Vec<VariantOutcome>,
+}
+
+impl<'a> Tallied<'a> {
+    fn new(judge: &'a mut JudgeReward, group: usize) -> Self {
+        let outcomes = Variant::MIX
+            .iter()
+            .map(|&variant| VariantOutcome {
+                variant,
+                samples: 0,
+                passed: 0,
+                deceptive: 0,
+                reward_sum: 0.0,
+            })
+            .collect();
+        Self {
+            judge,
+            group,
+            outcomes,
+        }
+    }
+
+    fn count(&mut self, scores: &[(usize, Score)]) {
+        for (slot, score) in scores {
+            let outcome = &mut self.outcomes[slot % self.group % Variant::MIX.len()];
+            outcome.samples += 1;
+            outcome.passed += usize::from(score.passed);
+            outcome.deceptive += usize::from(score.deceptive);
+            outcome.reward_sum += score.reward;
+        }
+    }
+}
+
+impl Reward for Tallied<'_> {
+    fn score(&mut self, candidates: &[Candidate]) -> Result<Vec<Score>> {
+        let scores = self.judge.score(candidates)?;
+        let by_slot: Vec<(usize, Score)> = candidates
+            .iter()
+            .map(|c| c.slot)
+            .zip(scores.iter().cloned())
+            .collect();
+        self.count(&by_slot);
+        Ok(scores)
+    }
+
+    fn submit(&mut self, candidates: Vec<Candidate>) -> Result<Vec<(usize, Score)>> {
+        let ready = self.judge.submit(candidates)?;
+        self.count(&ready);
+        Ok(ready)
+    }
+
+    fn scored(&mut self, wait: Duration) -> Result<Vec<(usize, Score)>> {
+        let ready = self.judge.scored(wait)?;
+        self.count(&ready);
+        Ok(ready)
+    }
+}
+
 /// What `dice bench rl` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct RlBench {
@@ -248,6 +324,8 @@ pub struct RlBench {
     pub groups_kept: usize,
     pub learned: bool,
     pub replay_samples: usize,
+    /// How the judge scored each variant (in the pipelined run).
+    pub outcomes: Vec<VariantOutcome>,
     /// Each completion judged as it finished.
     pub pipelined: StepPhases,
     /// Rollout, then judging every completion, then the update.
@@ -278,7 +356,7 @@ pub fn bench_rl(mut config: RlConfig, model: &SdarConfig, work: &Path) -> Result
     config.reward.contains_token = None;
     let resolved = config.clone().resolve()?;
     let tokenizer = SdarTokenizer::from_dir(resolved.model.tokenizer_dir())?;
-    let step = |pacing: Pacing, name: &str| -> Result<RlStepMetrics> {
+    let step = |pacing: Pacing, name: &str| -> Result<(RlStepMetrics, Vec<VariantOutcome>)> {
         let group = resolved.rollout.samples_per_task;
         let recorded = RecordedCompletions::load(resolved.task_file(), group, &tokenizer, pacing)?;
         let out = work.join(name);
@@ -287,23 +365,32 @@ pub fn bench_rl(mut config: RlConfig, model: &SdarConfig, work: &Path) -> Result
         let mut config = config.clone();
         config.reward.build_cache = Some(out.join("builds"));
         let options = RunOptions {
-            out,
+            out: out.clone(),
             resume: Resume::Auto,
             progress: false,
             stop_after: None,
         };
         let mut trainer = RlTrainer::new(config, options, Box::new(SingleProcess))?
             .with_recorded_completions(recorded);
-        let summary = trainer.train_with_configured_reward()?;
-        summary
+        let settings = &trainer.run().config().reward;
+        let mut judge =
+            JudgeReward::start(settings, out.join("judge.db"), format!("bench-rl:{name}"))?;
+        let mut tallied = Tallied::new(&mut judge, group);
+        let summary = trainer.train(&mut tallied);
+        let outcomes = tallied.outcomes;
+        let judge_ended = judge.shutdown();
+        let line = summary?
             .steps
             .into_iter()
             .next()
-            .context("the benchmark's run ran no step")
+            .context("the benchmark's run ran no step")?;
+        judge_ended?;
+        Ok((line, outcomes))
     };
-    let pipelined = step(Pacing::AsDecoded, "pipelined")?;
-    let back_to_back = step(Pacing::AfterRollout, "back-to-back")?;
+    let (pipelined, outcomes) = step(Pacing::AsDecoded, "pipelined")?;
+    let (back_to_back, _) = step(Pacing::AfterRollout, "back-to-back")?;
     Ok(RlBench {
+        outcomes,
         tasks: pipelined.tasks,
         samples: pipelined.samples,
         tokens: pipelined.tokens_generated,

@@ -133,6 +133,19 @@ fn print_rl_bench(b: &RlBench, args: &RlBenchArgs) {
         b.replay_samples,
     );
     println!();
+    println!("| recorded program | samples | passed | deceptive | mean reward |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for o in &b.outcomes {
+        println!(
+            "| {:?} | {} | {} | {} | {:.2} |",
+            o.variant,
+            o.samples,
+            o.passed,
+            o.deceptive,
+            o.reward_sum / o.samples.max(1) as f64
+        );
+    }
+    println!();
     println!("| step | rollout s | judge s | idle s | update s | step s |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     for (name, p) in [
