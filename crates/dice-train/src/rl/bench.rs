@@ -368,7 +368,8 @@ pub fn bench_rl(mut config: RlConfig, model: &SdarConfig, work: &Path) -> Result
             out: out.clone(),
             resume: Resume::Auto,
             progress: false,
-            stop_after: None,
+            // The step's checkpoint and no final model: a full-size model's write is no phase.
+            stop_after: Some(1),
         };
         let mut trainer = RlTrainer::new(config, options, Box::new(SingleProcess))?
             .with_recorded_completions(recorded);

@@ -3,7 +3,7 @@
 //! ([`reward`]), group-relative advantages, the replay of every response's decoding trace into
 //! training samples on the rollout's block grid or the reference trainer's, old
 //! log-probabilities, and the clipped policy loss with its k3 KL penalty and gradients; the
-//! settings and presets ([`config`]).
+//! settings and presets ([`config`]); [`bench`] measures a step that judges recorded programs.
 //!
 //! One RL step's update, given the rollouts and their rewards:
 //!
