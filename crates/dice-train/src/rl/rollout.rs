@@ -170,21 +170,22 @@ pub(crate) struct Candidates<'a> {
     pub(crate) sample_id_base: usize,
 }
 
-/// Where a step's completions come from: `produce` hands each of the `slots` completions
-/// (numbered by slot, 0..slots) to its callback as it finishes — the engine decoding them
+/// Where a step's completions come from: `produce` hands the completion of each slot to its
+/// callback as it finishes — the engine decoding them
 /// ([`roll_out`]), or a benchmark's recorded programs ([`super::bench`]).
 pub(crate) type Finished<'f> = &'f mut dyn FnMut(usize, Completion) -> Result<()>;
 
-/// Runs `produce` ([`Finished`]) and scores each of its `slots` completions with `reward` in a
-/// judging thread the moment it is handed over; returns them in slot order with the phase
-/// times.
+/// Runs `produce` ([`Finished`]), which completes each of `slots` once, and scores each
+/// completion with `reward` in a judging thread the moment it is handed over; returns them in
+/// slot order with the phase times.
 pub(crate) fn roll_out_and_score(
     produce: impl FnOnce(Finished) -> Result<()>,
-    slots: usize,
+    slots: &[usize],
     candidates: &Candidates,
     reward: &mut dyn Reward,
 ) -> Result<(Vec<Rolled>, PhaseTimes)> {
-    let mut completions: Vec<Option<Completion>> = vec![None; slots];
+    let mut completions: BTreeMap<usize, Option<Completion>> =
+        slots.iter().map(|&slot| (slot, None)).collect();
     let (to_judge, judging) = channel::<Candidate>();
     let started = Instant::now();
     let (rolled_out, judged) = std::thread::scope(|scope| {
@@ -242,7 +243,9 @@ pub(crate) fn roll_out_and_score(
                 token_ids: completion.token_ids.clone(),
                 program: candidate_program(task, candidates.stage, &text),
             };
-            completions[slot] = Some(completion);
+            *completions
+                .get_mut(&slot)
+                .context("the engine finished a request of no slot")? = Some(completion);
             to_judge
                 .send(candidate)
                 .map_err(|_| anyhow::anyhow!("the judge stopped"))
@@ -263,7 +266,6 @@ pub(crate) fn roll_out_and_score(
     let mut scores: HashMap<usize, Score> = scores.into_iter().collect();
     let rolled = completions
         .into_iter()
-        .enumerate()
         .map(|(slot, completion)| {
             Ok(Rolled {
                 completion: completion.context("a request finished without a completion")?,

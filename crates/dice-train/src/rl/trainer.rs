@@ -297,7 +297,7 @@ impl RlSteps {
         };
         let weights = trainer_weights(run);
         let engine = self.engine.get(run)?;
-        let slots = requests.len();
+        let slots: Vec<usize> = requests.iter().map(|&(slot, _)| slot).collect();
         let recorded = self.recorded.as_ref();
         let (rolled, times) = roll_out_and_score(
             |finished| match recorded {
@@ -311,7 +311,7 @@ impl RlSteps {
                     finished,
                 ),
             },
-            slots,
+            &slots,
             &candidates,
             reward,
         )?;
@@ -540,10 +540,10 @@ impl RlSteps {
         };
         let weights = trainer_weights(run);
         let engine = self.engine.get(run)?;
-        let slots = requests.len();
+        let slots: Vec<usize> = requests.iter().map(|&(slot, _)| slot).collect();
         let (rolled, _) = roll_out_and_score(
             |finished| roll_out(engine, &weights, requests, config.eval.max_active, finished),
-            slots,
+            &slots,
             &candidates,
             reward,
         )?;
