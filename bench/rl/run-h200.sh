@@ -3,8 +3,8 @@
 # the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/rl/run-h200.sh [STEP...]
 # (STEP: golden-f32, golden-bf16, sampled-1.7b, sampled-1.7b-host, greedy-1.7b, sampled-4b,
-# sampled-1.7b-rl-shape, rl-rollout, sampled-1.7b-rl256-shape, rl-rollout-256, rl-learn; all by
-# default)
+# sampled-1.7b-rl-shape, rl-rollout, sampled-1.7b-rl256-shape, rl-rollout-256, rl-learn, bench-rl;
+# all by default)
 # reading the model configs, the tokenizer and the DICE tasks from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -66,3 +66,11 @@ rl_run rl-rollout-256 300 32 8 512 256 3 --reward-token 16
 # by about the rate: about 0.2 of a logit per step for the rewarded token).
 rl_run rl-learn 540 2 8 64 16 20 --reward-token census --lr 1e-4
 rm -rf /tmp/m17
+# dice bench rl (issue #26, build 3): one stage-2 step of the 1.7B config with random weights, the
+# judge on the GPU scoring recorded programs of the infilling-evaluation tasks (correct, not
+# building, wrong, hack: every group kept) and the real update, pipelined and then back to back.
+# The preset's 64 tasks x 16 samples build 768 CUDA extensions per run, more than one 10-minute
+# command holds twice; 4 tasks x 16 samples (48 builds and 256 replayed samples per run) measure
+# the same step's phases at the preset's group size and lengths.
+run bench-rl 600 bench rl --config "$configs/sdar-1.7b.json" --device cuda --judge-device cuda \
+  --python "$(command -v python3)" --tasks-per-step 4 --json "$OUT/bench-rl.json"

@@ -13,6 +13,7 @@ mod bench_cli;
 mod bench_generate;
 mod bench_identity;
 mod bench_profile;
+mod bench_rl;
 mod curate_cli;
 mod eval_build_stage;
 mod eval_cli;

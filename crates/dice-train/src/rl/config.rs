@@ -132,6 +132,9 @@ pub struct RewardConfig {
     /// the project's .dice/venv, else python3].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub python: Option<PathBuf>,
+    /// The judge's build cache [default: `DICE_CACHE`, else ~/.cache/dice/builds].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub build_cache: Option<PathBuf>,
     /// Reward 1 for a completion holding this token, else 0, instead of judging programs: the
     /// verifiable toy reward ([`super::ContainsToken`]) that checks the loop, its ranks and a
     /// deployment without the evaluator.
@@ -182,6 +185,7 @@ impl Default for RewardConfig {
             speedup_cap: 4.0,
             turn_discount: 0.4,
             python: None,
+            build_cache: None,
             contains_token: None,
         }
     }

@@ -3,7 +3,8 @@
 //! ([`reward`]), group-relative advantages, the replay of every response's decoding trace into
 //! training samples on the rollout's block grid or the reference trainer's, old
 //! log-probabilities, and the clipped policy loss with its k3 KL penalty and gradients; the
-//! settings and presets ([`config`]); refinement over several turns ([`turns`]).
+//! settings and presets ([`config`]); refinement over several turns ([`turns`]); [`bench`]
+//! measures a step that judges recorded programs.
 //!
 //! One RL step's update, given the rollouts and their rewards:
 //!
@@ -14,6 +15,7 @@
 //! 4. [`policy_loss_and_grads`] over consecutive groups of samples, one optimizer step each.
 
 pub mod advantage;
+pub mod bench;
 pub mod config;
 pub mod dry_run;
 pub mod loss;

@@ -259,6 +259,9 @@ impl JudgeReward {
             cfg.perf_trials = 0;
         }
         cfg.python.clone_from(&settings.python);
+        if let Some(dir) = &settings.build_cache {
+            cfg.build_cache.clone_from(dir);
+        }
         let audit = Arc::new(StaticAudit { strict: true });
         let evaluator = Evaluator::start(cfg, Some(audit)).context("cannot start the judge")?;
         Ok(Self {

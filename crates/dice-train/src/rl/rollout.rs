@@ -170,19 +170,22 @@ pub(crate) struct Candidates<'a> {
     pub(crate) sample_id_base: usize,
 }
 
-/// Decodes `requests` (each numbered by its slot, a slot once) in `engine` ([`roll_out`]) with
-/// up to `max_active` at once and scores each completion with `reward` in a judging thread the
-/// moment it finishes; returns them in slot order with the phase times.
+/// Where a step's completions come from: `produce` hands the completion of each slot to its
+/// callback as it finishes — the engine decoding them
+/// ([`roll_out`]), or a benchmark's recorded programs ([`super::bench`]).
+pub(crate) type Finished<'f> = &'f mut dyn FnMut(usize, Completion) -> Result<()>;
+
+/// Runs `produce` ([`Finished`]), which completes each of `slots` once, and scores each
+/// completion with `reward` in a judging thread the moment it is handed over; returns them in
+/// slot order with the phase times.
 pub(crate) fn roll_out_and_score(
-    engine: &mut Engine<SdarDecoder>,
-    weights: &VarBuilder,
-    requests: Vec<(usize, Request)>,
-    max_active: usize,
+    produce: impl FnOnce(Finished) -> Result<()>,
+    slots: &[usize],
     candidates: &Candidates,
     reward: &mut dyn Reward,
 ) -> Result<(Vec<Rolled>, PhaseTimes)> {
     let mut completions: BTreeMap<usize, Option<Completion>> =
-        requests.iter().map(|(slot, _)| (*slot, None)).collect();
+        slots.iter().map(|&slot| (slot, None)).collect();
     let (to_judge, judging) = channel::<Candidate>();
     let started = Instant::now();
     let (rolled_out, judged) = std::thread::scope(|scope| {
@@ -229,7 +232,7 @@ pub(crate) fn roll_out_and_score(
                 done: Instant::now(),
             })
         });
-        let rolled_out = roll_out(engine, weights, requests, max_active, |slot, completion| {
+        let rolled_out = produce(&mut |slot, completion: Completion| {
             let task = &candidates.tasks[slot / candidates.group];
             let text = candidates.codec.completion_text(&completion.token_ids)?;
             let candidate = Candidate {

@@ -25,13 +25,14 @@
 //! the update are the only phases that do not overlap.
 
 use super::advantage::group_advantages;
+use super::bench::RecordedCompletions;
 use super::config::RewardToken;
 use super::config::RlConfig;
 use super::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics, StepTotals};
 use super::report::write_html;
 use super::reward::{CensusToken, ContainsToken, JudgeReward, Reward};
 use super::rollout::{
-    decoder, eval_params, roll_out_and_score, rollout_params, Candidates, PhaseTimes,
+    decoder, eval_params, roll_out, roll_out_and_score, rollout_params, Candidates, PhaseTimes,
 };
 use super::task::{load_tasks, render_prompt, select_tasks, RlTask, Stage};
 use super::turns::{
@@ -77,6 +78,9 @@ struct RlSteps {
     tasks: Vec<Arc<RlTask>>,
     eval_tasks: Vec<Arc<RlTask>>,
     engine: KeptEngine,
+    /// `dice bench rl`'s completions, handed over in place of the decoded ones
+    /// ([`RlTrainer::with_recorded_completions`]).
+    recorded: Option<RecordedCompletions>,
 }
 
 /// The engine every rollout and evaluation of this rank decodes in: built at the first, over
@@ -205,8 +209,17 @@ impl RlTrainer {
             tasks,
             eval_tasks,
             engine,
+            recorded: None,
         };
         Ok(Self { run, rl })
+    }
+
+    /// Steps that judge and learn from `recorded` programs instead of what the policy decodes
+    /// (`dice bench rl`): the policy still decodes as many tokens, each decoded completion
+    /// traded for its recorded one as it finishes.
+    pub fn with_recorded_completions(mut self, recorded: RecordedCompletions) -> Self {
+        self.rl.recorded = Some(recorded);
+        self
     }
 
     /// The run: its settings, model and step.
@@ -327,8 +340,9 @@ impl RlSteps {
                 config.training.max_prompt_len,
             )?),
         };
-        let engine = self.engine.get(run)?;
         let weights = trainer_weights(run);
+        let engine = self.engine.get(run)?;
+        let recorded = self.recorded.as_ref();
         let (trajectories, times) =
             roll_out_trajectories(first_prompts, refinement.as_ref(), |turn, prompts| {
                 let requests = requests(prompts, &params, |slot| {
@@ -343,8 +357,25 @@ impl RlSteps {
                     codec: &self.codec,
                     sample_id_base: earlier * samples_per_step + first_slot,
                 };
+                let slots: Vec<usize> = requests.iter().map(|&(slot, _)| slot).collect();
                 let max_active = rollout.max_active;
-                roll_out_and_score(engine, &weights, requests, max_active, &candidates, reward)
+                let engine = &mut *engine;
+                roll_out_and_score(
+                    |finished| match recorded {
+                        None => roll_out(engine, &weights, requests, max_active, finished),
+                        Some(recorded) => recorded.roll_out(
+                            engine,
+                            &weights,
+                            requests,
+                            max_active,
+                            (&mine, group),
+                            finished,
+                        ),
+                    },
+                    &slots,
+                    &candidates,
+                    reward,
+                )
             })?;
         self.engine.release_if_large(run)?;
 
@@ -564,11 +595,12 @@ impl RlSteps {
             codec: &self.codec,
             sample_id_base: base,
         };
+        let weights = trainer_weights(run);
+        let engine = self.engine.get(run)?;
+        let slots: Vec<usize> = requests.iter().map(|&(slot, _)| slot).collect();
         let (rolled, _) = roll_out_and_score(
-            self.engine.get(run)?,
-            &trainer_weights(run),
-            requests,
-            config.eval.max_active,
+            |finished| roll_out(engine, &weights, requests, config.eval.max_active, finished),
+            &slots,
             &candidates,
             reward,
         )?;

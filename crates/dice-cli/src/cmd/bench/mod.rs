@@ -9,6 +9,7 @@ mod golden;
 mod identity;
 mod model;
 mod profile;
+mod rl;
 mod train;
 
 use anyhow::Result;
@@ -30,6 +31,9 @@ pub(crate) enum BenchCommand {
     /// Identity candidates (each reference with `Model` renamed `ModelNew`) for timing precision.
     #[command(after_help = identity::AFTER_HELP)]
     Identity(identity::IdentityArgs),
+    /// One full-size RL step judging recorded programs: its phases pipelined and back to back.
+    #[command(after_help = rl::AFTER_HELP)]
+    Rl(rl::RlBenchArgs),
 }
 
 pub(crate) fn run(command: BenchCommand) -> Result<()> {
@@ -39,5 +43,6 @@ pub(crate) fn run(command: BenchCommand) -> Result<()> {
         BenchCommand::Train(args) => train::run(args),
         BenchCommand::Generate(args) => generate::run(args),
         BenchCommand::Identity(args) => identity::run(args),
+        BenchCommand::Rl(args) => rl::run(args),
     }
 }
