@@ -20,14 +20,19 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// `dice kernelbench` on level 1 of the examples, 8 new tokens per answer.
+/// `dice kernelbench` on level 1 of the examples, 8 new tokens per answer of the tiny model.
 fn kernelbench(run: &Path, extra: &[&str]) -> Output {
+    kernelbench_from(&["--model", path_arg(formula_tiny())], run, extra)
+}
+
+/// `dice kernelbench` on level 1 of the examples, 8 new tokens per answer of `source`'s model
+/// (`--model DIR`, or `--endpoint URL --model-name NAME`).
+fn kernelbench_from(source: &[&str], run: &Path, extra: &[&str]) -> Output {
     let examples_tree = examples_dir().join("kernelbench");
     let cache = shared_build_cache();
-    let mut args = vec![
-        "kernelbench",
-        "--model",
-        path_arg(formula_tiny()),
+    let mut args = vec!["kernelbench"];
+    args.extend(source);
+    args.extend([
         "--kernelbench",
         path_arg(&examples_tree),
         "--levels",
@@ -41,7 +46,7 @@ fn kernelbench(run: &Path, extra: &[&str]) -> Output {
         path_arg(&cache),
         "--run",
         path_arg(run),
-    ];
+    ]);
     args.extend(extra);
     dice(&args)
 }
@@ -493,30 +498,11 @@ fn three_turns_with_the_model_and_against_dice_serve_agree() {
     succeeded(&kernelbench(&local, &["--turns", "3"]));
     let mut server = TinyServer::start(6);
     let served = dir.path().join("served");
-    let examples_tree = examples_dir().join("kernelbench");
-    let cache = shared_build_cache();
-    let stdout = succeeded(&dice(&[
-        "kernelbench",
-        "--endpoint",
-        &server.endpoint,
-        "--model-name",
-        "tiny",
-        "--kernelbench",
-        path_arg(&examples_tree),
-        "--levels",
-        "1",
-        "--device",
-        "cpu",
-        "--max-new-tokens",
-        "8",
-        "--no-stop",
-        "--turns",
-        "3",
-        "--build-cache",
-        path_arg(&cache),
-        "--run",
-        path_arg(&served),
-    ]));
+    let stdout = succeeded(&kernelbench_from(
+        &["--endpoint", &server.endpoint, "--model-name", "tiny"],
+        &served,
+        &["--turns", "3"],
+    ));
     assert!(server.wait_for_exit().success());
     assert!(stdout.contains("| 3 | 2 | 0.0% |"), "{stdout}");
     for turn in ["", "turn-2", "turn-3"] {
