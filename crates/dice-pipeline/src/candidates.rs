@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 /// The file of a run folder that candidates are appended to.
 pub const CANDIDATES_FILE: &str = "candidates.jsonl";
+/// The run folder's store of verdicts, beside its candidates.
+pub const STORE_FILE: &str = "dice.db";
 
 /// Which candidates to generate, and where they go.
 #[derive(Clone, Debug)]

@@ -5,7 +5,7 @@
 //! again, and the report is written anew from the stores.
 
 use crate::candidates::{
-    append_answers, generate_candidates, CandidateRun, Progress, CANDIDATES_FILE,
+    append_answers, generate_candidates, CandidateRun, Progress, CANDIDATES_FILE, STORE_FILE,
 };
 use crate::turns::{read_compared_run, turn_dir, Conversations};
 use anyhow::{bail, ensure, Context, Result};
@@ -19,8 +19,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The run folder's store of verdicts.
-pub const STORE_FILE: &str = "dice.db";
 /// What generated the run's candidates: the model and the decoding parameters.
 pub const GENERATION_FILE: &str = "generation.json";
 /// The reports the run writes, in the paper's layout.

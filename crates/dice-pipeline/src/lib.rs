@@ -18,8 +18,6 @@ mod candidates;
 mod kernelbench;
 mod turns;
 
-pub use candidates::{generate_candidates, CandidateRun, Progress, CANDIDATES_FILE};
-pub use kernelbench::{
-    Event, Finished, JudgedTurn, KernelBenchRun, GENERATION_FILE, REPORT_FILES, STORE_FILE,
-};
+pub use candidates::{generate_candidates, CandidateRun, Progress, CANDIDATES_FILE, STORE_FILE};
+pub use kernelbench::{Event, Finished, JudgedTurn, KernelBenchRun, GENERATION_FILE, REPORT_FILES};
 pub use turns::{read_compared_run, read_turns_report, turn_dir, FEEDBACK_FILE};

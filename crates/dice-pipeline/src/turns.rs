@@ -14,8 +14,7 @@
 //! conversations are rebuilt from what the turns before stored. Sample s decodes with the seed of
 //! sample s at every turn: its prompt, not its seed, is what changes.
 
-use crate::candidates::{stored_candidates, CandidateKey, CANDIDATES_FILE};
-use crate::kernelbench::STORE_FILE;
+use crate::candidates::{stored_candidates, CandidateKey, CANDIDATES_FILE, STORE_FILE};
 use anyhow::{Context, Result};
 use dice_engine::{ChatMessage, Job};
 use dice_eval::{refinement_feedback, ProblemRecord, RunInfo, SampleRecord, Store};

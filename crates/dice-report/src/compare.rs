@@ -1,17 +1,14 @@
 //! Runs side by side in the DICE paper's layout (its Tables 2 and 6): per level, Exec (the share
 //! of problems whose sample 0 compiles and is correct), fast_1 and fast_2, each raw and robust.
 
+use crate::paper::{paper_thresholds, PaperScores, TurnRow};
 use crate::report::{build_report, LevelReport, Report, Scoring};
-use crate::threshold::{parse_thresholds, Threshold};
-use crate::turns::{build_turns_report, StoredTurn, TurnRow};
-use crate::Scores;
+use crate::threshold::Threshold;
+use crate::turns::{build_turns_report, StoredTurn};
 use anyhow::Result;
 use dice_store::{ProblemRecord, RunInfo, SampleRecord, Store};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
-
-/// The paper's speedup thresholds: fast_1 and fast_2.
-const PAPER_FAST_P: &str = "1,2";
 
 /// Runs in the order they are compared.
 #[derive(Clone, Debug, Serialize)]
@@ -55,17 +52,6 @@ pub struct PaperLevel {
     /// last turn's, each sample at its best).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub turns: Vec<TurnRow>,
-}
-
-/// The paper's three figures, as fractions of the level's problems (sample 0 of each).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct PaperScores {
-    /// Compiled and correct.
-    pub exec: f64,
-    /// Correct and faster than the baseline.
-    pub fast_1: f64,
-    /// Correct and more than twice as fast as the baseline.
-    pub fast_2: f64,
 }
 
 impl ComparedRun {
@@ -128,33 +114,4 @@ impl ComparedRun {
             headline: report.headline,
         }
     }
-}
-
-impl PaperScores {
-    /// `scores` were computed with `thresholds`, the paper's.
-    pub(crate) fn of(scores: &Scores, thresholds: &[Threshold]) -> PaperScores {
-        let fast = |i: usize| {
-            *scores
-                .fast_p
-                .get(&thresholds[i].label)
-                .expect("scores computed with the paper's thresholds")
-        };
-        PaperScores {
-            exec: scores.correct,
-            fast_1: fast(0),
-            fast_2: fast(1),
-        }
-    }
-
-    /// The figures' names, in the paper's column order.
-    pub const NAMES: [&'static str; 3] = ["Exec", "fast_1", "fast_2"];
-
-    /// The figures in the order of [`PaperScores::NAMES`].
-    pub fn values(&self) -> [f64; 3] {
-        [self.exec, self.fast_1, self.fast_2]
-    }
-}
-
-pub(crate) fn paper_thresholds() -> Vec<Threshold> {
-    parse_thresholds(PAPER_FAST_P).expect("the paper's thresholds parse")
 }

@@ -31,6 +31,7 @@
 mod compare;
 mod metrics;
 mod ordered;
+mod paper;
 mod pass_at_k;
 pub mod render;
 mod report;
@@ -38,13 +39,14 @@ pub mod targets;
 mod threshold;
 mod turns;
 
-pub use compare::{ComparedRun, Comparison, PaperLevel, PaperScores};
+pub use compare::{ComparedRun, Comparison, PaperLevel};
 pub use metrics::{Outcome, ProblemOutcomes, Scores};
 pub use ordered::OrderedMap;
+pub use paper::{PaperScores, TurnRow};
 pub use pass_at_k::{k_values, pass_at_k};
 pub use render::{render, render_comparison, Format};
 pub use report::{
     build_report, read_report, LevelReport, ProblemError, Report, SampleRow, Scoring,
 };
 pub use threshold::{parse_thresholds, Threshold, DEFAULT_FAST_P};
-pub use turns::{best_so_far, build_turns_report, SampleKey, StoredTurn, TurnRow};
+pub use turns::{best_so_far, build_turns_report, SampleKey, StoredTurn};

@@ -1,8 +1,8 @@
 //! A run's report: sample rows and per-level raw/robust metrics, built from stored records.
 
 use crate::metrics::{Outcome, ProblemOutcomes, Scores};
+use crate::paper::TurnRow;
 use crate::threshold::Threshold;
-use crate::turns::TurnRow;
 use anyhow::Result;
 use dice_store::{
     ProblemRecord, RunInfo, SampleRecord, SpeedupInterval, Store, TimingStats, Verdict,

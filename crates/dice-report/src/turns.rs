@@ -9,11 +9,9 @@
 //! Robust figures never fall from one turn to the next; a raw figure may, where an honest
 //! program replaces a faster deceptive one.
 
-use crate::compare::{paper_thresholds, PaperScores};
-use crate::ordered::OrderedMap;
+use crate::paper::{paper_thresholds, PaperScores, TurnRow};
 use crate::report::{build_report, Report, Scoring};
 use dice_store::{ProblemRecord, RunInfo, SampleRecord};
-use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A sample of a run: (level, problem id, sample id).
@@ -25,29 +23,6 @@ pub type SampleKey = (u32, u32, u32);
 pub struct StoredTurn {
     pub samples: Vec<SampleRecord>,
     pub tokens: BTreeMap<SampleKey, Option<usize>>,
-}
-
-/// One turn of one level of a run, each sample at its best so far.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct TurnRow {
-    /// 1 for the first answers.
-    pub turn: u32,
-    /// Samples answered and judged at this turn (the others had stopped).
-    pub answered: usize,
-    /// The headline Exec, fast_1 and fast_2 (sample 0 of each problem).
-    pub scores: PaperScores,
-    /// The headline pass@k over all samples, keyed by k (with several samples per problem).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pass_at_k: Option<OrderedMap<f64>>,
-    /// Samples correct (headline scoring) for the first time at this turn.
-    pub fixed: usize,
-    /// `fixed` over the samples that were not correct before this turn.
-    pub fixed_share: f64,
-    /// Tokens generated for the level's samples in turns 1 … this one; `None` when the model's
-    /// side did not report some answer's.
-    pub tokens: Option<usize>,
-    /// `tokens` over the samples correct at this turn; `None` without tokens or correct samples.
-    pub tokens_per_correct: Option<f64>,
 }
 
 /// Each turn's records with every sample at its best so far: entry t holds every sample

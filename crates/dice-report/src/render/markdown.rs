@@ -5,9 +5,10 @@ use super::{
     compared_run_settings, metric_rows, percent, run_settings, speedup_cell, turn_table,
     COMPARED_RUN_COLUMNS, COMPARISON_LEGEND, TURNS_LEGEND,
 };
-use crate::compare::{Comparison, PaperScores};
+use crate::compare::Comparison;
+use crate::paper::PaperScores;
+use crate::paper::TurnRow;
 use crate::report::{Report, Scoring};
-use crate::turns::TurnRow;
 use std::fmt::Write;
 
 pub(super) fn render(r: &Report) -> String {

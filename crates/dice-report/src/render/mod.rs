@@ -5,9 +5,10 @@ mod html;
 mod markdown;
 mod svg;
 
-use crate::compare::{ComparedRun, Comparison, PaperScores};
+use crate::compare::{ComparedRun, Comparison};
+use crate::paper::PaperScores;
+use crate::paper::TurnRow;
 use crate::report::{Report, SampleRow, Scoring};
-use crate::turns::TurnRow;
 use crate::Scores;
 use anyhow::{bail, Result};
 use dice_store::RunInfo;

@@ -20,6 +20,7 @@ pub mod config;
 pub mod dry_run;
 pub mod loss;
 pub mod metrics;
+pub mod recorded;
 pub mod replay;
 pub mod report;
 pub mod reward;

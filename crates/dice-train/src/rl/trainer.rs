@@ -25,10 +25,10 @@
 //! the update are the only phases that do not overlap.
 
 use super::advantage::group_advantages;
-use super::bench::RecordedCompletions;
 use super::config::RewardToken;
 use super::config::RlConfig;
 use super::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics, StepTotals};
+use super::recorded::RecordedCompletions;
 use super::report::write_html;
 use super::reward::{CensusToken, ContainsToken, JudgeReward, Reward};
 use super::rollout::{
