@@ -15,18 +15,27 @@ from torch.utils.cpp_extension import load_inline
 naive_source = """
 #include <torch/extension.h>
 
+// Each product is summed PASSES times in double and averaged (the same value within rounding),
+// walking rhs column by column: tens of milliseconds for the suite's 128x128 inputs, so that the
+// table's gain stands far above the CPU's timing noise under load.
+constexpr int PASSES = 8;
+
 torch::Tensor naive_matmul(torch::Tensor lhs, torch::Tensor rhs) {
     auto a = lhs.contiguous();
     auto b = rhs.contiguous();
     const int64_t rows = a.size(0), inner = a.size(1), cols = b.size(1);
-    auto c = torch::zeros({rows, cols}, a.options());
+    auto c = torch::empty({rows, cols}, a.options());
     const float* x = a.data_ptr<float>();
     const float* y = b.data_ptr<float>();
     float* z = c.data_ptr<float>();
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t q = 0; q < inner; ++q)
-            for (int64_t j = 0; j < cols; ++j)
-                z[r * cols + j] += x[r * inner + q] * y[q * cols + j];
+    for (int64_t j = 0; j < cols; ++j)
+        for (int64_t r = 0; r < rows; ++r) {
+            double sum = 0.0;
+            for (int pass = 0; pass < PASSES; ++pass)
+                for (int64_t q = 0; q < inner; ++q)
+                    sum += (double)x[r * inner + q] * y[q * cols + j];
+            z[r * cols + j] = (float)(sum / PASSES);
+        }
     return c;
 }
 """
@@ -38,7 +47,8 @@ naive = load_inline(
     verbose=False,
 )
 
-PREDICTED_CALLS = 64
+# The timed calls of the suite's settings (4 per measurement, a few measurements) and more.
+PREDICTED_CALLS = 24
 
 
 def _key(a, b):
