@@ -513,6 +513,11 @@ impl KvCache {
         })
     }
 
+    /// Device bytes of a cache [`KvCache::new`] would allocate: keys and values of every layer.
+    pub fn bytes(cfg: &SdarConfig, batch: usize, capacity: usize, dtype: DType) -> usize {
+        2 * cfg.num_hidden_layers * batch * capacity * cfg.kv_dim() * dtype.size_in_bytes()
+    }
+
     pub fn batch_size(&self) -> usize {
         self.lens.len()
     }

@@ -48,7 +48,7 @@ use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use dice_engine::{DecodeParams, Engine, EngineConfig, Request, SdarDecoder, TextCodec};
-use dice_model::SdarTokenizer;
+use dice_model::{KvCache, SdarTokenizer};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -108,13 +108,12 @@ impl KeptEngine {
         let Some((_, total)) = dice_model::memory::free_and_total(&run.device)? else {
             return Ok(());
         };
-        let model = run.model.config();
-        let per_position = 2
-            * model.num_hidden_layers
-            * model.num_key_value_heads
-            * model.head_dim
-            * run.dtype.size_in_bytes();
-        let cache = (per_position * self.config.max_batch * self.config.max_seq_len) as f64;
+        let cache = KvCache::bytes(
+            run.model.config(),
+            self.config.max_batch,
+            self.config.max_seq_len,
+            run.dtype,
+        ) as f64;
         if cache > KEPT_CACHE_SHARE * total as f64 && self.engine.take().is_some() {
             tracing::debug!(
                 "the rollout engine's KV cache ({:.1} GB) is over {:.0} % of the device's \
