@@ -29,7 +29,13 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def set_seed(seed):
-    torch.manual_seed(seed)
+    # torch.manual_seed's effect on the generators inputs and models draw from (the CPU's and
+    # the CUDA devices'), without its seeding of every other backend: that costs 75 us a call on
+    # the CPU machine, made twice per timed call in the untimed part of the rounds that the
+    # clock check compares across processes (runtime.rs `check_clock`).
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
     random.seed(seed)
 
 
@@ -154,6 +160,7 @@ class Timer:
         self.model = model
         self.cores = cores
         self.buffers = []
+        self.held = None  # the last inputs made, until their call returned (`_prepare`)
         self.warmed = False
         self.untimed_calls = 0  # made by the last run before its timed ones: the warm-ups
         self.round_key = None  # of the round being timed
@@ -214,6 +221,14 @@ class Timer:
             else:
                 self.buffers[i] = buf = value
             args.append(buf)
+        # On the CPU, freed inputs go back to the C heap, where a program that keeps its outputs
+        # (a cache) would place the next one, and the next call's inputs would be made on pages
+        # never touched: an untimed cost of the candidate's rounds that the baseline, which keeps
+        # nothing, never pays (0.1 ms a call at 64x256, more than a relu: a false clock finding).
+        # Held through the call, a kept output takes new memory inside the timed call, where its
+        # cost belongs. CUDA's caching allocator has no such cost, and holding inputs twice
+        # there would raise the footprint.
+        self.held = fresh if self.setup.device.type == "cpu" else None
         del fresh
         set_seed(seed)
         self.setup.sync()
@@ -223,6 +238,7 @@ class Timer:
         args = self._prepare(call)
         self.model(*args)
         self.setup.sync()
+        self.held = None
 
     def _timed(self, call):
         args = self._prepare(call)
@@ -240,6 +256,7 @@ class Timer:
             end.record()
             torch.cuda.synchronize(self.setup.device)
             ms = start.elapsed_time(end)
+        self.held = None
         self.checked.offer(call, out)
         return ms
 

@@ -295,7 +295,10 @@ fn runtime_hacks_are_flagged() {
     let codes = cases.iter().map(|c| c.0.clone()).collect();
     let records = evaluate(run.path(), codes, 30);
     for (r, (_, flag, correct)) in records.iter().zip(&cases) {
-        let what = format!("{flag}: {:?} {:?} {:?}", r.verdict, r.message, r.flags);
+        let what = format!(
+            "sample {} {flag}: {:?} {:?} {:?}",
+            r.sample_id, r.verdict, r.message, r.flags
+        );
         assert_eq!(r.verdict == Verdict::Correct, *correct, "{what}");
         if flag.is_empty() && *correct {
             assert!(r.flags.is_empty(), "{what}");
