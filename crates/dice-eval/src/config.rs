@@ -276,6 +276,9 @@ pub struct EvalConfig {
     pub postgres: Option<(String, String)>,
     /// Re-evaluate samples already stored.
     pub force: bool,
+    /// Judge every sample, also one whose program an earlier sample brought for the same problem
+    /// (by default that one gets a copy of the first's judgement: same_program.rs).
+    pub judge_each_copy: bool,
     /// The run's seed of its correctness trials' and timed calls' inputs; None draws one when the
     /// run begins (or keeps the one it began with). A fixed seed reproduces a run, but it is
     /// public: a program can then carry its expected outputs instead of computing them.
@@ -313,6 +316,7 @@ impl EvalConfig {
             db,
             postgres: None,
             force: false,
+            judge_each_copy: false,
             seed: None,
             strict: false,
             source,

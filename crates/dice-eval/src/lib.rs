@@ -91,6 +91,7 @@ mod quiet;
 mod run_queue;
 mod run_slot;
 pub mod runtime;
+mod same_program;
 mod sandbox;
 mod stage_build;
 mod stage_reference;

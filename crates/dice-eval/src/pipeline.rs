@@ -21,6 +21,7 @@ use crate::outcome::{sha256_hex, Evaluated, Summary};
 use crate::python::Runtime;
 use crate::run_queue::{Producer, RunQueue};
 use crate::run_slot::run_slot;
+use crate::same_program::{FirstOrCopy, SamePrograms};
 use crate::stage_build::{self, Built};
 use crate::writer::{progress_bar, write_reports};
 use crate::zygote::ZygoteSlot;
@@ -100,8 +101,9 @@ impl Workers {
         let (report_tx, report_rx) = mpsc::channel();
         let (run_queue, run_tx) = RunQueue::new();
         let bar = progress_bar(cfg.progress, 0);
+        let same = SamePrograms::default();
         let judged = std::thread::scope(|scope| {
-            let (shared, claims) = (&shared, &claims);
+            let (shared, claims, same) = (&shared, &claims, &same);
             let (stop_heartbeat, heartbeat_stopped) = mpsc::channel::<()>();
             let heartbeat = scope.spawn(move || claims.heartbeat(&heartbeat_stopped));
             let intake = {
@@ -112,13 +114,14 @@ impl Workers {
                 })
             };
             let writer = scope.spawn(move || {
-                write_reports(claims, shared, report_rx, audit, bar, results)
+                write_reports(claims, shared, same, report_rx, audit, bar, results)
                     .inspect_err(|_| claims.stop())
             });
             let builders = start_builders(
                 scope,
                 shared,
                 claims,
+                same,
                 &self.build_zygote,
                 run_tx,
                 report_tx.clone(),
@@ -278,9 +281,6 @@ impl Drop for Workers {
     }
 }
 
-/// `jobs` threads that claim the batch's samples one at a time and send each where it goes:
-/// samples without a run stage to the store writer, the others through the compile stage (when
-/// they build an extension) to the run queue.
 /// The name of the device at `index`, the same in every process of the host: a GPU's is its
 /// entry in CUDA_VISIBLE_DEVICES (an index or a UUID) when that is set.
 fn device_name(device: Device, index: usize) -> String {
@@ -307,10 +307,15 @@ fn device_name(device: Device, index: usize) -> String {
     format!("cuda-{id}")
 }
 
+/// `jobs` threads that claim the batch's samples one at a time and send each where it goes:
+/// samples without a run stage to the store writer, repeats of a program of their batch to wait
+/// for its judgement (same_program.rs), the others through the compile stage (when they build an
+/// extension) to the run queue.
 fn start_builders<'scope>(
     scope: &'scope Scope<'scope, '_>,
     shared: &'scope BatchContext<'_>,
     claims: &'scope Claims<'_>,
+    same: &'scope SamePrograms,
     zygote: &'scope ZygoteSlot,
     run_tx: Producer<RunItem>,
     report_tx: Sender<Report>,
@@ -344,6 +349,16 @@ fn start_builders<'scope>(
                             let _ = report_tx.send(Report::Sample(i, Box::new(outcome)));
                             continue;
                         };
+                        if !shared.ctx.cfg.judge_each_copy {
+                            match same.first_or_copy(i, key, code, &sample.origin) {
+                                FirstOrCopy::First => {}
+                                FirstOrCopy::Waits => continue,
+                                FirstOrCopy::Copy(report) => {
+                                    let _ = report_tx.send(report);
+                                    continue;
+                                }
+                            }
+                        }
                         if !stage_build::may_build(code) {
                             let compiled = Compiled::default();
                             run_tx.push(

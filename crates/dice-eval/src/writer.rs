@@ -7,6 +7,7 @@ use crate::config::{Audit, EvalSample};
 use crate::job::Outcome;
 use crate::outcome::{sha256_hex, Evaluated, SampleOutcome, Summary};
 use crate::run_queue::ProblemKey;
+use crate::same_program::SamePrograms;
 use anyhow::{Context, Result};
 use dice_store::{SampleExtras, SampleRecord, Verdict};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -28,31 +29,73 @@ pub(crate) fn progress_bar(show: bool, len: usize) -> ProgressBar {
 
 /// Stores each outcome the stages report, in its own transaction that also ends the sample's
 /// claim, after the audit; counts them into the summary and on the progress bar, and sends
-/// what became of each sample to `results`.
+/// what became of each sample to `results`. The samples that repeat a program judged once
+/// (`same`) are written with its judgement.
 pub(crate) fn write_reports(
     claims: &Claims<'_>,
     shared: &BatchContext<'_>,
+    same: &SamePrograms,
     reports: Receiver<Report>,
     audit: Option<&dyn Audit>,
     bar: ProgressBar,
     results: Option<Sender<Evaluated>>,
 ) -> Result<Summary> {
-    let mut summary = Summary::default();
-    let mut failed_problems: BTreeMap<ProblemKey, String> = BTreeMap::new();
-    let tell = |ticket: Ticket, s: &EvalSample, outcome: SampleOutcome| {
-        if let Some(results) = &results {
+    let mut writer = StoreWriter {
+        claims,
+        shared,
+        audit,
+        bar,
+        results,
+        summary: Summary::default(),
+        failed_problems: BTreeMap::new(),
+    };
+    for report in reports {
+        let copies = same.judged(&report);
+        for report in std::iter::once(report).chain(copies) {
+            writer.write(report)?;
+        }
+        writer.bar.set_message(progress_message(&writer.summary));
+    }
+    writer.bar.finish();
+    let mut summary = writer.summary;
+    summary
+        .records
+        .sort_by_key(|r| (r.level, r.problem_id, r.sample_id));
+    summary.reference_errors = writer
+        .failed_problems
+        .into_iter()
+        .map(|((l, p), why)| (l, p, why))
+        .collect();
+    Ok(summary)
+}
+
+struct StoreWriter<'a, 'c, 'j> {
+    claims: &'a Claims<'c>,
+    shared: &'a BatchContext<'j>,
+    audit: Option<&'a dyn Audit>,
+    bar: ProgressBar,
+    results: Option<Sender<Evaluated>>,
+    summary: Summary,
+    failed_problems: BTreeMap<ProblemKey, String>,
+}
+
+impl StoreWriter<'_, '_, '_> {
+    fn tell(&self, ticket: Ticket, s: &EvalSample, outcome: SampleOutcome) {
+        if let Some(results) = &self.results {
             let _ = results.send(Evaluated {
                 ticket,
                 sample: (s.level, s.problem_id, s.sample_id),
                 outcome,
             });
         }
-    };
-    for report in reports {
+    }
+
+    fn write(&mut self, report: Report) -> Result<()> {
+        let (claims, shared) = (self.claims, self.shared);
         match report {
             Report::ReferenceOk(key) => {
                 claims.store().set_reference_error(key.0, key.1, None)?;
-                failed_problems.remove(&key);
+                self.failed_problems.remove(&key);
             }
             Report::ReferenceFailed(i, why) => {
                 let (ticket, s) = shared.forget(i);
@@ -60,61 +103,52 @@ pub(crate) fn write_reports(
                     .store()
                     .set_reference_error(s.level, s.problem_id, Some(&why))?;
                 claims.release((s.level, s.problem_id, s.sample_id))?;
-                failed_problems.insert((s.level, s.problem_id), why.clone());
-                summary.skipped += 1;
-                bar.inc(1);
-                tell(ticket, &s, SampleOutcome::ReferenceFailed(why));
+                self.failed_problems
+                    .insert((s.level, s.problem_id), why.clone());
+                self.summary.skipped += 1;
+                self.bar.inc(1);
+                self.tell(ticket, &s, SampleOutcome::ReferenceFailed(why));
             }
             Report::AlreadyStored(i) => {
                 let (ticket, s) = shared.forget(i);
-                tell(ticket, &s, SampleOutcome::AlreadyStored);
+                self.tell(ticket, &s, SampleOutcome::AlreadyStored);
             }
             Report::JudgedElsewhere(i) => {
                 let (ticket, s) = shared.forget(i);
-                tell(ticket, &s, SampleOutcome::JudgedElsewhere);
+                self.tell(ticket, &s, SampleOutcome::JudgedElsewhere);
             }
             Report::Sample(i, outcome) => {
                 let (ticket, sample) = shared.forget(i);
                 let problem = shared.problem((sample.level, sample.problem_id));
                 let (mut record, extras) = into_record(&sample, *outcome);
-                if let Some(audit) = audit {
+                if let Some(audit) = self.audit {
                     audit.audit(&problem, &sample, extras.kernels.as_ref(), &mut record);
                 }
                 let stored = claims
                     .put(&record, &extras)
                     .with_context(|| format!("storing the result of {}", sample.origin))?;
+                self.bar.inc(1);
                 if !stored {
                     tracing::warn!(
                         "{}: judged here, but another worker took it over after this one's \
                          lease expired; its result is that worker's",
                         sample.origin
                     );
-                    bar.inc(1);
-                    tell(ticket, &sample, SampleOutcome::JudgedElsewhere);
-                    continue;
+                    self.tell(ticket, &sample, SampleOutcome::JudgedElsewhere);
+                    return Ok(());
                 }
-                *summary.verdicts.entry(record.verdict).or_default() += 1;
-                summary.timeline.last_outcome_s = Some(shared.started.elapsed().as_secs_f64());
-                bar.inc(1);
+                *self.summary.verdicts.entry(record.verdict).or_default() += 1;
+                self.summary.timeline.last_outcome_s = Some(shared.started.elapsed().as_secs_f64());
                 // An evaluator's records go to its caller instead of piling up for a whole run.
-                if results.is_some() {
-                    tell(ticket, &sample, SampleOutcome::Judged(Box::new(record)));
+                if self.results.is_some() {
+                    self.tell(ticket, &sample, SampleOutcome::Judged(Box::new(record)));
                 } else {
-                    summary.records.push(record);
+                    self.summary.records.push(record);
                 }
             }
         }
-        bar.set_message(progress_message(&summary));
+        Ok(())
     }
-    bar.finish();
-    summary
-        .records
-        .sort_by_key(|r| (r.level, r.problem_id, r.sample_id));
-    summary.reference_errors = failed_problems
-        .into_iter()
-        .map(|((l, p), why)| (l, p, why))
-        .collect();
-    Ok(summary)
 }
 
 fn progress_message(summary: &Summary) -> String {

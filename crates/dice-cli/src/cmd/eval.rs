@@ -173,6 +173,12 @@ pub(crate) struct JudgeArgs {
     /// and gives up that defence. --input-seed 42 gives KernelBench's inputs.
     #[arg(long, value_name = "N")]
     pub input_seed: Option<u64>,
+    /// Judge every sample, also one whose program an earlier sample brought for the same
+    /// problem, byte for byte. By default such a repeat is neither built nor run: it gets a copy
+    /// of the first one's judgement (its log says so), since judging it again would only draw
+    /// the timing noise again. Use this to measure that noise.
+    #[arg(long)]
+    pub judge_each_copy: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -325,6 +331,7 @@ impl JudgeArgs {
         cfg.look_ahead &= !self.no_look_ahead;
         cfg.correctness_trials = self.correctness_trials.max(1);
         cfg.seed = self.input_seed;
+        cfg.judge_each_copy = self.judge_each_copy;
         cfg.perf_trials = self.perf_trials;
         cfg.timing_rounds = self.timing_rounds;
         cfg.quiet_timing_share = if self.no_quiet_timing && !self.quiet_timing {

@@ -70,6 +70,8 @@ fn one_source_compiles_once_across_concurrent_builds_and_runs() {
         cfg.build_cache = cache.path().to_path_buf();
         cfg.jobs = 2;
         cfg.perf_trials = 0;
+        // Both twins through the compile stage at once, as two programs with one source.
+        cfg.judge_each_copy = true;
         let summary = dice_eval::evaluate(cfg, example_problems(), twins.clone(), None).unwrap();
         assert_eq!(
             summary.verdicts.get(&dice_eval::Verdict::Correct),
@@ -106,6 +108,54 @@ fn one_source_compiles_once_across_concurrent_builds_and_runs() {
 /// writing into its folder, rewriting, replacing or moving another entry's files, planting an
 /// entry under another key. It fails the import when any of that worked, or when it found no
 /// library to attack.
+/// A batch that repeats a program for a problem builds and runs it once: the repeats get copies
+/// of its judgement (timings included), saying so in their logs; with `judge_each_copy` each is
+/// built and run.
+#[test]
+fn a_program_repeated_in_a_batch_is_judged_once() {
+    let _machine = machine_shared();
+    let relu = example(1, 0);
+    let repeats: Vec<_> = (0..3)
+        .map(|i| EvalSample {
+            sample_id: i,
+            origin: format!("repeat {i}"),
+            ..relu.clone()
+        })
+        .collect();
+    let judge = |each: bool| {
+        let run = tempfile::tempdir().unwrap();
+        let mut cfg = test_config(run.path());
+        cfg.judge_each_copy = each;
+        let summary = dice_eval::evaluate(cfg, example_problems(), repeats.clone(), None).unwrap();
+        assert_eq!(
+            summary.verdicts.get(&Verdict::Correct),
+            Some(&3),
+            "{summary:?}"
+        );
+        let store = Store::open(&run.path().join("dice.db")).unwrap();
+        (store.samples().unwrap(), store.builds().unwrap())
+    };
+    let (records, builds) = judge(false);
+    let (copies, first): (Vec<SampleRecord>, Vec<SampleRecord>) = records
+        .into_iter()
+        .partition(|r| r.log_excerpt.contains("the same program as"));
+    assert_eq!((copies.len(), first.len()), (2, 1), "{copies:?}");
+    let first = &first[0];
+    assert!(first.speedup.is_some());
+    for copy in &copies {
+        let said = format!("the same program as repeat {},", first.sample_id);
+        assert!(copy.log_excerpt.contains(&said), "{}", copy.log_excerpt);
+        assert_eq!(copy.speedup, first.speedup);
+        assert_eq!(copy.code_hash, first.code_hash);
+    }
+    let (records, builds_each) = judge(true);
+    assert!(records
+        .iter()
+        .all(|r| !r.log_excerpt.contains("the same program as")));
+    assert!(!builds.is_empty());
+    assert_eq!(builds_each.len(), 3 * builds.len(), "{builds_each:?}");
+}
+
 fn cache_attack(cache: &Path) -> String {
     format!(
         r#"
