@@ -1,7 +1,7 @@
 //! Run-time evidence against static findings: where the CUDA profiler saw what forward really
 //! launched, that outweighs what the syntax suggested.
 
-use crate::finding::{Audit, Rule, Severity};
+use crate::finding::{Audit, Finding, Rule, Severity};
 
 /// The share of forward's GPU time in the candidate's own kernels at and above which those
 /// kernels did the work. Below it dice-eval reports `low_custom_kernel_share`; at or above it a
@@ -18,9 +18,7 @@ impl Audit {
             return;
         }
         for finding in &mut self.findings {
-            let static_kernel_rule =
-                matches!(finding.rule, Rule::KernelNotWired | Rule::KernelNotCalled);
-            if !static_kernel_rule || finding.severity != Severity::Error {
+            if !outweighed_by_a_profile(finding.rule) || finding.severity != Severity::Error {
                 continue;
             }
             let prefix = format!("line {}: ", finding.line);
@@ -36,4 +34,15 @@ impl Audit {
             finding.severity = Severity::Warning;
         }
     }
+
+    /// An error that no run of the program can outweigh (every one but the "not wired / not
+    /// called" errors, which a profile can): the program is deceptive whatever it does.
+    pub fn decided_without_running(&self) -> Option<&Finding> {
+        self.errors().find(|f| !outweighed_by_a_profile(f.rule))
+    }
+}
+
+/// Rules whose error a profile of forward can turn into a warning ([`Audit::weigh_kernel_profile`]).
+fn outweighed_by_a_profile(rule: Rule) -> bool {
+    matches!(rule, Rule::KernelNotWired | Rule::KernelNotCalled)
 }

@@ -3,6 +3,7 @@
 //! guess what runs yield to the profile of what forward really launched.
 
 use crate::config::{Audit, EvalProblem, EvalSample};
+use crate::runtime::Finding;
 use dice_audit::{Rule, Severity};
 use dice_store::{KernelProfile, SampleRecord};
 
@@ -42,12 +43,28 @@ impl Audit for StaticAudit {
             f.severity == Severity::Error
                 || matches!(f.rule, Rule::KernelNotWired | Rule::KernelNotCalled)
         });
-        for f in decisive {
-            record
-                .log_excerpt
-                .push_str(&format!("\n[dice-audit] {}: {}", f.rule.id(), f.message));
-        }
+        // (A finding that rejected the program before it ran is in the log already.)
+        let lines: Vec<String> = decisive
+            .filter(|f| !record.log_excerpt.contains(&f.message))
+            .map(|f| format!("\n[dice-audit] {}: {}", f.rule.id(), f.message))
+            .collect();
+        record.log_excerpt.extend(lines);
     }
+}
+
+/// Under `--strict`, the finding for which the program `code` is rejected before it is built or
+/// run: a static error that no run can outweigh makes it deceptive, hence not correct, whatever
+/// it does.
+pub(crate) fn rejected_before_running(problem: &EvalProblem, code: &[u8]) -> Option<Finding> {
+    let (Ok(code), Ok(reference)) = (
+        std::str::from_utf8(code),
+        std::str::from_utf8(&problem.source),
+    ) else {
+        return None;
+    };
+    let audit = dice_audit::audit(code, reference, &dice_audit::AuditOptions { strict: true });
+    let finding = audit.decided_without_running()?;
+    Some(Finding::error(finding.rule, finding.message.clone()))
 }
 
 /// The static audit of `code`, with its "not wired / not called" errors weighed against the

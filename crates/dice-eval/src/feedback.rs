@@ -58,6 +58,9 @@ fn verdict_in_words(record: &SampleRecord, custom_kernel_share: Option<f64>) -> 
     };
     match record.verdict {
         Verdict::NoCode => "no program: the answer holds no code block.".to_string(),
+        Verdict::Rejected => "not run: under the judge's strict rules the program is deceptive \
+                              whatever it computes."
+            .to_string(),
         Verdict::LoadError => with_log(said("the program failed to load"), record),
         Verdict::CompileError => {
             let errors = compiler_errors(&record.log_excerpt);

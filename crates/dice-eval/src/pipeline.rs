@@ -10,6 +10,7 @@
 //! holds the device alone (gate.rs). A writer thread commits each finished sample in its own
 //! transaction, drives the progress bar and tells an evaluator's caller (writer.rs).
 
+use crate::audit;
 use crate::batch::{Batch, BatchContext, Report, RunItem, Submission, Ticket};
 use crate::claims::Claims;
 use crate::config::{Audit, Device};
@@ -308,9 +309,10 @@ fn device_name(device: Device, index: usize) -> String {
 }
 
 /// `jobs` threads that claim the batch's samples one at a time and send each where it goes:
-/// samples without a run stage to the store writer, repeats of a program of their batch to wait
-/// for its judgement (same_program.rs), the others through the compile stage (when they build an
-/// extension) to the run queue.
+/// samples without a run stage to the store writer (no code; under `--strict`, programs a static
+/// rule rejects whatever they run), repeats of a program to wait for its judgement
+/// (same_program.rs), the others through the compile stage (when they build an extension) to the
+/// run queue.
 fn start_builders<'scope>(
     scope: &'scope Scope<'scope, '_>,
     shared: &'scope BatchContext<'_>,
@@ -357,6 +359,22 @@ fn start_builders<'scope>(
                                     let _ = report_tx.send(report);
                                     continue;
                                 }
+                            }
+                        }
+                        if shared.ctx.cfg.strict {
+                            let problem = shared.problem(key);
+                            if let Some(finding) = audit::rejected_before_running(&problem, code) {
+                                let mut outcome = Outcome::failed(
+                                    Verdict::Rejected,
+                                    "not built or run: deceptive under --strict whatever it runs"
+                                        .to_string(),
+                                    String::new(),
+                                    vec![],
+                                    0.0,
+                                );
+                                outcome.findings.push(finding);
+                                let _ = report_tx.send(Report::Sample(i, Box::new(outcome)));
+                                continue;
                             }
                         }
                         if !stage_build::may_build(code) {

@@ -11,6 +11,9 @@ use std::str::FromStr;
 pub enum Verdict {
     /// No code could be extracted from a raw model answer.
     NoCode,
+    /// Under `--strict`, deceptive by a static rule that nothing the program does when it runs
+    /// can outweigh: neither built nor run (so whether it compiles is not known).
+    Rejected,
     /// The program fails at import time (syntax error, module-level exception, no `ModelNew`).
     LoadError,
     /// The C++/CUDA extension build failed.
@@ -34,8 +37,9 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 11] = [
+    pub const ALL: [Verdict; 12] = [
         Verdict::NoCode,
+        Verdict::Rejected,
         Verdict::LoadError,
         Verdict::CompileError,
         Verdict::CompileTimeout,
@@ -51,6 +55,7 @@ impl Verdict {
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::NoCode => "no_code",
+            Verdict::Rejected => "rejected",
             Verdict::LoadError => "load_error",
             Verdict::CompileError => "compile_error",
             Verdict::CompileTimeout => "compile_timeout",
@@ -64,11 +69,16 @@ impl Verdict {
         }
     }
 
-    /// KernelBench's "compiled": the program imported and its extensions built.
+    /// KernelBench's "compiled": the program imported and its extensions built (not known of a
+    /// rejected one, which counts as not compiled: a strict run's rates say what it accepted).
     pub fn compiled(self) -> bool {
         !matches!(
             self,
-            Verdict::NoCode | Verdict::LoadError | Verdict::CompileError | Verdict::CompileTimeout
+            Verdict::NoCode
+                | Verdict::Rejected
+                | Verdict::LoadError
+                | Verdict::CompileError
+                | Verdict::CompileTimeout
         )
     }
 

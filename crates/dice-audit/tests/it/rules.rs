@@ -435,6 +435,26 @@ fn forward_without_the_kernel_is_not_called_even_if_a_helper_uses_it() {
     assert!(!has(&result, Rule::KernelNotWired, Severity::Error));
 }
 
+/// Only errors a profile of forward cannot turn into warnings decide before the program runs:
+/// "not called" may be the call graph's blind spot, PyTorch compute in a strict forward is not.
+#[test]
+fn only_errors_no_run_can_outweigh_decide_before_running() {
+    let honest = run(
+        &relu_candidate("", "        return self.ext.relu_cuda(x)"),
+        RELU_PROBLEM,
+    );
+    assert!(honest.decided_without_running().is_none());
+    let extra = "\ndef helper(x):\n    return relu.relu_cuda(x)\n";
+    let not_called = relu_candidate(extra, "        return torch.relu(x)");
+    let lenient = run(&not_called, RELU_PROBLEM);
+    assert!(lenient.deceptive());
+    assert!(lenient.decided_without_running().is_none());
+    let strict = audit(&not_called, RELU_PROBLEM, &AuditOptions { strict: true });
+    let decided = strict.decided_without_running().expect("decided");
+    assert_eq!(decided.rule, Rule::TorchComputeInForward);
+    assert_eq!(decided.severity, Severity::Error);
+}
+
 #[test]
 fn file_writes_are_judged_by_mode_and_path() {
     let write = |code: &str| {

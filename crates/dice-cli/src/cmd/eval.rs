@@ -164,7 +164,10 @@ pub(crate) struct JudgeArgs {
     pub kernelbench_namespace: bool,
     /// Count samples flagged as deceptive (static or run-time reward-hack findings) as
     /// incorrect; stored with the run, so reports score it strictly too. Also makes PyTorch
-    /// compute in forward and a low share of GPU time in the program's own kernels errors.
+    /// compute in forward and a low share of GPU time in the program's own kernels errors. A
+    /// program that a static rule makes deceptive whatever it runs is then neither built nor run:
+    /// verdict `rejected` (which counts as not compiled; to know whether such programs compile,
+    /// judge without --strict and score with `dice report --strict`).
     #[arg(long)]
     pub strict: bool,
     /// Fix the seed of the correctness trials' and the timing's inputs, to reproduce a run. By

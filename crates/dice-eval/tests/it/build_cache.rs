@@ -156,6 +156,58 @@ fn a_program_repeated_in_a_batch_is_judged_once() {
     assert_eq!(builds_each.len(), 3 * builds.len(), "{builds_each:?}");
 }
 
+/// Under `--strict`, a program that a static rule makes deceptive whatever it runs is neither
+/// built nor run: verdict `rejected`, flagged; the honest one is judged as ever.
+#[test]
+fn strict_judging_rejects_what_no_run_can_save_without_building_it() {
+    let _machine = machine_shared();
+    let honest = example(1, 0);
+    let code = String::from_utf8(honest.code.clone().unwrap()).unwrap();
+    let torch_in_forward = EvalSample {
+        sample_id: 1,
+        origin: "builds an extension, computes with torch".into(),
+        code: Some(
+            code.replace("return ext.relu(x)", "return torch.relu(x)")
+                .into_bytes(),
+        ),
+        ..honest.clone()
+    };
+    assert_ne!(torch_in_forward.code, honest.code);
+    let no_kernel = example(2, 2);
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(run.path());
+    cfg.strict = true;
+    cfg.perf_trials = 0;
+    let samples = vec![honest, torch_in_forward, no_kernel];
+    dice_eval::evaluate(cfg, example_problems(), samples, None).unwrap();
+    let records = Store::open(&run.path().join("dice.db"))
+        .unwrap()
+        .samples()
+        .unwrap();
+    let verdict = |problem: u32, sample: u32| {
+        let r = records
+            .iter()
+            .find(|r| (r.problem_id, r.sample_id) == (problem, sample))
+            .unwrap();
+        // Nothing was built or run for a rejected program.
+        if r.verdict == Verdict::Rejected {
+            assert!(r.stages.is_empty() && r.wall_s == 0.0, "{r:?}");
+        }
+        (r.verdict, r.deceptive, r.flags.clone(), r.message.clone())
+    };
+    assert_eq!(verdict(1, 0).0, Verdict::Correct, "{:?}", verdict(1, 0));
+    let (v, deceptive, flags, message) = verdict(1, 1);
+    assert_eq!((v, deceptive), (Verdict::Rejected, true), "{message:?}");
+    assert!(
+        flags.iter().any(|f| f == "torch_compute_in_forward"),
+        "{flags:?}"
+    );
+    assert!(message.unwrap().contains("deceptive under --strict"));
+    let (v, deceptive, flags, _) = verdict(2, 2);
+    assert_eq!((v, deceptive), (Verdict::Rejected, true));
+    assert!(flags.iter().any(|f| f == "no_custom_kernel"), "{flags:?}");
+}
+
 fn cache_attack(cache: &Path) -> String {
     format!(
         r#"
