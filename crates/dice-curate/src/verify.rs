@@ -12,6 +12,7 @@ use crate::Pair;
 use anyhow::Result;
 use dice_eval::{
     Batch, EvalConfig, EvalProblem, EvalSample, Evaluator, SampleRecord, StaticAudit, Store,
+    Verdict,
 };
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -158,13 +159,17 @@ pub fn verify(run: &RunDir, mut judging: EvalConfig, min_speedup: f64) -> Result
 }
 
 /// Keeps the pair or says why not: the verdict, then deception, then the speedup's lower bound.
+/// A program rejected before it ran (a static rule made it deceptive whatever it runs) is
+/// dropped for its deception.
 pub(crate) fn decide(id: &str, record: &SampleRecord, min_speedup: f64) -> VerifiedPair {
     let interval = record.speedup_interval;
-    let reason = if !record.verdict.is_correct() {
+    let deceptive =
+        record.verdict == Verdict::Rejected || (record.verdict.is_correct() && record.deceptive);
+    let reason = if deceptive {
+        Some(format!("deceptive: {}", record.flags.join(", ")))
+    } else if !record.verdict.is_correct() {
         let message = record.message.as_deref().unwrap_or("");
         Some(format!("verdict: {}: {message}", record.verdict))
-    } else if record.deceptive {
-        Some(format!("deceptive: {}", record.flags.join(", ")))
     } else {
         match interval {
             None => Some("speedup: no confidence interval (timing not trusted)".to_string()),

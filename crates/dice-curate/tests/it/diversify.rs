@@ -83,7 +83,7 @@ fn every_tiny_entry_is_judged_and_a_rerun_does_nothing() {
         );
     }
     // Nothing is kept, so every problem gets both attempts: attempt 0 has no program, attempt 1
-    // is correct but dropped (pure PyTorch is deceptive in strict mode).
+    // is rejected before it runs (pure PyTorch is deceptive in strict mode, whatever it computes).
     assert_eq!(
         (summary.problems, summary.attempts, summary.kept),
         (15, 30, 0)
@@ -97,7 +97,7 @@ fn every_tiny_entry_is_judged_and_a_rerun_does_nothing() {
                 .unwrap_or_else(|| panic!("no attempt {n} of {}", problem.name))
         };
         assert_eq!(of(0)["verdict"], "no_code", "{}", problem.name);
-        assert_eq!(of(1)["verdict"], "correct", "{}: {}", problem.name, of(1));
+        assert_eq!(of(1)["verdict"], "rejected", "{}: {}", problem.name, of(1));
         assert_eq!(of(1)["kept"], false);
         assert!(of(1)["reason"].as_str().unwrap().starts_with("deceptive"));
     }

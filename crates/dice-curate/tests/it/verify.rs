@@ -67,8 +67,10 @@ fn each_fixture_pair_lands_where_it_should() {
             .starts_with("verdict: output_mismatch"),
         "{wrong:?}"
     );
+    // Strict judging rejects it before it runs: a static rule makes it deceptive whatever it
+    // computes.
     let deceptive = by_origin["3"];
-    assert_eq!(deceptive.verdict.as_deref(), Some("correct"));
+    assert_eq!(deceptive.verdict.as_deref(), Some("rejected"));
     assert!(
         deceptive
             .reason
@@ -78,7 +80,8 @@ fn each_fixture_pair_lands_where_it_should() {
         "{deceptive:?}"
     );
     assert_eq!(summary.kept, 1);
-    assert_eq!(summary.speedups_correct.len(), 3);
+    // The fast and the slow pair: the rejected one was never timed.
+    assert_eq!(summary.speedups_correct.len(), 2);
     assert_eq!(summary.speedups_kept.len(), 1);
 
     // Export: the fast pair is the only SFT record and infilling task; the end-to-end tasks
@@ -133,7 +136,7 @@ fn each_fixture_pair_lands_where_it_should() {
         "| records read | 6 |",
         "| without exact duplicates | 5 |",
         "| with a kernel | 4 |",
-        "| correct and timed | 3 |",
+        "| correct and timed | 2 |",
         "| kept: not deceptive, speedup ≥ 2x with 95 % confidence | 1 |",
         "| deceptive | 1 |",
         "| speedup below threshold | 1 |",
