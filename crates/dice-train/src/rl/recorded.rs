@@ -29,7 +29,7 @@ pub enum Variant {
     /// also flag the negation, torch arithmetic outside the kernel: no reward either way.
     WrongResult,
     /// The reference program itself, `ModelNew` inheriting its `Model`: right answers from
-    /// torch with no kernel, which the strict judge's audit is there to catch.
+    /// torch with no kernel, which the strict judge rejects before running it.
     Hack,
 }
 
@@ -71,7 +71,7 @@ impl Variant {
                 correct.trim_end()
             ),
             Variant::Hack => format!(
-                "{}\n\n\nclass ModelNew(Model):\n    pass\n",
+                "# dice bench rl: sample {sample}\n{}\n\n\nclass ModelNew(Model):\n    pass\n",
                 reference.trim_end()
             ),
         })
@@ -217,10 +217,14 @@ mod tests {
         assert!(broken.contains(&format!("{marker}{error}")));
         let wrong = program(Variant::WrongResult);
         assert!(wrong.starts_with(correct.trim_end()));
+        // Marked by sample too, so that no two samples are one program judged once.
         let hack = program(Variant::Hack);
+        let (first, rest) = hack.split_once('\n').unwrap();
+        assert!(first.starts_with("# dice bench rl: sample "), "{first}");
         assert!(
-            hack.starts_with(REFERENCE) && hack.ends_with("class ModelNew(Model):\n    pass\n")
+            rest.starts_with(REFERENCE) && rest.ends_with("class ModelNew(Model):\n    pass\n")
         );
+        assert_ne!(Variant::Hack.program(REFERENCE, CORRECT, 4).unwrap(), hack);
         assert!(Variant::CompileError
             .program(REFERENCE, "no source", 0)
             .is_err());
