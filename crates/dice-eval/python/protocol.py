@@ -29,12 +29,14 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def set_seed(seed):
-    # torch.manual_seed's effect on the generators inputs and models draw from (the CPU's and
-    # the CUDA devices'), without its seeding of every other backend: that costs 75 us a call on
-    # the CPU machine, made twice per timed call in the untimed part of the rounds that the
-    # clock check compares across processes (runtime.rs `check_clock`).
+    # torch.manual_seed's effect on the generators inputs and models draw from, the CPU's and,
+    # where CUDA runs (Setup starts it first on a CUDA device), the devices', without the rest:
+    # it seeds every other backend and queues the seed for a CUDA not started yet, recording
+    # the caller's stack each time. That took 75 us a call on the CPU machine, twice per timed
+    # call, in the untimed part of the rounds that the clock check compares across processes
+    # (runtime.rs `check_clock`), and made garbage there.
     torch.default_generator.manual_seed(seed)
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():
         torch.cuda.manual_seed_all(seed)
     random.seed(seed)
 

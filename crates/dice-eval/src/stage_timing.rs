@@ -145,7 +145,11 @@ pub(crate) fn time_side_by_side(
             }
             Err(failure) => return Ok(Err(failure)),
         }
-        let mismatch = runtime::check_clock(&all_candidate, &all_baseline);
+        let overhead_tolerance = match ctx.cfg.device {
+            Device::Cpu => runtime::CPU_OVERHEAD_TOLERANCE,
+            Device::Cuda => 0.0,
+        };
+        let mismatch = runtime::check_clock(&all_candidate, &all_baseline, overhead_tolerance);
         // A clock contradicted by a few rounds may be a burst of load that hit all of them:
         // more rounds are unlikely to be hit all alike, while a forged clock contradicts every
         // one; so a contradiction is measured again past the remeasures' limit until it rests on
