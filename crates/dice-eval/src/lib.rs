@@ -45,6 +45,9 @@
 //!   takes the device's file lock in `RUN_DIR/locks/` (device_lock.rs) after the gate's, so it
 //!   has the device to itself across those processes too. Evaluations of other runs on the same
 //!   device are not excluded.
+//! * Nothing is built or run for a verdict already known: a program repeated for a problem is
+//!   judged once and its repeats get copies (same_program.rs, unless `judge_each_copy`), and under
+//!   `strict` a program that a static rule makes deceptive whatever it runs is `rejected`.
 //! * Builds may run apart from judging ([`prebuild`], `dice eval --stage build`): workers on
 //!   CPU-only hosts fill a build cache folder that GPU workers share, storing nothing else; the
 //!   GPU workers' compile stage then finds every build (or its failure) cached.

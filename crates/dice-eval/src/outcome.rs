@@ -21,6 +21,9 @@ pub struct Summary {
     pub judged_elsewhere: usize,
     /// Samples left without a verdict because their problem's reference failed.
     pub skipped: usize,
+    /// Samples whose program an earlier sample brought for the same problem: they got its
+    /// judgement, neither built nor run (counted in `verdicts` too).
+    pub copies: usize,
     /// (level, problem_id, why) of problems whose reference failed.
     pub reference_errors: Vec<(u32, u32, String)>,
     /// Fork servers started while the batch was judged: none when the judge's were warm and

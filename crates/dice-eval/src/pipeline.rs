@@ -169,6 +169,7 @@ impl Workers {
         let mut summary = judged?;
         released?;
         summary.judged_elsewhere = judged_elsewhere;
+        summary.copies = same.copies();
         summary.fork_servers_started = self.fork_servers_started() - starts_before;
         let mut gate = GateUse::default();
         for lane in &lanes {

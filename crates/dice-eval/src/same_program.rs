@@ -62,6 +62,11 @@ impl SamePrograms {
     pub(crate) fn judged(&self, report: &Report) -> Vec<Report> {
         self.programs().judged(report)
     }
+
+    /// Samples that got a copy so far.
+    pub(crate) fn copies(&self) -> usize {
+        self.programs().copies
+    }
 }
 
 /// How a judged program ended, for the samples that repeat it.
@@ -88,6 +93,8 @@ struct Programs {
     judging: HashMap<usize, ProgramKey>,
     /// Judged programs, oldest first.
     judged: VecDeque<ProgramKey>,
+    /// Samples that got a copy.
+    copies: usize,
 }
 
 impl Programs {
@@ -118,7 +125,10 @@ impl Programs {
             Some(Seen::Judged {
                 first_origin,
                 judgement,
-            }) => FirstOrCopy::Copy(copy(judgement, index, first_origin)),
+            }) => {
+                self.copies += 1;
+                FirstOrCopy::Copy(copy(judgement, index, first_origin))
+            }
         }
     }
 
@@ -138,6 +148,7 @@ impl Programs {
         else {
             return Vec::new();
         };
+        self.copies += waiting.len();
         let copies = waiting
             .into_iter()
             .map(|i| copy(&judgement, i, &first_origin))
@@ -236,6 +247,7 @@ mod tests {
         assert_eq!(index_and_message(&later), (5, "wrong".to_string()));
         // A copy's own report frees nothing: it was no program's first.
         assert!(same.judged(&later).is_empty());
+        assert_eq!(same.copies(), 2);
     }
 
     #[test]

@@ -418,6 +418,13 @@ pub(crate) fn print_summary(s: &Summary, results: &str) {
             s.judged_elsewhere
         );
     }
+    if s.copies > 0 {
+        println!(
+            "{} samples repeated a program judged here for the same problem and got its \
+             judgement (--judge-each-copy judges each)",
+            s.copies
+        );
+    }
     for (level, problem_id, why) in &s.reference_errors {
         println!("level {level} problem {problem_id}: the reference failed, its samples get no verdict: {why}");
     }

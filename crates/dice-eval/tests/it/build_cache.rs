@@ -132,6 +132,7 @@ fn a_program_repeated_in_a_batch_is_judged_once() {
             Some(&3),
             "{summary:?}"
         );
+        assert_eq!(summary.copies, if each { 0 } else { 2 });
         let store = Store::open(&run.path().join("dice.db")).unwrap();
         (store.samples().unwrap(), store.builds().unwrap())
     };
