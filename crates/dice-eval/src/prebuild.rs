@@ -10,6 +10,7 @@
 //! order of sample keys, from the Kth on. A builder that dies leaves its share to the GPU
 //! workers, which build what they miss themselves.
 
+use crate::audit;
 use crate::batch::Batch;
 use crate::config::{Device, EvalConfig, EvalSample};
 use crate::job::JobContext;
@@ -74,6 +75,9 @@ pub struct BuildSummary {
     pub no_code: usize,
     /// It builds no extension, or its problem could not be read: nothing for the cache.
     pub nothing_to_build: usize,
+    /// Under `strict`, a static rule makes it deceptive whatever it runs: the judges neither
+    /// build nor run it (verdict `rejected`), so neither does this worker.
+    pub rejected: usize,
 }
 
 /// Builds the extensions of `batch`'s samples in `shard` into `cfg.build_cache`, `cfg.jobs` at
@@ -148,7 +152,13 @@ fn build_one(
     let Some(code) = sample.code.as_deref() else {
         return Ok(|s| s.no_code += 1);
     };
-    if problem.is_none_or(|p| p.defect.is_some()) || !stage_build::may_build(code) {
+    let Some(problem) = problem.filter(|p| p.defect.is_none()) else {
+        return Ok(|s| s.nothing_to_build += 1);
+    };
+    if ctx.cfg.strict && audit::rejected_before_running(problem, code).is_some() {
+        return Ok(|s| s.rejected += 1);
+    }
+    if !stage_build::may_build(code) {
         return Ok(|s| s.nothing_to_build += 1);
     }
     let z = zygote.get(rt)?;

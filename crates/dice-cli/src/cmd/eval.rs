@@ -388,8 +388,8 @@ fn parse_share(s: &str) -> Result<f64, String> {
 fn print_build_summary(s: &BuildSummary, cache: &str) {
     println!(
         "{} samples in this shard: built {}, already cached {}, failed to build {}, no code {}, \
-         nothing to build {}",
-        s.in_shard, s.built, s.already_cached, s.failed, s.no_code, s.nothing_to_build
+         nothing to build {}, rejected (--strict) {}",
+        s.in_shard, s.built, s.already_cached, s.failed, s.no_code, s.nothing_to_build, s.rejected
     );
     println!("build cache: {cache}");
 }

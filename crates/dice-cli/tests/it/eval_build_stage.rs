@@ -90,4 +90,44 @@ fn build_workers_fill_the_cache_that_judging_uses() {
         ((2, 2), Verdict::Correct),
     ];
     assert_eq!(verdicts(&store), documented.into_iter().collect());
+
+    // A strict build worker leaves alone what strict judging rejects before running: the
+    // examples that a static rule makes deceptive whatever they run.
+    let (stdout, _) = finished(start_eval(&cache, &["--stage", "build", "--strict"]));
+    let counts: std::collections::BTreeMap<String, usize> =
+        build_counts(&stdout).into_iter().collect();
+    let rejected = examples_rejected_before_running();
+    assert!(rejected > 0);
+    assert_eq!(counts["rejected (--strict)"], rejected, "{stdout}");
+    assert_eq!(counts["built"], 0, "{stdout}");
+}
+
+/// The example candidates that dice-audit's strict rules decide before they run.
+fn examples_rejected_before_running() -> usize {
+    let text = std::fs::read_to_string(examples_dir().join("candidates.jsonl")).unwrap();
+    let reference = |level: u64, id: u64| {
+        let dir = examples_dir().join(format!("kernelbench/level{level}"));
+        let file = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(&format!("{id}_"))
+            })
+            .unwrap();
+        std::fs::read_to_string(file).unwrap()
+    };
+    let strict = dice_audit::AuditOptions { strict: true };
+    text.lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter_map(|c| {
+            let code = c["code"].as_str()?.to_string();
+            let source = reference(c["level"].as_u64()?, c["problem_id"].as_u64()?);
+            Some(dice_audit::audit(&code, &source, &strict))
+        })
+        .filter(|audit| audit.decided_without_running().is_some())
+        .count()
 }
