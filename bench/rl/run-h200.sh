@@ -60,17 +60,21 @@ run sampled-1.7b-rl256-shape 180 bench generate --config "$configs/sdar-1.7b.jso
 # Three steps: the engine, its KV cache and graphs are built for the first and kept for the
 # others; the checkpoint's snapshot (on the device when it fits) against the step.
 rl_run rl-rollout-256 300 32 8 512 256 3 --reward-token 16
-# Learning on the GPU: 20 steps of 2 tasks x 8 samples of 64 tokens rewarded for the token a
+# Learning on the GPU: 20 steps of 1 task x 16 samples of 128 tokens rewarded for the token a
 # census of the first step picks; the preset's learning rate moves random weights too slowly to
 # show in 20 steps, so 1e-4 (Adam's first step after the preset's moment reset moves every weight
-# by about the rate: about 0.2 of a logit per step for the rewarded token).
-rl_run rl-learn 540 2 8 64 16 20 --reward-token census --lr 1e-4
+# by about the rate: about 0.2 of a logit per step for the rewarded token). 2 x 8 x 64 (run
+# 2026-12-05-6084aae) split a group in 3 of 16 steps only: the census's best token was held by 3
+# of 16 completions of 64 tokens; 16 completions of 128 tokens split almost every step, and one
+# group keeps the update (prompts of ~900 tokens: 16 x ~1,030 tokens) near 11 s.
+rl_run rl-learn 540 1 16 128 16 20 --reward-token census --lr 1e-4
 rm -rf /tmp/m17
 # dice bench rl (issue #26, build 3): one stage-2 step of the 1.7B config with random weights, the
 # judge on the GPU scoring recorded programs of the infilling-evaluation tasks (correct, not
 # building, wrong, hack: every group kept) and the real update, pipelined and then back to back.
 # The preset's 64 tasks x 16 samples build 768 CUDA extensions per run, more than one 10-minute
 # command holds twice; 4 tasks x 16 samples (48 builds and 256 replayed samples per run) measure
-# the same step's phases at the preset's group size and lengths.
+# the same step's phases at the preset's group size and lengths (BENCH_RL_TASKS=2 halves the
+# builds where less of the call is left).
 run bench-rl 600 bench rl --config "$configs/sdar-1.7b.json" --device cuda --judge-device cuda \
-  --python "$(command -v python3)" --tasks-per-step 4 --json "$OUT/bench-rl.json"
+  --python "$(command -v python3)" --tasks-per-step "${BENCH_RL_TASKS:-4}" --json "$OUT/bench-rl.json"

@@ -11,6 +11,7 @@ pub mod dist;
 pub mod metrics;
 pub mod noise;
 pub mod optim;
+mod readback;
 pub mod rl;
 pub mod run;
 pub mod schedule;

@@ -8,6 +8,7 @@
 //! of [`AdamWConfig::default`] (DICE's RL also sets 0).
 
 use crate::dist::{Collective, SingleProcess};
+use crate::readback::ReadBack;
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{
@@ -406,7 +407,8 @@ impl AdamW {
     /// no use for them). On a CUDA device with room for it ([`SnapshotPlace::for_state`]) the
     /// copy is made on the device, in milliseconds, and read back by the writer
     /// ([`OptimizerSnapshot::into_host`]); else, or when the device's copy fails, it is read
-    /// back here (a 1.7B model's masters took 5.5–9.1 s on the H200).
+    /// back here (a 1.7B model's masters took 5.5–9.1 s on the H200 into pageable memory,
+    /// before reads went through a page-locked staging buffer).
     pub fn snapshot(&self, moments: bool) -> Result<OptimizerSnapshot> {
         let device = self
             .params
@@ -432,9 +434,10 @@ impl AdamW {
 
     /// [`Self::snapshot`]'s copies, made in `place`.
     fn snapshot_in(&self, place: SnapshotPlace, moments: bool) -> Result<OptimizerSnapshot> {
-        let copy = |tensor: &Tensor| match place {
+        let mut readback = ReadBack::default();
+        let mut copy = |tensor: &Tensor| match place {
             SnapshotPlace::Device => Ok(tensor.copy()?),
-            SnapshotPlace::Host => host_copy(tensor),
+            SnapshotPlace::Host => readback.copy_to_host(tensor),
         };
         let mut snapshot = OptimizerSnapshot {
             steps: self.steps,
@@ -569,12 +572,13 @@ impl OptimizerSnapshot {
     /// memory freed, tensor by tensor. The checkpoint writer's thread runs it, on a CUDA
     /// stream of its own, beside the training's next step.
     pub fn into_host(self) -> Result<Self> {
-        let on_host = |tensor: Tensor| -> Result<Tensor> {
-            Ok(if tensor.device().is_cpu() {
-                tensor
+        let mut readback = ReadBack::default();
+        let mut on_host = |tensor: Tensor| -> Result<Tensor> {
+            if tensor.device().is_cpu() {
+                Ok(tensor)
             } else {
-                tensor.to_device(&Device::Cpu)?
-            })
+                readback.copy_to_host(&tensor)
+            }
         };
         Ok(Self {
             steps: self.steps,
@@ -678,15 +682,6 @@ impl SnapshotPlace {
             _ => Self::Host,
         })
     }
-}
-
-/// A copy of `tensor` in host memory that later in-place updates of it do not reach.
-fn host_copy(tensor: &Tensor) -> Result<Tensor> {
-    Ok(if tensor.device().is_cpu() {
-        tensor.copy()?
-    } else {
-        tensor.to_device(&Device::Cpu)?
-    })
 }
 
 /// An optimizer state file of [`OptimizerSnapshot::save_state`], opened and checked against

@@ -48,6 +48,7 @@ use anyhow::{ensure, Context, Result};
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
 use dice_engine::{DecodeParams, Engine, EngineConfig, Request, SdarDecoder, TextCodec};
+use dice_model::memory::PeakMemory;
 use dice_model::{KvCache, SdarTokenizer};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -91,33 +92,55 @@ struct KeptEngine {
     /// Room for every rollout's and evaluation's requests ([`engine_config`]).
     config: EngineConfig,
     engine: Option<Engine<SdarDecoder>>,
+    /// Device memory the engine took when it was built (its KV cache, the decoder's stacked
+    /// projections), as the driver counts it.
+    engine_bytes: Option<u64>,
+    /// The most device memory in use during an update run with the engine dropped (the whole
+    /// device's: the trainer's weights and optimizer state, the update's activations, and
+    /// whatever else runs there).
+    update_peak: Option<u64>,
 }
 
-/// The share of the device's memory the kept engine's KV cache may hold through the update;
-/// above it the engine is dropped after each rollout (memory for the update) and built again
-/// at the next, as it was before engines were kept. Prompts of 1,287 tokens and answers of
-/// 4,096 fill 5,384 positions a slot: the presets' 20 slots hold 12 GB of cache for 1.7B (kept
-/// on an H200), the 128 that rollouts at the engine's speed use 79 GB for 1.7B and 101 GB for 4B,
-/// beside an update that needs tens of GB (dropped).
+/// The share of the device's memory the kept engine's KV cache may hold through an update not
+/// yet measured; above it the engine is dropped after each rollout (memory for the update) and
+/// built again at the next, until an update's measured peak shows that the engine fits beside
+/// it ([`KEPT_ENGINE_FREE_SHARE`]). Prompts of 1,287 tokens and answers of 4,096 fill 5,384
+/// positions a slot: the presets' 20 slots hold 12 GB of cache for 1.7B (kept on an H200), the
+/// 128 that rollouts at the engine's speed use 79 GB for 1.7B and 101 GB for 4B.
 const KEPT_CACHE_SHARE: f64 = 0.25;
 
+/// The share of the device's memory left free when an engine is kept beside an update whose
+/// peak was measured (the next updates' data may be longer than the measured one's).
+const KEPT_ENGINE_FREE_SHARE: f64 = 0.1;
+
 impl KeptEngine {
-    /// Drops the engine when its KV cache is above [`KEPT_CACHE_SHARE`] of the device's memory
-    /// (CUDA only: on the CPU the cache is host memory the update does not compete for).
+    /// Before an update: drops the engine (CUDA only: on the CPU the cache is host memory the
+    /// update does not compete for) unless its KV cache is within [`KEPT_CACHE_SHARE`] of the device's memory,
+    /// or the engine fits beside the peak of an update measured without it. Rebuilding it costs
+    /// its allocation and graph capture at every rollout: 1.5 s of a 12 s rollout at 256
+    /// sequences on the H200.
     fn release_if_large(&mut self, run: &Run<RlConfig>) -> Result<()> {
         let Some((_, total)) = dice_model::memory::free_and_total(&run.device)? else {
             return Ok(());
         };
+        let total = total as f64;
         let cache = KvCache::bytes(
             run.model.config(),
             self.config.max_batch,
             self.config.max_seq_len,
             run.dtype,
         ) as f64;
-        if cache > KEPT_CACHE_SHARE * total as f64 && self.engine.take().is_some() {
+        let fits_beside_update = match (self.update_peak, self.engine_bytes) {
+            (Some(peak), Some(engine)) => {
+                (peak + engine) as f64 <= (1.0 - KEPT_ENGINE_FREE_SHARE) * total
+            }
+            _ => false,
+        };
+        if cache > KEPT_CACHE_SHARE * total && !fits_beside_update && self.engine.take().is_some() {
             tracing::debug!(
                 "the rollout engine's KV cache ({:.1} GB) is over {:.0} % of the device's \
-                 memory: dropped for the update, built again at the next rollout",
+                 memory and no update measured without it left room for it: dropped for the \
+                 update, built again at the next rollout",
                 cache / 1e9,
                 KEPT_CACHE_SHARE * 100.0
             );
@@ -130,12 +153,35 @@ impl KeptEngine {
         let engine = match self.engine.take() {
             Some(engine) => engine,
             None => {
+                let free = |run: &Run<RlConfig>| -> Result<Option<u64>> {
+                    Ok(dice_model::memory::free_and_total(&run.device)?.map(|(free, _)| free))
+                };
+                let before = free(run)?;
                 let block_length = run.config().rollout.block_length;
                 let decoder = decoder(run.model.config(), trainer_weights(run), block_length)?;
-                Engine::new(decoder, self.config)?
+                let engine = Engine::new(decoder, self.config)?;
+                if let (Some(before), Some(after)) = (before, free(run)?) {
+                    self.engine_bytes = Some(before.saturating_sub(after));
+                }
+                engine
             }
         };
         Ok(self.engine.insert(engine))
+    }
+
+    /// Starts measuring an update's device memory when the engine is not kept beside it.
+    fn measure_update(&self, run: &Run<RlConfig>) -> Result<Option<PeakMemory>> {
+        match self.engine {
+            Some(_) => Ok(None),
+            None => Ok(Some(PeakMemory::start(&run.device)?)),
+        }
+    }
+
+    /// Records the peak of an update measured by [`Self::measure_update`].
+    fn measured_update(&mut self, measured: Option<PeakMemory>) {
+        if let Some(bytes) = measured.and_then(PeakMemory::finish) {
+            self.update_peak = Some(self.update_peak.map_or(bytes, |seen| seen.max(bytes)));
+        }
     }
 }
 
@@ -200,6 +246,8 @@ impl RlTrainer {
         let engine = KeptEngine {
             config: engine_config(&run, end_of_text, longest_prompts, eval_tasks.len()),
             engine: None,
+            engine_bytes: None,
+            update_peak: None,
         };
         let rl = RlSteps {
             tokenizer,
@@ -376,7 +424,6 @@ impl RlSteps {
                     reward,
                 )
             })?;
-        self.engine.release_if_large(run)?;
 
         // Returns, advantages and the records to replay (every turn's response), task group by
         // task group. A group's returns are z-scored over all its turns, not per turn: the later
@@ -419,7 +466,11 @@ impl RlSteps {
         let learned = totals.groups_kept > 0.0;
         let update_started = Instant::now();
         let update = if learned {
-            self.update(run, &records, &record_groups)?
+            self.engine.release_if_large(run)?;
+            let measured = self.engine.measure_update(run)?;
+            let update = self.update(run, &records, &record_groups)?;
+            self.engine.measured_update(measured);
+            update
         } else {
             UpdateTotals::default()
         };
@@ -603,7 +654,6 @@ impl RlSteps {
             &candidates,
             reward,
         )?;
-        self.engine.release_if_large(run)?;
         let mut totals = [
             rolled
                 .iter()

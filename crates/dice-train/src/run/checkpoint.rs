@@ -37,9 +37,12 @@
 //!
 //! A save copies the state ([`crate::optim::OptimizerSnapshot`], the only time the training
 //! waits): on a CUDA device with room for it, into device memory (milliseconds), else to host
-//! memory (seconds: pageable reads at about 2 GB/s on the H200). A background thread reads a
-//! device copy back and writes it while the next step runs ([`CheckpointWriter`]): at most one
-//! write is in flight (the next save waits for it), the run's end waits for the last one, and
+//! memory (through a page-locked staging buffer, `crate::readback`). A background thread reads
+//! a device copy back (the same way: the device's copy engine is busy for well under a second,
+//! not for the seconds of a pageable read the next step's own reads would queue behind) and
+//! writes it while the next step runs ([`CheckpointWriter`]): at most one write is in flight
+//! (the next save waits for it; in a run that saves after every step, a save between kept
+//! ones is skipped instead, [`SkippedCheckpoint`]), the run's end waits for the last one, and
 //! a failed write fails the run at its next save or at its end. A checkpoint folder is written
 //! whole under a temporary name in the output folder and then renamed: a folder named
 //! `checkpoint-STEP` or `final` is always complete, whenever the process was killed, and a
@@ -500,6 +503,18 @@ pub struct CheckpointMetrics {
     pub checkpoint_snapshot: SnapshotPlace,
 }
 
+/// A resumable checkpoint not written because the one before it was still being written
+/// ([`super::Run`] skips such saves between kept checkpoints): its line in `metrics.jsonl`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SkippedCheckpoint {
+    /// The step whose state was not saved.
+    pub step: u64,
+    /// The folder that was not written (`checkpoint-STEP`).
+    pub checkpoint: String,
+    /// Why: the folder whose write was still in flight.
+    pub checkpoint_skipped: String,
+}
+
 /// Writes a run's checkpoints in a background thread, one at a time.
 pub struct CheckpointWriter {
     checkpointer: Arc<Checkpointer>,
@@ -522,6 +537,14 @@ impl CheckpointWriter {
             checkpointer: Arc::new(checkpointer),
             in_flight: None,
         }
+    }
+
+    /// The folder whose write is still in progress, if any.
+    pub fn writing(&self) -> Option<&str> {
+        self.in_flight
+            .as_ref()
+            .filter(|write| !write.handle.is_finished())
+            .map(|write| write.name.as_str())
     }
 
     /// Waits for the write in flight, if any: its line, or its error.

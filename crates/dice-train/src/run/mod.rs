@@ -21,7 +21,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::VarMap;
 use checkpoint::{
     checkpoint_name, is_resumable, newest_resumable, CheckpointSave, CheckpointWriter,
-    Checkpointer, TrainerState, FINAL, OPTIMIZER_STATE,
+    Checkpointer, SkippedCheckpoint, TrainerState, FINAL, OPTIMIZER_STATE,
 };
 use dice_model::Sdar;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -323,10 +323,8 @@ impl<C: Settings> Run<C> {
                 }
             }
             // The last step of this call (the run's end, or where it stops) always saves.
-            if self.step == stop
-                || steps.checkpoint_every_step()
-                || self.step.is_multiple_of(self.save_steps)
-            {
+            let kept = self.step == stop || self.step.is_multiple_of(self.save_steps);
+            if kept || (steps.checkpoint_every_step() && !self.skip_save_while_writing()?) {
                 bar.suspend(|| self.save(&checkpoint_name(self.step), true, steps))?;
             }
             summary.steps.push(line);
@@ -425,6 +423,31 @@ impl<C: Settings> Run<C> {
             self.draw_page(steps)?;
         }
         self.collective.barrier()
+    }
+
+    /// Whether this step's checkpoint, one between kept ones, is skipped because rank 0 is
+    /// still writing the one before it (every rank learns rank 0's answer): it is gone as soon
+    /// as the next one is complete, and waiting for the write would stall the run for each
+    /// step that is shorter than a write (`metrics.jsonl` gets a line saying so). The newest
+    /// complete checkpoint stays the resume point.
+    fn skip_save_while_writing(&mut self) -> Result<bool> {
+        let writing = self.writer.writing().map(str::to_string);
+        let mut busy = [f64::from(u8::from(writing.is_some()))];
+        self.collective.all_reduce_sum_f64(&mut busy)?;
+        if let Some(in_flight) = writing {
+            let line = SkippedCheckpoint {
+                step: self.step,
+                checkpoint: checkpoint_name(self.step),
+                checkpoint_skipped: format!("{in_flight} was still being written"),
+            };
+            tracing::info!(
+                "{}: not saved, {}",
+                line.checkpoint,
+                line.checkpoint_skipped
+            );
+            self.log(&line)?;
+        }
+        Ok(busy[0] > 0.0)
     }
 
     /// Waits for the last checkpoint's write and logs it (rank 0), then every rank waits for

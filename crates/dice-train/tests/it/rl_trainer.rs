@@ -319,6 +319,75 @@ fn a_run_continues_after_its_last_completed_step() {
     assert_eq!(written.rollout.samples_per_task, 4);
 }
 
+/// A step's checkpoint is not saved while the one before it is still being written (its line
+/// in metrics.jsonl says so), unless it is the last step's, which waits: the write of
+/// checkpoint-1 is held here by making the base model's config.json a named pipe that the test
+/// fills only once step 2's checkpoint was skipped. The run ends with the same folders as
+/// without the skip.
+#[test]
+fn a_step_checkpoint_is_skipped_while_the_one_before_is_still_written() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let tasks = task_file(dir.path());
+    let out = dir.path().join("run");
+    let mut trainer = open(settings(&model, &tasks, 3), &out).unwrap();
+    let config = model.join("config.json");
+    let text = std::fs::read(&config).unwrap();
+    let pipe = dir.path().join("config.pipe");
+    let made = std::process::Command::new("mkfifo").arg(&pipe).status();
+    assert!(made.unwrap().success(), "mkfifo failed");
+    std::fs::rename(&pipe, &config).unwrap();
+    let log = out.join("metrics.jsonl");
+    let release = std::thread::spawn(move || {
+        // Waits (a minute at most: a run that never skips must not hang the suite) for step
+        // 2's line saying its checkpoint was skipped, then opens the pipe (the writer of
+        // checkpoint-1 is reading it), puts the file back for the later writes and fills the
+        // pipe.
+        let started = std::time::Instant::now();
+        while !std::fs::read_to_string(&log).is_ok_and(|t| t.contains("checkpoint_skipped"))
+            && started.elapsed().as_secs() < 60
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut pipe = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&config)
+            .unwrap();
+        let file = config.with_extension("regular");
+        std::fs::write(&file, &text).unwrap();
+        std::fs::rename(&file, &config).unwrap();
+        pipe.write_all(&text).unwrap();
+    });
+    let summary = trainer.train(&mut Counting::default()).unwrap();
+    release.join().unwrap();
+    assert_eq!(summary.steps_run(), 3);
+    let lines = metrics(&out);
+    let skipped: Vec<_> = lines
+        .iter()
+        .filter(|l| l.get("checkpoint_skipped").is_some())
+        .map(|l| {
+            (
+                l["step"].as_u64().unwrap(),
+                l["checkpoint"].as_str().unwrap(),
+                l["checkpoint_skipped"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        skipped,
+        [(2, "checkpoint-2", "checkpoint-1 was still being written")]
+    );
+    let written: Vec<_> = lines
+        .iter()
+        .filter(|l| l.get("checkpoint_bytes").is_some())
+        .map(|l| l["checkpoint"].as_str().unwrap())
+        .collect();
+    assert_eq!(written, ["checkpoint-1", "checkpoint-3", "final"]);
+    assert!(out.join("checkpoint-3/optimizer.safetensors").is_file());
+    assert!(!out.join("checkpoint-1").exists() && !out.join("checkpoint-2").exists());
+}
+
 /// A step whose completions are rewarded alike in every task group has no group with a
 /// learning signal: its line says that it learned nothing (`learned` false, the update's
 /// numbers null, a warning's words), and it takes no optimizer step, so the weights stay the

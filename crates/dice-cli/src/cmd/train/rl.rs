@@ -63,10 +63,12 @@ Task files: a JSON array or JSON Lines of objects with `pytorch_code`, and for -
 end_to_end_kernel_generation_4000.json and kernel_infilling_*.json read as they are.
 
 Output folder.
-  checkpoint-STEP/  after every step, written in the background while the next step runs: the
-                    newest is resumable (f32 masters, no AdamW moments: the presets reset them
-                    every step), older ones are kept every --save-steps steps as models only
-                    (disk use: see --save-steps)
+  checkpoint-STEP/  after every step, written in the background while the next step runs (a
+                    step ending while the write before it is still running skips its own,
+                    unless --save-steps keeps it or it is the last): the newest is resumable
+                    (f32 masters, no AdamW moments: the presets reset them every step), older
+                    ones are kept every --save-steps steps as models only (disk use: see
+                    --save-steps)
   final/            the finished model (a Hugging Face folder, as dice train sft writes)
   config.toml       the run's settings
   judge.db          the judge's verdicts of every candidate (rank R > 0: judge-rankR.db)
@@ -81,7 +83,10 @@ Output folder.
                     rollout, judge, idle, update); per checkpoint once written: checkpoint,
                     checkpoint_bytes, seconds_checkpoint (the training waited),
                     seconds_checkpoint_write (the background write), checkpoint_snapshot
-                    (device or host: where the state was copied); and per evaluation
+                    (device or host: where the state was copied), or checkpoint and
+                    checkpoint_skipped for a step's checkpoint not saved because the one
+                    before it was still being written (never one kept by --save-steps, nor
+                    the last step's); and per evaluation
                     (--eval-tasks, every --eval-steps steps: one greedy static sample per task)
                     eval_tasks, eval_pass_rate, eval_deceptive_rate, eval_seconds
   metrics.html      the curves of metrics.jsonl (inline SVG), redrawn after every step
