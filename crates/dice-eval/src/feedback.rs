@@ -226,7 +226,9 @@ fn rule_in_words(rule: Rule) -> &'static str {
         Rule::TimingOutputMismatch => "the outputs of the timed calls do not match the reference's",
         Rule::TimerInconsistent => "the CUDA timer's readings contradict the wall clock",
         Rule::CustomKernelNotLaunched => "the custom kernels were never launched on the GPU",
-        Rule::NonDefaultStream => "the kernels ran on a stream other than the default stream",
+        Rule::NonDefaultStream => {
+            "the custom kernels ran on a stream other than the default stream"
+        }
         Rule::LowCustomKernelShare => {
             "the custom kernels take only a small share of the GPU time; PyTorch's do the work"
         }

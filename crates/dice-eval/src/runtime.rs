@@ -99,32 +99,26 @@ pub fn check_kernels(
     }
     if let Some(default) = default_stream {
         // The program's own kernels must run where the clocks are. A library's kernel on
-        // another stream is what the library chose as often as what the program did: cuDNN and
-        // others run parts of a call on internal streams joined back to the caller's (the
-        // KernelBench reference of level 3 problem 26, renamed ModelNew, showed it on the
-        // H200), so it is a warning. Streams the program makes or picks itself are the static
-        // audit's `stream_or_graph_creation`, and work hidden on one is bounded by the
-        // evaluator's wall clock (`timer_inconsistent`).
-        let elsewhere = |k: &&LaunchedKernel| k.stream.is_some_and(|s| s != default);
-        let found = kernels
+        // another stream is no evidence against the program: cuDNN and others run parts of a
+        // call on internal streams they join back to the caller's (the KernelBench reference of
+        // level 3 problem 26, renamed ModelNew, showed it on the H200); the stored profile keeps
+        // its stream. Streams the program makes or picks itself are the static audit's
+        // `stream_or_graph_creation`, and work hidden on one is bounded by the evaluator's wall
+        // clock (`timer_inconsistent`).
+        if let Some(k) = kernels
             .iter()
-            .filter(elsewhere)
-            .find(own)
-            .map(|k| (k, Severity::Error, "the program's own kernel"))
-            .or_else(|| {
-                let k = kernels.iter().find(elsewhere)?;
-                Some((k, Severity::Warning, "a library's kernel"))
-            });
-        if let Some((k, severity, whose)) = found {
-            findings.push(Finding {
-                rule: Rule::NonDefaultStream,
-                severity,
-                message: format!(
-                    "{whose} {} ran on stream {}, not on the timed default stream {default}",
+            .filter(own)
+            .find(|k| k.stream.is_some_and(|s| s != default))
+        {
+            findings.push(Finding::error(
+                Rule::NonDefaultStream,
+                format!(
+                    "the program's kernel {} ran on stream {}, not on the timed default stream \
+                     {default}",
                     k.name,
                     k.stream.unwrap_or_default()
                 ),
-            });
+            ));
         }
     }
     let profile = KernelProfile {
@@ -319,35 +313,35 @@ mod tests {
         let side = kernels(&[("relu_kernel(float*)", 15, 1.0)]);
         let (_, findings) = check_kernels(&side, &names, false);
         assert_eq!(rules(&findings), [Rule::NonDefaultStream]);
-        assert_eq!(findings[0].severity, Severity::Error);
     }
 
-    /// A library's kernel on a stream of its own (cuDNN's internal streams) is a warning, in
-    /// strict judging too; the program's own kernel beside it on another stream is the error.
+    /// A library's kernel on a stream of its own (cuDNN's internal streams) is no finding, in
+    /// strict judging too; the program's own kernel on another stream is the error.
     #[test]
-    fn a_library_kernel_on_another_stream_is_a_warning() {
+    fn only_the_program_s_own_kernels_must_run_on_the_default_stream() {
         let names = vec!["shuffle_kernel".to_string()];
         let library = kernels(&[
             ("shuffle_kernel(float*)", 7, 50.0),
             ("cudnn::conv2d_grouped_kernel", 9, 40.0),
         ]);
         for strict in [false, true] {
-            let (_, findings) = check_kernels(&library, &names, strict);
-            assert_eq!(rules(&findings), [Rule::NonDefaultStream]);
-            assert_eq!(findings[0].severity, Severity::Warning);
-            assert!(findings[0]
-                .message
-                .starts_with("a library's kernel cudnn::"));
+            let (profile, findings) = check_kernels(&library, &names, strict);
+            assert!(findings.is_empty(), "{findings:?}");
+            assert_eq!(
+                profile.kernels[1].stream,
+                Some(9),
+                "the profile keeps the stream"
+            );
         }
         let both = kernels(&[
             ("cudnn::conv2d_grouped_kernel", 9, 40.0),
             ("shuffle_kernel(float*)", 9, 50.0),
         ]);
         let (_, findings) = check_kernels(&both, &names, false);
-        assert_eq!(findings[0].severity, Severity::Error);
+        assert_eq!(rules(&findings), [Rule::NonDefaultStream]);
         assert!(findings[0]
             .message
-            .starts_with("the program's own kernel shuffle_kernel"));
+            .starts_with("the program's kernel shuffle_kernel"));
     }
 
     #[test]
