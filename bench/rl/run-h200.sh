@@ -44,7 +44,7 @@ rl_run() {
   wanted "$name" || return 0
   [[ -d /tmp/m17 ]] || "$bin" model init --config "$configs/sdar-1.7b.json" --weights random \
     --seed 1 --tokenizer tests/data/sdar --out /tmp/m17 --force >"$OUT/model-init.txt" 2>&1
-  run "$name" "$cap" train rl --model /tmp/m17 --tasks tests/data/dice/end_to_end_kernel_generation_4000.json \
+  run "$name" "$cap" train rl --model /tmp/m17 --tasks "${tasks_file:-tests/data/dice/end_to_end_kernel_generation_4000.json}" \
     --stage e2e --preset dice-1.7b-stage2 --tasks-per-step "$tasks" --samples-per-task "$samples" \
     --max-tokens "$tokens" --max-active "$active" --max-steps "$count" --out "/tmp/$name" \
     --device cuda "$@"
@@ -67,7 +67,21 @@ rl_run rl-rollout-256 300 32 8 512 256 3 --reward-token 16
 # 2026-12-05-6084aae) split a group in 3 of 16 steps only: the census's best token was held by 3
 # of 16 completions of 64 tokens; 16 completions of 128 tokens split almost every step, and one
 # group keeps the update (prompts of ~900 tokens: 16 x ~1,030 tokens) near 11 s.
+# The update replays each completion once per denoising pass of its busiest block (4 at random
+# weights): with the stage-2 prompts (~900 tokens) 64 replayed sequences of ~1,150 tokens took 23 s
+# an update (run of 2026-12-05, session 16), too long for 20 steps in one call; tasks with prompts
+# of a few tokens (as the CPU tests use) keep the same stage, reward and update at ~300 tokens a
+# replayed sequence.
+tasks_file=/tmp/short-prompt-tasks.json
+python3 - "$tasks_file" <<'PY'
+import json, sys
+asks = ["Write relu.", "Double it.", "Add one.", "Square it."]
+tasks = [{"idx": i, "level": "1", "pytorch_code": "x.relu()",
+          "prompt": f"<|im_start|>user\n{a}<|im_end|>\n<|im_start|>assistant\n"} for i, a in enumerate(asks)]
+json.dump(tasks, open(sys.argv[1], "w"))
+PY
 rl_run rl-learn 540 1 16 128 16 20 --reward-token census --lr 1e-4
+unset tasks_file
 rm -rf /tmp/m17
 # dice bench rl (issue #26, build 3): one stage-2 step of the 1.7B config with random weights, the
 # judge on the GPU scoring recorded programs of the infilling-evaluation tasks (correct, not
