@@ -76,9 +76,6 @@ fn a_forged_clock_is_caught_and_earns_no_speedup() {
     // of overheads, and under enough of it the forged clock goes unseen.
     let _machine = machine_alone();
     let run = tempfile::tempdir().unwrap();
-    let mut cfg = test_config(run.path());
-    cfg.perf_trials = 20;
-    cfg.timing_rounds = 5;
     let problems = vec![EvalProblem {
         level: 1,
         problem_id: 1,
@@ -87,8 +84,33 @@ fn a_forged_clock_is_caught_and_earns_no_speedup() {
         defect: None,
     }];
     let samples = vec![sample(1, 0, FORGED_CLOCK), sample(1, 1, ROWS)];
-    dice_eval::evaluate(cfg, problems, samples, None).unwrap();
-    let records = stored(run.path());
+    // A run whose baseline was itself preempted for milliseconds (some of its calls a hundred
+    // times its median: another process's burst, on this suite's two cores) widens the
+    // baseline's spread past what a forged clock of a 0.07 ms call can show; such a run proves
+    // nothing either way and is made once more, in a fresh folder. An undisturbed run must
+    // catch the forger.
+    let disturbed = |r: &SampleRecord| {
+        r.baseline_timing
+            .as_ref()
+            .is_some_and(|t| t.max_ms > 20.0 * t.median_ms)
+    };
+    let mut records = Vec::new();
+    for attempt in 0..2 {
+        let folder = run.path().join(format!("attempt-{attempt}"));
+        std::fs::create_dir_all(&folder).unwrap();
+        let mut cfg = test_config(&folder);
+        cfg.perf_trials = 20;
+        cfg.timing_rounds = 5;
+        dice_eval::evaluate(cfg, problems.clone(), samples.clone(), None).unwrap();
+        records = stored(&folder);
+        if timer_inconsistent(&records[0]) || !disturbed(&records[0]) {
+            break;
+        }
+        eprintln!(
+            "the baseline was preempted ({:?}): run again",
+            records[0].baseline_timing
+        );
+    }
     let (forger, honest) = (&records[0], &records[1]);
     assert_eq!(forger.verdict, Verdict::Correct, "{forger:?}");
     let reported = forger.candidate_timing.as_ref().unwrap();
