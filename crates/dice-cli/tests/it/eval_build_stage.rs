@@ -5,6 +5,7 @@
 
 use crate::example_runs::{finished, verdicts};
 use dice_eval::{Store, Verdict};
+use dice_kernelbench::{load_candidates, KernelBench};
 use dice_test_support::examples_dir;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -104,29 +105,22 @@ fn build_workers_fill_the_cache_that_judging_uses() {
 
 /// The example candidates that dice-audit's strict rules decide before they run.
 fn examples_rejected_before_running() -> usize {
-    let text = std::fs::read_to_string(examples_dir().join("candidates.jsonl")).unwrap();
-    let reference = |level: u64, id: u64| {
-        let dir = examples_dir().join(format!("kernelbench/level{level}"));
-        let file = std::fs::read_dir(dir)
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with(&format!("{id}_"))
-            })
-            .unwrap();
-        std::fs::read_to_string(file).unwrap()
-    };
+    let problems = KernelBench::open(&examples_dir().join("kernelbench"))
+        .unwrap()
+        .scan(None)
+        .unwrap()
+        .problems;
     let strict = dice_audit::AuditOptions { strict: true };
-    text.lines()
-        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+    load_candidates(&[examples_dir().join("candidates.jsonl")])
+        .unwrap()
+        .into_iter()
         .filter_map(|c| {
-            let code = c["code"].as_str()?.to_string();
-            let source = reference(c["level"].as_u64()?, c["problem_id"].as_u64()?);
-            Some(dice_audit::audit(&code, &source, &strict))
+            let code = String::from_utf8(c.code?).ok()?;
+            let problem = problems
+                .iter()
+                .find(|p| (p.level, p.problem_id) == (c.level, c.problem_id))?;
+            let source = std::str::from_utf8(&problem.source).ok()?;
+            Some(dice_audit::audit(&code, source, &strict))
         })
         .filter(|audit| audit.decided_without_running().is_some())
         .count()

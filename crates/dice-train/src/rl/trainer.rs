@@ -115,37 +115,43 @@ const KEPT_ENGINE_FREE_SHARE: f64 = 0.1;
 
 impl KeptEngine {
     /// Before an update: drops the engine (CUDA only: on the CPU the cache is host memory the
-    /// update does not compete for) unless its KV cache is within [`KEPT_CACHE_SHARE`] of the device's memory,
-    /// or the engine fits beside the peak of an update measured without it. Rebuilding it costs
-    /// its allocation and graph capture at every rollout: 1.5 s of a 12 s rollout at 256
-    /// sequences on the H200.
-    fn release_if_large(&mut self, run: &Run<RlConfig>) -> Result<()> {
-        let Some((_, total)) = dice_model::memory::free_and_total(&run.device)? else {
-            return Ok(());
-        };
-        let total = total as f64;
-        let cache = KvCache::bytes(
-            run.model.config(),
-            self.config.max_batch,
-            self.config.max_seq_len,
-            run.dtype,
-        ) as f64;
-        let fits_beside_update = match (self.update_peak, self.engine_bytes) {
-            (Some(peak), Some(engine)) => {
-                (peak + engine) as f64 <= (1.0 - KEPT_ENGINE_FREE_SHARE) * total
+    /// update does not compete for) unless its KV cache is within [`KEPT_CACHE_SHARE`] of the
+    /// device's memory, or the engine fits beside the peak of an update measured without it;
+    /// when it is not kept, returns the measurement of this update's peak for
+    /// [`Self::measured_update`]. Rebuilding the engine costs its allocation and graph capture
+    /// at every rollout: 1.5 s of a 12 s rollout at 256 sequences on the H200.
+    fn make_room_for_update(&mut self, run: &Run<RlConfig>) -> Result<Option<PeakMemory>> {
+        if let Some((_, total)) = dice_model::memory::free_and_total(&run.device)? {
+            let total = total as f64;
+            let cache = KvCache::bytes(
+                run.model.config(),
+                self.config.max_batch,
+                self.config.max_seq_len,
+                run.dtype,
+            ) as f64;
+            let fits_beside_update = match (self.update_peak, self.engine_bytes) {
+                (Some(peak), Some(engine)) => {
+                    (peak + engine) as f64 <= (1.0 - KEPT_ENGINE_FREE_SHARE) * total
+                }
+                _ => false,
+            };
+            if cache > KEPT_CACHE_SHARE * total
+                && !fits_beside_update
+                && self.engine.take().is_some()
+            {
+                tracing::debug!(
+                    "the rollout engine's KV cache ({:.1} GB) is over {:.0} % of the device's \
+                     memory and no update measured without it left room for it: dropped for \
+                     the update, built again at the next rollout",
+                    cache / 1e9,
+                    KEPT_CACHE_SHARE * 100.0
+                );
             }
-            _ => false,
-        };
-        if cache > KEPT_CACHE_SHARE * total && !fits_beside_update && self.engine.take().is_some() {
-            tracing::debug!(
-                "the rollout engine's KV cache ({:.1} GB) is over {:.0} % of the device's \
-                 memory and no update measured without it left room for it: dropped for the \
-                 update, built again at the next rollout",
-                cache / 1e9,
-                KEPT_CACHE_SHARE * 100.0
-            );
         }
-        Ok(())
+        match self.engine {
+            Some(_) => Ok(None),
+            None => Ok(Some(PeakMemory::start(&run.device)?)),
+        }
     }
 
     /// The engine, built over `run`'s weights the first time.
@@ -153,14 +159,14 @@ impl KeptEngine {
         let engine = match self.engine.take() {
             Some(engine) => engine,
             None => {
-                let free = |run: &Run<RlConfig>| -> Result<Option<u64>> {
+                let free = || -> Result<Option<u64>> {
                     Ok(dice_model::memory::free_and_total(&run.device)?.map(|(free, _)| free))
                 };
-                let before = free(run)?;
+                let before = free()?;
                 let block_length = run.config().rollout.block_length;
                 let decoder = decoder(run.model.config(), trainer_weights(run), block_length)?;
                 let engine = Engine::new(decoder, self.config)?;
-                if let (Some(before), Some(after)) = (before, free(run)?) {
+                if let (Some(before), Some(after)) = (before, free()?) {
                     self.engine_bytes = Some(before.saturating_sub(after));
                 }
                 engine
@@ -169,15 +175,7 @@ impl KeptEngine {
         Ok(self.engine.insert(engine))
     }
 
-    /// Starts measuring an update's device memory when the engine is not kept beside it.
-    fn measure_update(&self, run: &Run<RlConfig>) -> Result<Option<PeakMemory>> {
-        match self.engine {
-            Some(_) => Ok(None),
-            None => Ok(Some(PeakMemory::start(&run.device)?)),
-        }
-    }
-
-    /// Records the peak of an update measured by [`Self::measure_update`].
+    /// Records the peak of an update measured by [`Self::make_room_for_update`].
     fn measured_update(&mut self, measured: Option<PeakMemory>) {
         if let Some(bytes) = measured.and_then(PeakMemory::finish) {
             self.update_peak = Some(self.update_peak.map_or(bytes, |seen| seen.max(bytes)));
@@ -466,8 +464,7 @@ impl RlSteps {
         let learned = totals.groups_kept > 0.0;
         let update_started = Instant::now();
         let update = if learned {
-            self.engine.release_if_large(run)?;
-            let measured = self.engine.measure_update(run)?;
+            let measured = self.engine.make_room_for_update(run)?;
             let update = self.update(run, &records, &record_groups)?;
             self.engine.measured_update(measured);
             update
