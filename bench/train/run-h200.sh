@@ -2,8 +2,8 @@
 # The training issue's GPU evidence (SFT speed, memory, NCCL at one rank), run on the H200 machine
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
-# (STEP: golden, tests, bench-1.7b, bench-1.7b-composite, bench-4b, sft-nccl, kernels-1.7b; all
-# by default)
+# (STEP: golden, tests, bench-1.7b, bench-1.7b-unfused-layer, bench-1.7b-composite, bench-4b,
+# bench-8b, sft-nccl, sft-4b, kernels-1.7b; all by default)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -29,14 +29,19 @@ if wanted tests && [[ -f $DATA/model-tests.xz ]]; then
   echo "model-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/model-lib-tests.txt"
 fi
 # DICE trains on 6,144-token packed rows; the bench packs one synthetic row (p = 0.5 noise). The
-# fused training attention, then the composite one it replaces (DICE_FUSED_ATTENTION=0), each with
-# the step's phases profiled.
+# fused training layer and attention; the fused attention inside candle's composite layer and
+# autograd (DICE_FUSED_LAYER=0, the path before the fused layer); the composite attention too
+# (DICE_FUSED_ATTENTION=0); each with the step's phases profiled.
 run bench-1.7b 240 bench train --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 \
   --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b.json"
+DICE_FUSED_LAYER=0 run bench-1.7b-unfused-layer 240 bench train --config "$configs/sdar-1.7b.json" \
+  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-unfused-layer.json"
 DICE_FUSED_ATTENTION=0 run bench-1.7b-composite 240 bench train --config "$configs/sdar-1.7b.json" \
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-composite.json"
 run bench-4b 240 bench train --config "$configs/sdar-4b.json" --device cuda --dtype bf16 \
   --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b.json"
+run bench-8b 240 bench train --config "$configs/sdar-8b.json" --device cuda --dtype bf16 \
+  --tokens 6144 --steps 2 --profile --json "$OUT/bench-8b.json"
 # The trainer through NCCL at world size one (--nproc-per-node 1): a random 1.7B model trained on
 # the 99 DICE pairs as {prompt, response} rows.
 if wanted sft-nccl; then
@@ -53,6 +58,17 @@ PY
   run sft-nccl 240 train sft --model /tmp/m17 --data /tmp/pairs.jsonl --out /tmp/sft --device cuda \
     --nproc-per-node 1 --max-steps 3 --save-steps 1000 --save-total-limit 1
   cp /tmp/sft/metrics.jsonl "$OUT/sft-nccl-metrics.jsonl" 2>/dev/null
+  rm -rf /tmp/sft /tmp/m17
+fi
+# The same at 4B (AdamW's f32 state beside the model: about 80 GB of the device).
+if wanted sft-4b; then
+  [[ -f /tmp/pairs.jsonl ]] || { echo "sft-4b needs the step sft-nccl's pairs" | tee -a "$OUT/steps.txt"; }
+  "$bin" model init --config "$configs/sdar-4b.json" --weights random --seed 1 \
+    --tokenizer tests/data/sdar --out /tmp/m4 --force >"$OUT/model-init-4b.txt" 2>&1
+  run sft-4b 300 train sft --model /tmp/m4 --data /tmp/pairs.jsonl --out /tmp/sft4 --device cuda \
+    --nproc-per-node 1 --max-steps 4 --save-steps 1000 --save-total-limit 1
+  cp /tmp/sft4/metrics.jsonl "$OUT/sft-4b-metrics.jsonl" 2>/dev/null
+  rm -rf /tmp/sft4 /tmp/m4
 fi
 # Where one step's GPU time goes, kernel by kernel (Nsight Compute, one metric, clocks and caches
 # left alone): the sum of kernel times against the step's wall time is the host's share.

@@ -13,6 +13,7 @@ pub mod golden;
 pub mod init;
 #[cfg(feature = "cuda")]
 mod kernels;
+mod layer_ops;
 pub mod masks;
 pub mod memory;
 pub mod sdar;

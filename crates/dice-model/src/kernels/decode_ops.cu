@@ -23,6 +23,7 @@
 //   rounding, so that no compiler can choose otherwise.
 
 #include "half.cuh"
+#include "warp.cuh"
 
 // T(a * b + c), rounded once, as the fma ptxas makes of candle's T expressions.
 __device__ __forceinline__ float fma_round(float a, float b, float c, float*) {
@@ -63,12 +64,6 @@ template <typename T> T fma_round(float a, float b, float c, T*) {
     return from_float<T>(f);
 }
 #endif
-
-// The butterfly sum of `x` over the 32 lanes of a warp. Every lane gets the sum.
-__device__ __forceinline__ float warp_sum(float x) {
-    for (int mask = 16; mask > 0; mask >>= 1) x += __shfl_xor_sync(0xffffffffu, x, mask);
-    return x;
-}
 
 // The second step of candle's block reduction: the butterfly over the 32 warps' sums, which
 // warp_sums holds once the block has synchronised. Every thread gets the sum.

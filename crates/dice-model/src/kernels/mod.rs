@@ -1,6 +1,7 @@
 //! Hand-written CUDA kernels, compiled at run time with NVRTC (the `cuda` feature): the fused
-//! decoding forward's building blocks (`crate::sdar`'s `fused` module) and the training
-//! attention's forward and backward (`crate::sdar`'s `training` module).
+//! decoding forward's building blocks (`crate::sdar`'s `fused` module), the training
+//! attention's forward and backward, and the training layer's element-wise steps forward and
+//! backward (`crate::sdar`'s `training` module).
 
 // Launching NVRTC kernels through cudarc's raw API and handing it device addresses is unsafe by
 // nature; each launch states its contract where it happens.
@@ -11,6 +12,8 @@ pub(crate) mod decode_ops;
 mod device_ptr;
 mod nvrtc;
 mod train_attention;
+mod train_layer;
 
 pub(crate) use block_attention::BlockAttention;
 pub(crate) use train_attention::TrainAttention;
+pub(crate) use train_layer::TrainLayer;

@@ -22,9 +22,10 @@ pub(crate) struct Source {
 }
 
 /// The headers our sources include, by the name they include them with.
-const HEADERS: [(&CStr, &str); 2] = [
+const HEADERS: [(&CStr, &str); 3] = [
     (c"half.cuh", include_str!("half.cuh")),
     (c"mma.cuh", include_str!("mma.cuh")),
+    (c"warp.cuh", include_str!("warp.cuh")),
 ];
 
 /// Compiles `source` with the extra NVRTC `options` to a cubin for compute capability `arch`.

@@ -25,6 +25,9 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Instant;
 
+mod fused_layer;
+use crate::layer_ops::LayerOps;
+
 /// Training always runs the composite ops autograd can differentiate.
 const KERNELS: Kernels = Kernels::Differentiable;
 
@@ -134,11 +137,13 @@ impl AttentionPath {
     }
 }
 
-/// What every layer of one training forward shares: rotary tables and how attention runs; and
-/// the phase timer of a profiled step.
+/// What every layer of one training forward shares: rotary tables, how attention runs, the
+/// fused layer's kernels where the layers take them ([`fused_layer`]; candle's composite ops
+/// and autograd otherwise); and the phase timer of a profiled step.
 struct Layout {
     rope: Rope,
     attention: AttentionPath,
+    layer: Option<Box<dyn LayerOps>>,
     timer: Option<RefCell<PhaseTimer>>,
 }
 
@@ -174,6 +179,7 @@ impl Layout {
                 return Ok(Self {
                     rope,
                     attention,
+                    layer: fused_layer::kernels(model)?,
                     timer: None,
                 });
             }
@@ -203,6 +209,7 @@ impl Layout {
         Ok(Self {
             rope,
             attention: AttentionPath::Composite(segments),
+            layer: None,
             timer: None,
         })
     }
@@ -219,6 +226,7 @@ impl Layout {
                 return Ok(Self {
                     rope,
                     attention,
+                    layer: fused_layer::kernels(model)?,
                     timer: None,
                 });
             }
@@ -230,6 +238,7 @@ impl Layout {
                 len: n,
                 mask: sequence.mask.reshape((1, 1, 1, n, n))?,
             }]),
+            layer: None,
             timer: None,
         })
     }
@@ -351,6 +360,9 @@ impl Layout {
         h: &Tensor,
         rows: usize,
     ) -> Result<(AttentionOutput, Tensor)> {
+        if let Some(ops) = &self.layer {
+            return self.fused_layer_forward(ops.as_ref(), &model.config, layer, h, rows);
+        }
         let (q, k, v) = self.timed(StepPhase::ForwardProjections, || {
             layer.qkv(&model.config, h, &self.rope, KERNELS, &mut Unprobed)
         })?;
@@ -717,8 +729,9 @@ impl Sdar {
         ensure!(chunk_rows > 0, "chunk_rows must be positive");
         let mut saved = Vec::with_capacity(self.layers.len());
         let h = self.frozen_forward(layout, tokens, chunk_rows, Some(&mut saved))?;
-        let head = layout.timed(StepPhase::LossHead, || {
-            self.head_backward(&h, head, chunk_rows)
+        let head = layout.timed(StepPhase::LossHead, || match &layout.layer {
+            Some(ops) => fused_layer::head_backward(ops.as_ref(), self, &h, head, chunk_rows),
+            None => self.head_backward(&h, head, chunk_rows),
         })?;
         drop(h);
         let mut grads = HashMap::new();
@@ -834,6 +847,9 @@ impl Sdar {
         rows: usize,
     ) -> anyhow::Result<(Tensor, Vec<Tensor>)> {
         let cfg = &self.config;
+        if let Some(ops) = &layout.layer {
+            return layout.fused_layer_backward(ops.as_ref(), cfg, layer, saved, upstream, rows);
+        }
         let weights = layer.map(|t| Ok(Var::from_tensor(t)?.into_inner()))?;
         let input = Var::from_tensor(&saved.input)?;
         let (q, k, v) = layout.timed(StepPhase::RecomputeProjections, || {

@@ -16,3 +16,4 @@ mod init;
 mod profile;
 mod tokenizer;
 mod train_attention_emulated;
+mod train_layer_emulated;

@@ -1,0 +1,341 @@
+// Fused element-wise steps of a training decoder layer and of the loss head, forward and
+// backward (crates/dice-model/src/kernels/train_layer.rs launches them; the GEMMs between them
+// are cuBLAS's, through candle): RMSNorm with its optional residual add, the q/k heads' RMSNorm
+// and RoPE with the move to head-major order, SwiGLU, and the label log-softmax over the
+// vocabulary.
+//
+// Compiled at run time with NVRTC; bf16 and f16 are raw 16-bit values (half.cuh). Every step
+// computes in f32 and rounds its outputs to T once; the normed and gated values are rounded to
+// T where the composite forward (crates/dice-model/src/sdar.rs) rounds them, so that the
+// backward differentiates the forward the GEMMs saw. RMSNorm's reciprocal RMS per row is kept
+// in f32 for the backward. Weight gradients of the norms are written as per-CTA (or per-chunk)
+// partial sums in f32, reduced by the caller in a fixed order: no atomics, so a step gives the
+// same gradients on every run.
+
+#include "half.cuh"
+#include "warp.cuh"
+
+// NVRTC has no math.h, hence no INFINITY.
+#define NEG_INF __uint_as_float(0xff800000u)
+// Warps per CTA of the row kernels: one warp per row.
+#define ROW_WARPS 8
+// The largest head dim of heads_backward (a lane keeps head_dim / 32 gradients in registers).
+#define MAX_HEAD_DIM 256
+// Threads per CTA of the column and element-wise kernels.
+#define FLAT_THREADS 256
+// Threads per CTA of label_log_softmax: one CTA per row of the vocabulary's logits.
+#define HEAD_THREADS 1024
+
+// Row `row` of the RMSNorm forward: x = a (+ b, rounded to T and written to sum_out), then
+// y = T(x * rstd * w) and rstd = 1 / sqrt(mean(x^2) + eps). One warp per row.
+template <typename T>
+__device__ void rms_norm_forward(const T* __restrict__ a, const T* __restrict__ b,
+                                 T* __restrict__ sum_out, const T* __restrict__ w,
+                                 T* __restrict__ y, float* __restrict__ rstd, int rows, int n,
+                                 float eps) {
+    const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const size_t base = (size_t)row * n;
+    float squares = 0.0f;
+    for (int c = lane; c < n; c += 32) {
+        float x = to_float(a[base + c]);
+        if (b) {
+            const T sum = from_float<T>(x + to_float(b[base + c]));
+            sum_out[base + c] = sum;
+            x = to_float(sum);
+        }
+        squares += x * x;
+    }
+    const float r = rsqrtf(warp_sum(squares) / (float)n + eps);
+    // The rounded sums this warp wrote are read back by the same lanes that wrote them.
+    const T* x = b ? sum_out : a;
+    for (int c = lane; c < n; c += 32)
+        y[base + c] = from_float<T>(to_float(x[base + c]) * r * to_float(w[c]));
+    if (lane == 0) rstd[row] = r;
+}
+
+// Row `row` of the RMSNorm backward for the input gradient:
+// dx = T(r * g - x * r^3 * mean(g * x) + d_residual), g = dy * w, with the forward's x and r.
+template <typename T>
+__device__ void rms_norm_backward(const T* __restrict__ x, const T* __restrict__ w,
+                                  const float* __restrict__ rstd, const T* __restrict__ dy,
+                                  const T* __restrict__ d_residual, T* __restrict__ dx, int rows,
+                                  int n) {
+    const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const size_t base = (size_t)row * n;
+    const float r = rstd[row];
+    float dot = 0.0f;
+    for (int c = lane; c < n; c += 32)
+        dot += to_float(dy[base + c]) * to_float(w[c]) * to_float(x[base + c]);
+    const float coef = warp_sum(dot) * r * r * r / (float)n;
+    for (int c = lane; c < n; c += 32) {
+        float g = r * to_float(dy[base + c]) * to_float(w[c]) - to_float(x[base + c]) * coef;
+        if (d_residual) g += to_float(d_residual[base + c]);
+        dx[base + c] = from_float<T>(g);
+    }
+}
+
+// The RMSNorm weight's gradient, Σ_rows dy * x * r, as partial sums over chunks of
+// `chunk_rows` rows: partial[blockIdx.y * n + c]. One thread per column, so the reads of a
+// row are coalesced.
+template <typename T>
+__device__ void norm_weight_grad(const T* __restrict__ x, const float* __restrict__ rstd,
+                                 const T* __restrict__ dy, float* __restrict__ partial, int rows,
+                                 int n, int chunk_rows) {
+    const int c = blockIdx.x * FLAT_THREADS + threadIdx.x;
+    if (c >= n) return;
+    const int first = blockIdx.y * chunk_rows, last = min(rows, first + chunk_rows);
+    float sum = 0.0f;
+    for (int r = first; r < last; ++r) {
+        const size_t i = (size_t)r * n + c;
+        sum += to_float(dy[i]) * to_float(x[i]) * rstd[r];
+    }
+    partial[(size_t)blockIdx.y * n + c] = sum;
+}
+
+// Heads out of a projection's rows, into head-major order: src holds `tokens` rows `ld`
+// elements apart, each `heads` heads of `head_dim`; out is [heads, tokens, head_dim]. With
+// norm_w (q and k): each head row is RMS-normed (rounded to T, as the composite forward rounds
+// it) and rotated by rotate-half RoPE with cos and sin [tokens, head_dim / 2], and its rstd kept;
+// without (v): copied. One warp per (token, head) row.
+template <typename T>
+__device__ void heads_forward(const T* __restrict__ src, const T* __restrict__ norm_w,
+                              const T* __restrict__ cos, const T* __restrict__ sin,
+                              T* __restrict__ out, float* __restrict__ rstd, int ld, int tokens,
+                              int heads, int head_dim, float eps) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
+    if (row >= tokens * heads) return;
+    const int t = row / heads, h = row % heads;
+    const T* x = src + (size_t)t * ld + (size_t)h * head_dim;
+    T* o = out + ((size_t)h * tokens + t) * head_dim;
+    if (!norm_w) {
+        for (int e = lane; e < head_dim; e += 32) o[e] = x[e];
+        return;
+    }
+    float squares = 0.0f;
+    for (int e = lane; e < head_dim; e += 32) {
+        const float v = to_float(x[e]);
+        squares += v * v;
+    }
+    const float r = rsqrtf(warp_sum(squares) / (float)head_dim + eps);
+    // A lane norms the element RoPE pairs with its own itself, so no lane waits on another.
+    const auto normed = [&](int e) {
+        return to_float(from_float<T>(to_float(x[e]) * r * to_float(norm_w[e])));
+    };
+    const int half = head_dim / 2;
+    const T* c_row = cos + (size_t)t * half;
+    const T* s_row = sin + (size_t)t * half;
+    for (int e = lane; e < head_dim; e += 32) {
+        const int i = e < half ? e : e - half;
+        const float c = to_float(c_row[i]), s = to_float(s_row[i]);
+        const float rotated =
+            e < half ? normed(e) * c - normed(e + half) * s : normed(e) * c + normed(e - half) * s;
+        o[e] = from_float<T>(rotated);
+    }
+    if (lane == 0) rstd[row] = r;
+}
+
+// The backward of heads_forward: d_heads [heads, tokens, head_dim] back into d_src's rows
+// (`d_ld` apart; src's are `ld` apart). With norm_w: RoPE undone (its transpose), then the RMSNorm backward with the forward's
+// src and rstd, and the norm weight's gradient summed per warp over the rows it takes,
+// dw_partial[(blockIdx.x * ROW_WARPS + warp) * head_dim + e]. Warps stride over the rows.
+template <typename T>
+__device__ void heads_backward(const T* __restrict__ d_heads, const T* __restrict__ src,
+                               const T* __restrict__ norm_w, const float* __restrict__ rstd,
+                               const T* __restrict__ cos, const T* __restrict__ sin,
+                               T* __restrict__ d_src, float* __restrict__ dw_partial, int ld,
+                               int d_ld, int tokens, int heads, int head_dim) {
+    const int lane = threadIdx.x % 32, first = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
+    const int stride = gridDim.x * ROW_WARPS, half = head_dim / 2;
+    // Lane `lane` holds elements lane + 32 j of a head row.
+    float dw[MAX_HEAD_DIM / 32], d_normed[MAX_HEAD_DIM / 32];
+    for (int j = 0; j < MAX_HEAD_DIM / 32; ++j) dw[j] = 0.0f;
+    for (int row = first; row < tokens * heads; row += stride) {
+        const int t = row / heads, h = row % heads;
+        const T* d = d_heads + ((size_t)h * tokens + t) * head_dim;
+        const size_t at = (size_t)t * ld + (size_t)h * head_dim;
+        const size_t d_at = (size_t)t * d_ld + (size_t)h * head_dim;
+        if (!norm_w) {
+            for (int e = lane; e < head_dim; e += 32) d_src[d_at + e] = d[e];
+            continue;
+        }
+        const T* c_row = cos + (size_t)t * half;
+        const T* s_row = sin + (size_t)t * half;
+        const float r = rstd[row];
+        float dot = 0.0f;
+#pragma unroll
+        for (int j = 0; j < MAX_HEAD_DIM / 32; ++j) {
+            const int e = lane + 32 * j;
+            if (e < head_dim) {
+                // RoPE's transpose: the rotation by -angle.
+                const int i = e < half ? e : e - half;
+                const float c = to_float(c_row[i]), s = to_float(s_row[i]);
+                d_normed[j] = e < half ? to_float(d[e]) * c + to_float(d[e + half]) * s
+                                       : to_float(d[e]) * c - to_float(d[e - half]) * s;
+                dot += d_normed[j] * to_float(norm_w[e]) * to_float(src[at + e]);
+            }
+        }
+        const float coef = warp_sum(dot) * r * r * r / (float)head_dim;
+#pragma unroll
+        for (int j = 0; j < MAX_HEAD_DIM / 32; ++j) {
+            const int e = lane + 32 * j;
+            if (e < head_dim) {
+                const float x = to_float(src[at + e]);
+                d_src[d_at + e] = from_float<T>(r * d_normed[j] * to_float(norm_w[e]) - x * coef);
+                dw[j] += d_normed[j] * x * r;
+            }
+        }
+    }
+    if (!norm_w) return;
+    float* partial = dw_partial + (size_t)first * head_dim;
+#pragma unroll
+    for (int j = 0; j < MAX_HEAD_DIM / 32; ++j)
+        if (lane + 32 * j < head_dim) partial[lane + 32 * j] = dw[j];
+}
+
+// SwiGLU on [gate | up] rows of 2 * inter: act = T(T(silu(gate)) * up), as the composite
+// forward rounds it. Threads stride over the rows × inter elements.
+template <typename T>
+__device__ void swiglu_forward(const T* __restrict__ gate_up, T* __restrict__ act, int rows,
+                               int inter) {
+    const size_t total = (size_t)rows * inter;
+    for (size_t i = (size_t)blockIdx.x * FLAT_THREADS + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * FLAT_THREADS) {
+        const size_t t = i / inter, c = i - t * inter;
+        const float g = to_float(gate_up[t * 2 * inter + c]);
+        const float u = to_float(gate_up[t * 2 * inter + inter + c]);
+        const float silu = to_float(from_float<T>(g / (1.0f + expf(-g))));
+        act[i] = from_float<T>(silu * u);
+    }
+}
+
+// The backward of swiglu_forward: d_gate_up's rows [d gate | d up] from d_act.
+template <typename T>
+__device__ void swiglu_backward(const T* __restrict__ gate_up, const T* __restrict__ d_act,
+                                T* __restrict__ d_gate_up, int rows, int inter) {
+    const size_t total = (size_t)rows * inter;
+    for (size_t i = (size_t)blockIdx.x * FLAT_THREADS + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * FLAT_THREADS) {
+        const size_t t = i / inter, c = i - t * inter;
+        const size_t g_at = t * 2 * inter + c, u_at = g_at + inter;
+        const float g = to_float(gate_up[g_at]), u = to_float(gate_up[u_at]);
+        const float da = to_float(d_act[i]);
+        const float sigmoid = 1.0f / (1.0f + expf(-g));
+        d_gate_up[g_at] = from_float<T>(da * u * sigmoid * (1.0f + g * (1.0f - sigmoid)));
+        d_gate_up[u_at] = from_float<T>(da * g * sigmoid);
+    }
+}
+
+// Merges a running (max, sum of exp(x - max)) pair with another.
+__device__ __forceinline__ void merge_exp_sums(float& m, float& s, float other_m, float other_s) {
+    const float top = fmaxf(m, other_m);
+    if (top == NEG_INF) return;
+    s = s * expf(m - top) + other_s * expf(other_m - top);
+    m = top;
+}
+
+// Row blockIdx.x of logits [rows, vocab]: its log-sum-exp (f32 of the T logits) and the
+// log-probability of its label, log_prob = logit[label] - lse.
+template <typename T>
+__device__ void label_log_softmax(const T* __restrict__ logits,
+                                  const unsigned int* __restrict__ labels, float* __restrict__ lse,
+                                  float* __restrict__ log_prob, int vocab) {
+    __shared__ float warp_m[HEAD_THREADS / 32], warp_s[HEAD_THREADS / 32];
+    const int row = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const T* l = logits + (size_t)row * vocab;
+    float m = NEG_INF, s = 0.0f;
+    for (int j = tid; j < vocab; j += HEAD_THREADS) merge_exp_sums(m, s, to_float(l[j]), 1.0f);
+    for (int mask = 16; mask > 0; mask >>= 1) {
+        const float other_m = __shfl_xor_sync(0xffffffffu, m, mask);
+        const float other_s = __shfl_xor_sync(0xffffffffu, s, mask);
+        merge_exp_sums(m, s, other_m, other_s);
+    }
+    if (lane == 0) {
+        warp_m[warp] = m;
+        warp_s[warp] = s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        m = warp_m[lane];
+        s = warp_s[lane];
+        for (int mask = 16; mask > 0; mask >>= 1) {
+            const float other_m = __shfl_xor_sync(0xffffffffu, m, mask);
+            const float other_s = __shfl_xor_sync(0xffffffffu, s, mask);
+            merge_exp_sums(m, s, other_m, other_s);
+        }
+        if (lane == 0) {
+            const float total = m + logf(s);
+            lse[row] = total;
+            log_prob[row] = to_float(l[labels[row]]) - total;
+        }
+    }
+}
+
+// The backward of label_log_softmax for d_log_prob (f32 [rows]): the logits' gradient
+// d_log_prob * (onehot(label) - softmax), written over the logits in place.
+template <typename T>
+__device__ void label_log_softmax_backward(T* __restrict__ logits,
+                                           const unsigned int* __restrict__ labels,
+                                           const float* __restrict__ lse,
+                                           const float* __restrict__ d_log_prob, int rows,
+                                           int vocab) {
+    const size_t total = (size_t)rows * vocab;
+    for (size_t i = (size_t)blockIdx.x * FLAT_THREADS + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * FLAT_THREADS) {
+        const size_t row = i / vocab, j = i - row * vocab;
+        const float p = expf(to_float(logits[i]) - lse[row]);
+        logits[i] = from_float<T>(d_log_prob[row] * ((j == labels[row] ? 1.0f : 0.0f) - p));
+    }
+}
+
+#define TRAIN_LAYER_OPS(TYPE, SUFFIX)                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * ROW_WARPS) rms_norm_forward_##SUFFIX(       \
+        const TYPE* a, const TYPE* b, TYPE* sum_out, const TYPE* w, TYPE* y, float* rstd,         \
+        int rows, int n, float eps) {                                                             \
+        rms_norm_forward<TYPE>(a, b, sum_out, w, y, rstd, rows, n, eps);                          \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * ROW_WARPS) rms_norm_backward_##SUFFIX(      \
+        const TYPE* x, const TYPE* w, const float* rstd, const TYPE* dy, const TYPE* d_residual,  \
+        TYPE* dx, int rows, int n) {                                                              \
+        rms_norm_backward<TYPE>(x, w, rstd, dy, d_residual, dx, rows, n);                         \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(FLAT_THREADS) norm_weight_grad_##SUFFIX(         \
+        const TYPE* x, const float* rstd, const TYPE* dy, float* partial, int rows, int n,        \
+        int chunk_rows) {                                                                         \
+        norm_weight_grad<TYPE>(x, rstd, dy, partial, rows, n, chunk_rows);                        \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * ROW_WARPS) heads_forward_##SUFFIX(          \
+        const TYPE* src, const TYPE* norm_w, const TYPE* cos, const TYPE* sin, TYPE* out,         \
+        float* rstd, int ld, int tokens, int heads, int head_dim, float eps) {                    \
+        heads_forward<TYPE>(src, norm_w, cos, sin, out, rstd, ld, tokens, heads, head_dim, eps);  \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * ROW_WARPS) heads_backward_##SUFFIX(         \
+        const TYPE* d_heads, const TYPE* src, const TYPE* norm_w, const float* rstd,              \
+        const TYPE* cos, const TYPE* sin, TYPE* d_src, float* dw_partial, int ld, int d_ld,       \
+        int tokens, int heads, int head_dim) {                                                    \
+        heads_backward<TYPE>(d_heads, src, norm_w, rstd, cos, sin, d_src, dw_partial, ld, d_ld,   \
+                             tokens, heads, head_dim);                                            \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(FLAT_THREADS) swiglu_forward_##SUFFIX(           \
+        const TYPE* gate_up, TYPE* act, int rows, int inter) {                                    \
+        swiglu_forward<TYPE>(gate_up, act, rows, inter);                                          \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(FLAT_THREADS) swiglu_backward_##SUFFIX(          \
+        const TYPE* gate_up, const TYPE* d_act, TYPE* d_gate_up, int rows, int inter) {           \
+        swiglu_backward<TYPE>(gate_up, d_act, d_gate_up, rows, inter);                            \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(HEAD_THREADS) label_log_softmax_##SUFFIX(        \
+        const TYPE* logits, const unsigned int* labels, float* lse, float* log_prob, int vocab) { \
+        label_log_softmax<TYPE>(logits, labels, lse, log_prob, vocab);                            \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(FLAT_THREADS)                                    \
+        label_log_softmax_backward_##SUFFIX(TYPE* logits, const unsigned int* labels,             \
+                                            const float* lse, const float* d_log_prob, int rows,  \
+                                            int vocab) {                                          \
+        label_log_softmax_backward<TYPE>(logits, labels, lse, d_log_prob, rows, vocab);           \
+    }
+
+TRAIN_LAYER_OPS(float, f32)
+TRAIN_LAYER_OPS(bf16_t, bf16)
+TRAIN_LAYER_OPS(f16_t, f16)

@@ -1,0 +1,70 @@
+//! The element-wise steps of the hand-written training layer and loss head
+//! (`crate::sdar`'s `training::fused_layer`), as a trait: on CUDA the fused kernels of
+//! `crate::kernels::TrainLayer` implement it; the fused layer's CPU tests, a candle reference.
+
+use candle_core::{Result, Tensor};
+
+/// The element-wise steps of the fused layer and head, forward and backward. Tensors are 2-d
+/// `[rows, width]` unless said otherwise; reciprocal RMS values and norm weights' gradients
+/// are f32.
+pub(crate) trait LayerOps {
+    /// RMSNorm of the rows of `x` with weight `w`: the normed rows (rounded to the dtype) and
+    /// the reciprocal RMS of every row, `[rows]`.
+    fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f64) -> Result<(Tensor, Tensor)>;
+    /// RMSNorm of `a + b` (rounded to the dtype): the sum, the normed rows and the reciprocal
+    /// RMS of every row.
+    fn add_rms_norm(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        w: &Tensor,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)>;
+    /// The backward of [`LayerOps::rms_norm`] for the output gradient `dy`: the input
+    /// gradient plus `d_residual` (what reaches the input another way), and the weight's
+    /// gradient.
+    fn rms_norm_backward(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        rstd: &Tensor,
+        dy: &Tensor,
+        d_residual: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)>;
+    /// `heads` heads out of the rows of `src` `[T, heads * head_dim]` (contiguous, or a narrow
+    /// of wider rows) into `[1, heads, T, head_dim]`; with `norm` (q and k: the head norm's
+    /// weight and the rotary tables cos, sin `[T, head_dim / 2]`) RMS-normed (rounded) and
+    /// rotated, with the reciprocal RMS of every (token, head) row `[T * heads]`.
+    fn heads_forward(
+        &self,
+        src: &Tensor,
+        norm: Option<(&Tensor, [&Tensor; 2])>,
+        heads: usize,
+        eps: f64,
+    ) -> Result<(Tensor, Option<Tensor>)>;
+    /// The backward of [`LayerOps::heads_forward`] for the heads' gradient `d_heads`
+    /// `[1, heads, T, head_dim]`: the gradient of `src`, `[T, heads * head_dim]` contiguous,
+    /// and with `norm` (weight, the forward's rstd, rotary tables) the norm weight's gradient.
+    fn heads_backward(
+        &self,
+        d_heads: &Tensor,
+        src: &Tensor,
+        norm: Option<(&Tensor, &Tensor, [&Tensor; 2])>,
+    ) -> Result<(Tensor, Option<Tensor>)>;
+    /// SwiGLU of `gate_up` `[T, 2 I]` (gate in the first I columns): `T(T(silu(gate)) * up)`.
+    fn swiglu(&self, gate_up: &Tensor) -> Result<Tensor>;
+    /// The backward of [`LayerOps::swiglu`]: d gate_up `[T, 2 I]` from d act `[T, I]`.
+    fn swiglu_backward(&self, gate_up: &Tensor, d_act: &Tensor) -> Result<Tensor>;
+    /// The log-sum-exp of every row of `logits` `[rows, vocab]` (in f32) and log p(label) for
+    /// u32 `labels` `[rows]`.
+    fn label_log_softmax(&self, logits: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)>;
+    /// The logits' gradient `d_log_prob * (onehot(label) - softmax)` for f32 `d_log_prob`
+    /// `[rows]`; `logits` is given up (the CUDA kernel writes the gradient over it).
+    fn label_log_softmax_backward(
+        &self,
+        logits: Tensor,
+        labels: &Tensor,
+        lse: &Tensor,
+        d_log_prob: &Tensor,
+    ) -> Result<Tensor>;
+}
