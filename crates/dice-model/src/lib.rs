@@ -26,6 +26,8 @@ pub use config::SdarConfig;
 #[cfg(feature = "cuda")]
 pub use kernels::decode_ops::{greedy_summary, sample_summary};
 #[cfg(feature = "cuda")]
+pub use kernels::optim::{adamw_step, AdamWScalars};
+#[cfg(feature = "cuda")]
 pub use sdar::DecodeGraph;
 pub use sdar::{KvCache, LossGradients, MaskedSequence, Sdar};
 pub use sft::{PackedRow, TwoStreamBatch};

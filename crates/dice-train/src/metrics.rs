@@ -94,6 +94,13 @@ pub struct StepMetrics {
     pub memory: Option<u64>,
     /// Wall seconds of the step.
     pub step_time_s: f64,
+    /// Of which the micro-batches' forwards and backwards with their gradients summed, the
+    /// device synchronised after them (absent from lines written before it was recorded).
+    #[serde(default)]
+    pub forward_backward_s: f64,
+    /// And the update: the gradients' reduction over the ranks, clipping and AdamW.
+    #[serde(default)]
+    pub update_s: f64,
 }
 
 /// The line of one evaluation of the held-out rows.
@@ -302,7 +309,11 @@ const SFT_PAGE: Page = Page {
         ChartSpec::new(
             "seconds per step",
             Quantity::Amount("seconds"),
-            &[("step_time_s", "wall seconds")],
+            &[
+                ("step_time_s", "wall seconds"),
+                ("forward_backward_s", "forwards and backwards"),
+                ("update_s", "update (reduction, clipping, AdamW)"),
+            ],
         ),
         ChartSpec::new(
             "tokens per step",
@@ -643,6 +654,8 @@ mod tests {
                     mfu: Some(0.31 + 0.001 * s),
                     memory: Some(70 << 30),
                     step_time_s: 5.4,
+                    forward_backward_s: 4.9,
+                    update_s: 0.5,
                 })
                 .unwrap(),
             );

@@ -135,6 +135,35 @@ impl Param {
         Ok(())
     }
 
+    /// The update of [`AdamW::step`] for a GPU weight: dice-model's AdamW kernel in place
+    /// (one pass, the host update's operations, so the same values bit for bit), or the tensor
+    /// form where the kernel is not available.
+    fn step_on_device(&mut self, grad: &Tensor, s: &StepScalars) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        {
+            let scalars = dice_model::AdamWScalars {
+                decay: s.decay,
+                one_minus_beta1: s.one_minus_beta1,
+                beta2: s.beta2,
+                one_minus_beta2: s.one_minus_beta2,
+                bias_correction2_sqrt: s.bias_correction2_sqrt,
+                eps: s.eps,
+                neg_step_size: s.neg_step_size,
+            };
+            let stepped = dice_model::adamw_step(
+                self.weight.as_tensor(),
+                self.master.as_ref(),
+                [&self.exp_avg, &self.exp_avg_sq],
+                &grad.contiguous()?,
+                &scalars,
+            )?;
+            if stepped.is_some() {
+                return Ok(());
+            }
+        }
+        self.step_with_tensors(grad, s)
+    }
+
     /// The update of [`AdamW::step`] for a CPU weight, in place: three passes over the host
     /// buffers of m, v and the f32 weights with the same f32 operations in the same order as
     /// the tensor form (candle's scalar `affine` is `x·a + b`, kept here with its `+ 0`), so the
@@ -394,7 +423,7 @@ impl AdamW {
             if param.weight.device().is_cpu() {
                 param.step_on_host(&grad, &scalars)?;
             } else {
-                param.step_with_tensors(&grad, &scalars)?;
+                param.step_on_device(&grad, &scalars)?;
             }
         }
         self.steps += 1;

@@ -13,6 +13,7 @@ mod decode_ops_emulated;
 mod golden_forward;
 mod golden_sft;
 mod init;
+mod optim_emulated;
 mod profile;
 mod tokenizer;
 mod train_attention_emulated;

@@ -56,7 +56,10 @@ inline unsigned int __float_as_uint(float f) {
 }
 // The host compiles in ISO C++ mode, which contracts no multiply-add: each operation rounds once.
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 // The GPU's rsqrtf is approximate; the emulated kernels are checked against references that
 // call this same function.
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

@@ -173,6 +173,8 @@ impl Steps for SftSteps {
             );
             accumulator.add(result.grads)?;
         }
+        run.device.synchronize()?;
+        let forward_backward_s = started.elapsed().as_secs_f64();
         let micro_batches = accumulator.micro_batches();
         let grads = if micro_batches == 0 {
             // A rank without rows in the last step of an epoch.
@@ -206,6 +208,8 @@ impl Steps for SftSteps {
             mfu: peak_flops.map(|peak| flops / (seconds * peak * world as f64)),
             memory: peak.finish().or_else(process_peak_rss),
             step_time_s: seconds,
+            forward_backward_s,
+            update_s: seconds - forward_backward_s,
         })
     }
 

@@ -33,7 +33,9 @@ Output folder.
   config.toml       the run's settings
   metrics.jsonl     one JSON object per optimizer step: step, epoch, loss, lr, grad_norm,
                     tokens, tokens_per_s, tflops, mfu, memory (peak bytes: the GPU's during the
-                    step, the process's resident peak on the CPU), step_time_s; one per
+                    step, the process's resident peak on the CPU), step_time_s and its parts
+                    forward_backward_s (the micro-batches' forwards and backwards) and update_s
+                    (reduction over the ranks, clipping, AdamW); one per
                     evaluation: step, epoch, eval_loss, eval_rows; and one per checkpoint once
                     written: step, checkpoint, checkpoint_bytes, seconds_checkpoint (the
                     training waited: the state copied), seconds_checkpoint_write (the background
