@@ -2,8 +2,8 @@
 # The training issue's GPU evidence (SFT speed, memory, NCCL at one rank), run on the H200 machine
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
-# (STEP: golden, tests, bench-1.7b, bench-1.7b-unfused-layer, bench-1.7b-composite, bench-4b,
-# bench-8b, sft-nccl, sft-4b, kernels-1.7b; all by default)
+# (STEP: golden, tests, bench-1.7b, bench-1.7b-recompute, bench-1.7b-unfused-layer,
+# bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b, kernels-1.7b; all by default)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -29,11 +29,14 @@ if wanted tests && [[ -f $DATA/model-tests.xz ]]; then
   echo "model-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/model-lib-tests.txt"
 fi
 # DICE trains on 6,144-token packed rows; the bench packs one synthetic row (p = 0.5 noise). The
-# fused training layer and attention; the fused attention inside candle's composite layer and
-# autograd (DICE_FUSED_LAYER=0, the path before the fused layer); the composite attention too
-# (DICE_FUSED_ATTENTION=0); each with the step's phases profiled.
+# fused training layer and attention (layers keeping their activations as memory allows); the
+# same recomputing every layer (DICE_RECOMPUTE=all); the fused attention inside candle's
+# composite layer and autograd (DICE_FUSED_LAYER=0, the path before the fused layer); the
+# composite attention too (DICE_FUSED_ATTENTION=0); each with the step's phases profiled.
 run bench-1.7b 240 bench train --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 \
   --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b.json"
+DICE_RECOMPUTE=all run bench-1.7b-recompute 240 bench train --config "$configs/sdar-1.7b.json" \
+  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-recompute.json"
 DICE_FUSED_LAYER=0 run bench-1.7b-unfused-layer 240 bench train --config "$configs/sdar-1.7b.json" \
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-unfused-layer.json"
 DICE_FUSED_ATTENTION=0 run bench-1.7b-composite 240 bench train --config "$configs/sdar-1.7b.json" \

@@ -144,6 +144,9 @@ struct Layout {
     rope: Rope,
     attention: AttentionPath,
     layer: Option<Box<dyn LayerOps>>,
+    /// With the fused layer, how many layers (the first ones) keep their forward activations
+    /// for the backward instead of recomputing them ([`fused_layer::layers_to_keep`]).
+    keep_layers: usize,
     timer: Option<RefCell<PhaseTimer>>,
 }
 
@@ -161,6 +164,9 @@ struct AttentionOutput {
 struct SavedLayer {
     input: Tensor,
     attention: AttentionOutput,
+    /// The fused layer's forward activations, kept when memory allows: the backward then
+    /// recomputes nothing of the layer ([`fused_layer::KeptLayer`]).
+    kept: Option<fused_layer::KeptLayer>,
 }
 
 impl Layout {
@@ -180,6 +186,7 @@ impl Layout {
                     rope,
                     attention,
                     layer: fused_layer::kernels(model)?,
+                    keep_layers: 0,
                     timer: None,
                 });
             }
@@ -210,8 +217,21 @@ impl Layout {
             rope,
             attention: AttentionPath::Composite(segments),
             layer: None,
+            keep_layers: 0,
             timer: None,
         })
+    }
+
+    /// The layout of a checkpointed SFT step ([`Layout::two_stream`] with the fused kernels),
+    /// keeping the forward activations of as many layers as memory allows where the fused
+    /// layer runs ([`fused_layer::layers_to_keep`]).
+    fn sft_step(model: &Sdar, batch: &TwoStreamBatch, chunk_rows: usize) -> anyhow::Result<Self> {
+        let mut layout = Self::two_stream(model, batch, true)?;
+        if layout.layer.is_some() {
+            layout.keep_layers =
+                fused_layer::layers_to_keep(model, batch.tokens().len(), chunk_rows)?;
+        }
+        Ok(layout)
     }
 
     /// A masked sequence: one segment under its own mask, or the fused kernels over its key
@@ -227,6 +247,7 @@ impl Layout {
                     rope,
                     attention,
                     layer: fused_layer::kernels(model)?,
+                    keep_layers: 0,
                     timer: None,
                 });
             }
@@ -239,6 +260,7 @@ impl Layout {
                 mask: sequence.mask.reshape((1, 1, 1, n, n))?,
             }]),
             layer: None,
+            keep_layers: 0,
             timer: None,
         })
     }
@@ -351,8 +373,8 @@ impl Layout {
         ])
     }
 
-    /// One decoder layer on the sequence `h` `[1, T, H]`: its attention output and its output
-    /// `[1, T, H]`.
+    /// One decoder layer on the sequence `h` `[1, T, H]` through candle's composite ops: its
+    /// attention output and its output `[1, T, H]`.
     fn layer_forward(
         &self,
         model: &Sdar,
@@ -360,9 +382,6 @@ impl Layout {
         h: &Tensor,
         rows: usize,
     ) -> Result<(AttentionOutput, Tensor)> {
-        if let Some(ops) = &self.layer {
-            return self.fused_layer_forward(ops.as_ref(), &model.config, layer, h, rows);
-        }
         let (q, k, v) = self.timed(StepPhase::ForwardProjections, || {
             layer.qkv(&model.config, h, &self.rope, KERNELS, &mut Unprobed)
         })?;
@@ -532,7 +551,7 @@ impl Sdar {
             !batch.tokens().is_empty(),
             "the SFT batch has no tokens: pass at least one non-empty packed row"
         );
-        let layout = Layout::two_stream(self, batch, true)?;
+        let layout = Layout::sft_step(self, batch, chunk_rows)?;
         self.sft_step_on(&layout, batch, chunk_rows)
     }
 
@@ -572,7 +591,7 @@ impl Sdar {
         let start = Instant::now();
         let timer = RefCell::new(PhaseTimer::new(self.device()));
         let mut layout = timed(Some(&timer), StepPhase::Setup, || {
-            Layout::two_stream(self, batch, true)
+            Layout::sft_step(self, batch, chunk_rows)
         })?;
         layout.timer = Some(timer);
         let step = self.sft_step_on(&layout, batch, chunk_rows)?;
@@ -706,12 +725,30 @@ impl Sdar {
                 .index_select(&tokens, 0)?
                 .unsqueeze(0)
         })?;
-        for layer in &self.layers {
+        for (l, layer) in self.layers.iter().enumerate() {
             let frozen = layer.map(|t| Ok(t.detach()))?;
-            let (attention, out) = layout.layer_forward(self, &frozen, &h, chunk_rows)?;
+            let keep = saved.is_some() && l < layout.keep_layers;
+            let (attention, out, kept) = match &layout.layer {
+                Some(ops) => layout.fused_layer_forward(
+                    ops.as_ref(),
+                    &self.config,
+                    &frozen,
+                    &h,
+                    chunk_rows,
+                    keep,
+                )?,
+                None => {
+                    let (attention, out) = layout.layer_forward(self, &frozen, &h, chunk_rows)?;
+                    (attention, out, None)
+                }
+            };
             let input = std::mem::replace(&mut h, out);
             if let Some(saved) = saved.as_deref_mut() {
-                saved.push(SavedLayer { input, attention });
+                saved.push(SavedLayer {
+                    input,
+                    attention,
+                    kept,
+                });
             }
         }
         Ok(h)
@@ -751,11 +788,11 @@ impl Sdar {
 
         let mut upstream = head.hidden;
         for (l, layer) in self.layers.iter().enumerate().rev() {
-            let saved_layer = saved
+            let mut saved_layer = saved
                 .pop()
                 .context("internal error: one saved input per layer")?;
             let (d_input, layer_grads) =
-                self.layer_backward(layer, layout, &saved_layer, &upstream, chunk_rows)?;
+                self.layer_backward(layer, layout, &mut saved_layer, &upstream, chunk_rows)?;
             for (name, grad) in DecoderLayer::NAMES.iter().zip(layer_grads) {
                 grads.insert(format!("model.layers.{l}.{name}"), grad);
             }
@@ -842,7 +879,7 @@ impl Sdar {
         &self,
         layer: &DecoderLayer,
         layout: &Layout,
-        saved: &SavedLayer,
+        saved: &mut SavedLayer,
         upstream: &Tensor,
         rows: usize,
     ) -> anyhow::Result<(Tensor, Vec<Tensor>)> {

@@ -22,8 +22,10 @@ the peak device memory, beside the bound (--bound-gib, by default the target of
 bench/targets.toml). On CUDA in bf16/f16 the step runs dice's fused training kernels: the
 attention (FlashAttention-2 style over the two-stream mask's key ranges) and the hand-written
 layer and loss head (cuBLAS GEMMs between fused RMSNorm, q/k norm + rotary, SwiGLU and
-log-softmax kernels, no autograd). The baselines of the same binary: DICE_FUSED_LAYER=0 runs the
-layers and the head through candle's composite ops and autograd (the fused attention stays);
+log-softmax kernels, no autograd), and as many layers as the free device memory allows keep their
+forward activations for the backward instead of recomputing them. The baselines of the same
+binary: DICE_RECOMPUTE=all recomputes every layer; DICE_FUSED_LAYER=0 runs the layers and the
+head through candle's composite ops and autograd (the fused attention stays);
 DICE_FUSED_ATTENTION=0 takes the composite attention too.
 
 Example (H200): dice bench train --config sdar-1.7b.json --device cuda --tokens 4096";

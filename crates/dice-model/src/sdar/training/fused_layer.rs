@@ -198,8 +198,52 @@ pub(super) fn head_backward(
     })
 }
 
+/// A layer's forward activations kept for its backward, which then recomputes nothing: every
+/// GEMM output and what the element-wise steps between them made.
+pub(super) struct KeptLayer {
+    qkv: QkvForward,
+    mlp: MlpForward,
+}
+
+/// Device memory a backward needs besides the kept activations, as a share of the device: a
+/// margin for the allocator and for what the estimate of [`layers_to_keep`] leaves out.
+const KEEP_MARGIN: f64 = 0.1;
+
+/// How many layers of an SFT step over `tokens` positions keep their forward activations
+/// ([`KeptLayer`]), from the device memory free now: as many as fit beside what the backward
+/// needs at its start (every weight's gradient, the loss head's logits and f32 sums, two
+/// layers' worth of backward temporaries, a margin of [`KEEP_MARGIN`]). Keeping a layer saves
+/// its recomputation: the q/k/v, o_proj and gate/up GEMMs again, a quarter of the step's GEMM
+/// work. None on the CPU (no measure of free memory) or with `DICE_RECOMPUTE=all`.
+pub(super) fn layers_to_keep(
+    model: &Sdar,
+    tokens: usize,
+    chunk_rows: usize,
+) -> anyhow::Result<usize> {
+    if std::env::var("DICE_RECOMPUTE").is_ok_and(|v| v == "all") {
+        return Ok(0);
+    }
+    let Some((free, total)) = crate::memory::free_and_total(model.device())? else {
+        return Ok(0);
+    };
+    let cfg = &model.config;
+    let bytes = model.dtype().size_in_bytes();
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let qkv_width = cfg.q_dim() + 2 * cfg.kv_dim();
+    // normed, qkv, the heads, after_attention, normed again, gate_up, gated.
+    let per_layer = tokens * (3 * h + 2 * qkv_width + 3 * i) * bytes;
+    let head = chunk_rows * cfg.vocab_size * (2 * bytes + 4) + 2 * cfg.vocab_size * h * 4;
+    let reserve = model.num_parameters() * bytes
+        + head
+        + 2 * per_layer
+        + (KEEP_MARGIN * total as f64) as usize;
+    let room = (free as usize).saturating_sub(reserve);
+    Ok((room / per_layer.max(1)).min(model.layers.len()))
+}
+
 impl Layout {
-    /// [`Layout::layer_forward`] through the fused layer: `h` `[1, T, H]`.
+    /// One decoder layer through the fused layer: `h` `[1, T, H]`; its attention output, its
+    /// output `[1, T, H]`, and with `keep` its activations for the backward.
     pub(super) fn fused_layer_forward(
         &self,
         ops: &dyn LayerOps,
@@ -207,7 +251,8 @@ impl Layout {
         layer: &DecoderLayer,
         h: &Tensor,
         rows: usize,
-    ) -> Result<(AttentionOutput, Tensor)> {
+        keep: bool,
+    ) -> Result<(AttentionOutput, Tensor, Option<KeptLayer>)> {
         let rope = [&self.rope.cos, &self.rope.sin];
         let h = h.squeeze(0)?;
         let (w, qkv) = self.timed(StepPhase::ForwardProjections, || {
@@ -219,13 +264,13 @@ impl Layout {
         let attention = self.timed(StepPhase::ForwardAttention, || {
             self.attention(q, k, v, rows)
         })?;
-        drop(qkv);
-        let next = self.timed(StepPhase::ForwardMlp, || {
+        let (next, mlp) = self.timed(StepPhase::ForwardMlp, || {
             let mlp = mlp(ops, cfg, &w, &h, &attention.out.squeeze(0)?)?;
             let down = times_transposed(&mlp.gated, &layer.down_proj)?;
-            (mlp.after_attention + down)?.unsqueeze(0)
+            Ok::<_, candle_core::Error>(((&mlp.after_attention + down)?.unsqueeze(0)?, mlp))
         })?;
-        Ok((attention, next))
+        let kept = keep.then_some(KeptLayer { qkv, mlp });
+        Ok((attention, next, kept))
     }
 
     /// [`Sdar`]'s checkpointed layer backward through the fused layer: the layer recomputed
@@ -236,7 +281,7 @@ impl Layout {
         ops: &dyn LayerOps,
         cfg: &SdarConfig,
         layer: &DecoderLayer,
-        saved: &SavedLayer,
+        saved: &mut SavedLayer,
         upstream: &Tensor,
         rows: usize,
     ) -> anyhow::Result<(Tensor, Vec<Tensor>)> {
@@ -247,15 +292,22 @@ impl Layout {
         let h = saved.input.squeeze(0)?;
         let d_out = upstream.squeeze(0)?;
         let attention = saved.attention.out.squeeze(0)?;
-        let (w, qkv) = self.timed(StepPhase::RecomputeProjections, || {
+        let (w, kept) = self.timed(StepPhase::RecomputeProjections, || {
             let w = Stacked::new(layer)?;
-            let qkv = qkv(ops, cfg, &w, rope, &h)?;
-            Ok::<_, candle_core::Error>((w, qkv))
+            let kept = match saved.kept.take() {
+                Some(kept) => kept,
+                None => {
+                    let qkv = qkv(ops, cfg, &w, rope, &h)?;
+                    let mlp = mlp(ops, cfg, &w, &h, &attention)?;
+                    KeptLayer { qkv, mlp }
+                }
+            };
+            Ok::<_, candle_core::Error>((w, kept))
         })?;
+        let KeptLayer { qkv, mlp } = kept;
         let inter = cfg.intermediate_size;
         let (d_after_attention, d_attention, mlp_grads) =
             self.timed(StepPhase::MlpBackward, || {
-                let mlp = mlp(ops, cfg, &w, &h, &attention)?;
                 let d_gated = d_out.matmul(&layer.down_proj)?;
                 let d_down = d_out.t()?.matmul(&mlp.gated)?;
                 drop(mlp.gated);
@@ -587,6 +639,32 @@ mod tests {
         fused.layer = Some(Box::new(CandleOps));
         let got = model.sft_step_on(&fused, &batch, 8).unwrap();
         assert_same(&got, &want);
+    }
+
+    /// Layers that keep their forward activations give the gradients of layers that recompute
+    /// them, bit for bit.
+    #[test]
+    fn kept_activations_give_the_recomputed_gradients() {
+        let model = tiny_model();
+        let batch = TwoStreamBatch::new(&[row(21, 1), row(10, 5)]).unwrap();
+        let step = |keep_layers: usize| {
+            let mut layout = Layout::two_stream(&model, &batch, false).unwrap();
+            layout.layer = Some(Box::new(CandleOps));
+            layout.keep_layers = keep_layers;
+            model.sft_step_on(&layout, &batch, 8).unwrap()
+        };
+        let (recomputed, one_kept, all_kept) = (step(0), step(1), step(2));
+        for kept in [&one_kept, &all_kept] {
+            assert_eq!(kept.loss.to_bits(), recomputed.loss.to_bits());
+            for (name, want) in &recomputed.grads {
+                let (got, want) = (kept.grads[name].flatten_all(), want.flatten_all());
+                let (got, want) = (
+                    got.unwrap().to_vec1::<f32>(),
+                    want.unwrap().to_vec1::<f32>(),
+                );
+                assert_eq!(got.unwrap(), want.unwrap(), "{name}");
+            }
+        }
     }
 
     #[test]
