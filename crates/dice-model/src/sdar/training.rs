@@ -665,6 +665,11 @@ impl Sdar {
             .squeeze(0)?
             .index_select(&Tensor::new(rows, device)?, 0)?;
         let labels = Tensor::new(labels, device)?;
+        if let Some(ops) = &layout.layer {
+            // The fused head's arithmetic, so that these equal the log-probabilities of
+            // `masked_loss_and_grads` (TraceRL's ratio is 1 before an update).
+            return fused_layer::head_log_probs(ops.as_ref(), self, &picked, &labels, chunk_rows);
+        }
         let (norm, lm_head) = (self.norm.detach(), self.lm_head.detach());
         let mut log_probs = Vec::with_capacity(rows.len());
         for (start, len) in row_chunks(rows.len(), chunk_rows) {

@@ -144,6 +144,52 @@ fn mlp(
     })
 }
 
+/// The loss head's forward over a chunk of scored rows.
+struct HeadChunk {
+    normed: Tensor,
+    rstd: Tensor,
+    logits: Tensor,
+    lse: Tensor,
+    log_probs: Tensor,
+}
+
+/// Final norm, lm_head GEMM and label log-softmax of the scored rows `x` `[rows, H]`.
+fn head_chunk(ops: &dyn LayerOps, model: &Sdar, x: &Tensor, labels: &Tensor) -> Result<HeadChunk> {
+    let (normed, rstd) = ops.rms_norm(x, &model.norm.detach(), model.config.rms_norm_eps)?;
+    let logits = times_transposed(&normed, &model.lm_head.detach())?;
+    let (lse, log_probs) = ops.label_log_softmax(&logits, labels)?;
+    Ok(HeadChunk {
+        normed,
+        rstd,
+        logits,
+        lse,
+        log_probs,
+    })
+}
+
+/// log π(label) of the scored rows `picked` `[M, H]` (f32, in row order), `rows` at a time: the
+/// forward of [`head_backward`], the same arithmetic.
+pub(super) fn head_log_probs(
+    ops: &dyn LayerOps,
+    model: &Sdar,
+    picked: &Tensor,
+    labels: &Tensor,
+    rows: usize,
+) -> anyhow::Result<Vec<f32>> {
+    let scored = picked.dim(0)?;
+    let mut log_probs = Vec::with_capacity(scored);
+    for (start, len) in row_chunks(scored, rows) {
+        let chunk = head_chunk(
+            ops,
+            model,
+            &picked.narrow(0, start, len)?,
+            &labels.narrow(0, start, len)?,
+        )?;
+        log_probs.extend(chunk.log_probs.to_vec1::<f32>()?);
+    }
+    Ok(log_probs)
+}
+
 /// The loss head on the last hidden states `[1, T, H]` (what [`Sdar`]'s composite head computes
 /// through autograd), `rows` scored rows at a time: the loss and its gradients. The loss
 /// closure runs through autograd on its chunk's log-probabilities alone.
@@ -164,10 +210,14 @@ pub(super) fn head_backward(
     let mut d_picked = Vec::new();
     for (start, len) in row_chunks(scored, rows) {
         let x = picked.narrow(0, start, len)?;
-        let (normed, rstd) = ops.rms_norm(&x, &norm, model.config.rms_norm_eps)?;
-        let logits = times_transposed(&normed, &lm_head)?;
         let labels = head.labels.narrow(0, start, len)?;
-        let (lse, chunk_log_probs) = ops.label_log_softmax(&logits, &labels)?;
+        let HeadChunk {
+            normed,
+            rstd,
+            logits,
+            lse,
+            log_probs: chunk_log_probs,
+        } = head_chunk(ops, model, &x, &labels)?;
         let leaf = Var::from_tensor(&chunk_log_probs)?;
         let chunk_loss = (head.loss)(leaf.as_tensor(), start..start + len)?;
         loss += chunk_loss.to_scalar::<f32>()?;
@@ -710,5 +760,17 @@ mod tests {
             .checkpointed_loss_and_grads(&fused, &sequence.tokens, &head, 8)
             .unwrap();
         assert_same(&got, &want);
+        // TraceRL's old log-probabilities (the forward alone) are the step's own, bit for bit.
+        let old = model
+            .frozen_label_log_probs(
+                &fused,
+                &sequence.tokens,
+                &sequence.rows,
+                &sequence.labels,
+                8,
+            )
+            .unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&old), bits(&got.log_probs));
     }
 }
