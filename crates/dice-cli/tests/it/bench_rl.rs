@@ -2,7 +2,7 @@
 //! CPU: recorded programs of known outcome judged for real, pipelined and back to back.
 
 use crate::common::{away_from_hostile_programs, dice, path_arg, stderr};
-use dice_test_support::{examples_dir, test_data};
+use dice_test_support::{examples_dir, shared_build_cache, test_data};
 use serde_json::Value;
 
 /// A ReLU extension on the CPU, short so that its replay stays small.
@@ -69,6 +69,10 @@ fn a_step_judges_recorded_programs_pipelined_and_back_to_back() {
         "cpu",
         "--out",
         path_arg(&dir.path().join("work")),
+        // The suite's shared cache: the second run builds nothing the first did not (the
+        // bench's own caches are for measuring, which a test does not).
+        "--build-cache",
+        path_arg(&shared_build_cache()),
         "--json",
         path_arg(&json),
     ]);

@@ -10,8 +10,9 @@
 //! The step runs twice, on the same tasks and weights: pipelined (each completion judged as it
 //! finishes, as training runs) and back to back (every completion handed to the judge once the
 //! whole rollout is done: rollout, then judging, then the update), the baseline. Each run has
-//! a judge and a build cache of its own, and every sample's source differs, so both build every
-//! program as a real rollout's distinct programs are built.
+//! a judge and (unless one shared cache is asked for) a build cache of its own, and every
+//! sample's source differs, so both build every program as a real rollout's distinct programs
+//! are built.
 
 use super::config::RlConfig;
 use super::metrics::RlStepMetrics;
@@ -157,8 +158,15 @@ pub struct RlBench {
 
 /// Runs the step of `config` (stage 2; its task file's tasks with their `cuda_code`) on a
 /// model of `model` with random weights (written under `work`, the runs' output folders
-/// beside it): pipelined, then back to back.
-pub fn bench_rl(mut config: RlConfig, model: &SdarConfig, work: &Path) -> Result<RlBench> {
+/// beside it): pipelined, then back to back. Each run judges with a build cache of its own
+/// under `work`, or both with `shared_build_cache` (a warm or shared cache spares the builds, so
+/// judging is shorter than a real step's: for measuring the other phases, or testing).
+pub fn bench_rl(
+    mut config: RlConfig,
+    model: &SdarConfig,
+    work: &Path,
+    shared_build_cache: Option<&Path>,
+) -> Result<RlBench> {
     ensure!(
         config.tasks.stage == Stage::E2e,
         "dice bench rl judges whole programs: it runs stage 2 (e2e)"
@@ -177,10 +185,11 @@ pub fn bench_rl(mut config: RlConfig, model: &SdarConfig, work: &Path) -> Result
         let group = resolved.rollout.samples_per_task;
         let recorded = RecordedCompletions::load(resolved.task_file(), group, &tokenizer, pacing)?;
         let out = work.join(name);
-        // A build cache of its own: the other run's builds of the same programs would spare
-        // this one the judge's compiling.
+        // A build cache of its own unless told otherwise: the other run's builds of the same
+        // programs would spare this one the judge's compiling.
         let mut config = config.clone();
-        config.reward.build_cache = Some(out.join("builds"));
+        config.reward.build_cache =
+            Some(shared_build_cache.map_or_else(|| out.join("builds"), Path::to_path_buf));
         let options = RunOptions {
             out: out.clone(),
             resume: Resume::Auto,

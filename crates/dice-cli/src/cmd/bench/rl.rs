@@ -25,7 +25,7 @@ decodes exactly as many tokens as each recorded completion holds; its trace is o
 denoising step, left to right.
 
 The step runs twice in --out (a temporary folder by default), each with a judge and a build
-cache of its own, on the same tasks and weights:
+cache of its own (or both with --build-cache), on the same tasks and weights:
 pipelined (each completion judged as it finishes, as `dice train rl` runs) and back to back
 (the judge given every completion once the rollout is done), the baseline. Prints each run's
 seconds of rollout (decoding), judging (the judging thread's busy time), idle (from the end of
@@ -78,6 +78,11 @@ pub(crate) struct RlBenchArgs {
     /// removed after].
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// One build cache for both runs [default: one of each run's own under --out, so both
+    /// build every program as a real step does]. A warm or shared cache spares the builds and
+    /// judging then takes less than a real step's: for measuring the rollout and the update.
+    #[arg(long)]
+    pub build_cache: Option<PathBuf>,
     /// Also write the result as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -104,7 +109,7 @@ pub(super) fn run(args: RlBenchArgs) -> Result<()> {
             temporary.path().to_path_buf()
         }
     };
-    let bench = bench_rl(config, &model, &work)?;
+    let bench = bench_rl(config, &model, &work, args.build_cache.as_deref())?;
     print_rl_bench(&bench, &args);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&bench)?)
