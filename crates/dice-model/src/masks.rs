@@ -24,8 +24,8 @@ pub fn two_stream_allowed(query: usize, key: usize, n: usize, block_size: usize)
     }
 }
 
-/// Additive [rows, cols] f32 mask from a predicate.
-fn additive_mask(
+/// Additive [rows, cols] f32 mask from a predicate: 0 where `allowed(row, col)`, else -inf.
+pub fn additive_mask(
     rows: usize,
     cols: usize,
     allowed: impl Fn(usize, usize) -> bool,

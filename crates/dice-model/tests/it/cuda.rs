@@ -218,24 +218,15 @@ fn cuda_fused_sft_step_matches_the_composite_cpu_step() {
 #[test]
 #[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
 fn cuda_fused_masked_step_matches_the_composite_cpu_step() {
-    use dice_model::masks::{block_causal_allowed, KeySpans};
+    use dice_model::masks::{additive_mask, block_causal_allowed, KeySpans};
     use dice_model::MaskedSequence;
     let (dir, _) = random_checkpoint();
     let n = 150;
     let visible = |q: usize, k: usize| (k >= 6 && block_causal_allowed(q, k, 4)) || k == q;
-    let mask: Vec<f32> = (0..n * n)
-        .map(|i| {
-            if visible(i / n, i % n) {
-                0.0
-            } else {
-                f32::NEG_INFINITY
-            }
-        })
-        .collect();
     let sequence_on = |device: &Device| MaskedSequence {
         tokens: (0..n as u32).map(|i| (i * 7 + 3) % 500).collect(),
         positions: (0..n as u32).collect(),
-        mask: Tensor::from_vec(mask.clone(), (n, n), device).unwrap(),
+        mask: additive_mask(n, n, visible, device).unwrap(),
         spans: KeySpans::from_predicate(n, visible),
         rows: (10..n as u32).step_by(3).collect(),
         labels: (10..n as u32).step_by(3).map(|i| (i * 11) % 500).collect(),

@@ -467,7 +467,7 @@ mod tests {
     //! them: the GEMMs and their transposes, the stacked weights, the residual paths, the head,
     //! the order of the gradients.
     use super::*;
-    use crate::masks::{block_causal_allowed, KeySpans};
+    use crate::masks::{additive_mask, block_causal_allowed, KeySpans};
     use crate::sft::{PackedRow, TwoStreamBatch};
     use crate::{LossGradients, MaskedSequence};
     use candle_core::{Device, D};
@@ -722,19 +722,10 @@ mod tests {
         let model = tiny_model();
         let n = 23;
         let visible = |q: usize, k: usize| (k >= 3 && block_causal_allowed(q, k, 4)) || k == q;
-        let mask: Vec<f32> = (0..n * n)
-            .map(|i| {
-                if visible(i / n, i % n) {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-            .collect();
         let sequence = MaskedSequence {
             tokens: (0..n as u32).map(|i| (i * 7 + 3) % 90).collect(),
             positions: (0..n as u32).collect(),
-            mask: Tensor::from_vec(mask, (n, n), &Device::Cpu).unwrap(),
+            mask: additive_mask(n, n, visible, &Device::Cpu).unwrap(),
             spans: KeySpans::from_predicate(n, visible),
             rows: (4..n as u32).step_by(2).collect(),
             labels: (4..n as u32).step_by(2).map(|i| (i * 11) % 90).collect(),
