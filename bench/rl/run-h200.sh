@@ -3,8 +3,8 @@
 # the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/rl/run-h200.sh [STEP...]
 # (STEP: golden-f32, golden-bf16, sampled-1.7b, sampled-1.7b-host, greedy-1.7b, sampled-4b,
-# sampled-1.7b-rl-shape, rl-rollout, sampled-1.7b-rl256-shape, rl-rollout-256, rl-learn, bench-rl;
-# all by default)
+# sampled-1.7b-rl-shape, rl-rollout, sampled-1.7b-rl256-shape, sampled-1.7b-rl256-ragged,
+# rl-rollout-256, rl-learn, bench-rl; all by default)
 # reading the model configs, the tokenizer and the DICE tasks from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -57,6 +57,10 @@ rl_run() {
 rl_run rl-rollout 300 16 8 256 128 1 --reward-token 16
 run sampled-1.7b-rl256-shape 180 bench generate --config "$configs/sdar-1.7b.json" "${rollout[@]}" \
   --batch 256 --prompt-tokens 896 --new-tokens 512 --json "$OUT/sampled-1.7b-rl256-shape.json"
+# The same with prompts as ragged as the stage-2 tasks' (811-1,287 tokens): the rollout's fair
+# comparison, whose sequences' block boundaries fall out of step as the rollout's do.
+run sampled-1.7b-rl256-ragged 180 bench generate --config "$configs/sdar-1.7b.json" "${rollout[@]}" \
+  --batch 256 --prompt-tokens 811-1287 --new-tokens 512 --json "$OUT/sampled-1.7b-rl256-ragged.json"
 # Three steps: the engine, its KV cache and graphs are built for the first and kept for the
 # others; the checkpoint's snapshot (on the device when it fits) against the step.
 rl_run rl-rollout-256 300 32 8 512 256 3 --reward-token 16

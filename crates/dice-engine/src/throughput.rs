@@ -26,12 +26,89 @@ const DECODING_PROFILE: (usize, usize) = (3, 10);
 /// A prefill forward is long: fewer repetitions give the same precision.
 const PREFILL_PROFILE: (usize, usize) = (1, 2);
 
+/// The prompt lengths of a benchmark's sequences: all one length, or spread evenly from the
+/// shortest to the longest over a batch (as a rollout's task prompts differ, which puts the
+/// sequences' block boundaries out of step: the cost a benchmark of equal prompts hides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptLengths {
+    pub shortest: usize,
+    pub longest: usize,
+}
+
+impl PromptLengths {
+    /// Every sequence `tokens` long.
+    pub fn equal(tokens: usize) -> Self {
+        Self {
+            shortest: tokens,
+            longest: tokens,
+        }
+    }
+
+    /// The length of row `row` of `batch`: the shortest for the first, the longest for the
+    /// last, evenly between.
+    pub fn of_row(&self, row: usize, batch: usize) -> usize {
+        let span = self.longest - self.shortest;
+        self.shortest + span * row / batch.saturating_sub(1).max(1)
+    }
+}
+
+impl std::fmt::Display for PromptLengths {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.shortest == self.longest {
+            write!(f, "{}", self.longest)
+        } else {
+            write!(f, "{}-{}", self.shortest, self.longest)
+        }
+    }
+}
+
+impl std::str::FromStr for PromptLengths {
+    type Err = String;
+
+    /// `N` (every prompt N tokens) or `MIN-MAX` (spread evenly over the batch).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let number = |n: &str| {
+            n.trim().parse::<usize>().map_err(|_| {
+                format!("`{s}` is not a prompt length: give N or MIN-MAX (e.g. 512 or 811-1287)")
+            })
+        };
+        let lengths = match s.split_once('-') {
+            Some((shortest, longest)) => Self {
+                shortest: number(shortest)?,
+                longest: number(longest)?,
+            },
+            None => Self::equal(number(s)?),
+        };
+        if lengths.shortest > lengths.longest {
+            return Err(format!(
+                "`{s}`: the shortest prompt must not be longer than the longest"
+            ));
+        }
+        Ok(lengths)
+    }
+}
+
+/// A number for equal prompts (as the benchmarks of bench/targets.toml name them), else the
+/// string `MIN-MAX`, which no fixed-length benchmark's setting equals.
+impl Serialize for PromptLengths {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        if self.shortest == self.longest {
+            serializer.serialize_u64(self.longest as u64)
+        } else {
+            serializer.collect_str(self)
+        }
+    }
+}
+
 /// What to measure.
 #[derive(Debug, Clone)]
 pub struct ThroughputBench {
     /// Sequences decoded at once, one engine per entry (each at least 1).
     pub batches: Vec<usize>,
-    pub prompt_tokens: usize,
+    pub prompt_tokens: PromptLengths,
     /// New tokens per sequence: every sequence runs to this limit.
     pub new_tokens: usize,
     pub block_length: usize,
@@ -54,7 +131,7 @@ pub struct ThroughputRun {
     pub weight_bytes: u64,
     /// Seconds to build the random weights on the device.
     pub build_s: f64,
-    pub prompt_tokens: usize,
+    pub prompt_tokens: PromptLengths,
     pub new_tokens: usize,
     pub block_length: usize,
     pub steps: usize,
@@ -222,11 +299,12 @@ impl ThroughputBench {
         bytes_per_s: f64,
     ) -> Result<ForwardProfile> {
         let block = model.config().block_size;
-        let cached_tokens = (self.prompt_tokens + self.new_tokens / 2) / block * block;
+        let prompt_tokens = self.prompt_tokens.longest;
+        let cached_tokens = (prompt_tokens + self.new_tokens / 2) / block * block;
         let shape = BlockForwardShape {
             batch,
             cached_tokens,
-            capacity: engine_capacity(self.prompt_tokens, self.new_tokens, block)
+            capacity: engine_capacity(prompt_tokens, self.new_tokens, block)
                 .max(cached_tokens + block),
             tokens: block,
         };
@@ -243,7 +321,8 @@ impl ThroughputBench {
         bytes_per_s: f64,
     ) -> Result<Option<ForwardProfile>> {
         let block = model.config().block_size;
-        let tokens = self.prompt_tokens / block * block;
+        let prompt_tokens = self.prompt_tokens.longest;
+        let tokens = prompt_tokens / block * block;
         if tokens == 0 {
             return Ok(None);
         }
@@ -251,7 +330,7 @@ impl ThroughputBench {
         let shape = BlockForwardShape {
             batch: rows,
             cached_tokens: 0,
-            capacity: engine_capacity(self.prompt_tokens, self.new_tokens, block),
+            capacity: engine_capacity(prompt_tokens, self.new_tokens, block),
             tokens,
         };
         profile(model, shape, PREFILL_PROFILE, bytes_per_s, "prefill").map(Some)
@@ -275,12 +354,14 @@ fn profile(
         .with_context(|| format!("cannot profile the {kind} forward at batch {}", shape.batch))
 }
 
-/// Deterministic pseudo-random prompts of ids below `bound`, a different stream per sequence.
-fn prompts(batch: usize, len: usize, bound: u32) -> Vec<Vec<u32>> {
-    (0..batch as u64)
+/// Deterministic pseudo-random prompts of ids below `bound`, a different stream per sequence,
+/// of `lengths` over the batch.
+fn prompts(batch: usize, lengths: PromptLengths, bound: u32) -> Vec<Vec<u32>> {
+    (0..batch)
         .map(|row| {
-            (0..len as u64)
-                .map(|i| (splitmix64(row << 32 | i) % u64::from(bound)) as u32)
+            let stream = (row as u64) << 32;
+            (0..lengths.of_row(row, batch) as u64)
+                .map(|i| (splitmix64(stream | i) % u64::from(bound)) as u32)
                 .collect()
         })
         .collect()
@@ -305,7 +386,7 @@ fn measure(
 ) -> Result<(ThroughputRow, SdarDecoder)> {
     let device = model.model().device().clone();
     let block = params.block_length;
-    let prompt_tokens = prompts.first().map_or(0, Vec::len);
+    let prompt_tokens = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let requests = |params: &DecodeParams| -> Vec<Request> {
         prompts
             .iter()
@@ -388,15 +469,40 @@ fn step_times(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     #[test]
     fn prompts_are_distinct_deterministic_and_below_the_bound() {
-        let a = prompts(64, 32, 1000);
-        assert_eq!(a, prompts(64, 32, 1000));
+        let a = prompts(64, PromptLengths::equal(32), 1000);
+        assert_eq!(a, prompts(64, PromptLengths::equal(32), 1000));
         for (i, row) in a.iter().enumerate() {
             assert_eq!(row.len(), 32);
             assert!(row.iter().all(|&t| t < 1000));
             assert!(a[..i].iter().all(|other| other != row), "row {i} repeats");
+        }
+    }
+
+    #[test]
+    fn ragged_prompts_spread_evenly_from_the_shortest_to_the_longest() {
+        let lengths: PromptLengths = "10-17".parse().unwrap();
+        assert_eq!(lengths.to_string(), "10-17");
+        let rows = prompts(8, lengths, 1000);
+        let lens: Vec<usize> = rows.iter().map(Vec::len).collect();
+        assert_eq!(lens, [10, 11, 12, 13, 14, 15, 16, 17]);
+        // Every residue modulo a block of 4: the sequences' block boundaries are out of step.
+        assert_eq!(lens.iter().map(|l| l % 4).collect::<BTreeSet<_>>().len(), 4);
+        assert_eq!(prompts(1, lengths, 1000)[0].len(), 10);
+        assert_eq!(
+            "512".parse::<PromptLengths>(),
+            Ok(PromptLengths::equal(512))
+        );
+        assert_eq!(
+            serde_json::to_value(PromptLengths::equal(512)).unwrap(),
+            512
+        );
+        assert_eq!(serde_json::to_value(lengths).unwrap(), "10-17");
+        for bad in ["17-10", "x", "1-", "-3"] {
+            assert!(bad.parse::<PromptLengths>().is_err(), "{bad}");
         }
     }
 

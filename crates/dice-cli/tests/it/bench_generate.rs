@@ -79,3 +79,50 @@ fn an_empty_batch_is_one_clear_line() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--batch"), "{err}");
 }
+
+/// Prompts of differing lengths (`--prompt-tokens MIN-MAX`, as a rollout's task prompts are):
+/// the lengths spread over the batch, the run says so, and its sequences' block boundaries out
+/// of step cost forwards that prompts of one length do not.
+#[test]
+fn ragged_prompts_spread_over_the_batch_and_cost_forwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |prompts: &str| -> Value {
+        let json = dir.path().join(format!("{prompts}.json"));
+        let out = dice(&[
+            "bench",
+            "generate",
+            "--config",
+            tiny_config().to_str().unwrap(),
+            "--dtype",
+            "f32",
+            "--batch",
+            "4",
+            "--prompt-tokens",
+            prompts,
+            "--new-tokens",
+            "16",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains(&format!("{prompts}-token prompts")),
+            "{stdout}"
+        );
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap()
+    };
+    let (equal, ragged) = (run("8"), run("5-8"));
+    assert_eq!(equal["prompt_tokens"], 8);
+    assert_eq!(ragged["prompt_tokens"], "5-8");
+    let decode = |v: &Value| v["rows"][0]["forwards"]["decode"].as_u64().unwrap();
+    for v in [&equal, &ragged] {
+        assert_eq!(v["rows"][0]["generated_tokens"], 4 * 16, "{v}");
+    }
+    eprintln!(
+        "decoding forwards: equal prompts {}, ragged {}",
+        decode(&equal),
+        decode(&ragged)
+    );
+    assert!(decode(&ragged) > decode(&equal), "{ragged}\n{equal}");
+}

@@ -6,7 +6,7 @@ use super::profile::print_profile;
 use crate::cmd::args::{RandomModelArgs, SamplingArgs};
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
-use dice_engine::throughput::{ThroughputBench, ThroughputRow, ThroughputRun};
+use dice_engine::throughput::{PromptLengths, ThroughputBench, ThroughputRow, ThroughputRun};
 use dice_engine::{SamplingParams, Strategy};
 use dice_model::device::set_cuda_event_tracking;
 use dice_model::sdar::ForwardProfile;
@@ -22,9 +22,10 @@ pub(crate) struct GenerateBenchArgs {
     /// Batch sizes to measure (sequences decoded at once), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,128")]
     pub batch: Vec<usize>,
-    /// Prompt tokens per sequence.
-    #[arg(long, default_value_t = 512)]
-    pub prompt_tokens: usize,
+    /// Prompt tokens per sequence: N, or MIN-MAX for prompts of lengths spread evenly over the
+    /// batch (as a rollout's task prompts differ: their block boundaries fall out of step).
+    #[arg(long, default_value = "512")]
+    pub prompt_tokens: PromptLengths,
     /// New tokens per sequence (no stop ids: every sequence runs to this limit).
     #[arg(long, default_value_t = 512)]
     pub new_tokens: usize,
@@ -91,7 +92,9 @@ pub(super) fn after_help() -> String {
 Builds a model of CONFIG's real shapes with random weights, then for each batch size: an engine
 of that many slots generates NEW_TOKENS tokens (no stop ids; greedy unless --top-k says
 otherwise) after PROMPT_TOKENS pseudo-random prompt tokens for every sequence at once, after one
-untimed one-block warm-up. On CUDA, greedy tokens are picked, and tokens of the whole
+untimed one-block warm-up. PROMPT_TOKENS MIN-MAX spreads the prompts' lengths evenly over the
+batch, as a rollout's task prompts differ: compare a rollout's tokens/s with a bench of its
+prompt lengths (their block boundaries out of step cost forwards that equal prompts do not). On CUDA, greedy tokens are picked, and tokens of the whole
 distribution (--top-k 0, --top-p 1: training rollouts' sampling) drawn, by one kernel over the
 logits; with a top-k above 1 or a top-p below 1 the logits are read back and drawn from on the
 host.
@@ -147,7 +150,7 @@ struct RunSettings<'a> {
     /// 1: greedy; 0: the whole distribution sampled at `temperature`.
     top_k: usize,
     temperature: f32,
-    prompt_tokens: usize,
+    prompt_tokens: PromptLengths,
     new_tokens: usize,
     /// The benchmark decodes without stop ids.
     stop: bool,
