@@ -22,15 +22,17 @@
 // mma.m16n8k16; probabilities and dS are rounded to the input dtype for their products, as
 // FlashAttention does.
 //
-// Kernels (128 threads, 4 warps of 16 rows):
+// Kernels (128 threads, 4 warps of 16 rows; the forward held to 3 CTAs per SM, as it ran
+// before its key pipeline took more registers):
 //   train_attention_forward_*  grid (query tiles, Hq): a warp's 16 queries over the staged key
-//                              tiles, online softmax, out and lse
+//                              tiles (double-buffered: the next K/V tile's cp.async in flight
+//                              while this one is computed), online softmax, out and lse
 //   train_attention_delta_*    one warp per (query, head): delta
 //   train_attention_dq_*       grid (query tiles, Hq): recomputes P and dP = dO V^T per key
-//                              tile, dQ += dS K
+//                              tile (double-buffered as the forward's), dQ += dS K
 //   train_attention_dkdv_*     grid (key tiles, Hkv): a warp's 16 keys over every query tile
-//                              (of every head of the group) that sees them: S^T, dP^T,
-//                              dV += P^T dO, dK += dS^T Q; no atomics
+//                              (of every head of the group) that sees them, double-buffered:
+//                              S^T, dP^T, dV += P^T dO, dK += dS^T Q; no atomics
 
 #ifndef HEAD_DIM
 #error "compile with -DHEAD_DIM=<head dim>"
@@ -44,7 +46,13 @@
 #define TILE_HALVES (TILE * STRIDE)
 // Dynamic shared memory of train_attention_dkdv_* (train_attention.rs mirrors it): K, V, Q and
 // dO tiles, then the staged queries' spans, lse and delta.
-#define DKDV_SHARED_BYTES (4 * TILE_HALVES * 2 + TILE * (4 * 4 + 4 + 4))
+// One buffer of the dK/dV kernel's query pipeline: Q and dO tiles, the queries' spans, lse and
+// delta.
+#define QUERY_BUFFER_BYTES (2 * TILE_HALVES * 2 + TILE * (4 * 4 + 4 + 4))
+// The key tile's K and V, and two query buffers.
+#define DKDV_SHARED_BYTES (2 * TILE_HALVES * 2 + 2 * QUERY_BUFFER_BYTES)
+// Two K and two V tiles of the forward and dQ kernels' key pipeline.
+#define KEY_PIPELINE_SHARED_BYTES (4 * TILE_HALVES * 2)
 
 #define NEG_INF __uint_as_float(0xff800000u)
 #define POS_INF __uint_as_float(0x7f800000u)
@@ -188,6 +196,57 @@ __device__ __forceinline__ void stage_kv(unsigned short* k_tile, unsigned short*
     __syncthreads();
 }
 
+// A double-buffered pipeline over the items first.. of a loop (key tiles, or a key tile's query
+// tiles) below `end`: next(i) is the first item from i to work on (`end` for none),
+// stage(item, buffer) starts the item's copies into one of two buffers (cp.async, committed as
+// one group; plain stores of small arrays too), step(item, buffer) computes on them. The next
+// item's copies are in flight while the warps compute on this one.
+template <typename Next, typename Stage, typename Step>
+__device__ __forceinline__ void pipelined(int end, Next next, Stage stage, Step step) {
+    int item = next(0);
+    if (item < end) stage(item, 0);
+    for (int buffer = 0; item < end; buffer ^= 1) {
+        const int following = next(item + 1);
+        if (following < end) {
+            stage(following, buffer ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        step(item, buffer);
+        // The next item stages into the buffer just read.
+        __syncthreads();
+        item = following;
+    }
+}
+
+// Runs step(k_rows, v_rows, key) for every key tile key.. that the query tile's `tile_span`
+// meets, with its K and V rows staged in `kv` (4 tiles: two buffers of K and V).
+template <typename T, typename Step>
+__device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __restrict__ k_head,
+                                               const T* __restrict__ v_head,
+                                               const unsigned int* __restrict__ tile_span,
+                                               int tokens, Step step) {
+    const int tiles = (tokens + TILE - 1) / TILE;
+    pipelined(
+        tiles,
+        [&](int from) {
+            for (int t = from; t < tiles; ++t)
+                if (tile_meets(tile_span, t * TILE, min(t * TILE + TILE, tokens))) return t;
+            return tiles;
+        },
+        [&](int t, int buffer) {
+            const int key = t * TILE;
+            stage_rows(kv + 2 * buffer * TILE_HALVES, k_head, HEAD_DIM, key, tokens - key);
+            stage_rows(kv + (2 * buffer + 1) * TILE_HALVES, v_head, HEAD_DIM, key, tokens - key);
+            cp_async_commit();
+        },
+        [&](int t, int buffer) {
+            step(kv + 2 * buffer * TILE_HALVES, kv + (2 * buffer + 1) * TILE_HALVES, t * TILE);
+        });
+}
+
 // One warp's forward step over `keys` staged keys base..: S = Q K^T, masked by the rows' spans
 // and scaled; the online softmax's max m and sum l (this lane's columns) and the output o
 // rescaled; O += P V.
@@ -220,8 +279,6 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
                         const unsigned int* __restrict__ tile_spans, T* __restrict__ out,
                         float* __restrict__ lse, int tokens, int q_heads, int kv_heads,
                         float scale) {
-    __shared__ __align__(16) unsigned short k_tile[TILE_HALVES];
-    __shared__ __align__(16) unsigned short v_tile[TILE_HALVES];
     const int q_tile = blockIdx.x, head = blockIdx.y, kv_head = head / (q_heads / kv_heads);
     const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
     const int first = q_tile * TILE + 16 * (threadIdx.x / 32);
@@ -233,16 +290,14 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     const T* v_head = v + (size_t)kv_head * tokens * HEAD_DIM;
     float o[HEAD_DIM / 8][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     zero(o);
-    const unsigned int* tile_span = tile_spans + 4 * q_tile;
-    for (int key = 0; key < tokens; key += TILE) {
-        if (!tile_meets(tile_span, key, min(key + TILE, tokens))) continue;
-        __syncthreads();
-        stage_kv(k_tile, v_tile, k_head, v_head, key, tokens);
-        for (int half = 0; half < 2; ++half)
-            forward_keys<T, TILE / 2>(qa, k_tile + TILE / 2 * half * STRIDE,
-                                      v_tile + TILE / 2 * half * STRIDE, key + TILE / 2 * half,
-                                      span, scale, o, m, l);
-    }
+    over_key_tiles(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
+                   tile_spans + 4 * q_tile, tokens,
+                   [&](const unsigned short* k_tile, const unsigned short* v_tile, int key) {
+                       for (int half = 0; half < 2; ++half)
+                           forward_keys<T, TILE / 2>(qa, k_tile + TILE / 2 * half * STRIDE,
+                                                     v_tile + TILE / 2 * half * STRIDE,
+                                                     key + TILE / 2 * half, span, scale, o, m, l);
+                   });
     float inverse[2];
     for (int r = 0; r < 2; ++r) {
         l[r] = quad_sum(l[r]);
@@ -303,8 +358,6 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
                                 const float* __restrict__ lse, const float* __restrict__ delta,
                                 T* __restrict__ dq, int tokens, int q_heads, int kv_heads,
                                 float scale) {
-    __shared__ __align__(16) unsigned short k_tile[TILE_HALVES];
-    __shared__ __align__(16) unsigned short v_tile[TILE_HALVES];
     const int q_tile = blockIdx.x, head = blockIdx.y, kv_head = head / (q_heads / kv_heads);
     const int group = threadIdx.x % 32 / 4;
     const int first = q_tile * TILE + 16 * (threadIdx.x / 32);
@@ -323,16 +376,15 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
     const T* v_head = v + (size_t)kv_head * tokens * HEAD_DIM;
     float acc[HEAD_DIM / 8][4];
     zero(acc);
-    const unsigned int* tile_span = tile_spans + 4 * q_tile;
-    for (int key = 0; key < tokens; key += TILE) {
-        if (!tile_meets(tile_span, key, min(key + TILE, tokens))) continue;
-        __syncthreads();
-        stage_kv(k_tile, v_tile, k_head, v_head, key, tokens);
-        for (int half = 0; half < 2; ++half)
-            dq_keys<T, TILE / 2>(qa, doa, k_tile + TILE / 2 * half * STRIDE,
-                                 v_tile + TILE / 2 * half * STRIDE, key + TILE / 2 * half, span,
-                                 row_lse, row_delta, scale, acc);
-    }
+    over_key_tiles(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
+                   tile_spans + 4 * q_tile, tokens,
+                   [&](const unsigned short* k_tile, const unsigned short* v_tile, int key) {
+                       for (int half = 0; half < 2; ++half)
+                           dq_keys<T, TILE / 2>(qa, doa, k_tile + TILE / 2 * half * STRIDE,
+                                                v_tile + TILE / 2 * half * STRIDE,
+                                                key + TILE / 2 * half, span, row_lse, row_delta,
+                                                scale, acc);
+                   });
     const float factor[2] = {scale, scale};
     store_rows(acc, factor, dq + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens);
 }
@@ -386,11 +438,19 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
                               int kv_heads, float scale) {
     unsigned short* k_tile = reinterpret_cast<unsigned short*>(dynamic_shared_memory);
     unsigned short* v_tile = k_tile + TILE_HALVES;
-    unsigned short* q_tile = v_tile + TILE_HALVES;
-    unsigned short* do_tile = q_tile + TILE_HALVES;
-    unsigned int* q_spans = reinterpret_cast<unsigned int*>(do_tile + TILE_HALVES);
-    float* q_lse = reinterpret_cast<float*>(q_spans + 4 * TILE);
-    float* q_delta = q_lse + TILE;
+    unsigned char* query_buffers = reinterpret_cast<unsigned char*>(v_tile + TILE_HALVES);
+    // The parts of query buffer `buffer`.
+    const auto q_tile = [&](int buffer) {
+        return reinterpret_cast<unsigned short*>(query_buffers + buffer * QUERY_BUFFER_BYTES);
+    };
+    const auto do_tile = [&](int buffer) { return q_tile(buffer) + TILE_HALVES; };
+    const auto q_spans = [&](int buffer) {
+        return reinterpret_cast<unsigned int*>(do_tile(buffer) + TILE_HALVES);
+    };
+    const auto q_lse = [&](int buffer) {
+        return reinterpret_cast<float*>(q_spans(buffer) + 4 * TILE);
+    };
+    const auto q_delta = [&](int buffer) { return q_lse(buffer) + TILE; };
     const int key_first = blockIdx.x * TILE, kv_head = blockIdx.y, groups = q_heads / kv_heads;
     const int key_end = min(key_first + TILE, tokens), warp_first = 16 * (threadIdx.x / 32);
     const size_t kv_offset = (size_t)kv_head * tokens * HEAD_DIM;
@@ -398,41 +458,50 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
     float dk_acc[HEAD_DIM / 8][4], dv_acc[HEAD_DIM / 8][4];
     zero(dk_acc);
     zero(dv_acc);
-    const int q_tiles = (tokens + TILE - 1) / TILE;
-    for (int head = kv_head * groups; head < (kv_head + 1) * groups; ++head)
-        for (int qt = 0; qt < q_tiles; ++qt) {
-            if (!tile_meets(tile_spans + 4 * qt, key_first, key_end)) continue;
-            const int first = qt * TILE, count = tokens - first;
-            __syncthreads();
-            stage_rows(q_tile, q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, count);
-            stage_rows(do_tile, d_out + (size_t)head * HEAD_DIM, (size_t)q_heads * HEAD_DIM,
-                       first, count);
+    // Items: every query tile of every head of the group, head-major.
+    const int q_tiles = (tokens + TILE - 1) / TILE, items = groups * q_tiles;
+    pipelined(
+        items,
+        [&](int from) {
+            for (int i = from; i < items; ++i)
+                if (tile_meets(tile_spans + 4 * (i % q_tiles), key_first, key_end)) return i;
+            return items;
+        },
+        [&](int i, int buffer) {
+            const int head = kv_head * groups + i / q_tiles, first = i % q_tiles * TILE;
+            const int count = tokens - first;
+            stage_rows(q_tile(buffer), q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first,
+                       count);
+            stage_rows(do_tile(buffer), d_out + (size_t)head * HEAD_DIM,
+                       (size_t)q_heads * HEAD_DIM, first, count);
             cp_async_commit();
             for (int r = threadIdx.x; r < TILE; r += THREADS) {
                 const bool valid = r < count;
-                for (int i = 0; i < 4; ++i)
-                    q_spans[4 * r + i] = valid ? spans[4 * (size_t)(first + r) + i] : 0u;
-                q_lse[r] = valid ? lse[(size_t)head * tokens + first + r] : POS_INF;
-                q_delta[r] = valid ? delta[(size_t)head * tokens + first + r] : 0.f;
+                for (int c = 0; c < 4; ++c)
+                    q_spans(buffer)[4 * r + c] = valid ? spans[4 * (size_t)(first + r) + c] : 0u;
+                q_lse(buffer)[r] = valid ? lse[(size_t)head * tokens + first + r] : POS_INF;
+                q_delta(buffer)[r] = valid ? delta[(size_t)head * tokens + first + r] : 0.f;
             }
-            cp_async_wait<0>();
-            __syncthreads();
+        },
+        [&](int, int buffer) {
             for (int half = 0; half < 2; ++half) {
                 const int offset = TILE / 2 * half;
                 dkdv_queries<T, TILE / 2>(k_tile + warp_first * STRIDE,
-                                          v_tile + warp_first * STRIDE, q_tile + offset * STRIDE,
-                                          do_tile + offset * STRIDE, q_spans + 4 * offset,
-                                          q_lse + offset, q_delta + offset,
-                                          key_first + warp_first, scale, dk_acc, dv_acc);
+                                          v_tile + warp_first * STRIDE,
+                                          q_tile(buffer) + offset * STRIDE,
+                                          do_tile(buffer) + offset * STRIDE,
+                                          q_spans(buffer) + 4 * offset, q_lse(buffer) + offset,
+                                          q_delta(buffer) + offset, key_first + warp_first,
+                                          scale, dk_acc, dv_acc);
             }
-        }
+        });
     const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.f, 1.f};
     store_rows(dk_acc, dk_factor, dk + kv_offset, HEAD_DIM, key_first + warp_first, tokens);
     store_rows(dv_acc, dv_factor, dv + kv_offset, HEAD_DIM, key_first + warp_first, tokens);
 }
 
 #define TRAIN_ATTENTION_KERNELS(TYPE, NAME)                                                      \
-    extern "C" __global__ void __launch_bounds__(THREADS) train_attention_forward_##NAME(       \
+    extern "C" __global__ void __launch_bounds__(THREADS, 3) train_attention_forward_##NAME(    \
         const TYPE* q, const TYPE* k, const TYPE* v, const unsigned int* spans,                \
         const unsigned int* tile_spans, TYPE* out, float* lse, int tokens, int q_heads,        \
         int kv_heads, float scale) {                                                           \

@@ -39,10 +39,24 @@ const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
 /// Compute capability from which the kernels exist (mma.sync with bf16).
 const TENSOR_CORE_ARCH: (i32, i32) = (8, 0);
 
-/// Dynamic shared memory of `train_attention_dkdv_*` (`DKDV_SHARED_BYTES`): K, V, Q and dO
-/// tiles of 64 rows padded by 8 halves, and the staged queries' spans, lse and delta.
+/// Halves of one staged tile of 64 rows padded by 8 halves (`TILE_HALVES`).
+fn tile_halves(head_dim: usize) -> usize {
+    TILE * (head_dim + 8)
+}
+
+/// Dynamic shared memory of `train_attention_dkdv_*` (`DKDV_SHARED_BYTES`): the key tile's K and
+/// V, and two buffers of a query tile's Q, dO, spans, lse and delta (the next one's copy in
+/// flight while the warps compute on the other).
 fn dkdv_shared_bytes(head_dim: usize) -> usize {
-    4 * TILE * (head_dim + 8) * 2 + TILE * (4 * 4 + 4 + 4)
+    let query_buffer = 2 * tile_halves(head_dim) * 2 + TILE * (4 * 4 + 4 + 4);
+    2 * tile_halves(head_dim) * 2 + 2 * query_buffer
+}
+
+/// Dynamic shared memory of `train_attention_forward_*` and `train_attention_dq_*`
+/// (`KEY_PIPELINE_SHARED_BYTES`): two K and two V tiles, the next pair's copy in flight while the
+/// warps compute on the other.
+fn key_pipeline_shared_bytes(head_dim: usize) -> usize {
+    4 * tile_halves(head_dim) * 2
 }
 
 /// The four kernels of one dtype.
@@ -77,17 +91,21 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
                 .load_function(&format!("train_attention_{name}_{dtype}"))
                 .map_err(&driver)
         };
-        let dkdv = function("dkdv")?;
-        dkdv.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            dkdv_shared_bytes(head_dim) as i32,
-        )
-        .map_err(&driver)?;
+        let with_shared = |name: &str, bytes: usize| -> anyhow::Result<CudaFunction> {
+            let kernel = function(name)?;
+            kernel
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                )
+                .map_err(&driver)?;
+            Ok(kernel)
+        };
         Ok(DtypeKernels {
-            forward: function("forward")?,
+            forward: with_shared("forward", key_pipeline_shared_bytes(head_dim))?,
             delta: function("delta")?,
-            dq: function("dq")?,
-            dkdv,
+            dq: with_shared("dq", key_pipeline_shared_bytes(head_dim))?,
+            dkdv: with_shared("dkdv", dkdv_shared_bytes(head_dim))?,
         })
     };
     Ok(Loaded([kernels("bf16")?, kernels("f16")?]))
@@ -237,9 +255,15 @@ impl TrainAttention {
         }
         launch.arg(&tokens).arg(&q_heads).arg(&kv_heads).arg(&scale);
         // SAFETY: the arguments match the kernel's signature; q, k, v, out and lse have the
-        // planned shapes (checked above) and are contiguous, spans cover the T queries.
-        unsafe { launch.launch(self.launch_config((self.tokens.div_ceil(TILE), self.q_heads), 0)) }
-            .w()?;
+        // planned shapes (checked above) and are contiguous, spans cover the T queries; the
+        // dynamic shared memory was allowed at load.
+        unsafe {
+            launch.launch(self.launch_config(
+                (self.tokens.div_ceil(TILE), self.q_heads),
+                key_pipeline_shared_bytes(self.head_dim),
+            ))
+        }
+        .w()?;
         drop(ptrs);
         drop(guards);
         Ok((out, lse))
@@ -338,8 +362,15 @@ impl TrainAttention {
             .arg(&q_heads)
             .arg(&kv_heads)
             .arg(&scale);
-        // SAFETY: the arguments match the kernel's signature and the checked shapes.
-        unsafe { launch.launch(self.launch_config((q_tiles, self.q_heads), 0)) }.w()?;
+        // SAFETY: the arguments match the kernel's signature and the checked shapes; the
+        // dynamic shared memory was allowed at load.
+        unsafe {
+            launch.launch(self.launch_config(
+                (q_tiles, self.q_heads),
+                key_pipeline_shared_bytes(self.head_dim),
+            ))
+        }
+        .w()?;
 
         let mut launch = stream.launch_builder(&kernels.dkdv);
         launch
