@@ -8,6 +8,10 @@
 //! piece of the model is backpropagated on its own through the surrogate scalar
 //! Σ ⟨output, upstream⟩ (detached upstream): its gradient with respect to the output is exactly
 //! the upstream gradient, so `backward()` on it yields the vector-Jacobian product of the piece.
+//! That composite path is the CPU's (and f32's, and `DICE_FUSED_LAYER=0`'s); on CUDA in bf16/f16
+//! the checkpointed step runs the fused attention and the hand-written layer and head of
+//! [`fused_layer`] instead (no autograd but the loss closure's), keeping the forward activations
+//! of as many layers as memory allows for an SFT step.
 
 use super::stage::Unprobed;
 use super::step_profile::{timed, PhaseTimer, StepPhase, StepProfile};
