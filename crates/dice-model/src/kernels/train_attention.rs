@@ -137,29 +137,10 @@ impl TrainAttention {
         cfg: &SdarConfig,
         spans: &KeySpans,
     ) -> anyhow::Result<Option<Self>> {
-        let Device::Cuda(dev) = device else {
-            return Ok(None);
-        };
-        let dtype_slot = match dtype {
-            DType::BF16 => 0,
-            DType::F16 => 1,
-            _ => return Ok(None),
-        };
-        let supported = HEAD_DIMS.contains(&cfg.head_dim)
-            && cfg
-                .num_attention_heads
-                .is_multiple_of(cfg.num_key_value_heads)
-            && spans.tokens() > 0
-            && fused_attention_enabled();
-        if !supported || nvrtc::arch(dev, SOURCE.what)? < TENSOR_CORE_ARCH {
+        if spans.tokens() == 0 {
             return Ok(None);
         }
-        let Some(kernels) = LOADED.get(
-            dev,
-            cfg.head_dim,
-            "fused training attention unavailable, training attention runs as matmuls",
-            || load(dev, cfg.head_dim),
-        ) else {
+        let Some((kernels, dtype_slot)) = Self::kernels_for(device, dtype, cfg)? else {
             return Ok(None);
         };
         let flat = |rows: &[[u32; 4]]| -> Result<Tensor> {
@@ -176,6 +157,47 @@ impl TrainAttention {
             kv_heads: cfg.num_key_value_heads,
             head_dim: cfg.head_dim,
         }))
+    }
+
+    /// Whether [`TrainAttention::plan`] takes sequences of key spans on `device` in `dtype`
+    /// for a model of `cfg` (the kernels are built on first use).
+    pub(crate) fn available(
+        device: &Device,
+        dtype: DType,
+        cfg: &SdarConfig,
+    ) -> anyhow::Result<bool> {
+        Ok(Self::kernels_for(device, dtype, cfg)?.is_some())
+    }
+
+    /// The kernels and their dtype's slot where the device, dtype and config have them.
+    fn kernels_for(
+        device: &Device,
+        dtype: DType,
+        cfg: &SdarConfig,
+    ) -> anyhow::Result<Option<(Arc<Loaded>, usize)>> {
+        let Device::Cuda(dev) = device else {
+            return Ok(None);
+        };
+        let dtype_slot = match dtype {
+            DType::BF16 => 0,
+            DType::F16 => 1,
+            _ => return Ok(None),
+        };
+        let supported = HEAD_DIMS.contains(&cfg.head_dim)
+            && cfg
+                .num_attention_heads
+                .is_multiple_of(cfg.num_key_value_heads)
+            && fused_attention_enabled();
+        if !supported || nvrtc::arch(dev, SOURCE.what)? < TENSOR_CORE_ARCH {
+            return Ok(None);
+        }
+        let kernels = LOADED.get(
+            dev,
+            cfg.head_dim,
+            "fused training attention unavailable, training attention runs as matmuls",
+            || load(dev, cfg.head_dim),
+        );
+        Ok(kernels.map(|kernels| (kernels, dtype_slot)))
     }
 
     fn kernels(&self) -> &DtypeKernels {

@@ -60,8 +60,10 @@ pub struct MaskedSequence {
     /// Rotary position of every token.
     pub positions: Vec<u32>,
     /// Additive f32 `[N, N]` mask on the model's device (0 = row may attend column, -inf = may
-    /// not); every row must see at least one column.
-    pub mask: Tensor,
+    /// not); every row must see at least one column. Needed unless `spans` are given and the
+    /// model takes them ([`Sdar::trains_on_key_spans`]): an N² tensor a long sequence's caller
+    /// need not build.
+    pub mask: Option<Tensor>,
     /// The same visibility as key ranges ([`KeySpans::from_predicate`]), where every row's
     /// visible keys form at most two ranges: on CUDA in bf16/f16 attention then runs the fused
     /// kernels, and `mask` is not read.
@@ -81,11 +83,17 @@ impl MaskedSequence {
             self.positions.len()
         );
         ensure!(
-            self.mask.dims() == [n, n] && self.mask.dtype() == DType::F32,
-            "the mask of a {n}-token sequence must be an f32 [{n}, {n}] tensor, not {:?} {:?}",
-            self.mask.dtype(),
-            self.mask.dims()
+            self.mask.is_some() || self.spans.is_some(),
+            "the masked sequence has neither a mask nor key spans"
         );
+        if let Some(mask) = &self.mask {
+            ensure!(
+                mask.dims() == [n, n] && mask.dtype() == DType::F32,
+                "the mask of a {n}-token sequence must be an f32 [{n}, {n}] tensor, not {:?} {:?}",
+                mask.dtype(),
+                mask.dims()
+            );
+        }
         if let Some(spans) = &self.spans {
             ensure!(
                 spans.tokens() == n,
@@ -256,12 +264,19 @@ impl Layout {
                 });
             }
         }
+        let mask = sequence.mask.as_ref().with_context(|| {
+            format!(
+                "this {n}-token masked sequence has key spans but no mask, and the model's \
+                 attention here is the composite one (CPU, f32, or DICE_FUSED_ATTENTION=0), \
+                 which needs the mask: build it where Sdar::trains_on_key_spans is false"
+            )
+        })?;
         Ok(Self {
             rope,
             attention: AttentionPath::Composite(vec![Segment {
                 start: 0,
                 len: n,
-                mask: sequence.mask.reshape((1, 1, 1, n, n))?,
+                mask: mask.reshape((1, 1, 1, n, n))?,
             }]),
             layer: None,
             keep_layers: 0,
@@ -606,6 +621,20 @@ impl Sdar {
             .take()
             .context("the profiled layout keeps its timer")?;
         Ok((step, timer.into_inner().finish(seconds)))
+    }
+
+    /// Whether a [`MaskedSequence`] with key spans trains here without its mask: on CUDA in
+    /// bf16/f16 where the fused training attention is available (its kernels are built on first
+    /// use). Elsewhere the composite attention reads the mask.
+    pub fn trains_on_key_spans(&self) -> anyhow::Result<bool> {
+        #[cfg(feature = "cuda")]
+        return crate::kernels::TrainAttention::available(
+            self.device(),
+            self.dtype(),
+            &self.config,
+        );
+        #[cfg(not(feature = "cuda"))]
+        Ok(false)
     }
 
     /// log π(label) of every scored row of `sequence` (f32, in the order of its rows): the

@@ -226,7 +226,7 @@ fn cuda_fused_masked_step_matches_the_composite_cpu_step() {
     let sequence_on = |device: &Device| MaskedSequence {
         tokens: (0..n as u32).map(|i| (i * 7 + 3) % 500).collect(),
         positions: (0..n as u32).collect(),
-        mask: additive_mask(n, n, visible, device).unwrap(),
+        mask: Some(additive_mask(n, n, visible, device).unwrap()),
         spans: KeySpans::from_predicate(n, visible),
         rows: (10..n as u32).step_by(3).collect(),
         labels: (10..n as u32).step_by(3).map(|i| (i * 11) % 500).collect(),

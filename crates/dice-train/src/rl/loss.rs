@@ -88,21 +88,25 @@ impl PolicyLoss {
     }
 }
 
-/// Builds each sample's model input, making a record's attention mask and key spans once for
-/// all its samples (they come in record order).
+/// Builds each sample's model input, making a record's key spans, and its attention mask where
+/// the model needs it, once for all its samples (they come in record order). The mask is N² and
+/// the model on CUDA trains from the spans alone: it is built only where the model cannot (the
+/// CPU, f32, or a record whose rows see more than two ranges of keys).
 struct Sequences<'a> {
     replay: &'a Replay,
     device: &'a Device,
-    visibility: Option<(usize, Tensor, Option<KeySpans>)>,
+    spans_suffice: bool,
+    visibility: Option<(usize, Option<Tensor>, Option<KeySpans>)>,
 }
 
 impl<'a> Sequences<'a> {
-    fn new(replay: &'a Replay, device: &'a Device) -> Self {
-        Self {
+    fn new(replay: &'a Replay, model: &'a Sdar) -> Result<Self> {
+        Ok(Self {
             replay,
-            device,
+            device: model.device(),
+            spans_suffice: model.trains_on_key_spans()?,
             visibility: None,
-        }
+        })
     }
 
     fn get(&mut self, sample: &ReplaySample) -> Result<MaskedSequence> {
@@ -111,8 +115,12 @@ impl<'a> Sequences<'a> {
                 (mask.clone(), spans.clone())
             }
             _ => {
-                let mask = self.replay.attention_mask(sample.record, self.device)?;
                 let spans = self.replay.key_spans(sample.record);
+                let mask = if spans.is_some() && self.spans_suffice {
+                    None
+                } else {
+                    Some(self.replay.attention_mask(sample.record, self.device)?)
+                };
                 self.visibility = Some((sample.record, mask.clone(), spans.clone()));
                 (mask, spans)
             }
@@ -125,7 +133,7 @@ impl<'a> Sequences<'a> {
 /// without autograd, on the same inputs the loss sees. Computed once per RL step, before any
 /// update.
 pub fn old_log_probs(model: &Sdar, replay: &Replay) -> Result<Vec<Vec<f32>>> {
-    let mut sequences = Sequences::new(replay, model.device());
+    let mut sequences = Sequences::new(replay, model)?;
     replay
         .samples
         .iter()
@@ -176,7 +184,7 @@ pub fn policy_loss_and_grad_sums(
     ensure!(!range.is_empty(), "no samples to compute the loss of");
     let device = model.device();
     let count = range.len();
-    let mut sequences = Sequences::new(replay, device);
+    let mut sequences = Sequences::new(replay, model)?;
     let mut samples = Vec::with_capacity(count);
     let mut grads: HashMap<String, Tensor> = HashMap::new();
     for n in range {

@@ -378,12 +378,12 @@ impl Replay {
     }
 
     /// The model's input for `sample` under `mask` and `spans` (its record's
-    /// [`Replay::attention_mask`] and [`Replay::key_spans`]): the loss positions are scored on
-    /// their noisy rows against the clean tokens.
+    /// [`Replay::attention_mask`], where the model needs it, and [`Replay::key_spans`]): the
+    /// loss positions are scored on their noisy rows against the clean tokens.
     pub fn sequence(
         &self,
         sample: &ReplaySample,
-        mask: Tensor,
+        mask: Option<Tensor>,
         spans: Option<KeySpans>,
     ) -> MaskedSequence {
         let (l0, l1) = (self.prompt_width, self.region_width);

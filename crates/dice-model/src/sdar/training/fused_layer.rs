@@ -725,7 +725,7 @@ mod tests {
         let sequence = MaskedSequence {
             tokens: (0..n as u32).map(|i| (i * 7 + 3) % 90).collect(),
             positions: (0..n as u32).collect(),
-            mask: additive_mask(n, n, visible, &Device::Cpu).unwrap(),
+            mask: Some(additive_mask(n, n, visible, &Device::Cpu).unwrap()),
             spans: KeySpans::from_predicate(n, visible),
             rows: (4..n as u32).step_by(2).collect(),
             labels: (4..n as u32).step_by(2).map(|i| (i * 11) % 90).collect(),
