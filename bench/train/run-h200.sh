@@ -45,12 +45,13 @@ run bench-4b 240 bench train --config "$configs/sdar-4b.json" --device cuda --dt
   --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b.json"
 run bench-8b 240 bench train --config "$configs/sdar-8b.json" --device cuda --dtype bf16 \
   --tokens 6144 --steps 2 --profile --json "$OUT/bench-8b.json"
-# The trainer through NCCL at world size one (--nproc-per-node 1): a random 1.7B model trained on
-# the 99 DICE pairs as {prompt, response} rows.
-if wanted sft-nccl; then
-  "$bin" model init --config "$configs/sdar-1.7b.json" --weights random --seed 1 \
-    --tokenizer tests/data/sdar --out /tmp/m17 --force >"$OUT/model-init.txt" 2>&1
-  python3 - <<'PY'
+# The trainer through NCCL at world size one (--nproc-per-node 1): a random model of CONFIG
+# trained for STEPS steps on the 99 DICE pairs as {prompt, response} rows (written once).
+# NAME CAP CONFIG STEPS
+sft_run() {
+  local name=$1 cap=$2 config=$3 count=$4
+  wanted "$name" || return 0
+  [[ -f /tmp/pairs.jsonl ]] || python3 - <<'PY'
 import json
 pairs = json.load(open("tests/data/dice/kernel_infilling_evaluation.json"))
 with open("/tmp/pairs.jsonl", "w") as f:
@@ -58,21 +59,16 @@ with open("/tmp/pairs.jsonl", "w") as f:
         f.write(json.dumps({"prompt": "Write a CUDA kernel for this PyTorch program.\n" + p["pytorch_code"],
                             "response": p["cuda_code"]}) + "\n")
 PY
-  run sft-nccl 240 train sft --model /tmp/m17 --data /tmp/pairs.jsonl --out /tmp/sft --device cuda \
-    --nproc-per-node 1 --max-steps 3 --save-steps 1000 --save-total-limit 1
-  cp /tmp/sft/metrics.jsonl "$OUT/sft-nccl-metrics.jsonl" 2>/dev/null
-  rm -rf /tmp/sft /tmp/m17
-fi
+  "$bin" model init --config "$configs/$config" --weights random --seed 1 \
+    --tokenizer tests/data/sdar --out "/tmp/$name-model" --force >"$OUT/$name-model-init.txt" 2>&1
+  run "$name" "$cap" train sft --model "/tmp/$name-model" --data /tmp/pairs.jsonl --out "/tmp/$name" \
+    --device cuda --nproc-per-node 1 --max-steps "$count" --save-steps 1000 --save-total-limit 1
+  cp "/tmp/$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
+  rm -rf "/tmp/$name" "/tmp/$name-model"
+}
+sft_run sft-nccl 240 sdar-1.7b.json 3
 # The same at 4B (AdamW's f32 state beside the model: about 80 GB of the device).
-if wanted sft-4b; then
-  [[ -f /tmp/pairs.jsonl ]] || { echo "sft-4b needs the step sft-nccl's pairs" | tee -a "$OUT/steps.txt"; }
-  "$bin" model init --config "$configs/sdar-4b.json" --weights random --seed 1 \
-    --tokenizer tests/data/sdar --out /tmp/m4 --force >"$OUT/model-init-4b.txt" 2>&1
-  run sft-4b 300 train sft --model /tmp/m4 --data /tmp/pairs.jsonl --out /tmp/sft4 --device cuda \
-    --nproc-per-node 1 --max-steps 4 --save-steps 1000 --save-total-limit 1
-  cp /tmp/sft4/metrics.jsonl "$OUT/sft-4b-metrics.jsonl" 2>/dev/null
-  rm -rf /tmp/sft4 /tmp/m4
-fi
+sft_run sft-4b 300 sdar-4b.json 4
 # Where one step's GPU time goes, kernel by kernel (Nsight Compute, one metric, clocks and caches
 # left alone): the sum of kernel times against the step's wall time is the host's share.
 if wanted kernels-1.7b && (( $(left) > 30 )); then
