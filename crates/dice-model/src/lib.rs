@@ -4,6 +4,7 @@
 //! tokenizer rebuilt from vocab + merges, the chat template, deterministic checkpoints of any
 //! config (formula or seeded random weights) and the checks against the formula golden.
 
+pub mod adamw;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
@@ -26,7 +27,7 @@ pub use config::SdarConfig;
 #[cfg(feature = "cuda")]
 pub use kernels::decode_ops::{greedy_summary, sample_summary};
 #[cfg(feature = "cuda")]
-pub use kernels::optim::{adamw_step, AdamWScalars};
+pub use kernels::optim::adamw_step;
 #[cfg(feature = "cuda")]
 pub use sdar::DecodeGraph;
 pub use sdar::{KvCache, LossGradients, MaskedSequence, Sdar};

@@ -14,6 +14,7 @@ use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{
     CpuStorage, DType, Device, InplaceOp2, InplaceOp3, Layout, Storage, Tensor, Var,
 };
+use dice_model::adamw::AdamWScalars;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -103,21 +104,9 @@ impl Param {
     }
 }
 
-/// The f32 scalars of one AdamW step, as the element-wise update receives them.
-struct StepScalars {
-    /// `1 − lr·wd`, when there is weight decay.
-    decay: Option<f32>,
-    one_minus_beta1: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    bias_correction2_sqrt: f32,
-    eps: f32,
-    neg_step_size: f32,
-}
-
 impl Param {
     /// The update of [`AdamW::step`] in tensor operations, on the weight's device.
-    fn step_with_tensors(&mut self, grad: &Tensor, s: &StepScalars) -> Result<()> {
+    fn step_with_tensors(&mut self, grad: &Tensor, s: &AdamWScalars) -> Result<()> {
         let mut p = self.master();
         if let Some(decay) = s.decay {
             p = (p * f64::from(decay))?;
@@ -138,24 +127,15 @@ impl Param {
     /// The update of [`AdamW::step`] for a GPU weight: dice-model's AdamW kernel in place
     /// (one pass, the host update's operations, so the same values bit for bit), or the tensor
     /// form where the kernel is not available.
-    fn step_on_device(&mut self, grad: &Tensor, s: &StepScalars) -> Result<()> {
+    fn step_on_device(&mut self, grad: &Tensor, s: &AdamWScalars) -> Result<()> {
         #[cfg(feature = "cuda")]
         {
-            let scalars = dice_model::AdamWScalars {
-                decay: s.decay,
-                one_minus_beta1: s.one_minus_beta1,
-                beta2: s.beta2,
-                one_minus_beta2: s.one_minus_beta2,
-                bias_correction2_sqrt: s.bias_correction2_sqrt,
-                eps: s.eps,
-                neg_step_size: s.neg_step_size,
-            };
             let stepped = dice_model::adamw_step(
                 self.weight.as_tensor(),
                 self.master.as_ref(),
                 [&self.exp_avg, &self.exp_avg_sq],
                 &grad.contiguous()?,
-                &scalars,
+                s,
             )?;
             if stepped.is_some() {
                 return Ok(());
@@ -168,7 +148,7 @@ impl Param {
     /// buffers of m, v and the f32 weights with the same f32 operations in the same order as
     /// the tensor form (candle's scalar `affine` is `x·a + b`, kept here with its `+ 0`), so the
     /// results are identical, without the dozen full-size temporaries the tensor form allocates.
-    fn step_on_host(&mut self, grad: &Tensor, s: &StepScalars) -> Result<()> {
+    fn step_on_host(&mut self, grad: &Tensor, s: &AdamWScalars) -> Result<()> {
         let grad = grad.contiguous()?;
         self.exp_avg.inplace_op2(&grad, &FirstMoment(s))?;
         self.exp_avg_sq.inplace_op2(&grad, &SecondMoment(s))?;
@@ -200,7 +180,7 @@ fn host_values_mut<'s>(
 }
 
 /// m ← m + ((g − m)·(1 − β1) + 0), in place on m.
-struct FirstMoment<'a>(&'a StepScalars);
+struct FirstMoment<'a>(&'a AdamWScalars);
 
 impl InplaceOp2 for FirstMoment<'_> {
     fn name(&self) -> &'static str {
@@ -224,7 +204,7 @@ impl InplaceOp2 for FirstMoment<'_> {
 }
 
 /// v ← (v·β2 + 0) + (g·(1 − β2) + 0)·g, in place on v.
-struct SecondMoment<'a>(&'a StepScalars);
+struct SecondMoment<'a>(&'a AdamWScalars);
 
 impl InplaceOp2 for SecondMoment<'_> {
     fn name(&self) -> &'static str {
@@ -238,7 +218,7 @@ impl InplaceOp2 for SecondMoment<'_> {
         g: &CpuStorage,
         g_layout: &Layout,
     ) -> candle_core::Result<()> {
-        let StepScalars {
+        let AdamWScalars {
             beta2,
             one_minus_beta2,
             ..
@@ -253,7 +233,7 @@ impl InplaceOp2 for SecondMoment<'_> {
 
 /// p ← p·decay + 0 (with weight decay), then p ← p + (m·(−step) + 0) / ((√v / bc2)·1 + ε), in
 /// place on p.
-struct WeightUpdate<'a>(&'a StepScalars);
+struct WeightUpdate<'a>(&'a AdamWScalars);
 
 impl InplaceOp3 for WeightUpdate<'_> {
     fn name(&self) -> &'static str {
@@ -409,7 +389,7 @@ impl AdamW {
                 Ok(grad)
             })
             .collect::<Result<Vec<_>>>()?;
-        let scalars = StepScalars {
+        let scalars = AdamWScalars {
             decay: (weight_decay != 0.0).then_some((1.0 - lr * weight_decay) as f32),
             one_minus_beta1: (1.0 - beta1) as f32,
             beta2: beta2 as f32,
@@ -1167,7 +1147,7 @@ mod tests {
     #[test]
     fn the_host_update_equals_the_tensor_update_bit_for_bit() {
         for decay in [None, Some(0.999_9_f32)] {
-            let scalars = StepScalars {
+            let scalars = AdamWScalars {
                 decay,
                 one_minus_beta1: 0.1,
                 beta2: 0.999,

@@ -1,11 +1,11 @@
 //! Device addresses of tensors for our kernels' launches, each with the guard that records the
-//! access on the stream once the launch is made.
+//! access on the stream once the launch is made, and a launch from tensors and scalars.
 
 use candle_core::cuda_backend::cudarc::driver::{
-    sys::CUdeviceptr, CudaStream, DevicePtr, SyncOnDrop,
+    sys::CUdeviceptr, CudaFunction, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, SyncOnDrop,
 };
-use candle_core::cuda_backend::CudaStorageSlice;
-use candle_core::{bail, Layout, Result, Storage};
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::{bail, Device, Layout, Result, Storage, Tensor};
 
 /// The device address of element `offset` of `slice`, with the guard that records the access
 /// on `stream` when dropped (after the launch).
@@ -81,4 +81,97 @@ pub(super) fn rows_ptr<'a>(
     }
     let (ptr, record) = slice_ptr(&storage.slice, layout.start_offset(), stream)?;
     Ok((ptr, record, row_stride))
+}
+
+/// A pointer argument of [`launch`].
+pub(super) enum Arg<'a> {
+    /// A contiguous tensor (`what` names it in errors).
+    Whole(&'a Tensor, &'static str),
+    /// A tensor of evenly spaced contiguous rows ([`rows_ptr`]) that must lie `stride` elements
+    /// apart, as the kernel is told.
+    Rows(&'a Tensor, &'static str, usize),
+    /// No tensor: a null pointer.
+    Null,
+}
+
+impl Arg<'_> {
+    pub(super) fn tensor(&self) -> Option<(&Tensor, &'static str)> {
+        match self {
+            Arg::Whole(t, what) | Arg::Rows(t, what, _) => Some((t, what)),
+            Arg::Null => None,
+        }
+    }
+}
+
+/// A scalar argument of [`launch`], after the pointers.
+pub(super) enum Scalar {
+    I32(i32),
+    U64(u64),
+    F32(f32),
+}
+
+impl Scalar {
+    /// A count or size as the kernels' `int`.
+    pub(super) fn int(n: usize) -> Self {
+        Scalar::I32(n as i32)
+    }
+}
+
+/// Launches `function` with `config` on the stream of the tensors' device: the device addresses
+/// of `tensors` (each access recorded on the stream once the launch is made), then `scalars`,
+/// in order.
+///
+/// # Safety
+/// The arguments must be the kernel's signature in order, and every tensor must have the shape
+/// and dtype the kernel reads or writes through its address.
+pub(super) unsafe fn launch(
+    function: &CudaFunction,
+    config: LaunchConfig,
+    tensors: &[Arg],
+    scalars: &[Scalar],
+) -> Result<()> {
+    let Some((first, _)) = tensors.iter().find_map(Arg::tensor) else {
+        bail!("a kernel launch takes at least one tensor");
+    };
+    let Device::Cuda(dev) = first.device() else {
+        bail!("our kernels run on CUDA devices only");
+    };
+    let stream = dev.cuda_stream();
+    let guards: Vec<_> = tensors
+        .iter()
+        .map(|arg| arg.tensor().map(|(t, what)| (t.storage_and_layout(), what)))
+        .collect();
+    let mut ptrs: Vec<(CUdeviceptr, Option<SyncOnDrop>)> = Vec::with_capacity(guards.len());
+    for (arg, guard) in tensors.iter().zip(&guards) {
+        ptrs.push(match (arg, guard) {
+            (Arg::Rows(_, _, want), Some(((storage, layout), what))) => {
+                let (ptr, record, stride) = rows_ptr((storage, layout), what, &stream)?;
+                if stride != *want {
+                    bail!("{what} has rows {stride} apart, the kernel was given {want}");
+                }
+                (ptr, Some(record))
+            }
+            (_, Some(((storage, layout), what))) => {
+                let (ptr, record) = tensor_ptr((storage, layout), what, &stream)?;
+                (ptr, Some(record))
+            }
+            (_, None) => (0, None),
+        });
+    }
+    let mut builder = stream.launch_builder(function);
+    for (ptr, _) in &ptrs {
+        builder.arg(ptr);
+    }
+    for scalar in scalars {
+        match scalar {
+            Scalar::I32(v) => builder.arg(v),
+            Scalar::U64(v) => builder.arg(v),
+            Scalar::F32(v) => builder.arg(v),
+        };
+    }
+    // SAFETY: the caller's contract (above).
+    unsafe { builder.launch(config) }.w()?;
+    drop(ptrs);
+    drop(guards);
+    Ok(())
 }

@@ -5,10 +5,11 @@
 //! allocated its result. Checked on the CPU through the CUDA emulation
 //! (tests/it/optim_emulated.rs).
 
-use super::device_ptr::tensor_ptr;
+use super::device_ptr::{launch, Arg, Scalar};
 use super::nvrtc::{self, dtype_index, PerDevice, Source};
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::{CudaDevice, WrapErr};
+use crate::adamw::AdamWScalars;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
+use candle_core::cuda_backend::CudaDevice;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
 const SOURCE: Source = Source {
@@ -30,20 +31,6 @@ static LOADED: PerDevice<(), Loaded> = PerDevice::new();
 fn load(dev: &CudaDevice) -> anyhow::Result<Loaded> {
     let module = nvrtc::load_module(dev, &SOURCE, &[])?;
     Ok(Loaded(nvrtc::by_dtype(&module, &SOURCE, "adamw_step")?))
-}
-
-/// The f32 scalars of one AdamW step, as the host update takes them.
-#[derive(Debug, Clone, Copy)]
-pub struct AdamWScalars {
-    /// `1 − lr·wd`, when there is weight decay.
-    pub decay: Option<f32>,
-    pub one_minus_beta1: f32,
-    pub beta2: f32,
-    pub one_minus_beta2: f32,
-    pub bias_correction2_sqrt: f32,
-    pub eps: f32,
-    /// `−lr / (1 − β1ᵗ)`.
-    pub neg_step_size: f32,
 }
 
 /// One AdamW update in place on CUDA tensors of one weight: `exp_avg` and `exp_avg_sq` (f32),
@@ -81,55 +68,39 @@ pub fn adamw_step(
     {
         bail!("AdamW's state, gradient and master must be f32 tensors shaped as the weight");
     }
-    let stream = dev.cuda_stream();
-    let named = [
-        (Some(weight), "the weight"),
-        (master, "the master weight"),
-        (Some(exp_avg), "the first moment"),
-        (Some(exp_avg_sq), "the second moment"),
-        (Some(grad), "the gradient"),
-    ];
-    let guards: Vec<_> = named
-        .iter()
-        .map(|(t, what)| t.map(|t| (t.storage_and_layout(), *what)))
-        .collect();
-    let mut ptrs = Vec::with_capacity(guards.len());
-    for guard in &guards {
-        ptrs.push(match guard {
-            Some(((storage, layout), what)) => {
-                let (ptr, record) = tensor_ptr((storage, layout), what, &stream)?;
-                (ptr, Some(record))
-            }
-            None => (0, None),
-        });
-    }
-    let n = shape.elem_count() as u64;
-    let decays = i32::from(s.decay.is_some());
-    let decay = s.decay.unwrap_or(1.0);
-    let mut launch = stream.launch_builder(&kernels.0[slot]);
-    for (ptr, _) in &ptrs {
-        launch.arg(ptr);
-    }
-    launch
-        .arg(&n)
-        .arg(&decays)
-        .arg(&decay)
-        .arg(&s.one_minus_beta1)
-        .arg(&s.beta2)
-        .arg(&s.one_minus_beta2)
-        .arg(&s.bias_correction2_sqrt)
-        .arg(&s.eps)
-        .arg(&s.neg_step_size);
+    let master = master.map_or(Arg::Null, |m| Arg::Whole(m, "the master weight"));
     let config = LaunchConfig {
         grid_dim: (CTAS, 1, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: the pointers, count and scalars are the kernel's signature in order; every tensor
-    // is contiguous (tensor_ptr checked it) with `n` elements of the dtype the kernel reads.
-    unsafe { launch.launch(config) }.w()?;
-    drop(ptrs);
-    drop(guards);
+    // is contiguous (launch checks it) with the weight's element count, of the dtype the kernel
+    // reads (checked above).
+    unsafe {
+        launch(
+            &kernels.0[slot],
+            config,
+            &[
+                Arg::Whole(weight, "the weight"),
+                master,
+                Arg::Whole(exp_avg, "the first moment"),
+                Arg::Whole(exp_avg_sq, "the second moment"),
+                Arg::Whole(grad, "the gradient"),
+            ],
+            &[
+                Scalar::U64(shape.elem_count() as u64),
+                Scalar::I32(i32::from(s.decay.is_some())),
+                Scalar::F32(s.decay.unwrap_or(1.0)),
+                Scalar::F32(s.one_minus_beta1),
+                Scalar::F32(s.beta2),
+                Scalar::F32(s.one_minus_beta2),
+                Scalar::F32(s.bias_correction2_sqrt),
+                Scalar::F32(s.eps),
+                Scalar::F32(s.neg_step_size),
+            ],
+        )
+    }?;
     Ok(Some(()))
 }
 

@@ -10,14 +10,12 @@
 //! (tests/it/train_layer_emulated.rs) and on the GPU against the composite step
 //! (tests/it/cuda.rs, `dice bench golden`).
 
-use super::device_ptr::{rows_ptr, tensor_ptr};
+use super::device_ptr::{launch, Arg, Scalar};
 use super::nvrtc::{self, dtype_index, PerDevice, Source};
 use crate::config::SdarConfig;
 use crate::layer_ops::LayerOps;
-use candle_core::cuda_backend::cudarc::driver::{
-    sys::CUdeviceptr, CudaFunction, LaunchConfig, PushKernelArg, SyncOnDrop,
-};
-use candle_core::cuda_backend::{CudaDevice, WrapErr};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
+use candle_core::cuda_backend::CudaDevice;
 use candle_core::{bail, DType, Device, Result, Tensor, D};
 use std::sync::Arc;
 
@@ -85,15 +83,6 @@ fn fused_layer_enabled() -> bool {
     std::env::var("DICE_FUSED_LAYER").map_or(true, |v| v != "0")
 }
 
-/// A kernel argument: a tensor's device address, or none (a null pointer).
-enum Arg<'a> {
-    /// A contiguous tensor.
-    Whole(&'a Tensor, &'static str),
-    /// A tensor of evenly spaced contiguous rows (a narrow of a wider projection's rows).
-    Rows(&'a Tensor, &'static str),
-    Null,
-}
-
 /// The training layer's kernels for one dtype on one CUDA device.
 pub(crate) struct TrainLayer {
     kernels: Arc<Loaded>,
@@ -140,79 +129,31 @@ impl TrainLayer {
     }
 
     /// Launches `function` on `grid` CTAs of `threads` with the pointer arguments `tensors`
-    /// followed by `ints` and `floats`; the row stride of every [`Arg::Rows`] must equal
-    /// `row_stride` where one is given.
+    /// (values of the kernels' dtype, f32 statistics, u32 labels) followed by `scalars`.
     fn launch(
         &self,
         function: &CudaFunction,
         (grid, threads): ((usize, usize), usize),
         tensors: &[Arg],
-        ints: &[i32],
-        floats: &[f32],
-        row_stride: Option<usize>,
+        scalars: &[Scalar],
     ) -> Result<()> {
-        let Some(Arg::Whole(first, _) | Arg::Rows(first, _)) = tensors.first() else {
-            bail!("a training layer kernel takes a tensor first");
-        };
-        let Device::Cuda(dev) = first.device() else {
-            bail!("the training layer kernels run on CUDA devices only");
-        };
-        let stream = dev.cuda_stream();
-        let guards: Vec<_> = tensors
-            .iter()
-            .map(|arg| match arg {
-                Arg::Whole(t, what) | Arg::Rows(t, what) => Some((t.storage_and_layout(), *what)),
-                Arg::Null => None,
-            })
-            .collect();
-        let mut ptrs: Vec<(CUdeviceptr, Option<SyncOnDrop>)> = Vec::with_capacity(guards.len());
-        for (arg, guard) in tensors.iter().zip(&guards) {
-            match (arg, guard) {
-                (Arg::Whole(t, _), Some(((storage, layout), what))) => {
-                    // Besides values of the kernels' dtype: f32 statistics and u32 labels.
-                    if t.dtype() != self.dtype && !matches!(t.dtype(), DType::F32 | DType::U32) {
-                        bail!(
-                            "{what} is {:?}, the kernels run {:?}",
-                            t.dtype(),
-                            self.dtype
-                        );
-                    }
-                    let (ptr, record) = tensor_ptr((storage, layout), what, &stream)?;
-                    ptrs.push((ptr, Some(record)));
-                }
-                (Arg::Rows(_, _), Some(((storage, layout), what))) => {
-                    let (ptr, record, stride) = rows_ptr((storage, layout), what, &stream)?;
-                    if row_stride.is_some_and(|want| want != stride) {
-                        bail!(
-                            "{what} has rows {stride} apart, the kernel was given {row_stride:?}"
-                        );
-                    }
-                    ptrs.push((ptr, Some(record)));
-                }
-                _ => ptrs.push((0, None)),
+        for (t, what) in tensors.iter().filter_map(Arg::tensor) {
+            if t.dtype() != self.dtype && !matches!(t.dtype(), DType::F32 | DType::U32) {
+                bail!(
+                    "{what} is {:?}, the kernels run {:?}",
+                    t.dtype(),
+                    self.dtype
+                );
             }
-        }
-        let mut launch = stream.launch_builder(function);
-        for (ptr, _) in &ptrs {
-            launch.arg(ptr);
-        }
-        for int in ints {
-            launch.arg(int);
-        }
-        for float in floats {
-            launch.arg(float);
         }
         let config = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, 1),
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: every caller passes the pointers, ints and floats of its kernel's signature in
+        // SAFETY: every caller passes the pointers and scalars of its kernel's signature in
         // order, for tensors of the shapes that kernel reads and writes (checked by the caller).
-        unsafe { launch.launch(config) }.w()?;
-        drop(ptrs);
-        drop(guards);
-        Ok(())
+        unsafe { launch(function, config, tensors, scalars) }
     }
 
     /// Rows and width of a 2-d tensor of the kernels' dtype.
@@ -260,9 +201,7 @@ impl TrainLayer {
                 Arg::Whole(&y, "the normed output"),
                 Arg::Whole(&rstd, "rstd"),
             ],
-            &[rows as i32, n as i32],
-            &[eps as f32],
-            None,
+            &[Scalar::int(rows), Scalar::int(n), Scalar::F32(eps as f32)],
         )?;
         Ok((sum, y, rstd))
     }
@@ -346,9 +285,7 @@ impl LayerOps for TrainLayer {
                 residual,
                 Arg::Whole(&dx, "the input gradient"),
             ],
-            &[rows as i32, n as i32],
-            &[],
-            None,
+            &[Scalar::int(rows), Scalar::int(n)],
         )?;
         let chunks = rows.div_ceil(NORM_GRAD_CHUNK_ROWS);
         let partial = Tensor::zeros((chunks, n), DType::F32, x.device())?;
@@ -361,9 +298,11 @@ impl LayerOps for TrainLayer {
                 Arg::Whole(dy, "the output gradient"),
                 Arg::Whole(&partial, "the partial weight gradients"),
             ],
-            &[rows as i32, n as i32, NORM_GRAD_CHUNK_ROWS as i32],
-            &[],
-            None,
+            &[
+                Scalar::int(rows),
+                Scalar::int(n),
+                Scalar::int(NORM_GRAD_CHUNK_ROWS),
+            ],
         )?;
         Ok((dx, partial.sum(0)?))
     }
@@ -399,16 +338,20 @@ impl LayerOps for TrainLayer {
             &self.kernels().heads_forward,
             Self::row_grid(rows),
             &[
-                Arg::Rows(src, "the projection's rows"),
+                Arg::Rows(src, "the projection's rows", ld),
                 w,
                 cos,
                 sin,
                 Arg::Whole(&out, "the heads"),
                 rstd_arg,
             ],
-            &[ld as i32, tokens as i32, heads as i32, head_dim as i32],
-            &[eps as f32],
-            Some(ld),
+            &[
+                Scalar::int(ld),
+                Scalar::int(tokens),
+                Scalar::int(heads),
+                Scalar::int(head_dim),
+                Scalar::F32(eps as f32),
+            ],
         )?;
         Ok((out, rstd))
     }
@@ -457,7 +400,7 @@ impl LayerOps for TrainLayer {
             ((STRIDED_CTAS, 1), 32 * ROW_WARPS),
             &[
                 Arg::Whole(&d_heads.contiguous()?, "the heads' gradient"),
-                Arg::Rows(src, "the projection's rows"),
+                Arg::Rows(src, "the projection's rows", ld),
                 w,
                 rstd,
                 cos,
@@ -466,14 +409,12 @@ impl LayerOps for TrainLayer {
                 partial_arg,
             ],
             &[
-                ld as i32,
-                width as i32,
-                tokens as i32,
-                heads as i32,
-                head_dim as i32,
+                Scalar::int(ld),
+                Scalar::int(width),
+                Scalar::int(tokens),
+                Scalar::int(heads),
+                Scalar::int(head_dim),
             ],
-            &[],
-            Some(ld),
         )?;
         Ok((d_src, partial.map(|p| p.sum(0)).transpose()?))
     }
@@ -489,9 +430,7 @@ impl LayerOps for TrainLayer {
                 Arg::Whole(gate_up, "the gate and up rows"),
                 Arg::Whole(&act, "the gated rows"),
             ],
-            &[rows as i32, inter as i32],
-            &[],
-            None,
+            &[Scalar::int(rows), Scalar::int(inter)],
         )?;
         Ok(act)
     }
@@ -511,9 +450,7 @@ impl LayerOps for TrainLayer {
                 Arg::Whole(d_act, "the gated rows' gradient"),
                 Arg::Whole(&d_gate_up, "the gate and up gradient"),
             ],
-            &[rows as i32, inter as i32],
-            &[],
-            None,
+            &[Scalar::int(rows), Scalar::int(inter)],
         )?;
         Ok(d_gate_up)
     }
@@ -534,9 +471,7 @@ impl LayerOps for TrainLayer {
                 Arg::Whole(&lse, "the log-sum-exp"),
                 Arg::Whole(&log_prob, "the log-probabilities"),
             ],
-            &[vocab as i32],
-            &[],
-            None,
+            &[Scalar::int(vocab)],
         )?;
         Ok((lse, log_prob))
     }
@@ -561,9 +496,7 @@ impl LayerOps for TrainLayer {
                 Arg::Whole(lse, "the log-sum-exp"),
                 Arg::Whole(&d_log_prob.contiguous()?, "the log-probabilities' gradient"),
             ],
-            &[rows as i32, vocab as i32],
-            &[],
-            None,
+            &[Scalar::int(rows), Scalar::int(vocab)],
         )?;
         Ok(logits)
     }

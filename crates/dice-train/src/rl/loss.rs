@@ -88,10 +88,9 @@ impl PolicyLoss {
     }
 }
 
-/// Builds each sample's model input, making a record's key spans, and its attention mask where
-/// the model needs it, once for all its samples (they come in record order). The mask is N² and
-/// the model on CUDA trains from the spans alone: it is built only where the model cannot (the
-/// CPU, f32, or a record whose rows see more than two ranges of keys).
+/// Builds each sample's model input, making a record's visibility once for all its samples
+/// (they come in record order): its key spans where the model trains on them (CUDA, bf16/f16),
+/// else (the CPU, f32, or a record whose rows see more than two ranges of keys) its N² mask.
 struct Sequences<'a> {
     replay: &'a Replay,
     device: &'a Device,
@@ -115,11 +114,15 @@ impl<'a> Sequences<'a> {
                 (mask.clone(), spans.clone())
             }
             _ => {
-                let spans = self.replay.key_spans(sample.record);
-                let mask = if spans.is_some() && self.spans_suffice {
-                    None
-                } else {
-                    Some(self.replay.attention_mask(sample.record, self.device)?)
+                // Each is N² calls of the replay's visibility: the spans only where the model
+                // reads them, the mask only where it must.
+                let spans = self
+                    .spans_suffice
+                    .then(|| self.replay.key_spans(sample.record))
+                    .flatten();
+                let mask = match spans {
+                    Some(_) => None,
+                    None => Some(self.replay.attention_mask(sample.record, self.device)?),
                 };
                 self.visibility = Some((sample.record, mask.clone(), spans.clone()));
                 (mask, spans)

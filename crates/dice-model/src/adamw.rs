@@ -1,0 +1,19 @@
+//! The f32 scalars of one AdamW step: what dice-train's host update and the AdamW kernel of CUDA
+//! builds (`kernels/optim.rs`, [`crate::adamw_step`]) both take, running the same operations
+//! with them.
+
+/// The f32 scalars of one AdamW step (torch's single-tensor AdamW: the f64 scalars rounded to
+/// f32 as its kernels receive them).
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWScalars {
+    /// `1 − lr·wd`, when there is weight decay.
+    pub decay: Option<f32>,
+    pub one_minus_beta1: f32,
+    pub beta2: f32,
+    pub one_minus_beta2: f32,
+    /// `√(1 − β2ᵗ)`.
+    pub bias_correction2_sqrt: f32,
+    pub eps: f32,
+    /// `−lr / (1 − β1ᵗ)`.
+    pub neg_step_size: f32,
+}
