@@ -11,15 +11,17 @@ times every compile alone:
   looks for X.gch in each include folder before X; an unusable one (other flags, other macros) is
   skipped with a warning and the real header is read, so a mismatch is a normal compile, never a
   wrong one. The two objects' disassembly and symbols are compared;
-- device (nvcc), with --cuda: the .cu as torch compiles it, and each step of `nvcc --dryrun`
-  replayed alone (preprocessors, cicc, ptxas, fatbinary, cudafe++, host gcc);
+- device (nvcc), with --cuda: the .cu as torch compiles it, and the same light (its
+  torch/extension.h includes made torch/types.h: the evaluator's first try, buildcache.py's
+  light_source); with --nvcc-steps also each step of `nvcc --dryrun` replayed alone
+  (preprocessors, cicc, ptxas, fatbinary, cudafe++, host gcc);
 - link.
 
 It also counts, over all programs (no compiling), how often the generated wrapper and the .cu
 repeat: by text, and by text plus compile command with the build folder left out (what an object
 cache keyed on content would reuse).
 
-usage: python3 bench/eval/build_speed.py PROGRAMS [--count N] [--cuda] > build-speed.md
+usage: python3 bench/eval/build_speed.py PROGRAMS [--count N] [--cuda [--nvcc-steps]] > build-speed.md
 PROGRAMS: tests/data/dice/kernel_infilling_evaluation.json (cuda_code) or a .jsonl of candidates
 (code). On a GPU host: TORCH_CUDA_ARCH_LIST=9.0 python3 bench/eval/build_speed.py
 tests/data/dice/kernel_infilling_evaluation.json --count 8 --cuda
@@ -42,6 +44,9 @@ os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
 
 import torch  # noqa: E402
 from torch.utils import cpp_extension  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../crates/dice-eval/python"))
+from buildcache import light_source  # noqa: E402
 
 def programs_of(path):
     if path.endswith(".jsonl"):
@@ -192,7 +197,7 @@ def repeats(builds):
     print(f"\nDistinct host flag sets (one torch/extension.h pch each): {len(flag_sets)}\n")
 
 
-def phases(builds, count, cuda):
+def phases(builds, count, cuda, steps):
     print("## Phases, each compile alone (seconds)\n")
     print("| build | phase | seconds | note |\n| --- | --- | ---: | --- |")
     totals = collections.defaultdict(list)
@@ -233,6 +238,19 @@ def phases(builds, count, cuda):
                 same = "same code" if code_of(obj, folder) == normal else "CODE DIFFERS"
                 print(f"| {index} | host with pch | {seconds:.2f} | {used}; {same} |")
             if kind == "device":
+                source = source_of(command)
+                text = open(source).read()
+                with open(source, "w") as f:
+                    f.write(light_source(text))
+                try:
+                    seconds, _ = timed(command, folder)
+                    totals["device light"].append(seconds)
+                    print(f"| {index} | device light | {seconds:.2f} | |")
+                except RuntimeError as e:  # the evaluator then builds the text as written
+                    print(f"| {index} | device light | failed | {str(e).splitlines()[-1][:100]} |")
+                with open(source, "w") as f:
+                    f.write(text)
+            if kind == "device" and steps:
                 for tool, seconds in nvcc_steps(command, folder):
                     totals[f"nvcc step {tool}"].append(seconds)
                     print(f"| {index} | nvcc step {tool} | {seconds:.2f} | |")
@@ -244,13 +262,18 @@ def phases(builds, count, cuda):
     if "host" in mean:
         print(f"\nCompiler seconds per build (what bounds a host's throughput): old "
               f"{mean['host'] + rest:.1f}, with the pch {mean['host with pch'] + rest:.1f} (+ the pch once)")
+    if "device light" in mean:
+        light = mean["device light"] + mean.get("link", 0.0) + mean.get("host", 0.0)
+        print(f"Light device compile: {mean['device']:.1f} s as written, {mean['device light']:.1f} s light "
+              f"({mean['device'] / mean['device light']:.2f}x); compiler seconds per build with it: {light:.1f}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("programs")
     parser.add_argument("--count", type=int, default=2, help="builds to time (all are counted for repeats)")
-    parser.add_argument("--cuda", action="store_true", help="also time the .cu compiles (nvcc)")
+    parser.add_argument("--cuda", action="store_true", help="also time the .cu compiles (nvcc), as written and light")
+    parser.add_argument("--nvcc-steps", action="store_true", help="with --cuda, also each step of nvcc alone")
     options = parser.parse_args()
     if not options.cuda:
         # CUDA sources are still written (for the repeat counts), without being compiled.
@@ -276,7 +299,7 @@ def report(options, root):
     print(f"# Build speed: {options.programs}\n\ntorch {torch.__version__}; {len(builds)} builds written, "
           f"{uncaptured} programs without a build at import; timings alone, one after another\n")
     repeats(builds)
-    phases(builds, options.count, options.cuda)
+    phases(builds, options.count, options.cuda, options.nvcc_steps)
 
 
 if __name__ == "__main__":

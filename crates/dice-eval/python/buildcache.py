@@ -17,6 +17,7 @@ import inspect
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,17 @@ LOG_CHARS = 16384
 # A failure mentioning one of these is the machine's fault, so it is not cached.
 TRANSIENT_FAILURES = ("Killed", "No space left", "Cannot allocate memory", "Resource temporarily")
 TOOLCHAIN = {}
+# A light build first: candidates' sources include torch/extension.h (the whole C++ frontend and
+# pybind11) where their kernels and launchers need torch/types.h (tensors, ATen, the factories),
+# and nvcc's three front ends (cudafe++, cicc, the host compiler) each parse all of it: pair 0's
+# .cu took 67.6 s as written and 25.2 s with the include made torch/types.h
+# (bench/notes/build-speed.md). Rewritten: load_inline's CUDA sources (torch compiles them apart
+# from the generated bindings), and the C++/CUDA sources of a `load` the builder wrote itself;
+# never a source that binds (pybind11 needs the whole header). Where the light text fails to
+# build, the sources as written are built in the same folder (ninja recompiles only what
+# changed), so no verdict depends on it.
+EXTENSION_INCLUDE = re.compile(r'^([ \t]*#[ \t]*include[ \t]*)[<"]torch/extension\.h[>"]', re.M)
+LIGHT_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx")
 
 
 class BuildFailed(Exception):
@@ -220,7 +232,7 @@ def _build_privately(kind, key, entry, arguments):
     os.makedirs(tmp)
     started = time.monotonic()
     try:
-        module = ORIGINAL[kind](**dict(arguments, build_directory=tmp, verbose=False))
+        module = build_light_first(ORIGINAL[kind], kind, arguments, tmp)
     except Exception as e:
         log = str(e)
         if not _is_build_failure(e):
@@ -234,6 +246,48 @@ def _build_privately(kind, key, entry, arguments):
     os.rename(tmp, entry)
     _report(key, name, True, time.monotonic() - started, False, "")
     return module
+
+
+def light_source(text):
+    """A source with its torch/extension.h includes made torch/types.h, unless it binds."""
+    return text if "PYBIND11" in text else EXTENSION_INCLUDE.sub(r"\1<torch/types.h>", text)
+
+
+def build_light_first(build, kind, arguments, folder, written=None):
+    """build(**arguments) into `folder` (load_inline or load), light first where that changes a
+    source; `written`: for a `load`, {path: text} of the sources this process wrote there (a
+    candidate's own files are never rewritten)."""
+    run = lambda args: build(**dict(args, build_directory=folder, verbose=False))  # noqa: E731
+    light, rewrites = dict(arguments), {}
+    if kind == "load_inline" and arguments.get("cuda_sources"):
+        sources = arguments["cuda_sources"]
+        sources = [sources] if isinstance(sources, str) else list(sources)
+        light["cuda_sources"] = [light_source(s) for s in sources]
+        changed = light["cuda_sources"] != sources
+    else:
+        rewrites = {p: light_source(t) for p, t in (written or {}).items() if p.endswith(LIGHT_SUFFIXES)}
+        rewrites = {p: t for p, t in rewrites.items() if t != written[p]}
+        changed = bool(rewrites)
+    if not changed:
+        return run(arguments)
+    _write_texts(rewrites)
+    try:
+        return run(light)
+    except Exception as e:
+        if not _is_build_failure(e) or any(t in str(e) for t in TRANSIENT_FAILURES):
+            raise
+    from torch.utils import cpp_extension
+
+    # torch names a second build of one name in a process name_v1: forget the first.
+    cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(arguments["name"], None)
+    _write_texts({p: written[p] for p in rewrites})
+    return run(arguments)
+
+
+def _write_texts(texts):
+    for path, text in texts.items():
+        with open(path, "w") as f:
+            f.write(text)
 
 
 def _is_build_failure(e):
@@ -265,19 +319,20 @@ def build_extension(channel, req):
     extension = req["extension"]
     arguments = dict(extension["arguments"])
     folder = req["dir"]
+    written = {}
     if extension["kind"] == "load":
         sources = os.path.join(folder, "sources")
         os.makedirs(sources)
-        for name, text in extension["sources"].items():
-            with open(os.path.join(sources, os.path.basename(name)), "w") as f:
-                f.write(text)
+        written = {os.path.join(sources, os.path.basename(n)): t for n, t in extension["sources"].items()}
+        _write_texts(written)
         arguments["sources"] = [os.path.join(sources, os.path.basename(s)) for s in arguments["sources"]]
     import_library = cpp_extension._import_module_from_library
     # torch loads what it built; here that waits until the evaluator has heard "compiled".
     cpp_extension._import_module_from_library = lambda name, path, is_python_module: None
     started = time.monotonic()
     try:
-        getattr(cpp_extension, extension["kind"])(**dict(arguments, build_directory=folder, verbose=False))
+        kind = extension["kind"]
+        build_light_first(getattr(cpp_extension, kind), kind, arguments, folder, written)
     except Exception as e:
         if not _is_build_failure(e):
             raise

@@ -371,3 +371,94 @@ fn a_static_initializer_that_hangs_is_a_stored_compile_timeout() {
         "the builder planted a file in the cache"
     );
 }
+
+/// Builds one `load` extension of an `ops.cpp` whose body is `ops` (after its own
+/// `#include <torch/extension.h>`) and a binding file through buildcache.py's light build, as the
+/// builder job does; prints the module's `twice(arange(3))`, whether `ops.cpp` was left light or
+/// as written, and whether the library has the extension's own name.
+const LIGHT_BUILD: &str = r##"
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import buildcache
+import torch
+from torch.utils import cpp_extension
+
+folder, ops = sys.argv[2], sys.argv[3]
+os.makedirs(os.path.join(folder, "sources"))
+written = {
+    os.path.join(folder, "sources", "ops.cpp"): "#include <torch/extension.h>\n" + ops,
+    os.path.join(folder, "sources", "bind.cpp"): "#include <torch/extension.h>\n"
+        "torch::Tensor twice(torch::Tensor x);\n"
+        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"twice\", &twice); }\n",
+}
+for path, text in written.items():
+    open(path, "w").write(text)
+arguments = {"name": "light_" + os.path.basename(folder), "sources": list(written), "extra_cflags": ["-O0"]}
+module = buildcache.build_light_first(cpp_extension.load, "load", arguments, folder, written)
+ops_text = open(list(written)[0]).read()
+library = os.path.join(folder, arguments["name"] + ".so")  # where the evaluator looks for it
+print(json.dumps({"twice": module.twice(torch.arange(3.0)).tolist(), "light": "torch/types.h" in ops_text,
+                  "as_written": ops_text == list(written.values())[0], "library": os.path.isfile(library)}))
+"##;
+
+/// The light build: a source that includes torch/extension.h but needs only torch/types.h is
+/// compiled light; one that needs the whole C++ frontend fails light and is built as written in
+/// the same folder, its text restored; both modules work. The binding file is never rewritten.
+#[test]
+fn sources_build_light_first_and_as_written_where_light_fails() {
+    let _machine = machine_shared();
+    let python = dice_eval::python::locate(None).unwrap();
+    let modules = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let dir = tempfile::tempdir().unwrap();
+    // torch finds ninja beside the interpreter, as the evaluator's workers do.
+    let bin = python.parent().unwrap_or(Path::new("")).canonicalize();
+    let path = match bin {
+        Ok(bin) => format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+        Err(_) => std::env::var("PATH").unwrap_or_default(),
+    };
+    let build = |case: &str, ops: &str| -> serde_json::Value {
+        let out = std::process::Command::new(&python)
+            .env("PATH", &path)
+            .args(["-c", LIGHT_BUILD])
+            .arg(&modules)
+            .arg(dir.path().join(case))
+            .arg(ops)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{case}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    };
+    let light = build(
+        "light",
+        "torch::Tensor twice(torch::Tensor x) { return x * 2; }\n",
+    );
+    assert_eq!(light["twice"], serde_json::json!([0.0, 2.0, 4.0]));
+    assert_eq!(light["library"], true);
+    assert_eq!(
+        (light["light"].as_bool(), light["as_written"].as_bool()),
+        (Some(true), Some(false))
+    );
+    // torch::nn::functional is in torch/all.h, not torch/types.h.
+    let heavy = build(
+        "heavy",
+        "torch::Tensor twice(torch::Tensor x) { return torch::nn::functional::relu(x) * 2; }\n",
+    );
+    assert_eq!(heavy["twice"], serde_json::json!([0.0, 2.0, 4.0]));
+    assert_eq!(
+        heavy["library"], true,
+        "a second build in one process must keep the name"
+    );
+    assert_eq!(
+        (heavy["light"].as_bool(), heavy["as_written"].as_bool()),
+        (Some(false), Some(true))
+    );
+}
