@@ -88,7 +88,8 @@ for row in csv.DictReader(lines[head:]):
     if row.get("Metric Name") != "gpu__time_duration.sum":
         continue
     name = row["Kernel Name"].split("(")[0].split("<")[0]
-    scale = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0}[row["Metric Unit"]]
+    scale = {"nsecond": 1e-9, "ns": 1e-9, "usecond": 1e-6, "us": 1e-6, "msecond": 1e-3, "ms": 1e-3,
+             "second": 1.0, "s": 1.0}[row["Metric Unit"]]
     total[name] += float(row["Metric Value"].replace(",", "")) * scale
     launches[name] += 1
 all_s = sum(total.values())
