@@ -372,10 +372,11 @@ fn a_static_initializer_that_hangs_is_a_stored_compile_timeout() {
     );
 }
 
-/// Builds one `load` extension of an `ops.cpp` whose body is `ops` (after its own
-/// `#include <torch/extension.h>`) and a binding file through buildcache.py's light build, as the
-/// builder job does; prints the module's `twice(arange(3))`, whether `ops.cpp` was left light or
-/// as written, and whether the library has the extension's own name.
+/// Builds one `load` extension of an `ops.cpp`: `#include <torch/extension.h>`, then `body`
+/// (which defines `twice`), then its registration as an operator (`is_python_module=False`: no
+/// bindings to compile) through buildcache.py's light build, as the builder job does; prints
+/// `twice(arange(3))`, whether `ops.cpp` was left light or as written, and whether the library
+/// has the extension's own name.
 const LIGHT_BUILD: &str = r##"
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
@@ -383,27 +384,25 @@ import buildcache
 import torch
 from torch.utils import cpp_extension
 
-folder, ops = sys.argv[2], sys.argv[3]
+folder, body = sys.argv[2], sys.argv[3]
+name = "light_" + os.path.basename(folder)
 os.makedirs(os.path.join(folder, "sources"))
-written = {
-    os.path.join(folder, "sources", "ops.cpp"): "#include <torch/extension.h>\n" + ops,
-    os.path.join(folder, "sources", "bind.cpp"): "#include <torch/extension.h>\n"
-        "torch::Tensor twice(torch::Tensor x);\n"
-        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"twice\", &twice); }\n",
-}
-for path, text in written.items():
-    open(path, "w").write(text)
-arguments = {"name": "light_" + os.path.basename(folder), "sources": list(written), "extra_cflags": ["-O0"]}
-module = buildcache.build_light_first(cpp_extension.load, "load", arguments, folder, written)
-ops_text = open(list(written)[0]).read()
-library = os.path.join(folder, arguments["name"] + ".so")  # where the evaluator looks for it
-print(json.dumps({"twice": module.twice(torch.arange(3.0)).tolist(), "light": "torch/types.h" in ops_text,
-                  "as_written": ops_text == list(written.values())[0], "library": os.path.isfile(library)}))
+source = os.path.join(folder, "sources", "ops.cpp")
+text = ("#include <torch/extension.h>\n" + body +
+        f"TORCH_LIBRARY({name}, m) {{ m.def(\"twice(Tensor x) -> Tensor\", twice); }}\n")
+open(source, "w").write(text)
+arguments = {"name": name, "sources": [source], "extra_cflags": ["-O0"], "is_python_module": False}
+buildcache.build_light_first(cpp_extension.load, "load", arguments, folder, {source: text})
+twice = getattr(torch.ops, name).twice
+built = open(source).read()
+library = os.path.join(folder, name + ".so")  # where the evaluator looks for it
+print(json.dumps({"twice": twice(torch.arange(3.0)).tolist(), "light": "torch/types.h" in built,
+                  "as_written": built == text, "library": os.path.isfile(library)}))
 "##;
 
 /// The light build: a source that includes torch/extension.h but needs only torch/types.h is
 /// compiled light; one that needs the whole C++ frontend fails light and is built as written in
-/// the same folder, its text restored; both modules work. The binding file is never rewritten.
+/// the same folder, its text restored; both libraries work.
 #[test]
 fn sources_build_light_first_and_as_written_where_light_fails() {
     let _machine = machine_shared();
@@ -420,13 +419,13 @@ fn sources_build_light_first_and_as_written_where_light_fails() {
         ),
         Err(_) => std::env::var("PATH").unwrap_or_default(),
     };
-    let build = |case: &str, ops: &str| -> serde_json::Value {
+    let build = |case: &str, body: &str| -> serde_json::Value {
         let out = std::process::Command::new(&python)
             .env("PATH", &path)
             .args(["-c", LIGHT_BUILD])
             .arg(&modules)
             .arg(dir.path().join(case))
-            .arg(ops)
+            .arg(body)
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
