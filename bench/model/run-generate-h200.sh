@@ -74,19 +74,7 @@ if wanted kernel-times && (( $(left) > 30 )); then
     "$bin" bench generate --config "$configs/sdar-4b.json" --device cuda --dtype bf16 \
     --batch 128 --new-tokens 16 >"$OUT/kernel-times.csv" 2>"$OUT/kernel-times.err"
   echo "kernel-times rc=$?" | tee -a "$OUT/steps.txt"
-  python3 - "$OUT/kernel-times.csv" <<'PY' | tee "$OUT/kernel-times.txt"
-import collections, csv, sys
-lines = open(sys.argv[1]).read().splitlines()
-rows = csv.DictReader(lines[next(i for i, l in enumerate(lines) if l.startswith('"ID"')):])
-runs, total = collections.Counter(), collections.Counter()
-for r in rows:
-    key = (r["Kernel Name"], r["Grid Size"], r["Block Size"])
-    runs[key] += 1
-    total[key] += float(r["Metric Value"].replace(",", "")) / 1000
-print("| kernel | grid | block | launches | mean us |\n| --- | --- | --- | ---: | ---: |")
-for key in sorted(runs, key=lambda k: -total[k]):
-    print(f"| {key[0]} | {key[1]} | {key[2]} | {runs[key]} | {total[key] / runs[key]:.2f} |")
-PY
+  python3 bench/ncu_kernels.py "$OUT/kernel-times.csv" --by-launch | tee "$OUT/kernel-times.txt"
 fi
 # What the graph and the fused kernels each bring: the same runs with graphs off (the fused
 # forward op by op), then with candle's ops only (DICE_FUSED_ATTENTION=0 turns the fused decoding

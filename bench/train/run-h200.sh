@@ -77,26 +77,5 @@ if wanted kernels-1.7b && (( $(left) > 30 )); then
     --metrics gpu__time_duration.sum --csv "$bin" bench train --config "$configs/sdar-1.7b.json" \
     --device cuda --dtype bf16 --tokens 6144 --steps 1 >"$OUT/kernels-1.7b.csv" 2>"$OUT/kernels-1.7b.err"
   echo "kernels-1.7b rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
-  python3 - "$OUT/kernels-1.7b.csv" <<'PY' | tee "$OUT/kernels-1.7b.txt"
-import collections, csv, sys
-lines = open(sys.argv[1], errors="replace").read().splitlines()
-head = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
-if head is None:
-    sys.exit("no kernel rows")
-total, launches = collections.Counter(), collections.Counter()
-for row in csv.DictReader(lines[head:]):
-    if row.get("Metric Name") != "gpu__time_duration.sum":
-        continue
-    name = row["Kernel Name"].split("(")[0].split("<")[0]
-    scale = {"nsecond": 1e-9, "ns": 1e-9, "usecond": 1e-6, "us": 1e-6, "msecond": 1e-3, "ms": 1e-3,
-             "second": 1.0, "s": 1.0}[row["Metric Unit"]]
-    total[name] += float(row["Metric Value"].replace(",", "")) * scale
-    launches[name] += 1
-all_s = sum(total.values())
-print(f"{sum(launches.values())} launches, {all_s * 1e3:.1f} ms of kernel time")
-print("| kernel | launches | ms | share |")
-print("| --- | ---: | ---: | ---: |")
-for name, s in total.most_common(40):
-    print(f"| {name} | {launches[name]} | {s * 1e3:.2f} | {100 * s / all_s:.1f}% |")
-PY
+  python3 bench/ncu_kernels.py "$OUT/kernels-1.7b.csv" | tee "$OUT/kernels-1.7b.txt"
 fi

@@ -317,10 +317,11 @@ def build_extension(channel, req):
     from torch.utils import cpp_extension
 
     extension = req["extension"]
+    kind = extension["kind"]
     arguments = dict(extension["arguments"])
     folder = req["dir"]
     written = {}
-    if extension["kind"] == "load":
+    if kind == "load":
         sources = os.path.join(folder, "sources")
         os.makedirs(sources)
         written = {os.path.join(sources, os.path.basename(n)): t for n, t in extension["sources"].items()}
@@ -331,7 +332,6 @@ def build_extension(channel, req):
     cpp_extension._import_module_from_library = lambda name, path, is_python_module: None
     started = time.monotonic()
     try:
-        kind = extension["kind"]
         build_light_first(getattr(cpp_extension, kind), kind, arguments, folder, written)
     except Exception as e:
         if not _is_build_failure(e):

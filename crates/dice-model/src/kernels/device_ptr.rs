@@ -84,6 +84,7 @@ pub(super) fn rows_ptr<'a>(
 }
 
 /// A pointer argument of [`launch`].
+#[derive(Clone, Copy)]
 pub(super) enum Arg<'a> {
     /// A contiguous tensor (`what` names it in errors).
     Whole(&'a Tensor, &'static str),

@@ -11,14 +11,14 @@
 //! and on the GPU against the composite path (`dice bench golden`, tests/it/cuda.rs).
 
 use super::block_attention::fused_attention_enabled;
-use super::device_ptr::tensor_ptr;
+use super::device_ptr::{launch, Arg, Scalar};
 use super::nvrtc::{self, PerDevice, Source};
 use crate::config::SdarConfig;
 use crate::masks::KeySpans;
 use candle_core::cuda_backend::cudarc::driver::{
-    sys::CUfunction_attribute, CudaFunction, LaunchConfig, PushKernelArg,
+    sys::CUfunction_attribute, CudaFunction, LaunchConfig,
 };
-use candle_core::cuda_backend::{CudaDevice, WrapErr};
+use candle_core::cuda_backend::CudaDevice;
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::Arc;
 
@@ -227,12 +227,37 @@ impl TrainAttention {
         ])
     }
 
-    fn launch_config(&self, grid: (usize, usize), shared_mem_bytes: usize) -> LaunchConfig {
-        LaunchConfig {
+    /// The scalars that end the kernels' signatures: `tokens, q_heads` (all four), then
+    /// `kv_heads, scale` (all but the delta kernel).
+    fn sizes(&self) -> [Scalar; 4] {
+        [
+            Scalar::int(self.tokens),
+            Scalar::int(self.q_heads),
+            Scalar::int(self.kv_heads),
+            Scalar::F32(1.0 / (self.head_dim as f32).sqrt()),
+        ]
+    }
+
+    /// Launches `function` on `grid` CTAs of [`THREADS`] with `shared_mem_bytes` of dynamic
+    /// shared memory, taking the addresses of `tensors` (contiguous), then `scalars`.
+    ///
+    /// # Safety
+    /// The arguments must be the kernel's signature in order, for tensors of the shapes it reads
+    /// and writes, and `shared_mem_bytes` no more than was allowed at load.
+    unsafe fn launch(
+        &self,
+        function: &CudaFunction,
+        (grid, shared_mem_bytes): ((usize, usize), usize),
+        tensors: &[Arg],
+        scalars: &[Scalar],
+    ) -> Result<()> {
+        let config = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: shared_mem_bytes as u32,
-        }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { launch(function, config, tensors, scalars) }
     }
 
     /// Attention of `q` `[1, Hq, T, Dh]` over `k`, `v` `[1, Hkv, T, Dh]`: the output
@@ -247,47 +272,27 @@ impl TrainAttention {
             device,
         )?;
         let lse = Tensor::zeros((self.q_heads, self.tokens), DType::F32, device)?;
-        let Device::Cuda(dev) = device else {
-            candle_core::bail!("the training attention runs on CUDA devices only");
-        };
-        let stream = dev.cuda_stream();
-        let guards = [
-            (&q, "q"),
-            (&k, "k"),
-            (&v, "v"),
-            (&self.spans, "spans"),
-            (&self.tile_spans, "tile spans"),
-            (&out, "out"),
-            (&lse, "lse"),
-        ]
-        .map(|(t, what)| (t.storage_and_layout(), what));
-        let ptrs = guards
-            .iter()
-            .map(|((storage, layout), what)| tensor_ptr((storage, layout), what, &stream))
-            .collect::<Result<Vec<_>>>()?;
-        let (tokens, q_heads, kv_heads) = (
-            self.tokens as i32,
-            self.q_heads as i32,
-            self.kv_heads as i32,
-        );
-        let scale = 1.0 / (self.head_dim as f32).sqrt();
-        let mut launch = stream.launch_builder(&self.kernels().forward);
-        for (ptr, _) in &ptrs {
-            launch.arg(ptr);
-        }
-        launch.arg(&tokens).arg(&q_heads).arg(&kv_heads).arg(&scale);
-        // SAFETY: the arguments match the kernel's signature; q, k, v, out and lse have the
-        // planned shapes (checked above) and are contiguous, spans cover the T queries; the
-        // dynamic shared memory was allowed at load.
+        // SAFETY: q, k, v, out and lse have the planned shapes (checked above) and are
+        // contiguous, spans cover the T queries; the dynamic shared memory was allowed at load.
         unsafe {
-            launch.launch(self.launch_config(
-                (self.tokens.div_ceil(TILE), self.q_heads),
-                key_pipeline_shared_bytes(self.head_dim),
-            ))
-        }
-        .w()?;
-        drop(ptrs);
-        drop(guards);
+            self.launch(
+                &self.kernels().forward,
+                (
+                    (self.tokens.div_ceil(TILE), self.q_heads),
+                    key_pipeline_shared_bytes(self.head_dim),
+                ),
+                &[
+                    Arg::Whole(&q, "q"),
+                    Arg::Whole(&k, "k"),
+                    Arg::Whole(&v, "v"),
+                    Arg::Whole(&self.spans, "spans"),
+                    Arg::Whole(&self.tile_spans, "tile spans"),
+                    Arg::Whole(&out, "out"),
+                    Arg::Whole(&lse, "lse"),
+                ],
+                &self.sizes(),
+            )
+        }?;
         Ok((out, lse))
     }
 
@@ -318,107 +323,54 @@ impl TrainAttention {
         let device = q.device();
         let delta = Tensor::zeros((self.q_heads, self.tokens), DType::F32, device)?;
         let (dq, dk, dv) = (q.zeros_like()?, k.zeros_like()?, v.zeros_like()?);
-        let Device::Cuda(dev) = device else {
-            candle_core::bail!("the training attention runs on CUDA devices only");
-        };
-        let stream = dev.cuda_stream();
         let lse = lse.contiguous()?;
-        let named = [
-            (&q, "q"),
-            (&k, "k"),
-            (&v, "v"),
-            (&d_out, "the output gradient"),
-            (&self.spans, "spans"),
-            (&self.tile_spans, "tile spans"),
-            (&lse, "lse"),
-            (&delta, "delta"),
-            (&dq, "dq"),
-            (&dk, "dk"),
-            (&dv, "dv"),
-            (&out, "the output"),
-        ];
-        let guards = named.map(|(t, what)| (t.storage_and_layout(), what));
-        let ptrs = guards
-            .iter()
-            .map(|((storage, layout), what)| tensor_ptr((storage, layout), what, &stream))
-            .collect::<Result<Vec<_>>>()?;
-        let p = |i: usize| &ptrs[i].0;
-        let [q_ptr, k_ptr, v_ptr, d_out_ptr, spans, tile_spans, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, out_ptr] =
-            std::array::from_fn(p);
-        let (tokens, q_heads, kv_heads) = (
-            self.tokens as i32,
-            self.q_heads as i32,
-            self.kv_heads as i32,
-        );
-        let scale = 1.0 / (self.head_dim as f32).sqrt();
         let kernels = self.kernels();
         let q_tiles = self.tokens.div_ceil(TILE);
-
-        let mut launch = stream.launch_builder(&kernels.delta);
-        launch
-            .arg(out_ptr)
-            .arg(d_out_ptr)
-            .arg(delta_ptr)
-            .arg(&tokens)
-            .arg(&q_heads);
         let warps = (THREADS / 32) as usize;
         // SAFETY: one warp per (query, head) row of out and d_out, both [T, Hq * Dh]; delta
         // holds Hq * T floats.
         unsafe {
-            launch.launch(self.launch_config(((self.tokens * self.q_heads).div_ceil(warps), 1), 0))
-        }
-        .w()?;
-
-        let mut launch = stream.launch_builder(&kernels.dq);
-        launch
-            .arg(q_ptr)
-            .arg(k_ptr)
-            .arg(v_ptr)
-            .arg(d_out_ptr)
-            .arg(spans)
-            .arg(tile_spans)
-            .arg(lse_ptr)
-            .arg(delta_ptr)
-            .arg(dq_ptr)
-            .arg(&tokens)
-            .arg(&q_heads)
-            .arg(&kv_heads)
-            .arg(&scale);
-        // SAFETY: the arguments match the kernel's signature and the checked shapes; the
+            self.launch(
+                &kernels.delta,
+                (((self.tokens * self.q_heads).div_ceil(warps), 1), 0),
+                &[
+                    Arg::Whole(&out, "the output"),
+                    Arg::Whole(&d_out, "the output gradient"),
+                    Arg::Whole(&delta, "delta"),
+                ],
+                &self.sizes()[..2],
+            )
+        }?;
+        // dQ and dK/dV read the same tensors, then write their gradients.
+        let inputs = [
+            Arg::Whole(&q, "q"),
+            Arg::Whole(&k, "k"),
+            Arg::Whole(&v, "v"),
+            Arg::Whole(&d_out, "the output gradient"),
+            Arg::Whole(&self.spans, "spans"),
+            Arg::Whole(&self.tile_spans, "tile spans"),
+            Arg::Whole(&lse, "lse"),
+            Arg::Whole(&delta, "delta"),
+        ];
+        // SAFETY: the arguments match the kernels' signatures and the checked shapes; the
         // dynamic shared memory was allowed at load.
         unsafe {
-            launch.launch(self.launch_config(
-                (q_tiles, self.q_heads),
-                key_pipeline_shared_bytes(self.head_dim),
-            ))
-        }
-        .w()?;
-
-        let mut launch = stream.launch_builder(&kernels.dkdv);
-        launch
-            .arg(q_ptr)
-            .arg(k_ptr)
-            .arg(v_ptr)
-            .arg(d_out_ptr)
-            .arg(spans)
-            .arg(tile_spans)
-            .arg(lse_ptr)
-            .arg(delta_ptr)
-            .arg(dk_ptr)
-            .arg(dv_ptr)
-            .arg(&tokens)
-            .arg(&q_heads)
-            .arg(&kv_heads)
-            .arg(&scale);
-        // SAFETY: as above; the dynamic shared memory was allowed at load.
-        unsafe {
-            launch.launch(
-                self.launch_config((q_tiles, self.kv_heads), dkdv_shared_bytes(self.head_dim)),
+            self.launch(
+                &kernels.dq,
+                (
+                    (q_tiles, self.q_heads),
+                    key_pipeline_shared_bytes(self.head_dim),
+                ),
+                &[&inputs[..], &[Arg::Whole(&dq, "dq")]].concat(),
+                &self.sizes(),
+            )?;
+            self.launch(
+                &kernels.dkdv,
+                ((q_tiles, self.kv_heads), dkdv_shared_bytes(self.head_dim)),
+                &[&inputs[..], &[Arg::Whole(&dk, "dk"), Arg::Whole(&dv, "dv")]].concat(),
+                &self.sizes(),
             )
-        }
-        .w()?;
-        drop(ptrs);
-        drop(guards);
+        }?;
         Ok([dq, dk, dv])
     }
 }

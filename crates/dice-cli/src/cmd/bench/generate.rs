@@ -94,10 +94,10 @@ of that many slots generates NEW_TOKENS tokens (no stop ids; greedy unless --top
 otherwise) after PROMPT_TOKENS pseudo-random prompt tokens for every sequence at once, after one
 untimed one-block warm-up. PROMPT_TOKENS MIN-MAX spreads the prompts' lengths evenly over the
 batch, as a rollout's task prompts differ: compare a rollout's tokens/s with a bench of its
-prompt lengths (their block boundaries out of step cost forwards that equal prompts do not). On CUDA, greedy tokens are picked, and tokens of the whole
-distribution (--top-k 0, --top-p 1: training rollouts' sampling) drawn, by one kernel over the
-logits; with a top-k above 1 or a top-p below 1 the logits are read back and drawn from on the
-host.
+prompt lengths (their block boundaries out of step cost forwards that equal prompts do not).
+On CUDA, greedy tokens are picked, and tokens of the whole distribution (--top-k 0, --top-p 1:
+training rollouts' sampling) drawn, by one kernel over the logits; with a top-k above 1 or a
+top-p below 1 the logits are read back and drawn from on the host.
 Prints tokens/s (generated tokens / wall time), the forwards the engine ran (prefill included),
 ms per forward and peak memory; for the model shapes, batch sizes and settings of the benchmarks
 of bench/targets.toml, also their anchor (a reference implementation's figure) and whether their
