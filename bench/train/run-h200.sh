@@ -3,7 +3,8 @@
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
 # (STEP: golden, tests, bench-1.7b, bench-1.7b-recompute, bench-1.7b-unfused-layer,
-# bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b, kernels-1.7b; all by default)
+# bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b, kernels-1.7b,
+# attention-detail-1.7b; all by default)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -78,4 +79,17 @@ if wanted kernels-1.7b && (( $(left) > 30 )); then
     --device cuda --dtype bf16 --tokens 6144 --steps 1 >"$OUT/kernels-1.7b.csv" 2>"$OUT/kernels-1.7b.err"
   echo "kernels-1.7b rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
   python3 bench/ncu_kernels.py "$OUT/kernels-1.7b.csv" | tee "$OUT/kernels-1.7b.txt"
+fi
+# Why each training attention kernel runs at its speed: Nsight Compute's detailed sections
+# (throughput against peak, issue slots, warp stall reasons, occupancy, instruction mix) for
+# the first launch of the forward, dQ and dK/dV kernels of one 1.7B step.
+if wanted attention-detail-1.7b; then
+  for kernel in forward dq dkdv; do
+    (( $(left) > 40 )) || break
+    t0=$(date +%s)
+    timeout 120 ncu --set detailed --kernel-name "regex:train_attention_${kernel}_bf16" --launch-count 1 \
+      "$bin" bench train --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 --tokens 6144 \
+      --steps 1 >"$OUT/attention-detail-$kernel.txt" 2>&1
+    echo "attention-detail-$kernel rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
+  done
 fi

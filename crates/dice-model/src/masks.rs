@@ -174,24 +174,37 @@ impl KeySpans {
         self.rows.len()
     }
 
-    /// Per tile of [`TILE`] queries, the hull of its rows' first ranges and of their second
-    /// ranges, empty ranges left out (`[0, 0)` when all are empty).
-    pub(crate) fn tile_hulls(&self) -> Vec<[u32; 4]> {
+    /// Per tile of [`TILE`] queries, `[hull, core]`: the hull of its rows' first ranges and of
+    /// their second ranges, empty ranges left out (`[0, 0)` when all are empty), then the keys
+    /// every row of the tile sees in its first range and in its second (the ranges'
+    /// intersections, `[0, 0)` when empty). The kernels skip key tiles outside the hull and
+    /// drop the per-key visibility test on key tiles inside a core.
+    pub(crate) fn tile_bounds(&self) -> Vec<[u32; 8]> {
         self.rows
             .chunks(Self::TILE)
             .map(|tile| {
-                let mut hull = [0u32; 4];
+                let mut bounds = [0u32; 8];
                 for i in 0..2 {
-                    let ranges = tile
+                    let range = |row: &[u32; 4]| (row[2 * i], row[2 * i + 1]);
+                    let hull = tile
                         .iter()
-                        .map(|row| (row[2 * i], row[2 * i + 1]))
-                        .filter(|(begin, end)| begin < end);
-                    if let Some((begin, end)) = ranges.reduce(|a, b| (a.0.min(b.0), a.1.max(b.1))) {
-                        hull[2 * i] = begin;
-                        hull[2 * i + 1] = end;
+                        .map(range)
+                        .filter(|(begin, end)| begin < end)
+                        .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)));
+                    if let Some((begin, end)) = hull {
+                        bounds[2 * i] = begin;
+                        bounds[2 * i + 1] = end;
+                    }
+                    let core = tile
+                        .iter()
+                        .map(range)
+                        .reduce(|a, b| (a.0.max(b.0), a.1.min(b.1)));
+                    if let Some((begin, end)) = core.filter(|(begin, end)| begin < end) {
+                        bounds[4 + 2 * i] = begin;
+                        bounds[4 + 2 * i + 1] = end;
                     }
                 }
-                hull
+                bounds
             })
             .collect()
     }
@@ -350,20 +363,26 @@ mod tests {
     }
 
     #[test]
-    fn tile_hulls_cover_every_key_their_queries_see() {
+    fn tile_bounds_cover_every_key_their_queries_see_and_cores_only_keys_all_see() {
         let spans = KeySpans::two_stream(&[100, 30], 4);
-        let hulls = spans.tile_hulls();
-        assert_eq!(hulls.len(), 260usize.div_ceil(KeySpans::TILE));
+        let bounds = spans.tile_bounds();
+        assert_eq!(bounds.len(), 260usize.div_ceil(KeySpans::TILE));
         for (query, row) in spans.rows.iter().enumerate() {
-            let hull = hulls[query / KeySpans::TILE];
+            let tile = bounds[query / KeySpans::TILE];
             for i in 0..2 {
                 if row[2 * i] < row[2 * i + 1] {
-                    assert!(hull[2 * i] <= row[2 * i] && row[2 * i + 1] <= hull[2 * i + 1]);
+                    assert!(tile[2 * i] <= row[2 * i] && row[2 * i + 1] <= tile[2 * i + 1]);
+                }
+                for key in tile[4 + 2 * i]..tile[4 + 2 * i + 1] {
+                    assert!(spans.sees(query, key as usize), "query {query} key {key}");
                 }
             }
         }
         // The first tile (noisy queries 0..63 of the first sample) never needs the noisy keys
-        // past its own blocks.
-        assert_eq!(hulls[0], [0, 64, 100, 100 + 60]);
+        // past its own blocks; its rows' noisy blocks differ, and row 0 sees no clean key.
+        assert_eq!(bounds[0], [0, 64, 100, 100 + 60, 0, 0, 0, 0]);
+        // Clean queries 128..191 of the first sample (blocks 7..22) all see its clean blocks
+        // 0..7 (keys 100..132).
+        assert_eq!(bounds[2][4..], [100, 132, 0, 0]);
     }
 }

@@ -15,12 +15,16 @@
 //   lse, delta  [Hq, T] f32     log-sum-exp of each query's scaled scores (+inf for a query
 //                               that sees nothing), rowsum(d_out * out)
 //   spans       [T, 4] u32      query t sees key j iff s0 <= j < s1 or s2 <= j < s3
-//   tile_spans  [T / 64, 4] u32 per tile of 64 queries the hull of its rows' first ranges and
+//   tile_spans  [T / 64, 8] u32 per tile of 64 queries the hull of its rows' first ranges and
 //                               of their second ranges (empty ranges left out): key tiles
-//                               outside both are skipped
+//                               outside both are skipped; then the keys all its rows see in
+//                               their first ranges and in their second (intersections): a key
+//                               tile inside one is computed without the per-key test (most
+//                               tiles of a long sequence)
 // Query head h reads KV head h / (Hq / Hkv). Scores are (q . k) * scale accumulated in f32 by
 // mma.m16n8k16; probabilities and dS are rounded to the input dtype for their products, as
-// FlashAttention does.
+// FlashAttention does; exponentials are taken base 2 with log2(e) folded into the scale (and
+// into lse where it is read): one FMA and ex2 per probability.
 //
 // Kernels (128 threads, 4 warps of 16 rows; the forward held to 3 CTAs per SM, as it ran
 // before its key pipeline took more registers):
@@ -54,6 +58,10 @@
 // Two K and two V tiles of the forward and dQ kernels' key pipeline.
 #define KEY_PIPELINE_SHARED_BYTES (4 * TILE_HALVES * 2)
 
+#define TILE_SPAN_WORDS 8
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
 #define NEG_INF __uint_as_float(0xff800000u)
 #define POS_INF __uint_as_float(0x7f800000u)
 
@@ -71,6 +79,14 @@ __device__ __forceinline__ bool in_range(unsigned int key, unsigned int begin, u
 // Whether a query of spans `span` (4 values) sees `key`.
 __device__ __forceinline__ bool sees(const unsigned int* span, unsigned int key) {
     return in_range(key, span[0], span[1]) || in_range(key, span[2], span[3]);
+}
+
+// Whether every query of a tile sees all keys first..first + TILE - 1 (its tile_spans' cores).
+__device__ __forceinline__ bool tile_sees_all(const unsigned int* __restrict__ tile_span,
+                                              int first) {
+    const unsigned int* core = tile_span + 4;
+    return ((int)core[0] <= first && first + TILE <= (int)core[1]) ||
+           ((int)core[2] <= first && first + TILE <= (int)core[3]);
 }
 
 // Whether keys first..end - 1 meet either range of a query tile's tile_spans.
@@ -221,8 +237,9 @@ __device__ __forceinline__ void pipelined(int end, Next next, Stage stage, Step 
     }
 }
 
-// Runs step(k_rows, v_rows, key) for every key tile key.. that the query tile's `tile_span`
-// meets, with its K and V rows staged in `kv` (4 tiles: two buffers of K and V).
+// Runs step(k_rows, v_rows, key, all_seen) for every key tile key.. that the query tile's
+// `tile_span` meets, with its K and V rows staged in `kv` (4 tiles: two buffers of K and V);
+// all_seen: every query of the tile sees every key of it.
 template <typename T, typename Step>
 __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __restrict__ k_head,
                                                const T* __restrict__ v_head,
@@ -243,18 +260,19 @@ __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __re
             cp_async_commit();
         },
         [&](int t, int buffer) {
-            step(kv + 2 * buffer * TILE_HALVES, kv + (2 * buffer + 1) * TILE_HALVES, t * TILE);
+            step(kv + 2 * buffer * TILE_HALVES, kv + (2 * buffer + 1) * TILE_HALVES, t * TILE,
+                 tile_sees_all(tile_span, t * TILE));
         });
 }
 
 // One warp's forward step over `keys` staged keys base..: S = Q K^T, masked by the rows' spans
-// and scaled; the online softmax's max m and sum l (this lane's columns) and the output o
-// rescaled; O += P V.
+// (unless every row sees every key), scaled by scale_log2 = scale * log2(e); the online
+// softmax's max m and sum l (base 2, this lane's columns) and the output o rescaled; O += P V.
 template <typename T, int keys>
-__device__ __forceinline__ void forward_keys(const unsigned int (&qa)[HEAD_DIM / 16][4],
+__device__ __forceinline__ void forward_keys(bool masked, const unsigned int (&qa)[HEAD_DIM / 16][4],
                                              const unsigned short* k_rows,
                                              const unsigned short* v_rows, int base,
-                                             const unsigned int (&span)[2][4], float scale,
+                                             const unsigned int (&span)[2][4], float scale_log2,
                                              float (&o)[HEAD_DIM / 8][4], float (&m)[2],
                                              float (&l)[2]) {
     const int quad_lane = threadIdx.x % 4;
@@ -264,10 +282,10 @@ __device__ __forceinline__ void forward_keys(const unsigned int (&qa)[HEAD_DIM /
     for (int nt = 0; nt < keys / 8; ++nt)
         for (int e = 0; e < 4; ++e) {
             const int key = base + 8 * nt + 2 * quad_lane + (e & 1);
-            s[nt][e] = sees(span[e / 2], key) ? s[nt][e] * scale : NEG_INF;
+            s[nt][e] = !masked || sees(span[e / 2], key) ? s[nt][e] * scale_log2 : NEG_INF;
         }
     float alpha[2];
-    online_softmax<keys>(s, m, l, alpha);
+    online_softmax<keys, true>(s, m, l, alpha);
     for (int n = 0; n < HEAD_DIM / 8; ++n)
         for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
     accumulate_rows<T, keys>(s, v_rows, o);
@@ -290,21 +308,26 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     const T* v_head = v + (size_t)kv_head * tokens * HEAD_DIM;
     float o[HEAD_DIM / 8][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     zero(o);
+    const float scale_log2 = scale * LOG2E;
     over_key_tiles(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
-                   tile_spans + 4 * q_tile, tokens,
-                   [&](const unsigned short* k_tile, const unsigned short* v_tile, int key) {
-                       for (int half = 0; half < 2; ++half)
-                           forward_keys<T, TILE / 2>(qa, k_tile + TILE / 2 * half * STRIDE,
-                                                     v_tile + TILE / 2 * half * STRIDE,
-                                                     key + TILE / 2 * half, span, scale, o, m, l);
+                   tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
+                   [&](const unsigned short* k_tile, const unsigned short* v_tile, int key,
+                       bool all_seen) {
+                       for (int half = 0; half < 2; ++half) {
+                           const int offset = TILE / 2 * half;
+                           forward_keys<T, TILE / 2>(!all_seen, qa, k_tile + offset * STRIDE,
+                                                     v_tile + offset * STRIDE, key + offset,
+                                                     span, scale_log2, o, m, l);
+                       }
                    });
     float inverse[2];
     for (int r = 0; r < 2; ++r) {
         l[r] = quad_sum(l[r]);
         inverse[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
         const int row = first + group + 8 * r;
+        // m is a base-2 exponent; lse is natural.
         if (quad_lane == 0 && row < tokens)
-            lse[(size_t)head * tokens + row] = l[r] > 0.f ? m[r] + logf(l[r]) : POS_INF;
+            lse[(size_t)head * tokens + row] = l[r] > 0.f ? m[r] * LN2 + logf(l[r]) : POS_INF;
     }
     store_rows(o, inverse, out + (size_t)head * HEAD_DIM, (size_t)q_heads * HEAD_DIM, first,
                tokens);
@@ -326,15 +349,16 @@ __device__ void row_deltas(const T* __restrict__ out, const T* __restrict__ d_ou
 }
 
 // One warp's dQ step over `keys` staged keys base..: S = Q K^T and dP = dO V^T, P from the
-// saved lse, dS = P (dP - delta), dQ += dS K.
+// saved lse (lse_log2 = lse * log2(e), scale_log2 = scale * log2(e)), masked by the rows' spans
+// unless every row sees every key, dS = P (dP - delta), dQ += dS K.
 template <typename T, int keys>
-__device__ __forceinline__ void dq_keys(const unsigned int (&qa)[HEAD_DIM / 16][4],
+__device__ __forceinline__ void dq_keys(bool masked, const unsigned int (&qa)[HEAD_DIM / 16][4],
                                         const unsigned int (&doa)[HEAD_DIM / 16][4],
                                         const unsigned short* k_rows,
                                         const unsigned short* v_rows, int base,
-                                        const unsigned int (&span)[2][4], const float (&lse)[2],
-                                        const float (&delta)[2], float scale,
-                                        float (&dq)[HEAD_DIM / 8][4]) {
+                                        const unsigned int (&span)[2][4],
+                                        const float (&lse_log2)[2], const float (&delta)[2],
+                                        float scale_log2, float (&dq)[HEAD_DIM / 8][4]) {
     const int quad_lane = threadIdx.x % 4;
     float s[keys / 8][4], dp[keys / 8][4];
     zero(s);
@@ -344,7 +368,9 @@ __device__ __forceinline__ void dq_keys(const unsigned int (&qa)[HEAD_DIM / 16][
     for (int nt = 0; nt < keys / 8; ++nt)
         for (int e = 0; e < 4; ++e) {
             const int key = base + 8 * nt + 2 * quad_lane + (e & 1), r = e / 2;
-            const float p = sees(span[r], key) ? expf(s[nt][e] * scale - lse[r]) : 0.f;
+            const float p = !masked || sees(span[r], key)
+                                ? exp2f(fmaf(s[nt][e], scale_log2, -lse_log2[r]))
+                                : 0.f;
             s[nt][e] = p * (dp[nt][e] - delta[r]);
         }
     accumulate_rows<T, keys>(s, k_rows, dq);
@@ -369,36 +395,40 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
     float row_lse[2], row_delta[2];
     for (int r = 0; r < 2; ++r) {
         const int row = first + group + 8 * r;
-        row_lse[r] = row < tokens ? lse[(size_t)head * tokens + row] : POS_INF;
+        row_lse[r] = row < tokens ? lse[(size_t)head * tokens + row] * LOG2E : POS_INF;
         row_delta[r] = row < tokens ? delta[(size_t)head * tokens + row] : 0.f;
     }
     const T* k_head = k + (size_t)kv_head * tokens * HEAD_DIM;
     const T* v_head = v + (size_t)kv_head * tokens * HEAD_DIM;
     float acc[HEAD_DIM / 8][4];
     zero(acc);
+    const float scale_log2 = scale * LOG2E;
     over_key_tiles(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
-                   tile_spans + 4 * q_tile, tokens,
-                   [&](const unsigned short* k_tile, const unsigned short* v_tile, int key) {
-                       for (int half = 0; half < 2; ++half)
-                           dq_keys<T, TILE / 2>(qa, doa, k_tile + TILE / 2 * half * STRIDE,
-                                                v_tile + TILE / 2 * half * STRIDE,
-                                                key + TILE / 2 * half, span, row_lse, row_delta,
-                                                scale, acc);
+                   tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
+                   [&](const unsigned short* k_tile, const unsigned short* v_tile, int key,
+                       bool all_seen) {
+                       for (int half = 0; half < 2; ++half) {
+                           const int offset = TILE / 2 * half;
+                           dq_keys<T, TILE / 2>(!all_seen, qa, doa, k_tile + offset * STRIDE,
+                                                v_tile + offset * STRIDE, key + offset, span,
+                                                row_lse, row_delta, scale_log2, acc);
+                       }
                    });
     const float factor[2] = {scale, scale};
     store_rows(acc, factor, dq + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens);
 }
 
 // One warp's dK/dV step for its 16 keys (staged rows warp_keys.., key index key0 + row) over
-// `queries` staged queries: S^T = K Q^T and dP^T = V dO^T, P^T from the queries' lse, dS^T =
-// P^T (dP^T - delta), dV += P^T dO, dK += dS^T Q.
+// `queries` staged queries: S^T = K Q^T and dP^T = V dO^T, P^T from the queries' lse (staged
+// times log2(e)), masked by their spans unless every query sees every key, dS^T = P^T (dP^T -
+// delta), dV += P^T dO, dK += dS^T Q.
 template <typename T, int queries>
-__device__ __forceinline__ void dkdv_queries(const unsigned short* k_rows,
+__device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* k_rows,
                                              const unsigned short* v_rows,
                                              const unsigned short* q_rows,
                                              const unsigned short* do_rows,
-                                             const unsigned int* q_spans, const float* q_lse,
-                                             const float* q_delta, int key0, float scale,
+                                             const unsigned int* q_spans, const float* q_lse_log2,
+                                             const float* q_delta, int key0, float scale_log2,
                                              float (&dk)[HEAD_DIM / 8][4],
                                              float (&dv)[HEAD_DIM / 8][4]) {
     const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
@@ -419,8 +449,9 @@ __device__ __forceinline__ void dkdv_queries(const unsigned short* k_rows,
         for (int e = 0; e < 4; ++e) {
             const int query = 8 * nt + 2 * quad_lane + (e & 1);
             const unsigned int key = key0 + group + 8 * (e / 2);
-            const float p = sees(q_spans + 4 * query, key) ? expf(st[nt][e] * scale - q_lse[query])
-                                                           : 0.f;
+            const float p = !masked || sees(q_spans + 4 * query, key)
+                                ? exp2f(fmaf(st[nt][e], scale_log2, -q_lse_log2[query]))
+                                : 0.f;
             st[nt][e] = p;
             dpt[nt][e] = p * (dpt[nt][e] - q_delta[query]);
         }
@@ -460,11 +491,13 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
     zero(dv_acc);
     // Items: every query tile of every head of the group, head-major.
     const int q_tiles = (tokens + TILE - 1) / TILE, items = groups * q_tiles;
+    const float scale_log2 = scale * LOG2E;
     pipelined(
         items,
         [&](int from) {
             for (int i = from; i < items; ++i)
-                if (tile_meets(tile_spans + 4 * (i % q_tiles), key_first, key_end)) return i;
+                if (tile_meets(tile_spans + TILE_SPAN_WORDS * (i % q_tiles), key_first, key_end))
+                    return i;
             return items;
         },
         [&](int i, int buffer) {
@@ -479,20 +512,23 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
                 const bool valid = r < count;
                 for (int c = 0; c < 4; ++c)
                     q_spans(buffer)[4 * r + c] = valid ? spans[4 * (size_t)(first + r) + c] : 0u;
-                q_lse(buffer)[r] = valid ? lse[(size_t)head * tokens + first + r] : POS_INF;
+                q_lse(buffer)[r] =
+                    valid ? lse[(size_t)head * tokens + first + r] * LOG2E : POS_INF;
                 q_delta(buffer)[r] = valid ? delta[(size_t)head * tokens + first + r] : 0.f;
             }
         },
-        [&](int, int buffer) {
+        [&](int i, int buffer) {
+            const bool all_seen =
+                tile_sees_all(tile_spans + TILE_SPAN_WORDS * (i % q_tiles), key_first);
             for (int half = 0; half < 2; ++half) {
                 const int offset = TILE / 2 * half;
-                dkdv_queries<T, TILE / 2>(k_tile + warp_first * STRIDE,
+                dkdv_queries<T, TILE / 2>(!all_seen, k_tile + warp_first * STRIDE,
                                           v_tile + warp_first * STRIDE,
                                           q_tile(buffer) + offset * STRIDE,
                                           do_tile(buffer) + offset * STRIDE,
                                           q_spans(buffer) + 4 * offset, q_lse(buffer) + offset,
                                           q_delta(buffer) + offset, key_first + warp_first,
-                                          scale, dk_acc, dv_acc);
+                                          scale_log2, dk_acc, dv_acc);
             }
         });
     const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.f, 1.f};

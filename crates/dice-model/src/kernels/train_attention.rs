@@ -118,7 +118,7 @@ pub(crate) struct TrainAttention {
     /// 0 for bf16, 1 for f16.
     dtype_slot: usize,
     dtype: DType,
-    /// u32 `[T, 4]` and `[T / 64, 4]` on the device.
+    /// u32 `[T, 4]` and `[T / 64, 8]` (`KeySpans::tile_bounds`) on the device.
     spans: Tensor,
     tile_spans: Tensor,
     tokens: usize,
@@ -143,15 +143,15 @@ impl TrainAttention {
         let Some((kernels, dtype_slot)) = Self::kernels_for(device, dtype, cfg)? else {
             return Ok(None);
         };
-        let flat = |rows: &[[u32; 4]]| -> Result<Tensor> {
-            Tensor::from_iter(rows.iter().flatten().copied(), device)?.reshape((rows.len(), 4))
-        };
+        fn flat<const N: usize>(rows: &[[u32; N]], device: &Device) -> Result<Tensor> {
+            Tensor::from_iter(rows.iter().flatten().copied(), device)?.reshape((rows.len(), N))
+        }
         Ok(Some(Self {
             kernels,
             dtype_slot,
             dtype,
-            spans: flat(spans.rows())?,
-            tile_spans: flat(&spans.tile_hulls())?,
+            spans: flat(spans.rows(), device)?,
+            tile_spans: flat(&spans.tile_bounds(), device)?,
             tokens: spans.tokens(),
             q_heads: cfg.num_attention_heads,
             kv_heads: cfg.num_key_value_heads,

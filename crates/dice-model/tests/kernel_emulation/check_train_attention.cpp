@@ -1,7 +1,8 @@
 // Runs train_attention.cu on the CPU (cuda_emulation.h) against a direct f64 attention and its
 // gradients, for bf16 and f16: packed sequences of two-stream SFT segments (masks.rs,
 // two_stream_allowed, with the spans train_attention.rs derives), GQA, a last query tile only
-// partly filled, and queries that see nothing.
+// partly filled, queries that see nothing, and key tiles that every query of a tile sees (run
+// without the per-key test; the check prints how many tile pairs took that path).
 // Build: g++ -std=c++20 -DHEAD_DIM=<d> check_train_attention.cpp; exits non-zero on a mismatch.
 #include "cuda_emulation.h"
 #include "../../src/kernels/train_attention.cu"
@@ -47,20 +48,31 @@ static void two_stream_spans(std::vector<Span>& spans, unsigned n, unsigned bloc
     }
 }
 
-static std::vector<Span> tile_spans_of(const std::vector<Span>& spans) {
-    std::vector<Span> tiles;
+// Per tile of TILE queries, as masks.rs tile_bounds: the hulls of its rows' first and second
+// ranges, then their intersections (the keys every row sees).
+using TileSpan = std::array<unsigned, TILE_SPAN_WORDS>;
+static std::vector<TileSpan> tile_spans_of(const std::vector<Span>& spans) {
+    std::vector<TileSpan> tiles;
     for (size_t first = 0; first < spans.size(); first += TILE) {
-        Span hull = {0, 0, 0, 0};
-        bool seen[2] = {false, false};
-        for (size_t r = first; r < std::min(spans.size(), first + TILE); ++r)
-            for (int i = 0; i < 2; ++i) {
+        TileSpan bounds = {};
+        for (int i = 0; i < 2; ++i) {
+            bool seen = false;
+            unsigned core_begin = 0, core_end = ~0u;
+            for (size_t r = first; r < std::min(spans.size(), first + TILE); ++r) {
                 const unsigned begin = spans[r][2 * i], end = spans[r][2 * i + 1];
+                core_begin = std::max(core_begin, begin);
+                core_end = std::min(core_end, end);
                 if (begin >= end) continue;
-                hull[2 * i] = seen[i] ? std::min(hull[2 * i], begin) : begin;
-                hull[2 * i + 1] = seen[i] ? std::max(hull[2 * i + 1], end) : end;
-                seen[i] = true;
+                bounds[2 * i] = seen ? std::min(bounds[2 * i], begin) : begin;
+                bounds[2 * i + 1] = seen ? std::max(bounds[2 * i + 1], end) : end;
+                seen = true;
             }
-        tiles.push_back(hull);
+            if (core_begin < core_end) {
+                bounds[4 + 2 * i] = core_begin;
+                bounds[4 + 2 * i + 1] = core_end;
+            }
+        }
+        tiles.push_back(bounds);
     }
     return tiles;
 }
@@ -74,6 +86,7 @@ struct Case {
 
 struct Errors {
     double out, lse, dq, dk, dv;
+    int all_seen_tiles;  // (query tile, key tile) pairs computed without the per-key test
 };
 
 // Largest |got - want| / (1 + |want|).
@@ -88,7 +101,7 @@ template <typename T> Errors run(const Case& c) {
     for (unsigned n : c.samples) two_stream_spans(spans, n, c.block);
     for (int i = 0; i < c.blind_rows; ++i) spans.push_back({0, 0, 0, 0});
     const int N = spans.size();
-    const std::vector<Span> tiles = tile_spans_of(spans);
+    const std::vector<TileSpan> tiles = tile_spans_of(spans);
     std::normal_distribution<float> normal(0.f, 1.f);
     auto random = [&](size_t count, float sigma) {
         std::vector<T> xs(count);
@@ -120,7 +133,10 @@ template <typename T> Errors run(const Case& c) {
     });
 
     auto at = [](const std::vector<T>& xs, size_t i) { return (double)to_float(xs[i]); };
-    Errors worst = {0, 0, 0, 0, 0};
+    Errors worst = {0, 0, 0, 0, 0, 0};
+    for (unsigned t = 0; t < q_tiles; ++t)
+        for (unsigned first = 0; first < (unsigned)N; first += TILE)
+            worst.all_seen_tiles += tile_sees_all(tiles[t].data(), first);
     std::vector<double> want_dk(k.size(), 0.0), want_dv(v.size(), 0.0);
     for (int h = 0; h < Hq; ++h) {
         const int kv = h / groups;
@@ -186,6 +202,7 @@ int main() {
         {4, 2, {40, 12}, 4, 0},         // two samples packed, GQA: tiles across a boundary
         {4, 4, {70}, 4, 3},             // key tiles skipped, queries that see nothing
         {2, 1, {33, 20, 9}, 2, 0},      // block size 2, samples not a multiple of it
+        {2, 1, {200}, 4, 0},            // key tiles every query of a tile sees (no per-key test)
     };
     // Outputs: f32 accumulation, probabilities rounded to the dtype for P V, then the output
     // (bf16 2^-8, f16 2^-11). Gradients round P and dS to the dtype as well, and sum them over
@@ -196,7 +213,7 @@ int main() {
         const Errors e[2] = {run<bf16_t>(c), run<f16_t>(c)};
         std::printf("D=%d Hq=%d Hkv=%d block=%u samples", HEAD_DIM, c.q_heads, c.kv_heads, c.block);
         for (unsigned n : c.samples) std::printf(" %u", n);
-        std::printf(" blind %d:", c.blind_rows);
+        std::printf(" blind %d (all-seen tiles %d):", c.blind_rows, e[0].all_seen_tiles);
         const char* names[2] = {"bf16", "f16"};
         for (int t = 0; t < 2; ++t) {
             std::printf(" | %s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e", names[t], e[t].out,
