@@ -14,8 +14,8 @@
 # real test binary), adversarial-cli (the same programs through the dice binary alone). Runs
 # resume, so a step cut by BUDGET_S is finished by running it again.
 # OUT, by default the run's folder bench/runs/<date>-<commit>-<machine> (bench/run-folder.sh),
-# gets steps.txt, each step's `dice report` in md and json, and adversarial-gpu.log; stores and
-# logs stay in /tmp/dice-runs, where a step resumes. PACK=1 puts stores, logs and reports in
+# gets steps.txt, each step's `dice report` in md and json and its store (per-sample stage
+# times), and adversarial-gpu.log; stores and logs stay in /tmp/dice-runs, where a step resumes. PACK=1 puts stores, logs and reports in
 # OUT/eval-runs.tgz after every step instead, for a transport that brings back only a few files
 # (8 from the GPU machine: add none beside them).
 set -uo pipefail
@@ -37,7 +37,7 @@ left() { echo $(( budget - ($(date +%s) - start) )); }
 cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
 publish() { # step name: its reports, or (PACK=1) every store, log and report in one archive
   if [[ ${PACK:-} == 1 ]]; then tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs
-  else cp "$runs/$1.md" "$runs/$1.json" "$OUT/"; fi
+  else cp "$runs/$1.md" "$runs/$1.json" "$OUT/"; cp "$runs/$1/dice.db" "$OUT/$1.db" 2>/dev/null; fi
 }
 step() { # name, cap seconds, dice eval args...
   local name=$1 cap=$2; shift 2

@@ -123,6 +123,9 @@ def child_main(req):
         # Off the cores kept for timing (protocol.Timer moves there while it times); builds
         # and everything a child starts inherit this.
         os.sched_setaffinity(0, cores["untimed"])
+    if req.get("nice"):
+        # The compile stage yields the cores to the run stage (job.rs COMPILE_STAGE_NICENESS).
+        os.nice(req["nice"])
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(req["socket"])
     channel = roles.Channel(conn)

@@ -12,7 +12,7 @@
 //! one is tried again under `--force` or a longer limit.
 
 use crate::child::{Child, Deadline, Event};
-use crate::job::JobContext;
+use crate::job::{JobContext, COMPILE_STAGE_NICENESS};
 use crate::zygote::Zygote;
 use anyhow::{bail, Context, Result};
 use dice_store::BuildRecord;
@@ -338,6 +338,7 @@ fn run_builder(
         "extension": extension,
         "limits": ctx.limits,
         "cores": ctx.cores,
+        "nice": COMPILE_STAGE_NICENESS,
         "env": ctx.env,
         "sandbox": ctx.users.builder(),
     });

@@ -51,6 +51,13 @@ impl JobContext {
     }
 }
 
+/// Niceness of the compile stage's children (the candidate's import and the extension builds,
+/// and the compilers they start). A run slot whose child waits for a core holds its sample's
+/// device pass and claim, so builds competing on equal terms slow the run stage, which then
+/// idles the GPU while built candidates queue; niced, the builds take what the run stage
+/// leaves (most of the machine) and yield it when a run-stage child needs a core.
+pub(crate) const COMPILE_STAGE_NICENESS: i32 = 10;
+
 /// The cores this process may run on.
 #[allow(unsafe_code)] // sched_getaffinity through libc
 fn usable_cores() -> Vec<usize> {

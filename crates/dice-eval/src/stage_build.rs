@@ -6,7 +6,7 @@
 use crate::build_cache::{self, Provision};
 use crate::child::{Child, Deadline, Event};
 use crate::config::EvalSample;
-use crate::job::{Compiled, JobContext, Outcome};
+use crate::job::{Compiled, JobContext, Outcome, COMPILE_STAGE_NICENESS};
 use crate::zygote::Zygote;
 use anyhow::{bail, Result};
 use dice_store::Verdict;
@@ -39,6 +39,7 @@ pub(crate) fn build(
         "candidate_path": "candidate.py",
         "limits": ctx.limits,
         "cores": ctx.cores,
+        "nice": COMPILE_STAGE_NICENESS,
         "env": ctx.env,
         "sandbox": ctx.users.candidate(),
     });

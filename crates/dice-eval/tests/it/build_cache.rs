@@ -50,9 +50,72 @@ fn cache_contents(cache: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     files
 }
 
+/// The niceness of every C++ compiler (`cc1plus`) started by one of this process's evaluator
+/// fork servers (a `zygote.py` among its ancestors), seen by polling /proc until `stop`.
+fn evaluator_compiler_niceness(stop: &std::sync::atomic::AtomicBool) -> BTreeMap<u32, i64> {
+    // (command name, parent, niceness) of a process, from /proc/PID/stat.
+    fn stat(pid: u32) -> Option<(String, u32, i64)> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (head, tail) = text.rsplit_once(')')?;
+        let name = head.split_once('(')?.1.to_string();
+        // After the name: state, ppid, ... niceness is field 19 of the line (16 after ')').
+        let fields: Vec<&str> = tail.split_whitespace().collect();
+        Some((
+            name,
+            fields.get(1)?.parse().ok()?,
+            fields.get(16)?.parse().ok()?,
+        ))
+    }
+    let is_zygote = |pid: u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.windows(9).any(|w| w == b"zygote.py"))
+    };
+    let me = std::process::id();
+    let mut seen = BTreeMap::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Some(("cc1plus", _, nice)) =
+                stat(pid).as_ref().map(|(n, p, x)| (n.as_str(), p, *x))
+            else {
+                continue;
+            };
+            let (mut at, mut through_zygote) = (pid, false);
+            while at > 1 && at != me {
+                through_zygote |= is_zygote(at);
+                at = stat(at).map_or(0, |(_, parent, _)| parent);
+            }
+            if at == me && through_zygote {
+                seen.insert(pid, nice);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    seen
+}
+
 #[test]
 fn one_source_compiles_once_across_concurrent_builds_and_runs() {
     let _machine = machine_shared();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| evaluator_compiler_niceness(&stop));
+        compile_once_across_concurrent_builds_and_runs();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // The compile stage yields the cores to the run stage (job.rs COMPILE_STAGE_NICENESS).
+        let niceness = watcher.join().unwrap();
+        assert!(!niceness.is_empty(), "no compiler of the build was seen");
+        assert!(niceness.values().all(|&n| n == 10), "{niceness:?}");
+    });
+}
+
+fn compile_once_across_concurrent_builds_and_runs() {
     // A cache of its own: it counts the compilations of a source the cache does not have yet.
     let cache = tempfile::tempdir().unwrap();
     let relu = example(1, 0);
