@@ -79,6 +79,14 @@ fn a_step_judges_recorded_programs_pipelined_and_back_to_back() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}\n{stdout}", stderr(&out));
     eprintln!("{stdout}");
+    // Each run's phases on stderr as it ends, so that a benchmark cut short shows the first.
+    let log = stderr(&out);
+    for name in ["pipelined", "back-to-back"] {
+        assert!(
+            log.contains(&format!("{name} step done: rollout ")),
+            "{log}"
+        );
+    }
     let bench: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(
         (bench["tasks"].as_u64(), bench["samples"].as_u64()),

@@ -43,6 +43,16 @@ pub struct StepPhases {
     pub step: f64,
 }
 
+impl StepPhases {
+    /// One line: every phase's seconds.
+    pub fn summary(&self) -> String {
+        format!(
+            "rollout {:.2} s, judge {:.2} s, idle {:.2} s, update {:.2} s, step {:.2} s",
+            self.rollout, self.judge, self.idle, self.update, self.step
+        )
+    }
+}
+
 impl From<&RlStepMetrics> for StepPhases {
     fn from(m: &RlStepMetrics) -> Self {
         Self {
@@ -161,11 +171,14 @@ pub struct RlBench {
 /// beside it): pipelined, then back to back. Each run judges with a build cache of its own
 /// under `work`, or both with `shared_build_cache` (a warm or shared cache spares the builds, so
 /// judging is shorter than a real step's: for measuring the other phases, or testing).
+/// `finished(name, phases)` is told each run's phases as it ends ("pipelined", then
+/// "back-to-back"), so that a benchmark cut short still shows what it measured.
 pub fn bench_rl(
     mut config: RlConfig,
     model: &SdarConfig,
     work: &Path,
     shared_build_cache: Option<&Path>,
+    mut finished: impl FnMut(&str, &StepPhases),
 ) -> Result<RlBench> {
     ensure!(
         config.tasks.stage == Stage::E2e,
@@ -181,7 +194,7 @@ pub fn bench_rl(
     config.reward.contains_token = None;
     let resolved = config.clone().resolve()?;
     let tokenizer = SdarTokenizer::from_dir(resolved.model.tokenizer_dir())?;
-    let step = |pacing: Pacing, name: &str| -> Result<(RlStepMetrics, Vec<VariantOutcome>)> {
+    let mut step = |pacing: Pacing, name: &str| -> Result<(RlStepMetrics, Vec<VariantOutcome>)> {
         let group = resolved.rollout.samples_per_task;
         let recorded = RecordedCompletions::load(resolved.task_file(), group, &tokenizer, pacing)?;
         let out = work.join(name);
@@ -212,6 +225,7 @@ pub fn bench_rl(
             .next()
             .context("the benchmark's run ran no step")?;
         judge_ended?;
+        finished(name, &StepPhases::from(&line));
         Ok((line, outcomes))
     };
     let (pipelined, outcomes) = step(Pacing::AsDecoded, "pipelined")?;

@@ -109,7 +109,13 @@ pub(super) fn run(args: RlBenchArgs) -> Result<()> {
             temporary.path().to_path_buf()
         }
     };
-    let bench = bench_rl(config, &model, &work, args.build_cache.as_deref())?;
+    let bench = bench_rl(
+        config,
+        &model,
+        &work,
+        args.build_cache.as_deref(),
+        |name, phases| eprintln!("{name} step done: {}", phases.summary()),
+    )?;
     print_rl_bench(&bench, &args);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&bench)?)
