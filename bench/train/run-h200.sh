@@ -81,13 +81,14 @@ if wanted kernels-1.7b && (( $(left) > 30 )); then
   python3 bench/ncu_kernels.py "$OUT/kernels-1.7b.csv" | tee "$OUT/kernels-1.7b.txt"
 fi
 # Why each training attention kernel runs at its speed: Nsight Compute's detailed sections
-# (throughput against peak, issue slots, warp stall reasons, occupancy, instruction mix) for
+# (throughput against peak, issue slots, occupancy, instruction mix) and its warp stall reasons for
 # the first launch of the forward, dQ and dK/dV kernels of one 1.7B step.
 if wanted attention-detail-1.7b; then
   for kernel in forward dq dkdv; do
     (( $(left) > 40 )) || break
     t0=$(date +%s)
-    timeout 120 ncu --set detailed --kernel-name "regex:train_attention_${kernel}_bf16" --launch-count 1 \
+    timeout 120 ncu --set detailed --section WarpStateStats --section SchedulerStats \
+      --kernel-name "regex:train_attention_${kernel}_bf16" --launch-count 1 \
       "$bin" bench train --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 --tokens 6144 \
       --steps 1 >"$OUT/attention-detail-$kernel.txt" 2>&1
     echo "attention-detail-$kernel rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"

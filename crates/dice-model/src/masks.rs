@@ -209,6 +209,37 @@ impl KeySpans {
             .collect()
     }
 
+    /// The order in which the kernels take the tiles, heaviest first (so that a grid's last
+    /// CTAs are its lightest, not a few long ones on otherwise idle SMs): `[query tiles, key
+    /// tiles]`, the query tiles by how many key tiles their hulls meet (the forward's and dQ's
+    /// work), the key tiles by how many query tiles meet them (dK/dV's); ties by index.
+    pub(crate) fn tile_orders(&self) -> [Vec<u32>; 2] {
+        let bounds = self.tile_bounds();
+        let tiles = bounds.len();
+        let meets = |hull: &[u32; 8], key_tile: usize| {
+            let (first, end) = (key_tile * Self::TILE, (key_tile + 1) * Self::TILE);
+            (0..2).any(|i| {
+                let (begin, stop) = (hull[2 * i] as usize, hull[2 * i + 1] as usize);
+                begin < stop && begin < end && stop > first
+            })
+        };
+        let mut query_work = vec![0usize; tiles];
+        let mut key_work = vec![0usize; tiles];
+        for (query_tile, hull) in bounds.iter().enumerate() {
+            for key_tile in 0..tiles {
+                if meets(hull, key_tile) {
+                    query_work[query_tile] += 1;
+                    key_work[key_tile] += 1;
+                }
+            }
+        }
+        [query_work, key_work].map(|work| {
+            let mut order: Vec<u32> = (0..tiles as u32).collect();
+            order.sort_by_key(|&t| std::cmp::Reverse(work[t as usize]));
+            order
+        })
+    }
+
     /// Whether query `query` sees key `key`.
     pub fn sees(&self, query: usize, key: usize) -> bool {
         let [a0, a1, b0, b1] = self.rows[query].map(|x| x as usize);
@@ -359,6 +390,35 @@ mod tests {
             for k in 0..12 {
                 assert_eq!(spans.sees(q, k), padded(q, k), "q {q} k {k}");
             }
+        }
+    }
+
+    #[test]
+    fn tile_orders_are_permutations_heaviest_first() {
+        let spans = KeySpans::two_stream(&[100, 30, 300], 4);
+        let bounds = spans.tile_bounds();
+        let tiles = bounds.len();
+        let meets = |query_tile: usize, key_tile: usize| {
+            (key_tile * KeySpans::TILE..(key_tile + 1) * KeySpans::TILE).any(|key| {
+                (0..2).any(|i| {
+                    bounds[query_tile][2 * i] as usize <= key
+                        && key < bounds[query_tile][2 * i + 1] as usize
+                })
+            })
+        };
+        let [query_order, key_order] = spans.tile_orders();
+        let work_of_query = |t: u32| (0..tiles).filter(|&k| meets(t as usize, k)).count();
+        let work_of_key = |k: u32| (0..tiles).filter(|&t| meets(t, k as usize)).count();
+        for (order, work) in [
+            (&query_order, &work_of_query as &dyn Fn(u32) -> usize),
+            (&key_order, &work_of_key),
+        ] {
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..tiles as u32).collect::<Vec<_>>());
+            let works: Vec<usize> = order.iter().map(|&t| work(t)).collect();
+            assert!(works.windows(2).all(|w| w[0] >= w[1]), "{works:?}");
+            assert!(works[0] > works[works.len() - 1], "{works:?}");
         }
     }
 

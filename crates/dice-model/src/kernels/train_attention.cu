@@ -21,6 +21,9 @@
 //                               their first ranges and in their second (intersections): a key
 //                               tile inside one is computed without the per-key test (most
 //                               tiles of a long sequence)
+//   tile_order  [2, T / 64] u32 the query tile the CTAs along x take (forward, dQ), then the key
+//                               tile (dK/dV): heaviest first (masks.rs tile_orders), so that a
+//                               grid ends on its lightest CTAs instead of a few long ones
 // Query head h reads KV head h / (Hq / Hkv). Scores are (q . k) * scale accumulated in f32 by
 // mma.m16n8k16; probabilities and dS are rounded to the input dtype for their products, as
 // FlashAttention does; exponentials are taken base 2 with log2(e) folded into the scale (and
@@ -294,10 +297,12 @@ __device__ __forceinline__ void forward_keys(bool masked, const unsigned int (&q
 template <typename T>
 __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                         const unsigned int* __restrict__ spans,
-                        const unsigned int* __restrict__ tile_spans, T* __restrict__ out,
+                        const unsigned int* __restrict__ tile_spans,
+                        const unsigned int* __restrict__ tile_order, T* __restrict__ out,
                         float* __restrict__ lse, int tokens, int q_heads, int kv_heads,
                         float scale) {
-    const int q_tile = blockIdx.x, head = blockIdx.y, kv_head = head / (q_heads / kv_heads);
+    const int q_tile = tile_order[blockIdx.x], head = blockIdx.y;
+    const int kv_head = head / (q_heads / kv_heads);
     const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
     const int first = q_tile * TILE + 16 * (threadIdx.x / 32);
     unsigned int qa[HEAD_DIM / 16][4];
@@ -381,10 +386,12 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
                                 const T* __restrict__ v, const T* __restrict__ d_out,
                                 const unsigned int* __restrict__ spans,
                                 const unsigned int* __restrict__ tile_spans,
+                                const unsigned int* __restrict__ tile_order,
                                 const float* __restrict__ lse, const float* __restrict__ delta,
                                 T* __restrict__ dq, int tokens, int q_heads, int kv_heads,
                                 float scale) {
-    const int q_tile = blockIdx.x, head = blockIdx.y, kv_head = head / (q_heads / kv_heads);
+    const int q_tile = tile_order[blockIdx.x], head = blockIdx.y;
+    const int kv_head = head / (q_heads / kv_heads);
     const int group = threadIdx.x % 32 / 4;
     const int first = q_tile * TILE + 16 * (threadIdx.x / 32);
     unsigned int qa[HEAD_DIM / 16][4], doa[HEAD_DIM / 16][4];
@@ -464,6 +471,7 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
                               const T* __restrict__ v, const T* __restrict__ d_out,
                               const unsigned int* __restrict__ spans,
                               const unsigned int* __restrict__ tile_spans,
+                              const unsigned int* __restrict__ tile_order,
                               const float* __restrict__ lse, const float* __restrict__ delta,
                               T* __restrict__ dk, T* __restrict__ dv, int tokens, int q_heads,
                               int kv_heads, float scale) {
@@ -482,7 +490,10 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
         return reinterpret_cast<float*>(q_spans(buffer) + 4 * TILE);
     };
     const auto q_delta = [&](int buffer) { return q_lse(buffer) + TILE; };
-    const int key_first = blockIdx.x * TILE, kv_head = blockIdx.y, groups = q_heads / kv_heads;
+    // Key tiles are as many as query tiles.
+    const int q_tiles = (tokens + TILE - 1) / TILE;
+    const int key_first = tile_order[q_tiles + blockIdx.x] * TILE, kv_head = blockIdx.y;
+    const int groups = q_heads / kv_heads;
     const int key_end = min(key_first + TILE, tokens), warp_first = 16 * (threadIdx.x / 32);
     const size_t kv_offset = (size_t)kv_head * tokens * HEAD_DIM;
     stage_kv(k_tile, v_tile, k + kv_offset, v + kv_offset, key_first, tokens);
@@ -490,7 +501,7 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
     zero(dk_acc);
     zero(dv_acc);
     // Items: every query tile of every head of the group, head-major.
-    const int q_tiles = (tokens + TILE - 1) / TILE, items = groups * q_tiles;
+    const int items = groups * q_tiles;
     const float scale_log2 = scale * LOG2E;
     pipelined(
         items,
@@ -539,9 +550,10 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
 #define TRAIN_ATTENTION_KERNELS(TYPE, NAME)                                                      \
     extern "C" __global__ void __launch_bounds__(THREADS, 3) train_attention_forward_##NAME(    \
         const TYPE* q, const TYPE* k, const TYPE* v, const unsigned int* spans,                \
-        const unsigned int* tile_spans, TYPE* out, float* lse, int tokens, int q_heads,        \
-        int kv_heads, float scale) {                                                           \
-        forward<TYPE>(q, k, v, spans, tile_spans, out, lse, tokens, q_heads, kv_heads, scale); \
+        const unsigned int* tile_spans, const unsigned int* tile_order, TYPE* out, float* lse, \
+        int tokens, int q_heads, int kv_heads, float scale) {                                  \
+        forward<TYPE>(q, k, v, spans, tile_spans, tile_order, out, lse, tokens, q_heads,       \
+                      kv_heads, scale);                                                        \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS) train_attention_delta_##NAME(        \
         const TYPE* out, const TYPE* d_out, float* delta, int tokens, int q_heads) {           \
@@ -549,18 +561,19 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS) train_attention_dq_##NAME(           \
         const TYPE* q, const TYPE* k, const TYPE* v, const TYPE* d_out,                        \
-        const unsigned int* spans, const unsigned int* tile_spans, const float* lse,           \
-        const float* delta, TYPE* dq, int tokens, int q_heads, int kv_heads, float scale) {    \
-        query_gradients<TYPE>(q, k, v, d_out, spans, tile_spans, lse, delta, dq, tokens,       \
-                              q_heads, kv_heads, scale);                                       \
+        const unsigned int* spans, const unsigned int* tile_spans,                             \
+        const unsigned int* tile_order, const float* lse, const float* delta, TYPE* dq,        \
+        int tokens, int q_heads, int kv_heads, float scale) {                                  \
+        query_gradients<TYPE>(q, k, v, d_out, spans, tile_spans, tile_order, lse, delta, dq,   \
+                              tokens, q_heads, kv_heads, scale);                               \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(THREADS) train_attention_dkdv_##NAME(         \
         const TYPE* q, const TYPE* k, const TYPE* v, const TYPE* d_out,                        \
-        const unsigned int* spans, const unsigned int* tile_spans, const float* lse,           \
-        const float* delta, TYPE* dk, TYPE* dv, int tokens, int q_heads, int kv_heads,         \
-        float scale) {                                                                         \
-        key_gradients<TYPE>(q, k, v, d_out, spans, tile_spans, lse, delta, dk, dv, tokens,     \
-                            q_heads, kv_heads, scale);                                         \
+        const unsigned int* spans, const unsigned int* tile_spans,                             \
+        const unsigned int* tile_order, const float* lse, const float* delta, TYPE* dk,        \
+        TYPE* dv, int tokens, int q_heads, int kv_heads, float scale) {                        \
+        key_gradients<TYPE>(q, k, v, d_out, spans, tile_spans, tile_order, lse, delta, dk, dv, \
+                            tokens, q_heads, kv_heads, scale);                                 \
     }
 
 TRAIN_ATTENTION_KERNELS(bf16_t, bf16)

@@ -118,9 +118,11 @@ pub(crate) struct TrainAttention {
     /// 0 for bf16, 1 for f16.
     dtype_slot: usize,
     dtype: DType,
-    /// u32 `[T, 4]` and `[T / 64, 8]` (`KeySpans::tile_bounds`) on the device.
+    /// u32 `[T, 4]`, `[T / 64, 8]` (`KeySpans::tile_bounds`) and `[2, T / 64]`
+    /// (`KeySpans::tile_orders`) on the device.
     spans: Tensor,
     tile_spans: Tensor,
+    tile_order: Tensor,
     tokens: usize,
     q_heads: usize,
     kv_heads: usize,
@@ -146,12 +148,16 @@ impl TrainAttention {
         fn flat<const N: usize>(rows: &[[u32; N]], device: &Device) -> Result<Tensor> {
             Tensor::from_iter(rows.iter().flatten().copied(), device)?.reshape((rows.len(), N))
         }
+        let [query_order, key_order] = spans.tile_orders();
+        let tiles = query_order.len();
         Ok(Some(Self {
             kernels,
             dtype_slot,
             dtype,
             spans: flat(spans.rows(), device)?,
             tile_spans: flat(&spans.tile_bounds(), device)?,
+            tile_order: Tensor::from_iter(query_order.into_iter().chain(key_order), device)?
+                .reshape((2, tiles))?,
             tokens: spans.tokens(),
             q_heads: cfg.num_attention_heads,
             kv_heads: cfg.num_key_value_heads,
@@ -287,6 +293,7 @@ impl TrainAttention {
                     Arg::Whole(&v, "v"),
                     Arg::Whole(&self.spans, "spans"),
                     Arg::Whole(&self.tile_spans, "tile spans"),
+                    Arg::Whole(&self.tile_order, "tile order"),
                     Arg::Whole(&out, "out"),
                     Arg::Whole(&lse, "lse"),
                 ],
@@ -349,6 +356,7 @@ impl TrainAttention {
             Arg::Whole(&d_out, "the output gradient"),
             Arg::Whole(&self.spans, "spans"),
             Arg::Whole(&self.tile_spans, "tile spans"),
+            Arg::Whole(&self.tile_order, "tile order"),
             Arg::Whole(&lse, "lse"),
             Arg::Whole(&delta, "delta"),
         ];
