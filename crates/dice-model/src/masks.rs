@@ -226,10 +226,10 @@ impl KeySpans {
         let mut query_work = vec![0usize; tiles];
         let mut key_work = vec![0usize; tiles];
         for (query_tile, hull) in bounds.iter().enumerate() {
-            for key_tile in 0..tiles {
+            for (key_tile, work) in key_work.iter_mut().enumerate() {
                 if meets(hull, key_tile) {
                     query_work[query_tile] += 1;
-                    key_work[key_tile] += 1;
+                    *work += 1;
                 }
             }
         }
