@@ -41,7 +41,12 @@ if [[ ! -f $link/libcuda.so ]]; then
   cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$link/libcuda.so" "$link/stub.c"
 fi
 export PATH="$cu/bin:$PATH" CUDA_ROOT="$cu" CUDA_PATH="$cu" CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
-export RUSTFLAGS="${RUSTFLAGS:-} -L $link"
+# Once: a second -L (a shell that ran --print-env's output, then this script) would change
+# RUSTFLAGS, and cargo rebuilds everything when RUSTFLAGS change.
+case " ${RUSTFLAGS:-} " in
+  *" -L $link "*) ;;
+  *) export RUSTFLAGS="${RUSTFLAGS:-} -L $link" ;;
+esac
 if [[ ${1:-} == --print-env ]]; then
   # For other cargo commands with CUDA: eval "$(scripts/build-cuda.sh --print-env)"
   declare -p PATH CUDA_ROOT CUDA_PATH CUDA_COMPUTE_CAP RUSTFLAGS | sed 's/^declare -x/export/'
