@@ -272,7 +272,8 @@ __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __re
 // (unless every row sees every key), scaled by scale_log2 = scale * log2(e); the online
 // softmax's max m and sum l (base 2, this lane's columns) and the output o rescaled; O += P V.
 template <typename T, int keys>
-__device__ __forceinline__ void forward_keys(bool masked, const unsigned int (&qa)[HEAD_DIM / 16][4],
+__device__ __forceinline__ void forward_keys(bool masked,
+                                             const unsigned int (&qa)[HEAD_DIM / 16][4],
                                              const unsigned short* k_rows,
                                              const unsigned short* v_rows, int base,
                                              const unsigned int (&span)[2][4], float scale_log2,
@@ -357,7 +358,8 @@ __device__ void row_deltas(const T* __restrict__ out, const T* __restrict__ d_ou
 // saved lse (lse_log2 = lse * log2(e), scale_log2 = scale * log2(e)), masked by the rows' spans
 // unless every row sees every key, dS = P (dP - delta), dQ += dS K.
 template <typename T, int keys>
-__device__ __forceinline__ void dq_keys(bool masked, const unsigned int (&qa)[HEAD_DIM / 16][4],
+__device__ __forceinline__ void dq_keys(bool masked,
+                                        const unsigned int (&qa)[HEAD_DIM / 16][4],
                                         const unsigned int (&doa)[HEAD_DIM / 16][4],
                                         const unsigned short* k_rows,
                                         const unsigned short* v_rows, int base,
