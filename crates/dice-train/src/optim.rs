@@ -863,13 +863,7 @@ pub fn clip_sharded_grad_norm(
         max_norm > 0.0,
         "the gradient clipping norm must be positive, not {max_norm}"
     );
-    let mut names: Vec<&String> = grads.keys().collect();
-    names.sort();
-    let mut sum_of_squares = [0.0];
-    for name in names {
-        sum_of_squares[0] += squared_norm(&grads[name])
-            .with_context(|| format!("cannot take the norm of the gradient of `{name}`"))?;
-    }
+    let mut sum_of_squares = [squared_norms(grads)?.iter().sum::<f64>()];
     collective.all_reduce_sum_f64(&mut sum_of_squares)?;
     let total = sum_of_squares[0].sqrt() as f32;
     let coef = max_norm as f32 / (total + 1e-6);
@@ -882,26 +876,89 @@ pub fn clip_sharded_grad_norm(
     Ok(total)
 }
 
-/// Σ x² of a tensor in f64, a slice at a time (on the CPU, straight from the host buffer).
-fn squared_norm(tensor: &Tensor) -> Result<f64> {
+/// Σ x² of each gradient in f64, in the order of their names, each summed a slice at a time (on
+/// the CPU straight from the host buffer). On a device the slices' sums stay there until every
+/// gradient's are queued and are read back together: one synchronisation per step instead of
+/// one per slice, each of which drained the device's queue and left it idle while the host
+/// queued the next gradient's kernels.
+fn squared_norms(grads: &HashMap<String, Tensor>) -> Result<Vec<f64>> {
+    squared_norms_by(grads, NORM_CHUNK, NORM_ROW, |tensor| {
+        tensor.device().is_cpu()
+    })
+}
+
+/// [`squared_norms`] with slices of `chunk` elements and rows of `row`, summing on the host the
+/// tensors `on_host` names (the tests queue CPU tensors as a device's are).
+fn squared_norms_by(
+    grads: &HashMap<String, Tensor>,
+    chunk: usize,
+    row: usize,
+    on_host: impl Fn(&Tensor) -> bool,
+) -> Result<Vec<f64>> {
+    let mut names: Vec<&String> = grads.keys().collect();
+    names.sort();
+    let mut queued = Vec::new();
+    let sums = names
+        .into_iter()
+        .map(|name| {
+            let tensor = &grads[name];
+            let queue = (!on_host(tensor)).then_some((chunk, row, &mut queued));
+            square_sum(tensor, queue)
+                .with_context(|| format!("cannot take the norm of the gradient of `{name}`"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut read = if queued.is_empty() {
+        Vec::new()
+    } else {
+        Tensor::stack(&queued, 0)?.to_vec1::<f64>()?
+    }
+    .into_iter();
+    Ok(sums
+        .into_iter()
+        .map(|sum| match sum {
+            SquareSum::Host(value) => value,
+            // The slices added in order, as one gradient's norm always was.
+            SquareSum::Queued(slices) => read.by_ref().take(slices).fold(0.0, |acc, x| acc + x),
+        })
+        .collect())
+}
+
+/// One gradient's Σ x²: known, or the number of slice sums it queued on its device.
+enum SquareSum {
+    Host(f64),
+    Queued(usize),
+}
+
+/// Σ x² of `tensor` in f64: summed here, or, given `(chunk, row, queued)`, its slices' sums
+/// ([`slice_square_sums`]) added to `queued` on its device.
+fn square_sum(
+    tensor: &Tensor,
+    queue: Option<(usize, usize, &mut Vec<Tensor>)>,
+) -> Result<SquareSum> {
     let flat = tensor.flatten_all()?;
-    if tensor.device().is_cpu() {
+    let Some((chunk, row, queued)) = queue else {
         let flat = flat.to_dtype(DType::F32)?.contiguous()?;
         let (storage, layout) = flat.storage_and_layout();
         let Storage::Cpu(storage) = &*storage else {
             bail!("internal error: a CPU tensor without CPU storage");
         };
         let values = host_values(storage, layout)?;
-        return Ok(values.iter().map(|&x| f64::from(x) * f64::from(x)).sum());
-    }
-    sliced_squared_norm(&flat, NORM_CHUNK, NORM_ROW)
+        return Ok(SquareSum::Host(
+            values.iter().map(|&x| f64::from(x) * f64::from(x)).sum(),
+        ));
+    };
+    let slices = slice_square_sums(&flat, chunk, row)?;
+    let count = slices.len();
+    queued.extend(slices);
+    Ok(SquareSum::Queued(count))
 }
 
-/// Σ x² of the 1-D `flat` in f64, `chunk` elements at a time, each chunk's squares summed over
-/// rows of `row` first (one thread block each), then over the rows' sums and the rest.
-fn sliced_squared_norm(flat: &Tensor, chunk: usize, row: usize) -> Result<f64> {
+/// Σ x² of each slice of `chunk` elements of the 1-D `flat`, in f64, as 0-dim tensors on its
+/// device (nothing is read back): each slice's squares summed over rows of `row` first (one
+/// thread block each), then over the rows' sums and the rest.
+fn slice_square_sums(flat: &Tensor, chunk: usize, row: usize) -> Result<Vec<Tensor>> {
     let len = flat.elem_count();
-    let mut sum = 0.0;
+    let mut sums = Vec::new();
     for start in (0..len).step_by(chunk) {
         let squares = flat
             .narrow(0, start, chunk.min(len - start))?
@@ -921,9 +978,9 @@ fn sliced_squared_norm(flat: &Tensor, chunk: usize, row: usize) -> Result<f64> {
         if whole < n {
             parts.push(squares.narrow(0, whole, n - whole)?);
         }
-        sum += Tensor::cat(&parts, 0)?.sum_all()?.to_scalar::<f64>()?;
+        sums.push(Tensor::cat(&parts, 0)?.sum_all()?);
     }
-    Ok(sum)
+    Ok(sums)
 }
 
 /// Gradients of several micro-batches, summed in f32.
@@ -987,10 +1044,39 @@ mod tests {
             let expected: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
             let flat = Tensor::from_vec(values, len, &Device::Cpu).unwrap();
             for (chunk, row) in [(64, 8), (100, 7), (1024, 256)] {
-                let got = sliced_squared_norm(&flat, chunk, row).unwrap();
+                let got = slice_square_sums(&flat, chunk, row)
+                    .unwrap()
+                    .iter()
+                    .map(|sum| sum.to_scalar::<f64>().unwrap())
+                    .sum::<f64>();
                 assert_eq!(got, expected, "len {len}, chunk {chunk}, row {row}");
             }
         }
+    }
+
+    /// Gradients whose slice sums are queued and read back together get the sums the host
+    /// gives, each its own (values in eighths: every order of f64 additions is exact).
+    #[test]
+    fn queued_slice_sums_are_read_back_to_their_own_gradients() {
+        let grads: HashMap<String, Tensor> = [("a", 5usize), ("b", 203), ("c", 256), ("d", 64)]
+            .into_iter()
+            .map(|(name, len)| {
+                let values: Vec<f32> = (0..len)
+                    .map(|i| ((i * 5 + len) % 11) as f32 / 8.0 - 0.625)
+                    .collect();
+                (
+                    name.to_string(),
+                    Tensor::from_vec(values, len, &Device::Cpu).unwrap(),
+                )
+            })
+            .collect();
+        let on_host = squared_norms_by(&grads, 64, 8, |_| true).unwrap();
+        let queued = squared_norms_by(&grads, 64, 8, |_| false).unwrap();
+        assert_eq!(queued, on_host);
+        // Sorted by name, and no two gradients alike.
+        let mut distinct = on_host.clone();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 4, "{on_host:?}");
     }
 
     /// Two weights of a toy problem, in `dtype`, with fixed irregular values.
