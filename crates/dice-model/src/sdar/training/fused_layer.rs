@@ -177,7 +177,7 @@ pub(super) fn head_log_probs(
     rows: usize,
 ) -> anyhow::Result<Vec<f32>> {
     let scored = picked.dim(0)?;
-    let mut log_probs = Vec::with_capacity(scored);
+    let mut log_probs = Vec::new();
     for (start, len) in row_chunks(scored, rows) {
         let chunk = head_chunk(
             ops,
@@ -185,9 +185,28 @@ pub(super) fn head_log_probs(
             &picked.narrow(0, start, len)?,
             &labels.narrow(0, start, len)?,
         )?;
-        log_probs.extend(chunk.log_probs.to_vec1::<f32>()?);
+        log_probs.push(chunk.log_probs);
     }
-    Ok(log_probs)
+    Ok(read_once(&[], &log_probs)?.1)
+}
+
+/// The chunks' losses (0-dim f32, summed in order in f32) and log-probabilities (in order),
+/// read from the device in one synchronisation at the end of the head rather than one per
+/// chunk.
+fn read_once(losses: &[Tensor], log_probs: &[Tensor]) -> Result<(f32, Vec<f32>)> {
+    let mut parts = Vec::with_capacity(2);
+    if !losses.is_empty() {
+        parts.push(Tensor::stack(losses, 0)?);
+    }
+    if !log_probs.is_empty() {
+        parts.push(Tensor::cat(log_probs, 0)?);
+    }
+    if parts.is_empty() {
+        return Ok((0.0, Vec::new()));
+    }
+    let mut values = Tensor::cat(&parts, 0)?.to_vec1::<f32>()?;
+    let rest = values.split_off(losses.len());
+    Ok((values.into_iter().fold(0f32, |sum, x| sum + x), rest))
 }
 
 /// The loss head on the last hidden states `[1, T, H]` (what [`Sdar`]'s composite head computes
@@ -204,8 +223,7 @@ pub(super) fn head_backward(
     let picked = last.index_select(&head.rows, 0)?;
     let (norm, lm_head) = (model.norm.detach(), model.lm_head.detach());
     let scored = head.rows.dim(0)?;
-    let mut loss = 0f32;
-    let mut log_probs = Vec::with_capacity(scored);
+    let (mut losses, mut log_probs) = (Vec::new(), Vec::new());
     let (mut norm_sum, mut lm_head_sum) = (None, None);
     let mut d_picked = Vec::new();
     for (start, len) in row_chunks(scored, rows) {
@@ -220,8 +238,8 @@ pub(super) fn head_backward(
         } = head_chunk(ops, model, &x, &labels)?;
         let leaf = Var::from_tensor(&chunk_log_probs)?;
         let chunk_loss = (head.loss)(leaf.as_tensor(), start..start + len)?;
-        loss += chunk_loss.to_scalar::<f32>()?;
-        log_probs.extend(chunk_log_probs.to_vec1::<f32>()?);
+        losses.push(chunk_loss.detach());
+        log_probs.push(chunk_log_probs);
         let d_log_probs = match chunk_loss.backward()?.get(leaf.as_tensor()) {
             Some(grad) => grad.clone(),
             // A loss that does not read these rows.
@@ -239,6 +257,7 @@ pub(super) fn head_backward(
     if !d_picked.is_empty() {
         hidden = hidden.index_add(&head.rows, &Tensor::cat(&d_picked, 0)?, 0)?;
     }
+    let (loss, log_probs) = read_once(&losses, &log_probs)?;
     Ok(HeadGradients {
         loss,
         log_probs,
