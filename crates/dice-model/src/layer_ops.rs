@@ -67,4 +67,64 @@ pub(crate) trait LayerOps {
         lse: &Tensor,
         d_log_prob: &Tensor,
     ) -> Result<Tensor>;
+    /// The gradient of a `[vocab, hidden]` embedding table whose rows `tokens` (one per
+    /// position) were looked up, from their gradient `upstream` `[T, hidden]`: f32, every
+    /// token's rows added in position order, as `index_add` into zeros adds them.
+    fn embedding_backward(&self, tokens: &[u32], upstream: &Tensor, vocab: usize)
+        -> Result<Tensor>;
+}
+
+/// The positions of a sequence's tokens grouped by token, for an embedding table's gradient
+/// summed one token at a time: `order`, the positions sorted by token (ascending within a
+/// token); `unique`, the distinct tokens, ascending; `starts`, where each one's positions begin
+/// in `order`, then their count.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct TokenGroups {
+    pub order: Vec<u32>,
+    pub unique: Vec<u32>,
+    pub starts: Vec<u32>,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl TokenGroups {
+    pub(crate) fn new(tokens: &[u32]) -> Self {
+        let mut order: Vec<u32> = (0..tokens.len() as u32).collect();
+        // Stable: a token's positions stay ascending.
+        order.sort_by_key(|&position| tokens[position as usize]);
+        let (mut unique, mut starts) = (Vec::new(), Vec::new());
+        for (i, &position) in order.iter().enumerate() {
+            let token = tokens[position as usize];
+            if unique.last() != Some(&token) {
+                unique.push(token);
+                starts.push(i as u32);
+            }
+        }
+        starts.push(order.len() as u32);
+        Self {
+            order,
+            unique,
+            starts,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_groups_list_each_tokens_positions_in_order() {
+        let groups = TokenGroups::new(&[7, 3, 7, 9, 3, 7]);
+        assert_eq!(
+            groups,
+            TokenGroups {
+                order: vec![1, 4, 0, 2, 5, 3],
+                unique: vec![3, 7, 9],
+                starts: vec![0, 2, 5, 6],
+            }
+        );
+        let empty = TokenGroups::new(&[]);
+        assert_eq!((empty.unique.len(), empty.starts), (0, vec![0]));
+    }
 }

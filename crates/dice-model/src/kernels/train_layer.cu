@@ -1,8 +1,8 @@
 // Fused element-wise steps of a training decoder layer and of the loss head, forward and
 // backward (crates/dice-model/src/kernels/train_layer.rs launches them; the GEMMs between them
 // are cuBLAS's, through candle): RMSNorm with its optional residual add, the q/k heads' RMSNorm
-// and RoPE with the move to head-major order, SwiGLU, and the label log-softmax over the
-// vocabulary.
+// and RoPE with the move to head-major order, SwiGLU, the label log-softmax over the
+// vocabulary, and the embedding table's gradient.
 //
 // Compiled at run time with NVRTC; bf16 and f16 are raw 16-bit values (half.cuh). Every step
 // computes in f32 and rounds its outputs to T once; the normed and gated values are rounded to
@@ -289,6 +289,28 @@ __device__ void label_log_softmax_backward(T* __restrict__ logits,
     }
 }
 
+// The embedding table's gradient, one CTA per distinct token u: the rows of `upstream`
+// [T, hidden] at its positions (order[starts[u]..starts[u + 1]], ascending) summed in f32 in
+// that order and added to row unique[u] of dst (f32 [vocab, hidden]). Every token's rows are
+// one CTA's, summed in a fixed order: no atomics, the same gradient on every run, and the
+// threads of a CTA read whole rows (candle's index_add gives each column one thread that walks
+// every position).
+template <typename T>
+__device__ void embedding_backward(const T* __restrict__ upstream,
+                                   const unsigned int* __restrict__ order,
+                                   const unsigned int* __restrict__ unique,
+                                   const unsigned int* __restrict__ starts, float* __restrict__ dst,
+                                   int hidden) {
+    const unsigned int begin = starts[blockIdx.x], end = starts[blockIdx.x + 1];
+    float* row = dst + (size_t)unique[blockIdx.x] * hidden;
+    for (int c = threadIdx.x; c < hidden; c += FLAT_THREADS) {
+        float sum = 0.0f;
+        for (unsigned int i = begin; i < end; ++i)
+            sum += to_float(upstream[(size_t)order[i] * hidden + c]);
+        row[c] += sum;
+    }
+}
+
 #define TRAIN_LAYER_OPS(TYPE, SUFFIX)                                                             \
     extern "C" __global__ void __launch_bounds__(32 * ROW_WARPS) rms_norm_forward_##SUFFIX(       \
         const TYPE* a, const TYPE* b, TYPE* sum_out, const TYPE* w, TYPE* y, float* rstd,         \
@@ -334,6 +356,11 @@ __device__ void label_log_softmax_backward(T* __restrict__ logits,
                                             const float* lse, const float* d_log_prob, int rows,  \
                                             int vocab) {                                          \
         label_log_softmax_backward<TYPE>(logits, labels, lse, d_log_prob, rows, vocab);           \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(FLAT_THREADS) embedding_backward_##SUFFIX(       \
+        const TYPE* upstream, const unsigned int* order, const unsigned int* unique,              \
+        const unsigned int* starts, float* dst, int hidden) {                                     \
+        embedding_backward<TYPE>(upstream, order, unique, starts, dst, hidden);                   \
     }
 
 TRAIN_LAYER_OPS(float, f32)

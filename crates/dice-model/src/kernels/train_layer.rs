@@ -13,7 +13,7 @@
 use super::device_ptr::{launch, Arg, Scalar};
 use super::nvrtc::{self, dtype_index, PerDevice, Source};
 use crate::config::SdarConfig;
-use crate::layer_ops::LayerOps;
+use crate::layer_ops::{LayerOps, TokenGroups};
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::{bail, DType, Device, Result, Tensor, D};
@@ -47,6 +47,7 @@ struct DtypeKernels {
     swiglu_backward: CudaFunction,
     label_log_softmax: CudaFunction,
     label_log_softmax_backward: CudaFunction,
+    embedding_backward: CudaFunction,
 }
 
 /// The kernels on one device, in the order of [`dtype_index`].
@@ -72,6 +73,7 @@ fn load(dev: &CudaDevice) -> anyhow::Result<Loaded> {
             swiglu_backward: function("swiglu_backward")?,
             label_log_softmax: function("label_log_softmax")?,
             label_log_softmax_backward: function("label_log_softmax_backward")?,
+            embedding_backward: function("embedding_backward")?,
         })
     };
     Ok(Loaded([kernels("f32")?, kernels("bf16")?, kernels("f16")?]))
@@ -499,6 +501,38 @@ impl LayerOps for TrainLayer {
             &[Scalar::int(rows), Scalar::int(vocab)],
         )?;
         Ok(logits)
+    }
+
+    fn embedding_backward(
+        &self,
+        tokens: &[u32],
+        upstream: &Tensor,
+        vocab: usize,
+    ) -> Result<Tensor> {
+        let (positions, hidden) = self.rows(upstream, "the embedding rows' gradient")?;
+        if tokens.len() != positions || tokens.iter().any(|&t| t as usize >= vocab) {
+            bail!("the embedding backward takes {positions} tokens below {vocab}");
+        }
+        let device = upstream.device();
+        let dst = Tensor::zeros((vocab, hidden), DType::F32, device)?;
+        if positions == 0 {
+            return Ok(dst);
+        }
+        let groups = TokenGroups::new(tokens);
+        let upload = |values: &[u32]| Tensor::new(values, device);
+        self.launch(
+            &self.kernels().embedding_backward,
+            ((groups.unique.len(), 1), FLAT_THREADS),
+            &[
+                Arg::Whole(&upstream.contiguous()?, "the embedding rows' gradient"),
+                Arg::Whole(&upload(&groups.order)?, "the positions by token"),
+                Arg::Whole(&upload(&groups.unique)?, "the distinct tokens"),
+                Arg::Whole(&upload(&groups.starts)?, "the tokens' first positions"),
+                Arg::Whole(&dst, "the embedding gradient"),
+            ],
+            &[Scalar::int(hidden)],
+        )?;
+        Ok(dst)
     }
 }
 

@@ -448,6 +448,22 @@ fn accumulate(sum: &mut Option<Tensor>, grad: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// [`LayerOps::embedding_backward`] through candle: the rows' gradients added into f32 zeros by
+/// `index_add` (position order), as the composite path and the fused layer's CPU tests take it.
+pub(super) fn embedding_backward_by_index_add(
+    tokens: &[u32],
+    upstream: &Tensor,
+    vocab: usize,
+) -> Result<Tensor> {
+    let hidden = upstream.dim(1)?;
+    let tokens = Tensor::new(tokens, upstream.device())?;
+    Tensor::zeros((vocab, hidden), DType::F32, upstream.device())?.index_add(
+        &tokens,
+        &upstream.to_dtype(DType::F32)?,
+        0,
+    )
+}
+
 /// An f32 gradient sum rounded to the dtype of `weight`; zeros when nothing contributed.
 fn rounded(sum: Option<Tensor>, weight: &Tensor) -> Result<Tensor> {
     match sum {
@@ -838,9 +854,12 @@ impl Sdar {
         }
 
         let embed_grad = layout.timed(StepPhase::EmbeddingGradient, || {
-            let tokens = Tensor::new(tokens, self.device())?;
-            let rows = Tensor::zeros(self.embed_tokens.shape(), DType::F32, tokens.device())?
-                .index_add(&tokens, &upstream.squeeze(0)?.to_dtype(DType::F32)?, 0)?;
+            let upstream = upstream.squeeze(0)?;
+            let vocab = self.embed_tokens.dim(0)?;
+            let rows = match &layout.layer {
+                Some(ops) => ops.embedding_backward(tokens, &upstream, vocab)?,
+                None => embedding_backward_by_index_add(tokens, &upstream, vocab)?,
+            };
             accumulate(&mut embed_sum, &rows)?;
             drop(rows);
             rounded(embed_sum, &self.embed_tokens)

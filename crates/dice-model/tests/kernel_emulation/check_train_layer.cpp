@@ -30,6 +30,7 @@ template <typename T> struct Kernels;
         static constexpr auto swiglu_bwd = swiglu_backward_##SUFFIX;                             \
         static constexpr auto log_softmax = label_log_softmax_##SUFFIX;                          \
         static constexpr auto log_softmax_bwd = label_log_softmax_backward_##SUFFIX;             \
+        static constexpr auto embedding_bwd = embedding_backward_##SUFFIX;                       \
     };
 KERNELS(float, f32)
 KERNELS(bf16_t, bf16)
@@ -320,11 +321,43 @@ template <typename T> void check_label_log_softmax() {
     expect_close<T>("label log-softmax backward: logits' gradient", values(logits), want);
 }
 
+// The embedding table's gradient: tokens repeated and absent, a hidden size wider than the CTA
+// (threads take several columns), rows added to what dst held; groups as layer_ops.rs
+// TokenGroups makes them.
+template <typename T> void check_embedding_backward() {
+    const int vocab = 12, hidden = 300;
+    const std::vector<unsigned> tokens = {7, 3, 7, 9, 3, 7, 0, 11, 7};
+    const int positions = tokens.size();
+    std::vector<unsigned> order(positions), unique, starts;
+    for (int i = 0; i < positions; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](unsigned a, unsigned b) { return tokens[a] < tokens[b]; });
+    for (int i = 0; i < positions; ++i)
+        if (unique.empty() || unique.back() != tokens[order[i]]) {
+            unique.push_back(tokens[order[i]]);
+            starts.push_back(i);
+        }
+    starts.push_back(positions);
+    auto upstream = random_values<T>((size_t)positions * hidden, 1.f);
+    std::vector<float> dst((size_t)vocab * hidden);
+    for (size_t i = 0; i < dst.size(); ++i) dst[i] = 0.25f * (float)(i % 7);
+    std::vector<double> want(dst.begin(), dst.end());
+    for (int p = 0; p < positions; ++p)
+        for (int c = 0; c < hidden; ++c)
+            want[(size_t)tokens[p] * hidden + c] += to_float(upstream[(size_t)p * hidden + c]);
+    launch({(unsigned)unique.size(), 1, 1}, FLAT_THREADS, [&] {
+        Kernels<T>::embedding_bwd(upstream.data(), order.data(), unique.data(), starts.data(),
+                                  dst.data(), hidden);
+    });
+    expect_close<T>("embedding backward", values(dst), want);
+}
+
 template <typename T> void check_all() {
     check_rms_norm<T>();
     for (int head_dim : {16, 64, 128}) check_heads<T>(head_dim);
     check_swiglu<T>();
     check_label_log_softmax<T>();
+    check_embedding_backward<T>();
 }
 
 int main() {

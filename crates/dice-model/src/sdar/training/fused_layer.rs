@@ -636,6 +636,15 @@ mod tests {
                 .broadcast_mul(&d_log_prob.unsqueeze(1)?)?
                 .to_dtype(logits.dtype())
         }
+
+        fn embedding_backward(
+            &self,
+            tokens: &[u32],
+            upstream: &Tensor,
+            vocab: usize,
+        ) -> Result<Tensor> {
+            super::super::embedding_backward_by_index_add(tokens, upstream, vocab)
+        }
     }
 
     fn tiny_model() -> Sdar {
