@@ -113,7 +113,9 @@ for s in "$@"; do
     # Issue #15: the 99 pairs and an identity candidate of each as one cold batch; the same pairs
     # one candidate at a time on the device with the cache warm; KernelBench's timing in dice and
     # in a plain script on the fixed 32; then the figures of the acceptance.
-    q-batch) rm -rf "$cache"
+    # Cold on its first call; a later call resumes it (its store still in /tmp on the same warm
+    # machine, or carried back in under DATA/runs) with whatever builds the cache still holds.
+    q-batch) [[ -d $runs/q-batch ]] || rm -rf "$cache"
       python3 bench/eval/pairs_with_identity.py tests/data/dice/kernel_infilling_evaluation.json "$runs/pairs_identity.json"
       step q-batch 600 --pairs "$runs/pairs_identity.json" --runs-per-device 8 ;;
     q-quiet) JOBS=4 step q-quiet 420 --pairs tests/data/dice/kernel_infilling_evaluation.json --runs-per-device 1 ;;
