@@ -5,6 +5,7 @@ use super::format::gib;
 use crate::cmd::args::RandomModelArgs;
 use anyhow::{Context, Result};
 use clap::Args;
+use dice_model::config::SdarConfig;
 use dice_model::sdar::StepProfile;
 use dice_report::targets::Targets;
 use dice_train::metrics::HOPPER_BF16_PEAK_TFLOPS;
@@ -18,8 +19,9 @@ tokens (a quarter prompt, the response masked with p = 0.5), and runs STEPS chec
 training steps (forward and backward of the two-stream loss over 2 x TOKENS positions). Prints
 the last step's wall time, its TFLOP/s and MFU (FLOPs counted as `dice train sft` counts them:
 both streams, the attention pairs the mask leaves, the scored head; against --peak-tflops) and
-the peak device memory, beside the bound (--bound-gib, by default the target of
-bench/targets.toml). On CUDA in bf16/f16 the step runs dice's fused training kernels: the
+the peak device memory, beside the bound (--bound-gib; by default the target of
+bench/targets.toml where it holds: the 1.7B config's shapes, 4,096 tokens, bf16; no bound
+otherwise). On CUDA in bf16/f16 the step runs dice's fused training kernels: the
 attention (FlashAttention-2 style over the two-stream mask's key ranges) and the hand-written
 layer and loss head (cuBLAS GEMMs between fused RMSNorm, q/k norm + rotary, SwiGLU and
 log-softmax kernels, no autograd), and as many layers as the free device memory allows keep their
@@ -40,9 +42,10 @@ pub(crate) struct TrainBenchArgs {
     /// Steps to run; all but the last are warm-up.
     #[arg(long, default_value_t = 2)]
     pub steps: usize,
-    /// The peak-memory bound to check against, in GiB.
-    #[arg(long, default_value_t = peak_memory_target_gib())]
-    pub bound_gib: f64,
+    /// The peak-memory bound to check against, in GiB [default: bench/targets.toml's target
+    /// for runs of its model shapes, tokens and dtype; none for others].
+    #[arg(long)]
+    pub bound_gib: Option<f64>,
     /// Peak dense TFLOP/s of the device in the compute dtype, the MFU's denominator [default:
     /// 989 (H100/H200 SXM, bf16) on CUDA; no MFU on the CPU].
     #[arg(long)]
@@ -57,13 +60,20 @@ pub(crate) struct TrainBenchArgs {
     pub json: Option<PathBuf>,
 }
 
-/// The peak-memory target of the benchmark `dice bench train` measures.
-fn peak_memory_target_gib() -> f64 {
+/// The peak-memory target of `dice bench train` (bench/targets.toml) where it holds for a run of
+/// `config` at `tokens` in `dtype`: its model's shapes and its settings; None elsewhere.
+fn peak_memory_target_gib(config: &SdarConfig, tokens: usize, dtype: &str) -> Option<f64> {
+    let settings = toml::Table::from_iter([
+        ("tokens".to_string(), (tokens as i64).into()),
+        ("dtype".to_string(), dtype.into()),
+    ]);
     Targets::get()
         .measured_by("bench train")
-        .next()
-        .expect("bench/targets.toml has the benchmark of `dice bench train` (a unit test checks)")
-        .target
+        .find(|b| {
+            b.fits_model(config.hidden_size, config.num_hidden_layers)
+                && b.differing(&settings).next().is_none()
+        })
+        .map(|b| b.target)
 }
 
 #[derive(Serialize)]
@@ -78,7 +88,7 @@ struct TrainBench {
     tflops: f64,
     mfu: Option<f64>,
     peak_bytes: Option<u64>,
-    bound_bytes: u64,
+    bound_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     profile: Option<StepProfile>,
 }
@@ -97,6 +107,9 @@ pub(super) fn run(args: TrainBenchArgs) -> Result<()> {
         .peak_tflops
         .or(device.is_cuda().then_some(HOPPER_BF16_PEAK_TFLOPS));
     let tflops = step.flops / step.seconds / 1e12;
+    let bound_gib = args
+        .bound_gib
+        .or_else(|| peak_memory_target_gib(&config, args.tokens, &args.model.dtype.name()));
     let result = TrainBench {
         config: args.model.config_name(),
         dtype: format!("{dtype:?}"),
@@ -108,16 +121,20 @@ pub(super) fn run(args: TrainBenchArgs) -> Result<()> {
         tflops,
         mfu: peak_tflops.map(|peak| tflops / peak),
         peak_bytes: step.peak_bytes,
-        bound_bytes: (args.bound_gib * (1u64 << 30) as f64) as u64,
+        bound_bytes: bound_gib.map(|g| (g * (1u64 << 30) as f64) as u64),
         profile: step.profile,
     };
-    let check = match result.peak_bytes {
-        Some(p) if p <= result.bound_bytes => "met",
-        Some(_) => "NOT met",
-        None => "not measured on the CPU",
+    let bound = match (result.peak_bytes, result.bound_bytes) {
+        (None, _) => "not measured on the CPU".to_string(),
+        (Some(_), None) => "no bound for this run".to_string(),
+        (Some(peak), Some(bound)) => format!(
+            "bound {}: {}",
+            gib(bound),
+            if peak <= bound { "met" } else { "NOT met" }
+        ),
     };
     println!(
-        "sft step of {} ({}): {} tokens, {} positions, {} masked; loss {:.4}; {:.2} s, {:.1} TFLOP/s, MFU {}; peak {} (bound {}: {check})",
+        "sft step of {} ({}): {} tokens, {} positions, {} masked; loss {:.4}; {:.2} s, {:.1} TFLOP/s, MFU {}; peak {} ({bound})",
         result.config,
         result.dtype,
         result.tokens,
@@ -128,7 +145,6 @@ pub(super) fn run(args: TrainBenchArgs) -> Result<()> {
         result.tflops,
         result.mfu.map_or("-".to_string(), |m| format!("{:.1} %", 100.0 * m)),
         result.peak_bytes.map_or("-".to_string(), gib),
-        gib(result.bound_bytes),
     );
     if let Some(profile) = &result.profile {
         print!("{}", profile_table(profile));
@@ -171,12 +187,23 @@ fn profile_table(profile: &StepProfile) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
+    /// The peak-memory target holds for runs of its shapes, tokens and dtype, and only those.
     #[test]
-    fn the_targets_hold_the_peak_memory_bound_in_gib() {
+    fn the_peak_memory_bound_applies_where_the_target_holds() {
         let bounds: Vec<_> = Targets::get().measured_by("bench train").collect();
         assert_eq!(bounds.len(), 1);
         assert_eq!(bounds[0].unit, "GiB");
-        assert_eq!(peak_memory_target_gib(), bounds[0].target);
+        let configs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/sdar/configs");
+        let config = |name: &str| SdarConfig::from_path(&configs.join(name)).unwrap();
+        let (small, large) = (config("sdar-1.7b.json"), config("sdar-4b.json"));
+        assert_eq!(
+            peak_memory_target_gib(&small, 4096, "bf16"),
+            Some(bounds[0].target)
+        );
+        assert_eq!(peak_memory_target_gib(&small, 6144, "bf16"), None);
+        assert_eq!(peak_memory_target_gib(&small, 4096, "f32"), None);
+        assert_eq!(peak_memory_target_gib(&large, 4096, "bf16"), None);
     }
 }
