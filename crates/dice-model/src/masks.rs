@@ -209,12 +209,12 @@ impl KeySpans {
             .collect()
     }
 
-    /// The order in which the kernels take the tiles, heaviest first (so that a grid's last
-    /// CTAs are its lightest, not a few long ones on otherwise idle SMs): `[query tiles, key
-    /// tiles]`, the query tiles by how many key tiles their hulls meet (the forward's and dQ's
-    /// work), the key tiles by how many query tiles meet them (dK/dV's); ties by index.
-    pub(crate) fn tile_orders(&self) -> [Vec<u32>; 2] {
-        let bounds = self.tile_bounds();
+    /// The order in which the kernels take the tiles of a sequence of tile bounds `bounds`
+    /// ([`KeySpans::tile_bounds`]), heaviest first (so that a grid's last CTAs are its
+    /// lightest, not a few long ones on otherwise idle SMs): `[query tiles, key tiles]`, the
+    /// query tiles by how many key tiles their hulls meet (the forward's and dQ's work), the
+    /// key tiles by how many query tiles meet them (dK/dV's); ties by index.
+    pub(crate) fn tile_orders(bounds: &[[u32; 8]]) -> [Vec<u32>; 2] {
         let tiles = bounds.len();
         let meets = |hull: &[u32; 8], key_tile: usize| {
             let (first, end) = (key_tile * Self::TILE, (key_tile + 1) * Self::TILE);
@@ -406,7 +406,7 @@ mod tests {
                 })
             })
         };
-        let [query_order, key_order] = spans.tile_orders();
+        let [query_order, key_order] = KeySpans::tile_orders(&bounds);
         let work_of_query = |t: u32| (0..tiles).filter(|&k| meets(t as usize, k)).count();
         let work_of_key = |k: u32| (0..tiles).filter(|&t| meets(t, k as usize)).count();
         for (order, work) in [

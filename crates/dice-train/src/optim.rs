@@ -897,60 +897,51 @@ fn squared_norms_by(
 ) -> Result<Vec<f64>> {
     let mut names: Vec<&String> = grads.keys().collect();
     names.sort();
-    let mut queued = Vec::new();
-    let sums = names
-        .into_iter()
-        .map(|name| {
-            let tensor = &grads[name];
-            let queue = (!on_host(tensor)).then_some((chunk, row, &mut queued));
-            square_sum(tensor, queue)
-                .with_context(|| format!("cannot take the norm of the gradient of `{name}`"))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut read = if queued.is_empty() {
+    // Every gradient's sums as 0-dim f64 tensors, in order, and how many are each one's.
+    let (mut sums, mut counts) = (Vec::new(), Vec::with_capacity(names.len()));
+    for name in names {
+        let tensor = &grads[name];
+        let before = sums.len();
+        queue_square_sums(tensor, chunk, row, on_host(tensor), &mut sums)
+            .with_context(|| format!("cannot take the norm of the gradient of `{name}`"))?;
+        counts.push(sums.len() - before);
+    }
+    let mut read = if sums.is_empty() {
         Vec::new()
     } else {
-        Tensor::stack(&queued, 0)?.to_vec1::<f64>()?
+        Tensor::stack(&sums, 0)?.to_vec1::<f64>()?
     }
     .into_iter();
-    Ok(sums
+    // Each gradient's sums added in order, as its norm always was.
+    Ok(counts
         .into_iter()
-        .map(|sum| match sum {
-            SquareSum::Host(value) => value,
-            // The slices added in order, as one gradient's norm always was.
-            SquareSum::Queued(slices) => read.by_ref().take(slices).fold(0.0, |acc, x| acc + x),
-        })
+        .map(|count| read.by_ref().take(count).fold(0.0, |acc, x| acc + x))
         .collect())
 }
 
-/// One gradient's Σ x²: known, or the number of slice sums it queued on its device.
-enum SquareSum {
-    Host(f64),
-    Queued(usize),
-}
-
-/// Σ x² of `tensor` in f64: summed here, or, given `(chunk, row, queued)`, its slices' sums
-/// ([`slice_square_sums`]) added to `queued` on its device.
-fn square_sum(
+/// Appends Σ x² of `tensor` in f64 to `sums` as 0-dim tensors: one summed here from the host
+/// buffer (`on_host`), else one per slice ([`slice_square_sums`]) on its device.
+fn queue_square_sums(
     tensor: &Tensor,
-    queue: Option<(usize, usize, &mut Vec<Tensor>)>,
-) -> Result<SquareSum> {
+    chunk: usize,
+    row: usize,
+    on_host: bool,
+    sums: &mut Vec<Tensor>,
+) -> Result<()> {
     let flat = tensor.flatten_all()?;
-    let Some((chunk, row, queued)) = queue else {
+    if on_host {
         let flat = flat.to_dtype(DType::F32)?.contiguous()?;
         let (storage, layout) = flat.storage_and_layout();
         let Storage::Cpu(storage) = &*storage else {
             bail!("internal error: a CPU tensor without CPU storage");
         };
         let values = host_values(storage, layout)?;
-        return Ok(SquareSum::Host(
-            values.iter().map(|&x| f64::from(x) * f64::from(x)).sum(),
-        ));
-    };
-    let slices = slice_square_sums(&flat, chunk, row)?;
-    let count = slices.len();
-    queued.extend(slices);
-    Ok(SquareSum::Queued(count))
+        let sum: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+        sums.push(Tensor::new(sum, tensor.device())?);
+    } else {
+        sums.extend(slice_square_sums(&flat, chunk, row)?);
+    }
+    Ok(())
 }
 
 /// Σ x² of each slice of `chunk` elements of the 1-D `flat`, in f64, as 0-dim tensors on its

@@ -66,29 +66,19 @@ fn evaluator_compiler_niceness(stop: &std::sync::atomic::AtomicBool) -> BTreeMap
             fields.get(16)?.parse().ok()?,
         ))
     }
-    let is_zygote = |pid: u32| {
-        std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|c| c.windows(9).any(|w| w == b"zygote.py"))
-    };
     let me = std::process::id();
     let mut seen = BTreeMap::new();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
+        for pid in process_ids() {
+            let Some((name, _, nice)) = stat(pid) else {
                 continue;
             };
-            let Some(("cc1plus", _, nice)) =
-                stat(pid).as_ref().map(|(n, p, x)| (n.as_str(), p, *x))
-            else {
+            if name != "cc1plus" {
                 continue;
-            };
+            }
             let (mut at, mut through_zygote) = (pid, false);
             while at > 1 && at != me {
-                through_zygote |= is_zygote(at);
+                through_zygote |= command_line_has(at, "zygote.py");
                 at = stat(at).map_or(0, |(_, parent, _)| parent);
             }
             if at == me && through_zygote {

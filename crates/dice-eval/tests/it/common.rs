@@ -126,3 +126,18 @@ pub(crate) fn documented_verdicts() -> BTreeMap<(u32, u32), Verdict> {
     }
     expected
 }
+
+/// The ids of the host's processes, from /proc.
+pub(crate) fn process_ids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Whether process `pid`'s command line contains `needle` (false once it is gone).
+pub(crate) fn command_line_has(pid: u32, needle: &str) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&cmdline).contains(needle)
+}

@@ -2,7 +2,10 @@
 //! candidate can see of its confinement, orphans, a fork bomb, a flood of output, inputs changed
 //! in place and cached outputs.
 
-use crate::common::{machine_alone, machine_shared, relu_problem_and_samples, test_config};
+use crate::common::{
+    command_line_has, machine_alone, machine_shared, process_ids, relu_problem_and_samples,
+    test_config,
+};
 use dice_eval::{EvalConfig, SampleRecord, Store, Verdict};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -58,18 +61,11 @@ fn reported(log: &str, marker: &str) -> Option<Vec<(String, String)>> {
 }
 
 /// Processes whose command line contains `needle`, from the host's /proc.
-fn processes_with(needle: &str) -> Vec<i32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(needle) {
-            found.push(pid);
-        }
-    }
-    found
+fn processes_with(needle: &str) -> Vec<u32> {
+    process_ids()
+        .into_iter()
+        .filter(|&pid| command_line_has(pid, needle))
+        .collect()
 }
 
 /// `count()` once it is 0, or after 20 s: killed processes take a moment to disappear.
@@ -86,12 +82,10 @@ fn settled(count: impl Fn() -> usize) -> usize {
 
 /// Processes of user `uid`, from the host's /proc.
 fn processes_of(uid: u32) -> usize {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().parse::<i32>().is_ok())
-        .filter(|e| {
-            let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+    process_ids()
+        .into_iter()
+        .filter(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
             status
                 .lines()
                 .find(|l| l.starts_with("Uid:"))

@@ -148,14 +148,15 @@ impl TrainAttention {
         fn flat<const N: usize>(rows: &[[u32; N]], device: &Device) -> Result<Tensor> {
             Tensor::from_iter(rows.iter().flatten().copied(), device)?.reshape((rows.len(), N))
         }
-        let [query_order, key_order] = spans.tile_orders();
-        let tiles = query_order.len();
+        let bounds = spans.tile_bounds();
+        let [query_order, key_order] = KeySpans::tile_orders(&bounds);
+        let tiles = bounds.len();
         Ok(Some(Self {
             kernels,
             dtype_slot,
             dtype,
             spans: flat(spans.rows(), device)?,
-            tile_spans: flat(&spans.tile_bounds(), device)?,
+            tile_spans: flat(&bounds, device)?,
             tile_order: Tensor::from_iter(query_order.into_iter().chain(key_order), device)?
                 .reshape((2, tiles))?,
             tokens: spans.tokens(),
