@@ -25,6 +25,9 @@ import persisting_l2
 SEED = 42
 WARMUP_CALLS = 3
 L2_FLUSH_BYTES = 256 << 20
+# The most input bytes the CPU's timer makes ahead of the calls that take them (Timer
+# `_timed_premade`): a round of small inputs is made at once, large ones a few calls at a time.
+CPU_PREMADE_INPUT_BYTES = 256 << 20
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -148,10 +151,12 @@ class Timer:
     """Times model calls, each on inputs no call has seen before (same process in both roles).
 
     Call c's inputs are the problem's own `get_inputs()` under seed `Seeds.timed_call(c)`, made
-    on the evaluation device before the call and copied into the same buffers every call: an
-    output cached by input value or fingerprint is never found again, and one cached by pointer
-    is stale. Making them costs both processes alike, outside the timed region (before the
-    synchronisation and the flush). A uniform sample of the timed calls keeps copies of its
+    on the evaluation device before the call and copied into buffers that every round uses
+    again: an output cached by input value or fingerprint is never found again, and one cached
+    by pointer is stale. Making them costs both processes alike, outside the timed region
+    (before the synchronisation and the flush). On the device every call takes one set of
+    buffers; on the CPU a round's inputs are made before its first call, call j of the round
+    in the j-th set (`_timed_premade`). A uniform sample of the timed calls keeps copies of its
     outputs (`CheckedCalls`), which the evaluator has judged against the reference's output on
     the same inputs.
     """
@@ -161,8 +166,8 @@ class Timer:
         self.problem = problem
         self.model = model
         self.cores = cores
-        self.buffers = []
-        self.held = None  # the last inputs made, until their call returned (`_prepare`)
+        self.slots = []  # sets of input buffers (`_fill`)
+        self.held = []  # inputs made, until their calls returned (`_fill`)
         self.warmed = False
         self.untimed_calls = 0  # made by the last run before its timed ones: the warm-ups
         self.round_key = None  # of the round being timed
@@ -177,6 +182,7 @@ class Timer:
         # The input buffers on the device now, under the untimed pass the timer is made in (and
         # in the reference's footprint): the first warm-up's inputs.
         self._prepare(-1)
+        self.held = []
 
     def run(self, n, first_call, round_key):
         """Times calls first_call .. first_call + n - 1 on the inputs of `round_key`
@@ -201,27 +207,35 @@ class Timer:
                 self.warmed = True
                 for warmup in range(self.untimed_calls):
                     self._call(-1 - warmup)
-                return [self._timed(first_call + i) for i in range(n)]
+                calls = range(first_call, first_call + n)
+                if self.setup.device.type == "cpu":
+                    return self._timed_premade(calls)
+                return [self._timed(call, self._prepare(call)) for call in calls]
         finally:
             if collecting:
                 gc.enable()
             if self.cores:
                 os.sched_setaffinity(0, self.cores["untimed"])
 
-    def _prepare(self, call):
-        seed = self.setup.seeds.timed_call(call, self.round_key if call >= 0 else None)
-        fresh = self.setup.inputs(self.problem, seed)
-        if len(self.buffers) != len(fresh):
-            self.buffers = [None] * len(fresh)
+    def _seed(self, call):
+        return self.setup.seeds.timed_call(call, self.round_key if call >= 0 else None)
+
+    def _fill(self, slot, fresh):
+        """The arguments of a call on inputs `fresh`: copied into the buffers of set `slot`."""
+        while len(self.slots) <= slot:
+            self.slots.append([])
+        buffers = self.slots[slot]
+        if len(buffers) != len(fresh):
+            buffers[:] = [None] * len(fresh)
         args = []
         for i, value in enumerate(fresh):
-            buf = self.buffers[i]
+            buf = buffers[i]
             # A tensor of another shape or type than the last call's (a problem whose inputs
             # vary) takes its own place.
             if isinstance(value, torch.Tensor) and isinstance(buf, torch.Tensor) and buf.shape == value.shape and buf.dtype == value.dtype:
                 buf.copy_(value)
             else:
-                self.buffers[i] = buf = value
+                buffers[i] = buf = value
             args.append(buf)
         # On the CPU, freed inputs go back to the C heap, where a program that keeps its outputs
         # (a cache) would place the next one, and the next call's inputs would be made on pages
@@ -230,8 +244,13 @@ class Timer:
         # Held through the call, a kept output takes new memory inside the timed call, where its
         # cost belongs. CUDA's caching allocator has no such cost, and holding inputs twice
         # there would raise the footprint.
-        self.held = fresh if self.setup.device.type == "cpu" else None
-        del fresh
+        if self.setup.device.type == "cpu":
+            self.held.append(fresh)
+        return args
+
+    def _prepare(self, call):
+        seed = self._seed(call)
+        args = self._fill(0, self.setup.inputs(self.problem, seed))
         set_seed(seed)
         self.setup.sync()
         return args
@@ -240,10 +259,35 @@ class Timer:
         args = self._prepare(call)
         self.model(*args)
         self.setup.sync()
-        self.held = None
+        self.held = []
 
-    def _timed(self, call):
-        args = self._prepare(call)
+    def _timed_premade(self, calls):
+        """Times `calls` on the CPU, their inputs made before the first of them (in groups of at
+        most CPU_PREMADE_INPUT_BYTES): no input is made or copied between two timed calls.
+
+        Made between calls, inputs are copied by torch's thread pool, whose threads fall asleep
+        while a single-threaded program runs; every call of such a candidate then waited for
+        them to wake, outside its timed region but inside the evaluator's wall time of the
+        round, which the baseline (torch's own ops keep the pool awake) never paid: on a loaded
+        machine milliseconds a call, enough for a false clock finding (`runtime.rs`,
+        check_clock). Made up front, that wait is paid once a group by both processes alike."""
+        times = []
+        pending = list(calls)
+        while pending:
+            group, size = [], 0
+            while pending and (not group or size < CPU_PREMADE_INPUT_BYTES):
+                call = pending.pop(0)
+                seed = self._seed(call)
+                args = self._fill(len(group), self.setup.inputs(self.problem, seed))
+                size += sum(a.nbytes for a in args if isinstance(a, torch.Tensor))
+                group.append((call, seed, args))
+            for call, seed, args in group:
+                set_seed(seed)
+                times.append(self._timed(call, args))
+            self.held = []
+        return times
+
+    def _timed(self, call, args):
         if self.flush is None:
             start = perf_counter_ns()
             out = self.model(*args)
@@ -258,7 +302,6 @@ class Timer:
             end.record()
             torch.cuda.synchronize(self.setup.device)
             ms = start.elapsed_time(end)
-        self.held = None
         self.checked.offer(call, out)
         return ms
 

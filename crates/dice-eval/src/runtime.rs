@@ -193,9 +193,12 @@ pub struct ClockMismatch {
 ///
 /// On a quiet machine the range is microseconds and a clock off by a fifth is caught; under
 /// heavy CPU oversubscription (a busy loop per core beside the evaluation) rounds carry tens of
-/// milliseconds of scheduling delay, and processes pay it unequally (a single-threaded kernel
-/// lets its process's worker threads fall asleep, and the next parallel input copy waits for
-/// them): there only clocks that are off by more than that range are caught.
+/// milliseconds of scheduling delay: there only clocks that are off by more than that range are
+/// caught. Processes paid such delay unequally while inputs were made between timed calls (a
+/// single-threaded kernel let its process's worker threads fall asleep, and the next parallel
+/// input copy waited for them, every call: an honest CPU candidate was flagged under load), so
+/// on the CPU a round's inputs are made before its calls (python/protocol.py
+/// `Timer._timed_premade`) and such a wait is paid once a round.
 pub fn check_clock(
     candidate: &[TimedRound],
     baseline: &[TimedRound],
