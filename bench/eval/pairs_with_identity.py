@@ -1,7 +1,8 @@
-"""Writes a pairs file that holds every pair of PAIRS and, after them, one identity candidate per
-pair (its own PyTorch program with `Model` renamed `ModelNew`, id + OFFSET): timed in the same
-cold batch as the real kernels, the identity candidates show how far the batch's load moves a
-speedup that must be 1.
+"""Writes a pairs file that holds every pair of PAIRS, each followed by its identity candidate
+(its own PyTorch program with `Model` renamed `ModelNew`, id + OFFSET): timed in the same cold
+batch as the real kernels, the identity candidates show how far the batch's load moves a
+speedup that must be 1. Interleaved, they are judged while the pairs' builds run (the load the
+measure is about), and a batch cut short holds both kinds.
 
     python3 bench/eval/pairs_with_identity.py PAIRS.json OUT.json
 """
@@ -20,8 +21,10 @@ def identity(pair):
 
 def main(src, dst):
     pairs = json.load(open(src))
-    out = [{"id": p["id"], "pytorch_code": p["pytorch_code"], "cuda_code": p["cuda_code"]} for p in pairs]
-    out += [identity(p) for p in pairs]
+    out = []
+    for p in pairs:
+        out.append({"id": p["id"], "pytorch_code": p["pytorch_code"], "cuda_code": p["cuda_code"]})
+        out.append(identity(p))
     json.dump(out, open(dst, "w"))
     print(f"{len(pairs)} pairs + {len(pairs)} identity candidates -> {dst}")
 
