@@ -3,7 +3,7 @@
 # the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/rl/run-h200.sh [STEP...]
 # (STEP: golden-f32, golden-bf16, sampled-1.7b, sampled-1.7b-host, greedy-1.7b, sampled-4b,
-# sampled-1.7b-rl-shape, rl-rollout, sampled-1.7b-rl256-shape, sampled-1.7b-rl256-ragged,
+# sampled-1.7b-rl-shape, rl-rollout, sampled-1.7b-rl128-ragged, sampled-1.7b-rl256-shape, sampled-1.7b-rl256-ragged,
 # rl-rollout-256, rl-learn, bench-rl; all by default)
 # reading the model configs, the tokenizer and the DICE tasks from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
@@ -55,6 +55,11 @@ rl_run() {
   rm -rf "/tmp/$name"
 }
 rl_run rl-rollout 300 16 8 256 128 1 --reward-token 16
+# The engine at the rollout's shape above (128 sequences, 256 new tokens, prompts as ragged as
+# the stage-2 tasks'): what rl-rollout's tokens/s is held against where 256 sequences of 512 do
+# not fit (an 80 GB card).
+run sampled-1.7b-rl128-ragged 180 bench generate --config "$configs/sdar-1.7b.json" "${rollout[@]}" \
+  --batch 128 --prompt-tokens 811-1287 --new-tokens 256 --json "$OUT/sampled-1.7b-rl128-ragged.json"
 run sampled-1.7b-rl256-shape 180 bench generate --config "$configs/sdar-1.7b.json" "${rollout[@]}" \
   --batch 256 --prompt-tokens 896 --new-tokens 512 --json "$OUT/sampled-1.7b-rl256-shape.json"
 # The same with prompts as ragged as the stage-2 tasks' (811-1,287 tokens): the rollout's fair
