@@ -111,3 +111,20 @@ fn every_end_to_end_reference_validates() {
     // Their `cuda_code` is empty: no candidate code.
     assert!(set.candidates.iter().all(|c| c.code.is_none()));
 }
+
+#[test]
+fn candidates_keep_the_file_order_problems_are_sorted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pairs.json");
+    let pair = |id: u32| serde_json::json!({"id": id, "pytorch_code": PROBLEM, "cuda_code": "x"});
+    fs::write(
+        &path,
+        serde_json::json!([pair(7), pair(1_000_007), pair(3)]).to_string(),
+    )
+    .unwrap();
+    let set = load_pairs(&path).unwrap();
+    let judged: Vec<u32> = set.candidates.iter().map(|c| c.problem_id).collect();
+    assert_eq!(judged, [7, 1_000_007, 3]);
+    let stored: Vec<u32> = set.problems.iter().map(|p| p.problem_id).collect();
+    assert_eq!(stored, [3, 7, 1_000_007]);
+}
