@@ -164,6 +164,29 @@ impl KeySpans {
         Some(Self { rows })
     }
 
+    /// Sequences of visibilities `parts` packed one after another into one sequence, each
+    /// seeing only its own keys: a query of part i sees the keys it saw there, shifted by the
+    /// tokens of the parts before it (empty ranges stay `[0, 0)`).
+    pub fn packed(parts: &[&KeySpans]) -> Self {
+        let mut rows = Vec::with_capacity(parts.iter().map(|p| p.tokens()).sum());
+        for part in parts {
+            let offset = rows.len() as u32;
+            rows.extend(part.rows.iter().map(|row| {
+                let shift = |begin: u32, end: u32| {
+                    if begin < end {
+                        [begin + offset, end + offset]
+                    } else {
+                        [0, 0]
+                    }
+                };
+                let [a, b] = shift(row[0], row[1]);
+                let [c, d] = shift(row[2], row[3]);
+                [a, b, c, d]
+            }));
+        }
+        Self { rows }
+    }
+
     /// The queries' ranges, `[s0, s1, s2, s3]` each.
     pub fn rows(&self) -> &[[u32; 4]] {
         &self.rows
@@ -250,6 +273,28 @@ impl KeySpans {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn packed_spans_see_each_part_alone() {
+        let causal = |n: usize| KeySpans::from_predicate(n, |q, k| k <= q).unwrap();
+        let gapped =
+            KeySpans::from_predicate(5, |q, k| k == 0 || (k >= 3 && k <= q.max(3))).unwrap();
+        let parts = [causal(3), gapped.clone(), causal(2)];
+        let packed = KeySpans::packed(&parts.iter().collect::<Vec<_>>());
+        assert_eq!(packed.tokens(), 10);
+        let starts = [0, 3, 8, 10];
+        for (i, part) in parts.iter().enumerate() {
+            for query in starts[i]..starts[i + 1] {
+                for key in 0..10 {
+                    let own = (starts[i]..starts[i + 1]).contains(&key)
+                        && part.sees(query - starts[i], key - starts[i]);
+                    assert_eq!(packed.sees(query, key), own, "query {query} key {key}");
+                }
+            }
+        }
+        // A part's empty second range stays empty rather than becoming [offset, offset).
+        assert_eq!(packed.rows()[8], [8, 9, 0, 0]);
+    }
 
     fn render(rows: usize, cols: usize, allowed: impl Fn(usize, usize) -> bool) -> Vec<String> {
         (0..rows)

@@ -132,16 +132,121 @@ impl<'a> Sequences<'a> {
     }
 }
 
+/// The most tokens of one packed model input where the model trains on key spans (CUDA,
+/// bf16/f16: the fused attention skips the key tiles no query of a packed part sees, so a pack
+/// costs its parts' attention, not its square), else 0: one sample per input, since the
+/// composite attention of the CPU and f32 computes the whole N² of a pack. Each input pays the
+/// layers' per-call host work (about 0.25 s per replayed sample at 1.7B on the GPU, run
+/// 2026-12-05-bb634d7-h200), so short samples are packed up to the tokens an SFT row holds.
+pub fn pack_tokens(model: &Sdar) -> Result<usize> {
+    Ok(if model.trains_on_key_spans()? {
+        PACK_TOKENS
+    } else {
+        0
+    })
+}
+
+/// [`pack_tokens`] where packing pays: DICE's SFT row of 6,144 tokens, half the positions of an
+/// SFT step (two streams), whose activations fit beside the optimizer state and a rollout
+/// engine kept on the device (`dice bench train` at 1.7B: 33 GiB for 12,288 positions).
+const PACK_TOKENS: usize = 6_144;
+
+/// The samples `range` of `replay` as model inputs: runs of consecutive samples packed into one
+/// input of at most `pack_tokens` tokens (one sample per input when a sample is longer, or
+/// `pack_tokens` is 0), each sample seeing only its own tokens; with the samples each holds.
+fn packed_inputs(
+    sequences: &mut Sequences,
+    range: Range<usize>,
+    pack_tokens: usize,
+) -> Result<Vec<(Range<usize>, MaskedSequence)>> {
+    let replay = sequences.replay;
+    let width = replay.prompt_width + 2 * replay.region_width;
+    let per_pack = (pack_tokens / width.max(1)).max(1);
+    let mut inputs = Vec::new();
+    let mut parts: Vec<(usize, MaskedSequence)> = Vec::new();
+    for n in range {
+        let input = sequences.get(&replay.samples[n])?;
+        // Spans and masks do not mix in one input (a record whose rows see more than two
+        // ranges of keys keeps a mask).
+        let joins = parts.len() < per_pack
+            && parts
+                .last()
+                .is_none_or(|(_, last)| last.spans.is_some() == input.spans.is_some());
+        if !joins {
+            inputs.push(pack(std::mem::take(&mut parts))?);
+        }
+        parts.push((n, input));
+    }
+    if !parts.is_empty() {
+        inputs.push(pack(parts)?);
+    }
+    Ok(inputs)
+}
+
+/// Consecutive samples' inputs `parts` (sample index, input) as one input: tokens one after
+/// another, each part's positions as they were, its visibility confined to its own tokens
+/// (key spans shifted, or a block-diagonal mask).
+fn pack(parts: Vec<(usize, MaskedSequence)>) -> Result<(Range<usize>, MaskedSequence)> {
+    let samples = parts[0].0..parts[parts.len() - 1].0 + 1;
+    if parts.len() == 1 {
+        let (_, input) = parts.into_iter().next().expect("one part");
+        return Ok((samples, input));
+    }
+    let total: usize = parts.iter().map(|(_, part)| part.tokens.len()).sum();
+    let mut packed = MaskedSequence {
+        tokens: Vec::with_capacity(total),
+        positions: Vec::with_capacity(total),
+        mask: None,
+        spans: None,
+        rows: Vec::new(),
+        labels: Vec::new(),
+    };
+    let mut mask_rows = Vec::new();
+    for (_, part) in &parts {
+        let (offset, n) = (packed.tokens.len(), part.tokens.len());
+        packed.tokens.extend_from_slice(&part.tokens);
+        packed.positions.extend_from_slice(&part.positions);
+        packed
+            .rows
+            .extend(part.rows.iter().map(|&row| row + offset as u32));
+        packed.labels.extend_from_slice(&part.labels);
+        if let Some(mask) = &part.mask {
+            let hidden = |width: usize| Tensor::full(f32::NEG_INFINITY, (n, width), mask.device());
+            let mut row = Vec::with_capacity(3);
+            if offset > 0 {
+                row.push(hidden(offset)?);
+            }
+            row.push(mask.clone());
+            if offset + n < total {
+                row.push(hidden(total - offset - n)?);
+            }
+            mask_rows.push(Tensor::cat(&row, 1)?);
+        }
+    }
+    let spans: Option<Vec<&KeySpans>> = parts.iter().map(|(_, part)| part.spans.as_ref()).collect();
+    packed.spans = spans.map(|spans| KeySpans::packed(&spans));
+    if !mask_rows.is_empty() {
+        packed.mask = Some(Tensor::cat(&mask_rows, 0)?);
+    }
+    Ok((samples, packed))
+}
+
 /// log π_old at every loss position of every sample (spec bicrl §9.1): the model as it is,
-/// without autograd, on the same inputs the loss sees. Computed once per RL step, before any
-/// update.
-pub fn old_log_probs(model: &Sdar, replay: &Replay) -> Result<Vec<Vec<f32>>> {
+/// without autograd, on the same inputs the loss sees, samples packed into inputs of at most
+/// `pack_tokens` tokens ([`pack_tokens`]). Computed once per RL step, before any update.
+pub fn old_log_probs(model: &Sdar, replay: &Replay, pack_tokens: usize) -> Result<Vec<Vec<f32>>> {
     let mut sequences = Sequences::new(replay, model)?;
-    replay
-        .samples
-        .iter()
-        .map(|sample| model.masked_log_probs(&sequences.get(sample)?, QUERY_CHUNK))
-        .collect()
+    let mut all = Vec::with_capacity(replay.samples.len());
+    for (samples, input) in packed_inputs(&mut sequences, 0..replay.samples.len(), pack_tokens)? {
+        let log_probs = model.masked_log_probs(&input, QUERY_CHUNK)?;
+        let mut rest = log_probs.as_slice();
+        for sample in &replay.samples[samples] {
+            let (own, after) = rest.split_at(sample.loss_positions.len());
+            all.push(own.to_vec());
+            rest = after;
+        }
+    }
+    Ok(all)
 }
 
 /// The loss of the samples `range` of `replay` (mean of their L_n) and its gradient for every
@@ -153,9 +258,11 @@ pub fn policy_loss_and_grads(
     range: Range<usize>,
     old_log_probs: &[Vec<f32>],
     settings: &PolicyLossSettings,
+    pack_tokens: usize,
 ) -> Result<PolicyLoss> {
     let scale = 1.0 / range.len().max(1) as f64;
-    let sums = policy_loss_and_grad_sums(model, replay, range, old_log_probs, settings)?;
+    let sums =
+        policy_loss_and_grad_sums(model, replay, range, old_log_probs, settings, pack_tokens)?;
     let grads = sums
         .grads
         .into_iter()
@@ -169,14 +276,18 @@ pub fn policy_loss_and_grads(
 }
 
 /// The sum of the L_n of the samples `range` of `replay` and its gradient for every weight.
-/// One sample at a time goes through the model, each with the checkpointed forward and
-/// backward of [`Sdar::masked_loss_and_grads`]; gradients are summed in f32, in sample order.
+/// The samples go through the model packed into inputs of at most `pack_tokens` tokens
+/// ([`pack_tokens`]; one sample per input at 0), each input with the checkpointed forward and
+/// backward of [`Sdar::masked_loss_and_grads`]; gradients are summed in f32, in input order. A
+/// sample alone in its input keeps the model's L_n; one packed with others gets L_n from the
+/// same log-probabilities in f64 (the input's loss is their sum).
 pub fn policy_loss_and_grad_sums(
     model: &Sdar,
     replay: &Replay,
     range: Range<usize>,
     old_log_probs: &[Vec<f32>],
     settings: &PolicyLossSettings,
+    pack_tokens: usize,
 ) -> Result<PolicyLoss> {
     ensure!(
         range.end <= replay.samples.len() && old_log_probs.len() == replay.samples.len(),
@@ -186,40 +297,52 @@ pub fn policy_loss_and_grad_sums(
     );
     ensure!(!range.is_empty(), "no samples to compute the loss of");
     let device = model.device();
-    let count = range.len();
+    let normaliser = replay.loss_normaliser as f64;
     let mut sequences = Sequences::new(replay, model)?;
-    let mut samples = Vec::with_capacity(count);
+    let mut samples = Vec::with_capacity(range.len());
     let mut grads: HashMap<String, Tensor> = HashMap::new();
-    for n in range {
-        let sample = &replay.samples[n];
-        let advantage = replay.records[sample.record].advantage as f32;
-        let old = &old_log_probs[n];
-        ensure!(
-            old.len() == sample.loss_positions.len(),
-            "sample {n} has {} loss positions but {} old log-probabilities",
-            sample.loss_positions.len(),
-            old.len()
-        );
-        let old_tensor = Tensor::new(old.as_slice(), device)?;
-        let normaliser = replay.loss_normaliser as f64;
+    for (packed, input) in packed_inputs(&mut sequences, range, pack_tokens)? {
+        let (mut old_rows, mut advantages) = (Vec::new(), Vec::new());
+        for n in packed.clone() {
+            let sample = &replay.samples[n];
+            let old = &old_log_probs[n];
+            ensure!(
+                old.len() == sample.loss_positions.len(),
+                "sample {n} has {} loss positions but {} old log-probabilities",
+                sample.loss_positions.len(),
+                old.len()
+            );
+            old_rows.extend_from_slice(old);
+            let advantage = replay.records[sample.record].advantage as f32;
+            advantages.extend(std::iter::repeat_n(advantage, old.len()));
+        }
+        let old_tensor = Tensor::new(old_rows.as_slice(), device)?;
+        let advantage_tensor = Tensor::new(advantages.as_slice(), device)?;
         let loss = |log_probs: &Tensor, rows: Range<usize>| {
             sample_loss(
                 log_probs,
                 &old_tensor.narrow(0, rows.start, rows.len())?,
-                advantage,
+                &advantage_tensor.narrow(0, rows.start, rows.len())?,
                 normaliser,
                 settings,
             )
         };
-        let step = model.masked_loss_and_grads(&sequences.get(sample)?, loss, QUERY_CHUNK)?;
-        samples.push(describe(
-            step.loss,
-            &step.log_probs,
-            old,
-            advantage,
-            normaliser,
-            settings,
-        ));
+        let step = model.masked_loss_and_grads(&input, loss, QUERY_CHUNK)?;
+        let alone = packed.len() == 1;
+        let mut rest = step.log_probs.as_slice();
+        for n in packed {
+            let sample = &replay.samples[n];
+            let (own, after) = rest.split_at(sample.loss_positions.len());
+            rest = after;
+            samples.push(describe(
+                alone.then_some(step.loss),
+                own,
+                &old_log_probs[n],
+                replay.records[sample.record].advantage as f32,
+                normaliser,
+                settings,
+            ));
+        }
         for (name, grad) in step.grads {
             let grad = grad.to_dtype(DType::F32)?;
             let sum = match grads.remove(&name) {
@@ -238,19 +361,19 @@ pub fn policy_loss_and_grad_sums(
 }
 
 /// L_n's terms for a run of loss positions in f32 candle ops, as `forward_process` computes
-/// them (the reference's min and clamp have the same gradients as candle's).
+/// them (the reference's min and clamp have the same gradients as candle's); `advantages`: the
+/// advantage of each position's sample (a packed input holds several samples).
 fn sample_loss(
     log_probs: &Tensor,
     old: &Tensor,
-    advantage: f32,
+    advantages: &Tensor,
     normaliser: f64,
     settings: &PolicyLossSettings,
 ) -> candle_core::Result<Tensor> {
     let delta = (log_probs - old)?;
     let ratio = delta.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)?.exp()?;
     let clipped = ratio.clamp(1.0 - settings.clip_eps, 1.0 + settings.clip_eps)?;
-    let a = f64::from(advantage);
-    let surrogate = (&ratio * a)?.minimum(&(clipped * a)?)?;
+    let surrogate = (&ratio * advantages)?.minimum(&(clipped * advantages)?)?;
     let policy = (surrogate.sum_all()? / -normaliser)?;
     let k3 = ((delta
         .neg()?
@@ -264,7 +387,7 @@ fn sample_loss(
 
 /// The per-token statistics of a sample from the log-probabilities its loss was computed from.
 fn describe(
-    loss: f32,
+    loss: Option<f32>,
     log_probs: &[f32],
     old: &[f32],
     advantage: f32,
@@ -289,9 +412,23 @@ fn describe(
             (-d).clamp(-bound, bound).exp() - 1.0 + d
         })
         .sum();
+    let kl = f64::from(settings.kl_beta) * k3_sum / normaliser;
+    // A sample packed with others has no loss of its own from the model: the same terms in f64.
+    let loss = loss.unwrap_or_else(|| {
+        let a = f64::from(advantage);
+        let (low, high) = (f64::from(low), f64::from(high));
+        let surrogate: f64 = ratios
+            .iter()
+            .map(|&r| {
+                let r = f64::from(r);
+                (r * a).min(r.clamp(low, high) * a)
+            })
+            .sum();
+        (-surrogate / normaliser + kl) as f32
+    });
     SampleLoss {
         loss,
-        kl: f64::from(settings.kl_beta) * k3_sum / normaliser,
+        kl,
         ratios,
         clipped,
     }

@@ -32,7 +32,7 @@ pub mod turns;
 pub use config::{RewardToken, RlConfig};
 pub use dry_run::dry_run_report;
 pub use loss::{
-    old_log_probs, policy_loss_and_grad_sums, policy_loss_and_grads, PolicyLoss,
+    old_log_probs, pack_tokens, policy_loss_and_grad_sums, policy_loss_and_grads, PolicyLoss,
     PolicyLossSettings, SampleLoss,
 };
 pub use metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics};

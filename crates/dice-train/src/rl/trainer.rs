@@ -40,7 +40,10 @@ use super::turns::{
     TurnTotals,
 };
 use super::TraceRecord;
-use super::{old_log_probs, policy_loss_and_grad_sums, PolicyLossSettings, Replay, ReplaySettings};
+use super::{
+    old_log_probs, pack_tokens, policy_loss_and_grad_sums, PolicyLossSettings, Replay,
+    ReplaySettings,
+};
 use crate::dist::zero::StepSettings;
 use crate::dist::{contiguous_share, Collective};
 use crate::run::{DataFingerprint, Run, RunOptions, Steps, TrainSummary};
@@ -546,7 +549,8 @@ impl RlSteps {
         if training.reset_moments {
             run.optimizer.reset_moments()?;
         }
-        let old = old_log_probs(&run.model, &replay)?;
+        let pack = pack_tokens(&run.model)?;
+        let old = old_log_probs(&run.model, &replay, pack)?;
         let mut counts = [replay.samples.len() as f64];
         run.collective.all_reduce_sum_f64(&mut counts)?;
         let global_samples = counts[0] as usize;
@@ -569,8 +573,14 @@ impl RlSteps {
             let range = contiguous_share(local, u, updates);
             let mut update_grads: Option<HashMap<String, Tensor>> = None;
             for groups in group_runs(&replay, range.clone(), record_groups) {
-                let loss =
-                    policy_loss_and_grad_sums(&run.model, &replay, groups, &old, &loss_settings)?;
+                let loss = policy_loss_and_grad_sums(
+                    &run.model,
+                    &replay,
+                    groups,
+                    &old,
+                    &loss_settings,
+                    pack,
+                )?;
                 sums.loss += loss.samples.iter().map(|s| f64::from(s.loss)).sum::<f64>();
                 sums.kl += loss.samples.iter().map(|s| s.kl).sum::<f64>();
                 sums.tokens += loss.loss_tokens() as f64;

@@ -456,7 +456,8 @@ impl Case {
             Sdar::load_trainable(self.training.model_dir.path(), DType::F32, &Device::Cpu)?;
         let json = self.run_json(run);
         let prefix = json["tensor_prefix"].as_str().context("tensor_prefix")?;
-        let old = old_log_probs(&model, &replay)?;
+        // One sample per model input, as the reference computes them.
+        let old = old_log_probs(&model, &replay, 0)?;
         let want_old: Vec<Vec<f32>> = self.tensor(prefix, "logp_old")?.to_vec2()?;
         let mut old_diff = 0f64;
         for (n, (sample, ours)) in replay.samples.iter().zip(&old).enumerate() {
@@ -473,7 +474,8 @@ impl Case {
         let mut report = format!("{}: logp_old Δ {old_diff:.1e};", run.name);
 
         let all = 0..replay.samples.len();
-        let at_start = policy_loss_and_grads(&model, &replay, all.clone(), &old, &loss_settings)?;
+        let at_start =
+            policy_loss_and_grads(&model, &replay, all.clone(), &old, &loss_settings, 0)?;
         ensure!(
             at_start.clipped_tokens() == 0 && at_start.kl().abs() <= TOL,
             "at ratio 1 nothing is clipped and the KL is 0, not {} tokens and {}",
@@ -481,6 +483,7 @@ impl Case {
             at_start.kl()
         );
         report += &self.check_point(run, "ratio1", &at_start)?;
+        report += &check_packed(&model, &replay, &old, &loss_settings, &at_start)?;
 
         let lr = self.tracerl()["sgd_lr"].as_f64().context("sgd_lr")?;
         let weights: HashMap<String, Var> = vars.data().lock().expect("not poisoned").clone();
@@ -488,11 +491,63 @@ impl Case {
             let step = (&at_start.grads[name] * lr)?;
             var.set(&(var.as_tensor() - step)?)?;
         }
-        let perturbed = policy_loss_and_grads(&model, &replay, all, &old, &loss_settings)?;
+        let perturbed = policy_loss_and_grads(&model, &replay, all, &old, &loss_settings, 0)?;
         report += &self.check_point(run, "perturbed", &perturbed)?;
         report += &self.check_perturbed_tokens(run, &replay, &perturbed)?;
         Ok(report)
     }
+}
+
+/// The same replay with every sample packed into one model input, each sample seeing only its
+/// own tokens (a block-diagonal mask on the CPU; shifted key spans where the fused attention
+/// runs), gives what one sample per input gives: log π_old, the per-sample losses and the
+/// gradients, up to f32 summation order.
+fn check_packed(
+    model: &Sdar,
+    replay: &Replay,
+    old: &[Vec<f32>],
+    settings: &PolicyLossSettings,
+    alone: &PolicyLoss,
+) -> Result<String> {
+    ensure!(replay.samples.len() > 1, "packing needs several samples");
+    let packed_old = old_log_probs(model, replay, usize::MAX)?;
+    let old_diff = old
+        .iter()
+        .flatten()
+        .zip(packed_old.iter().flatten())
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .fold(0f64, f64::max);
+    ensure!(
+        packed_old.iter().map(Vec::len).eq(old.iter().map(Vec::len)) && old_diff <= 1e-5,
+        "packed log π_old differ by {old_diff}"
+    );
+    let all = 0..replay.samples.len();
+    let packed = policy_loss_and_grads(model, replay, all, old, settings, usize::MAX)?;
+    for (n, (a, b)) in alone.samples.iter().zip(&packed.samples).enumerate() {
+        ensure!(
+            (a.loss - b.loss).abs() <= 1e-5 && a.clipped == b.clipped,
+            "sample {n}: loss {} alone, {} packed",
+            a.loss,
+            b.loss
+        );
+    }
+    let mut grad_diff = 0f64;
+    for (name, grad) in &alone.grads {
+        let scale = f64::from(grad.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?);
+        let diff = (grad - &packed.grads[name])?
+            .abs()?
+            .flatten_all()?
+            .max(0)?
+            .to_scalar::<f32>()?;
+        grad_diff = grad_diff.max(f64::from(diff) / scale.max(1e-12));
+    }
+    ensure!(
+        grad_diff <= 1e-4,
+        "packed gradients differ by {grad_diff} (relative)"
+    );
+    Ok(format!(
+        " packed: Δ logp {old_diff:.1e}, Δ grad {grad_diff:.1e} (rel);"
+    ))
 }
 
 fn check(run: Run) {
