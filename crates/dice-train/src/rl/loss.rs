@@ -151,18 +151,19 @@ pub fn pack_tokens(model: &Sdar) -> Result<usize> {
 /// engine kept on the device (`dice bench train` at 1.7B: 33 GiB for 12,288 positions).
 const PACK_TOKENS: usize = 6_144;
 
-/// The samples `range` of `replay` as model inputs: runs of consecutive samples packed into one
-/// input of at most `pack_tokens` tokens (one sample per input when a sample is longer, or
-/// `pack_tokens` is 0), each sample seeing only its own tokens; with the samples each holds.
-fn packed_inputs(
+/// Hands `each` the samples `range` of `replay` as model inputs, one after another: runs of
+/// consecutive samples packed into one input of at most `pack_tokens` tokens (one sample per
+/// input when a sample is longer, or `pack_tokens` is 0), each sample seeing only its own
+/// tokens; with the samples each input holds.
+fn for_each_input(
     sequences: &mut Sequences,
     range: Range<usize>,
     pack_tokens: usize,
-) -> Result<Vec<(Range<usize>, MaskedSequence)>> {
+    mut each: impl FnMut(Range<usize>, MaskedSequence) -> Result<()>,
+) -> Result<()> {
     let replay = sequences.replay;
     let width = replay.prompt_width + 2 * replay.region_width;
     let per_pack = (pack_tokens / width.max(1)).max(1);
-    let mut inputs = Vec::new();
     let mut parts: Vec<(usize, MaskedSequence)> = Vec::new();
     for n in range {
         let input = sequences.get(&replay.samples[n])?;
@@ -173,14 +174,16 @@ fn packed_inputs(
                 .last()
                 .is_none_or(|(_, last)| last.spans.is_some() == input.spans.is_some());
         if !joins {
-            inputs.push(pack(std::mem::take(&mut parts))?);
+            let (samples, packed) = pack(std::mem::take(&mut parts))?;
+            each(samples, packed)?;
         }
         parts.push((n, input));
     }
     if !parts.is_empty() {
-        inputs.push(pack(parts)?);
+        let (samples, packed) = pack(parts)?;
+        each(samples, packed)?;
     }
-    Ok(inputs)
+    Ok(())
 }
 
 /// Consecutive samples' inputs `parts` (sample index, input) as one input: tokens one after
@@ -237,7 +240,8 @@ fn pack(parts: Vec<(usize, MaskedSequence)>) -> Result<(Range<usize>, MaskedSequ
 pub fn old_log_probs(model: &Sdar, replay: &Replay, pack_tokens: usize) -> Result<Vec<Vec<f32>>> {
     let mut sequences = Sequences::new(replay, model)?;
     let mut all = Vec::with_capacity(replay.samples.len());
-    for (samples, input) in packed_inputs(&mut sequences, 0..replay.samples.len(), pack_tokens)? {
+    let every = 0..replay.samples.len();
+    for_each_input(&mut sequences, every, pack_tokens, |samples, input| {
         let log_probs = model.masked_log_probs(&input, QUERY_CHUNK)?;
         let mut rest = log_probs.as_slice();
         for sample in &replay.samples[samples] {
@@ -245,7 +249,8 @@ pub fn old_log_probs(model: &Sdar, replay: &Replay, pack_tokens: usize) -> Resul
             all.push(own.to_vec());
             rest = after;
         }
-    }
+        Ok(())
+    })?;
     Ok(all)
 }
 
@@ -301,7 +306,7 @@ pub fn policy_loss_and_grad_sums(
     let mut sequences = Sequences::new(replay, model)?;
     let mut samples = Vec::with_capacity(range.len());
     let mut grads: HashMap<String, Tensor> = HashMap::new();
-    for (packed, input) in packed_inputs(&mut sequences, range, pack_tokens)? {
+    for_each_input(&mut sequences, range, pack_tokens, |packed, input| {
         let (mut old_rows, mut advantages) = (Vec::new(), Vec::new());
         for n in packed.clone() {
             let sample = &replay.samples[n];
@@ -351,7 +356,8 @@ pub fn policy_loss_and_grad_sums(
             };
             grads.insert(name, sum);
         }
-    }
+        Ok(())
+    })?;
     let total = samples.iter().map(|s| f64::from(s.loss)).sum::<f64>();
     Ok(PolicyLoss {
         total: total as f32,
