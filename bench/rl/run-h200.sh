@@ -89,7 +89,8 @@ tasks = [{"idx": i, "level": "1", "pytorch_code": "x.relu()",
           "prompt": f"<|im_start|>user\n{a}<|im_end|>\n<|im_start|>assistant\n"} for i, a in enumerate(asks)]
 json.dump(tasks, open(sys.argv[1], "w"))
 PY
-rl_run rl-learn 540 1 16 128 16 20 --reward-token census --lr 1e-4
+# (LEARN_STEPS=N runs the first N of them: the update's seconds with less device time.)
+rl_run rl-learn 540 1 16 128 16 "${LEARN_STEPS:-20}" --reward-token census --lr 1e-4
 unset tasks_file
 rm -rf /tmp/m17
 # dice bench rl (issue #26, build 3): one stage-2 step of the 1.7B config with random weights, the
