@@ -8,6 +8,7 @@ pub mod adamw;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
+mod cubin_cache;
 pub mod device;
 pub mod forward_timing;
 pub mod golden;

@@ -3,6 +3,7 @@
 //! A source is compiled for the device's own architecture, to a cubin (a cubin loads on any
 //! driver that runs that GPU, whereas PTX newer than the driver does not).
 
+use crate::cubin_cache::CubinCache;
 use anyhow::Context;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, DriverError};
 use candle_core::cuda_backend::cudarc::nvrtc::{self, Ptx};
@@ -104,17 +105,60 @@ pub(crate) fn arch(dev: &CudaDevice, what: &'static str) -> anyhow::Result<(i32,
         .map_err(driver_error(what))
 }
 
-/// Compiles `source` for `dev` and loads it there.
+/// NVRTC's version, part of a cubin's cache key (its ptxas makes the machine code).
+fn nvrtc_version() -> anyhow::Result<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: two valid out-pointers, written before the call returns.
+    unsafe { nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| anyhow::anyhow!("NVRTC cannot say its version: {e:?}"))?;
+    Ok((major, minor))
+}
+
+/// The on-disk cache of cubins (cubin_cache.rs), as the environment names it.
+fn cubin_cache() -> &'static CubinCache {
+    static CACHE: OnceLock<CubinCache> = OnceLock::new();
+    CACHE.get_or_init(CubinCache::from_env)
+}
+
+/// Compiles `source` for `dev` (or reads the cubin an earlier run compiled from the same
+/// inputs) and loads it there.
 pub(crate) fn load_module(
     dev: &CudaDevice,
     source: &Source,
     options: &[String],
 ) -> anyhow::Result<Arc<CudaModule>> {
-    let cubin = compile_cubin(source, options, arch(dev, source.what)?)?;
-    dev.cuda_stream()
-        .context()
-        .load_module(Ptx::from_binary(cubin))
-        .map_err(driver_error(source.what))
+    let arch = arch(dev, source.what)?;
+    let (nvrtc_major, nvrtc_minor) = nvrtc_version()?;
+    let mut parts: Vec<&[u8]> = vec![source.text.as_bytes()];
+    parts.extend(
+        HEADERS
+            .iter()
+            .flat_map(|(name, text)| [name.to_bytes(), text.as_bytes()]),
+    );
+    let setting = format!(
+        "{options:?} sm_{}{} nvrtc {nvrtc_major}.{nvrtc_minor}",
+        arch.0, arch.1
+    );
+    parts.push(setting.as_bytes());
+    let key = CubinCache::key(&parts);
+    let cache = cubin_cache();
+    let load = |cubin: Vec<u8>| {
+        dev.cuda_stream()
+            .context()
+            .load_module(Ptx::from_binary(cubin))
+    };
+    let (cubin, cached) = cache.get_or_compile(&key, || compile_cubin(source, options, arch))?;
+    match load(cubin) {
+        Ok(module) => Ok(module),
+        // A cached cubin the driver refuses (damaged on disk) is compiled again.
+        Err(_) if cached => {
+            cache.forget(&key);
+            let (cubin, _) = cache.get_or_compile(&key, || compile_cubin(source, options, arch))?;
+            load(cubin).map_err(driver_error(source.what))
+        }
+        Err(e) => Err(driver_error(source.what)(e)),
+    }
 }
 
 /// Kernels `{name}_f32`, `{name}_bf16` and `{name}_f16` of `module` (loaded from `source`), in
