@@ -1,6 +1,6 @@
 # The step runner of the GPU machine's benchmark scripts (bench/train/run-h200.sh,
 # bench/rl/run-h200.sh), sourced after DATA is set: unpacks DATA/dice.xz to $bin, sets the CUDA
-# libraries' path, the run folder OUT and a time budget (BUDGET_S, default an hour), and defines
+# libraries' path and the kernel cache (DATA/kernels copied in, where it is), the run folder OUT and a time budget (BUDGET_S, default an hour), and defines
 #   run NAME CAP_SECONDS DICE_ARGS...   one step (skipped unless named in the script's arguments,
 #                                       or none is), its output in OUT/NAME.txt, its wall time
 #                                       and mean SM utilisation in OUT/steps.txt
@@ -14,6 +14,12 @@ export LD_LIBRARY_PATH=$nvidia/cu13/lib:$nvidia/nccl/lib
 bin=/tmp/dice-cuda configs=tests/data/sdar/configs
 unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"; }
 unxz "$DATA/dice.xz" "$bin" && chmod +x "$bin"
+# Kernels compiled ahead where DATA has them (`DICE_KERNEL_CACHE=DATA/kernels dice model kernels
+# --config ...` on the build machine): the steps read them instead of compiling at each start.
+if [[ -d $DATA/kernels ]]; then
+  export DICE_KERNEL_CACHE=/tmp/dice-kernels
+  mkdir -p "$DICE_KERNEL_CACHE" && cp -n "$DATA"/kernels/*.cubin "$DICE_KERNEL_CACHE"/ 2>/dev/null
+fi
 start=$(date +%s) budget=${BUDGET_S:-3600}
 left() { echo $(( budget - ($(date +%s) - start) )); }
 steps=" $* "

@@ -25,6 +25,7 @@ pub mod tokenizer;
 
 pub use chat::ChatTemplate;
 pub use config::SdarConfig;
+pub use cubin_cache::{kernel_cache_folder, precompile_kernels, Precompiled, KERNEL_CACHE_ENV};
 #[cfg(feature = "cuda")]
 pub use kernels::decode_ops::{greedy_summary, sample_summary};
 #[cfg(feature = "cuda")]

@@ -1,10 +1,11 @@
-//! `dice model`: model folders. `init` writes a deterministic checkpoint of any config
-//! ([`dice_model::init`]).
+//! `dice model`: model folders and what runs them. `init` writes a deterministic checkpoint of
+//! any config ([`dice_model::init`]); `kernels` compiles our CUDA kernels into the kernel cache
+//! ([`dice_model::precompile_kernels`]).
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use dice_model::init::{InitWeights, ModelInit};
-use dice_model::SdarConfig;
+use dice_model::{kernel_cache_folder, precompile_kernels, SdarConfig, KERNEL_CACHE_ENV};
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -30,6 +31,38 @@ Examples:
   dice model init --config tests/data/sdar/configs/sdar-4b.json --weights random --seed 1 \\
       --tokenizer tests/data/sdar --out sdar-4b-random/")]
     Init(InitArgs),
+    /// Compile our CUDA kernels for a GPU architecture into the kernel cache, ahead of the runs.
+    #[command(after_help = "\
+Every GPU command compiles the kernels it uses with NVRTC on first use and keeps the cubins in
+the kernel cache: DICE_KERNEL_CACHE (a folder, or `off`), else $XDG_CACHE_HOME/dice/kernels,
+else ~/.cache/dice/kernels. This command fills the cache ahead of time, on any machine with the
+CUDA build of dice (NVRTC needs no GPU): the kernels of the decoding forward, the training layer
+and AdamW, and the attention kernels for the head dims of the configs given. A folder filled
+here and copied to a GPU machine's cache spares its first run the compilation.
+
+Examples:
+  dice model kernels --config tests/data/sdar/configs/sdar-1.7b.json --arch 9.0
+  DICE_KERNEL_CACHE=carry/kernels dice model kernels --config sdar-4b.json --config sdar-8b.json")]
+    Kernels(KernelsArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct KernelsArgs {
+    /// A model config.json whose head dim the attention kernels are compiled for (repeatable).
+    #[arg(long, value_name = "FILE", required = true)]
+    pub config: Vec<PathBuf>,
+    /// The GPU's compute capability, MAJOR.MINOR (9.0: H100 and H200; 8.0: A100).
+    #[arg(long, value_name = "MAJOR.MINOR", default_value = "9.0", value_parser = parse_arch)]
+    pub arch: (i32, i32),
+}
+
+fn parse_arch(s: &str) -> Result<(i32, i32), String> {
+    s.split_once('.')
+        .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)))
+        .filter(|&(major, minor): &(i32, i32)| major >= 8 && (0..10).contains(&minor))
+        .ok_or_else(|| {
+            format!("{s} is not a compute capability of 8.0 or newer (9.0 for an H100 or H200)")
+        })
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -66,7 +99,33 @@ pub(crate) struct InitArgs {
 pub(crate) fn run(command: ModelCommand) -> Result<()> {
     match command {
         ModelCommand::Init(args) => init(args),
+        ModelCommand::Kernels(args) => kernels(args),
     }
+}
+
+fn kernels(args: KernelsArgs) -> Result<()> {
+    let mut head_dims = Vec::new();
+    for path in &args.config {
+        let head_dim = SdarConfig::from_path(path)?.head_dim;
+        if !head_dims.contains(&head_dim) {
+            head_dims.push(head_dim);
+        }
+    }
+    let Some(folder) = kernel_cache_folder() else {
+        bail!("{KERNEL_CACHE_ENV} is `off`: there is no kernel cache to fill");
+    };
+    let (major, minor) = args.arch;
+    for kernel in precompile_kernels(&head_dims, args.arch)? {
+        let options: String = kernel.options.iter().map(|o| format!(" {o}")).collect();
+        let state = if kernel.cached {
+            "cached already"
+        } else {
+            "compiled"
+        };
+        println!("{}{options} (sm_{major}{minor}): {state}", kernel.what);
+    }
+    println!("kernel cache: {}", folder.display());
+    Ok(())
 }
 
 fn init(args: InitArgs) -> Result<()> {

@@ -90,3 +90,30 @@ fn bench_golden_passes_on_the_cpu_in_f32() {
     );
     assert!(checks.iter().all(|c| c["passed"] == true), "{stdout}");
 }
+
+/// `dice model kernels` in the CPU build says in one line that it needs the CUDA build (the
+/// CUDA build's compilation into the kernel cache is checked by dice-model's unit tests and on
+/// the GPU machine); a compute capability older than the kernels' is refused by the parser.
+#[test]
+#[cfg_attr(feature = "cuda", ignore = "the CUDA build compiles the kernels")]
+fn kernels_need_the_cuda_build_and_a_recent_architecture() {
+    let config = test_data().join("sdar/configs/sdar-1.7b.json");
+    let out = dice(&["model", "kernels", "--config", path_arg(&config)]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("CUDA build") && err.contains("build-cuda.sh"),
+        "{err}"
+    );
+    let out = dice(&[
+        "model",
+        "kernels",
+        "--config",
+        path_arg(&config),
+        "--arch",
+        "7.5",
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("8.0 or newer"), "{}", stderr(&out));
+}

@@ -26,7 +26,7 @@ use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapE
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 use std::sync::{Arc, OnceLock};
 
-const SOURCE: Source = Source {
+pub(super) const SOURCE: Source = Source {
     text: include_str!("block_attention.cu"),
     file_name: c"block_attention.cu",
     what: "the block attention kernel",
@@ -178,7 +178,7 @@ fn loaded(dev: &CudaDevice, head_dim: usize) -> Option<Arc<Loaded>> {
     )
 }
 
-fn compile_options(head_dim: usize) -> [String; 2] {
+pub(super) fn compile_options(head_dim: usize) -> [String; 2] {
     [
         format!("-DHEAD_DIM={head_dim}"),
         format!("-DMMA_STAGES={MMA_STAGES}"),

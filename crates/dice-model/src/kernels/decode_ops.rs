@@ -21,7 +21,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{bail, DType, Device, Result, Shape, Storage, Tensor};
 use std::sync::Arc;
 
-const SOURCE: Source = Source {
+pub(super) const SOURCE: Source = Source {
     text: include_str!("decode_ops.cu"),
     file_name: c"decode_ops.cu",
     what: "the decode kernels",

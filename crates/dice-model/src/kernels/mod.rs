@@ -19,3 +19,37 @@ mod train_layer;
 pub(crate) use block_attention::BlockAttention;
 pub(crate) use train_attention::TrainAttention;
 pub(crate) use train_layer::TrainLayer;
+
+/// Compiles every kernel source of ours for compute capability `arch`, the attention kernels for
+/// each head dim of `head_dims`, into the cubin cache (cubin_cache.rs): what a GPU process then
+/// reads instead of compiling. Needs NVRTC, not a GPU.
+pub(crate) fn precompile(
+    head_dims: &[usize],
+    arch: (i32, i32),
+) -> anyhow::Result<Vec<crate::cubin_cache::Precompiled>> {
+    let mut jobs: Vec<(&nvrtc::Source, Vec<String>)> = vec![
+        (&decode_ops::SOURCE, Vec::new()),
+        (&train_layer::SOURCE, Vec::new()),
+        (&optim::SOURCE, Vec::new()),
+    ];
+    for &head_dim in head_dims {
+        jobs.push((
+            &block_attention::SOURCE,
+            block_attention::compile_options(head_dim).to_vec(),
+        ));
+        jobs.push((
+            &train_attention::SOURCE,
+            train_attention::compile_options(head_dim).to_vec(),
+        ));
+    }
+    jobs.into_iter()
+        .map(|(source, options)| {
+            let cached = nvrtc::precompile(source, &options, arch)?;
+            Ok(crate::cubin_cache::Precompiled {
+                what: source.what,
+                options,
+                cached,
+            })
+        })
+        .collect()
+}

@@ -121,14 +121,10 @@ fn cubin_cache() -> &'static CubinCache {
     CACHE.get_or_init(CubinCache::from_env)
 }
 
-/// Compiles `source` for `dev` (or reads the cubin an earlier run compiled from the same
-/// inputs) and loads it there.
-pub(crate) fn load_module(
-    dev: &CudaDevice,
-    source: &Source,
-    options: &[String],
-) -> anyhow::Result<Arc<CudaModule>> {
-    let arch = arch(dev, source.what)?;
+/// The cubin cache's key of `source` compiled with `options` for `arch`: everything that
+/// makes the cubin (the source, the headers it may include, the options, the architecture,
+/// NVRTC's version).
+fn cache_key(source: &Source, options: &[String], arch: (i32, i32)) -> anyhow::Result<String> {
     let (nvrtc_major, nvrtc_minor) = nvrtc_version()?;
     let mut parts: Vec<&[u8]> = vec![source.text.as_bytes()];
     parts.extend(
@@ -141,7 +137,31 @@ pub(crate) fn load_module(
         arch.0, arch.1
     );
     parts.push(setting.as_bytes());
-    let key = CubinCache::key(&parts);
+    Ok(CubinCache::key(&parts))
+}
+
+/// Puts the cubin of `source` compiled with `options` for `arch` in the cubin cache, with no
+/// device needed (NVRTC compiles for any architecture); whether it was there already.
+pub(crate) fn precompile(
+    source: &Source,
+    options: &[String],
+    arch: (i32, i32),
+) -> anyhow::Result<bool> {
+    let key = cache_key(source, options, arch)?;
+    let (_, cached) =
+        cubin_cache().get_or_compile(&key, || compile_cubin(source, options, arch))?;
+    Ok(cached)
+}
+
+/// Compiles `source` for `dev` (or reads the cubin an earlier run compiled from the same
+/// inputs) and loads it there.
+pub(crate) fn load_module(
+    dev: &CudaDevice,
+    source: &Source,
+    options: &[String],
+) -> anyhow::Result<Arc<CudaModule>> {
+    let arch = arch(dev, source.what)?;
+    let key = cache_key(source, options, arch)?;
     let cache = cubin_cache();
     let load = |cubin: Vec<u8>| {
         dev.cuda_stream()

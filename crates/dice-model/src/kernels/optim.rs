@@ -12,7 +12,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::{bail, DType, Device, Result, Tensor};
 
-const SOURCE: Source = Source {
+pub(super) const SOURCE: Source = Source {
     text: include_str!("optim.cu"),
     file_name: c"optim.cu",
     what: "the AdamW kernel",

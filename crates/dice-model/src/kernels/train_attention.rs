@@ -22,7 +22,7 @@ use candle_core::cuda_backend::CudaDevice;
 use candle_core::{DType, Device, Result, Tensor};
 use std::sync::Arc;
 
-const SOURCE: Source = Source {
+pub(super) const SOURCE: Source = Source {
     text: include_str!("train_attention.cu"),
     file_name: c"train_attention.cu",
     what: "the training attention kernels",
@@ -72,7 +72,7 @@ struct Loaded([DtypeKernels; 2]);
 
 static LOADED: PerDevice<usize, Loaded> = PerDevice::new();
 
-fn compile_options(head_dim: usize) -> [String; 1] {
+pub(super) fn compile_options(head_dim: usize) -> [String; 1] {
     [format!("-DHEAD_DIM={head_dim}")]
 }
 

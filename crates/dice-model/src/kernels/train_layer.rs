@@ -19,7 +19,7 @@ use candle_core::cuda_backend::CudaDevice;
 use candle_core::{bail, DType, Device, Result, Tensor, D};
 use std::sync::Arc;
 
-const SOURCE: Source = Source {
+pub(super) const SOURCE: Source = Source {
     text: include_str!("train_layer.cu"),
     file_name: c"train_layer.cu",
     what: "the training layer kernels",
