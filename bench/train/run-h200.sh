@@ -3,7 +3,7 @@
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
 # (STEP: golden, tests, bench-1.7b, bench-1.7b-recompute, bench-1.7b-unfused-layer,
-# bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b, kernels-1.7b,
+# bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b, kernels-sft, kernels-1.7b,
 # attention-detail-1.7b; all by default)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
@@ -62,14 +62,27 @@ with open("/tmp/pairs.jsonl", "w") as f:
 PY
   "$bin" model init --config "$configs/$config" --weights random --seed 1 \
     --tokenizer tests/data/sdar --out "/tmp/$name-model" --force >"$OUT/$name-model-init.txt" 2>&1
-  run "$name" "$cap" train sft --model "/tmp/$name-model" --data /tmp/pairs.jsonl --out "/tmp/$name" \
-    --device cuda --nproc-per-node 1 --max-steps "$count" --save-steps 1000 --save-total-limit 1
+  local args=(train sft --model "/tmp/$name-model" --data /tmp/pairs.jsonl --out "/tmp/$name"
+    --device cuda --nproc-per-node 1 --max-steps "$count" --save-steps 1000 --save-total-limit 1)
+  if [[ $name == kernels-* ]]; then
+    # Nsight Compute's time of every kernel of the run (the update's too: gradient norm,
+    # clipping, AdamW), clocks and caches left alone.
+    local t0=$(date +%s)
+    timeout "$(( $(left) < cap ? $(left) : cap ))" ncu --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum --csv "$bin" "${args[@]}" >"$OUT/$name.csv" 2>"$OUT/$name.err"
+    echo "$name rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
+    python3 bench/ncu_kernels.py "$OUT/$name.csv" | tee "$OUT/$name.txt"
+  else
+    run "$name" "$cap" "${args[@]}"
+  fi
   cp "/tmp/$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
   rm -rf "/tmp/$name" "/tmp/$name-model"
 }
 sft_run sft-nccl 240 sdar-1.7b.json 3
 # The same at 4B (AdamW's f32 state beside the model: about 80 GB of the device).
 sft_run sft-4b 300 sdar-4b.json 4
+# Kernel by kernel, two steps of the 1.7B run: what the update's 0.1 s is made of.
+sft_run kernels-sft 300 sdar-1.7b.json 2
 # Where one step's GPU time goes, kernel by kernel (Nsight Compute, one metric, clocks and caches
 # left alone): the sum of kernel times against the step's wall time is the host's share.
 if wanted kernels-1.7b && (( $(left) > 30 )); then
