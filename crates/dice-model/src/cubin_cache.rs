@@ -91,35 +91,6 @@ impl CubinCache {
     }
 }
 
-/// One source compiled by [`precompile_kernels`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Precompiled {
-    /// What the kernels are ("the training attention kernels").
-    pub what: &'static str,
-    /// NVRTC options beside the architecture (`-DHEAD_DIM=128`).
-    pub options: Vec<String>,
-    /// Whether the cache held it already.
-    pub cached: bool,
-}
-
-/// Compiles our kernel sources for compute capability `arch` (`(9, 0)` for an H100 or H200),
-/// the attention kernels for each head dim of `head_dims`, into the kernel cache that GPU
-/// processes read ([`KERNEL_CACHE_ENV`]): on a machine without a GPU, ahead of the runs of a
-/// machine that will have one. Needs a CUDA build (NVRTC).
-pub fn precompile_kernels(head_dims: &[usize], arch: (i32, i32)) -> Result<Vec<Precompiled>> {
-    #[cfg(feature = "cuda")]
-    {
-        crate::kernels::precompile(head_dims, arch)
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = (head_dims, arch);
-        anyhow::bail!(
-            "compiling kernels needs NVRTC: use the CUDA build of dice (scripts/build-cuda.sh)"
-        )
-    }
-}
-
 /// The folder the kernel cache uses, as the environment names it (`None`: no cache).
 pub fn kernel_cache_folder() -> Option<PathBuf> {
     CubinCache::from_env().dir

@@ -22,11 +22,12 @@ pub(crate) use train_layer::TrainLayer;
 
 /// Compiles every kernel source of ours for compute capability `arch`, the attention kernels for
 /// each head dim of `head_dims`, into the cubin cache (cubin_cache.rs): what a GPU process then
-/// reads instead of compiling. Needs NVRTC, not a GPU.
+/// reads instead of compiling. Needs NVRTC, not a GPU. Each source's description, options and
+/// whether the cache held it already.
 pub(crate) fn precompile(
     head_dims: &[usize],
     arch: (i32, i32),
-) -> anyhow::Result<Vec<crate::cubin_cache::Precompiled>> {
+) -> anyhow::Result<Vec<(&'static str, Vec<String>, bool)>> {
     let mut jobs: Vec<(&nvrtc::Source, Vec<String>)> = vec![
         (&decode_ops::SOURCE, Vec::new()),
         (&train_layer::SOURCE, Vec::new()),
@@ -45,11 +46,7 @@ pub(crate) fn precompile(
     jobs.into_iter()
         .map(|(source, options)| {
             let cached = nvrtc::precompile(source, &options, arch)?;
-            Ok(crate::cubin_cache::Precompiled {
-                what: source.what,
-                options,
-                cached,
-            })
+            Ok((source.what, options, cached))
         })
         .collect()
 }
