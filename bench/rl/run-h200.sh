@@ -101,4 +101,18 @@ rm -rf /tmp/m17
 # the same step's phases at the preset's group size and lengths (BENCH_RL_TASKS=2 halves the
 # builds where less of the call is left).
 run bench-rl 600 bench rl --config "$configs/sdar-1.7b.json" --device cuda --judge-device cuda \
-  --python "$(command -v python3)" --tasks-per-step "${BENCH_RL_TASKS:-4}" --json "$OUT/bench-rl.json"
+  --python "$(command -v python3)" --tasks-per-step "${BENCH_RL_TASKS:-4}" --json "$OUT/bench-rl.json" \
+  --out /tmp/bench-rl-work
+# Where each run's judging went, sample by sample (builds, stages): its judge's store reported
+# as an evaluation run (the store copied whole, its write-ahead log folded in).
+if wanted bench-rl; then
+  for name in pipelined back-to-back; do
+    db=/tmp/bench-rl-work/$name/judge.db
+    [[ -f $db ]] || continue
+    python3 -c 'import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))' \
+      "$db" "$OUT/bench-rl-$name-judge.db"
+    "$bin" report "/tmp/bench-rl-work/$name" --db "$OUT/bench-rl-$name-judge.db" --format md \
+      >"$OUT/bench-rl-$name-judge.md" 2>&1
+  done
+  rm -rf /tmp/bench-rl-work
+fi
