@@ -3,8 +3,8 @@
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
 # (STEP: golden, tests, bench-1.7b, bench-1.7b-recompute, bench-1.7b-unfused-layer,
-# bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b, kernels-sft, kernels-1.7b,
-# attention-detail-1.7b; all by default)
+# bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b, sft-8b-offload, kernels-sft,
+# kernels-1.7b, attention-detail-1.7b; all by default)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -48,9 +48,10 @@ run bench-8b 240 bench train --config "$configs/sdar-8b.json" --device cuda --dt
   --tokens 6144 --steps 2 --profile --json "$OUT/bench-8b.json"
 # The trainer through NCCL at world size one (--nproc-per-node 1): a random model of CONFIG
 # trained for STEPS steps on the 99 DICE pairs as {prompt, response} rows (written once).
-# NAME CAP CONFIG STEPS
+# NAME CAP CONFIG STEPS [dice train sft args...]
 sft_run() {
   local name=$1 cap=$2 config=$3 count=$4
+  shift 4
   wanted "$name" || return 0
   [[ -f /tmp/pairs.jsonl ]] || python3 - <<'PY'
 import json
@@ -63,7 +64,7 @@ PY
   "$bin" model init --config "$configs/$config" --weights random --seed 1 \
     --tokenizer tests/data/sdar --out "/tmp/$name-model" --force >"$OUT/$name-model-init.txt" 2>&1
   local args=(train sft --model "/tmp/$name-model" --data /tmp/pairs.jsonl --out "/tmp/$name"
-    --device cuda --nproc-per-node 1 --max-steps "$count" --save-steps 1000 --save-total-limit 1)
+    --device cuda --nproc-per-node 1 --max-steps "$count" --save-steps 1000 --save-total-limit 1 "$@")
   if [[ $name == kernels-* ]]; then
     # Nsight Compute's time of every kernel of the run (the update's too: gradient norm,
     # clipping, AdamW), clocks and caches left alone.
@@ -81,6 +82,10 @@ PY
 sft_run sft-nccl 240 sdar-1.7b.json 3
 # The same at 4B (AdamW's f32 state beside the model: about 80 GB of the device).
 sft_run sft-4b 300 sdar-4b.json 4
+# 8B on one GPU with AdamW's state in host memory (the state beside the weights needs ~175 GB):
+# tokens/s and peak memory of its steps (metrics.jsonl). Its closing resumable checkpoint
+# (115 GB) does not fit the machine's disk: the run says so and stops after its steps.
+sft_run sft-8b-offload 480 sdar-8b.json 3 --optimizer-offload
 # Kernel by kernel, two steps of the 1.7B run: what the update's 0.1 s is made of.
 sft_run kernels-sft 300 sdar-1.7b.json 2
 # Where one step's GPU time goes, kernel by kernel (Nsight Compute, one metric, clocks and caches

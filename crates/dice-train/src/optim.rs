@@ -101,12 +101,21 @@ impl Param {
     /// Replaces the f32 weights, rounding them into the compute weight if it is narrower.
     fn set_master(&mut self, master: Tensor) -> Result<()> {
         if self.master.is_some() {
-            self.weight.set(&master.to_dtype(self.weight.dtype())?)?;
+            self.set_weight_from(&master)?;
             self.master = Some(master);
         } else {
             self.weight.set(&master)?;
         }
         Ok(())
+    }
+
+    /// The compute weight rounded from the f32 `master`, wherever each lives (an offloaded
+    /// state's masters are in host memory, the weight on the device).
+    fn set_weight_from(&self, master: &Tensor) -> Result<()> {
+        let weight = master
+            .to_dtype(self.weight.dtype())?
+            .to_device(self.weight.device())?;
+        Ok(self.weight.set(&weight)?)
     }
 }
 
@@ -161,7 +170,7 @@ impl Param {
         let master = self.master();
         master.inplace_op3(&self.exp_avg, &self.exp_avg_sq, &WeightUpdate(s))?;
         if self.master.is_some() {
-            self.weight.set(&master.to_dtype(self.weight.dtype())?)?;
+            self.set_weight_from(&master)?;
         }
         Ok(())
     }
@@ -185,6 +194,26 @@ fn host_values_mut<'s>(
     }
 }
 
+/// Elements per thread below which a host update pass stays on one thread.
+const HOST_CHUNK: usize = 1 << 20;
+
+/// `update(offset, chunk)` over `out` in chunks, on as many threads as the machine has where
+/// the tensor is large (an offloaded 8B model's update is billions of elements a pass): each
+/// element's result depends on its own inputs only, so the split changes no value.
+fn in_chunks(out: &mut [f32], update: impl Fn(usize, &mut [f32]) + Sync) {
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let chunk = out.len().div_ceil(threads).max(HOST_CHUNK);
+    if chunk >= out.len() {
+        return update(0, out);
+    }
+    std::thread::scope(|scope| {
+        for (i, part) in out.chunks_mut(chunk).enumerate() {
+            let update = &update;
+            scope.spawn(move || update(i * chunk, part));
+        }
+    });
+}
+
 /// m ← m + ((g − m)·(1 − β1) + 0), in place on m.
 struct FirstMoment<'a>(&'a AdamWScalars);
 
@@ -202,9 +231,11 @@ impl InplaceOp2 for FirstMoment<'_> {
     ) -> candle_core::Result<()> {
         let c = self.0.one_minus_beta1;
         let g = host_values(g, g_layout)?;
-        for (m, &g) in host_values_mut(m, m_layout)?.iter_mut().zip(g) {
-            *m += (g - *m) * c + 0.0;
-        }
+        in_chunks(host_values_mut(m, m_layout)?, |at, m| {
+            for (m, &g) in m.iter_mut().zip(&g[at..]) {
+                *m += (g - *m) * c + 0.0;
+            }
+        });
         Ok(())
     }
 }
@@ -230,9 +261,11 @@ impl InplaceOp2 for SecondMoment<'_> {
             ..
         } = *self.0;
         let g = host_values(g, g_layout)?;
-        for (v, &g) in host_values_mut(v, v_layout)?.iter_mut().zip(g) {
-            *v = (*v * beta2 + 0.0) + (g * one_minus_beta2 + 0.0) * g;
-        }
+        in_chunks(host_values_mut(v, v_layout)?, |at, v| {
+            for (v, &g) in v.iter_mut().zip(&g[at..]) {
+                *v = (*v * beta2 + 0.0) + (g * one_minus_beta2 + 0.0) * g;
+            }
+        });
         Ok(())
     }
 }
@@ -257,13 +290,15 @@ impl InplaceOp3 for WeightUpdate<'_> {
     ) -> candle_core::Result<()> {
         let s = self.0;
         let (m, v) = (host_values(m, m_layout)?, host_values(v, v_layout)?);
-        for ((p, &m), &v) in host_values_mut(p, p_layout)?.iter_mut().zip(m).zip(v) {
-            if let Some(decay) = s.decay {
-                *p = *p * decay + 0.0;
+        in_chunks(host_values_mut(p, p_layout)?, |at, p| {
+            for ((p, &m), &v) in p.iter_mut().zip(&m[at..]).zip(&v[at..]) {
+                if let Some(decay) = s.decay {
+                    *p = *p * decay + 0.0;
+                }
+                let denom = (v.sqrt() / s.bias_correction2_sqrt) * 1.0 + s.eps;
+                *p += (m * s.neg_step_size + 0.0) / denom;
             }
-            let denom = (v.sqrt() / s.bias_correction2_sqrt) * 1.0 + s.eps;
-            *p += (m * s.neg_step_size + 0.0) / denom;
-        }
+        });
         Ok(())
     }
 }
@@ -291,10 +326,30 @@ pub struct AdamW {
 
 impl AdamW {
     /// An optimizer over the named weights (for a model: the `VarMap` of
-    /// `Sdar::load_trainable`, keyed by checkpoint name).
+    /// `Sdar::load_trainable`, keyed by checkpoint name), its state beside them.
     pub fn new(
         weights: impl IntoIterator<Item = (String, Var)>,
         config: AdamWConfig,
+    ) -> Result<Self> {
+        Self::with_state(weights, config, false)
+    }
+
+    /// The same with its state in host memory however the weights are placed (ZeRO-Offload's
+    /// split): the f32 masters (one for f32 weights too) and moments live on the host, every
+    /// step reads the gradients back, updates there (on every core) and writes the rounded
+    /// weights to their device. The device then holds the weights, gradients and activations
+    /// only: what lets a model whose AdamW state does not fit beside it train on one GPU.
+    pub fn offloaded(
+        weights: impl IntoIterator<Item = (String, Var)>,
+        config: AdamWConfig,
+    ) -> Result<Self> {
+        Self::with_state(weights, config, true)
+    }
+
+    fn with_state(
+        weights: impl IntoIterator<Item = (String, Var)>,
+        config: AdamWConfig,
+        on_host: bool,
     ) -> Result<Self> {
         config.validate()?;
         let mut params = weights
@@ -305,12 +360,23 @@ impl AdamW {
                     "cannot optimize `{name}`: its dtype {:?} is not a float type",
                     weight.dtype()
                 );
+                let state_device = if on_host {
+                    Device::Cpu
+                } else {
+                    weight.device().clone()
+                };
                 let master = match weight.dtype() {
-                    DType::F32 => None,
-                    _ => Some(weight.as_detached_tensor().to_dtype(DType::F32)?),
+                    DType::F32 if !on_host => None,
+                    _ => Some(
+                        weight
+                            .as_detached_tensor()
+                            .to_dtype(DType::F32)?
+                            .to_device(&state_device)?
+                            .copy()?,
+                    ),
                 };
                 // Two allocations: the CPU update writes each moment in place.
-                let zeros = || Tensor::zeros(weight.shape(), DType::F32, weight.device());
+                let zeros = || Tensor::zeros(weight.shape(), DType::F32, &state_device);
                 Ok(Param {
                     name,
                     master,
@@ -404,9 +470,15 @@ impl AdamW {
             eps: eps as f32,
             neg_step_size: -step_size as f32,
         };
+        let mut readback = ReadBack::default();
         for (param, grad) in self.params.iter_mut().zip(grads) {
             let grad = grad.to_dtype(DType::F32)?;
-            if param.weight.device().is_cpu() {
+            if param.exp_avg.device().is_cpu() {
+                // An offloaded state's gradient comes to the host first.
+                let grad = match grad.device() {
+                    Device::Cpu => grad,
+                    _ => readback.copy_to_host(&grad)?,
+                };
                 param.step_on_host(&grad, &scalars)?;
             } else {
                 param.step_on_device(&grad, &scalars)?;
@@ -428,7 +500,7 @@ impl AdamW {
         let device = self
             .params
             .first()
-            .map_or(Device::Cpu, |p| p.weight.device().clone());
+            .map_or(Device::Cpu, |p| p.exp_avg.device().clone());
         let per_element = if moments { 12 } else { 4 };
         let elements: usize = self.params.iter().map(|p| p.weight.elem_count()).sum();
         if SnapshotPlace::for_state(&device, (per_element * elements) as u64)?
@@ -486,7 +558,8 @@ impl AdamW {
             .collect();
         let state = StoredState::open(path, &shapes)?;
         for param in &mut self.params {
-            let device = param.weight.device().clone();
+            // Where the state lives: the weight's device, or the host when offloaded.
+            let device = param.exp_avg.device().clone();
             if let Some([exp_avg, exp_avg_sq]) = state.moments(&param.name, &device)? {
                 param.exp_avg = exp_avg;
                 param.exp_avg_sq = exp_avg_sq;
@@ -1216,6 +1289,54 @@ mod tests {
     #[test]
     fn resume_is_bit_identical_with_bf16_weights_and_f32_masters() {
         resume_is_bit_identical(DType::BF16);
+    }
+
+    /// With its state on the host (offloaded: an f32 master for f32 weights too, the rounded
+    /// weights written back through `set_weight_from`), AdamW takes the steps of the state kept
+    /// beside the weights, bit for bit, and its saved state is the same file.
+    #[test]
+    fn an_offloaded_state_steps_as_the_one_beside_the_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        for dtype in [DType::F32, DType::BF16] {
+            let (beside_weights, host_weights) = (weights(dtype), weights(dtype));
+            let mut beside = AdamW::new(beside_weights.clone(), config()).unwrap();
+            let mut host = AdamW::offloaded(host_weights.clone(), config()).unwrap();
+            run(&beside_weights, &mut beside, 5);
+            run(&host_weights, &mut host, 5);
+            let bits = |w: &Var| {
+                w.as_detached_tensor()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            };
+            for ((_, a), (_, b)) in beside_weights.iter().zip(&host_weights) {
+                assert_eq!(bits(a), bits(b), "{dtype:?}");
+            }
+            let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+            save_whole_state(&beside, &a);
+            save_whole_state(&host, &b);
+            assert!(
+                std::fs::read(a).unwrap() == std::fs::read(b).unwrap(),
+                "{dtype:?}"
+            );
+        }
+    }
+
+    /// A host pass split over threads updates every element once, with its own inputs.
+    #[test]
+    fn host_passes_in_chunks_touch_every_element_once() {
+        let len = 3 * HOST_CHUNK + 17;
+        let input: Vec<f32> = (0..len).map(|i| i as f32).collect();
+        let mut out = vec![1f32; len];
+        in_chunks(&mut out, |at, part| {
+            for (o, &x) in part.iter_mut().zip(&input[at..]) {
+                *o += x;
+            }
+        });
+        assert!(out.iter().enumerate().all(|(i, &o)| o == i as f32 + 1.0));
     }
 
     #[test]

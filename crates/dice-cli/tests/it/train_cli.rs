@@ -311,7 +311,7 @@ fn succeeded(what: &str, out: Output) {
 /// Two ranks started by hand with torchrun's variables train on one machine and write one
 /// checkpoint and the final model through rank 0; `--nproc-per-node 2` starts the same two
 /// ranks itself (with the optimizer state sharded, `--zero-stage 2`), and one rank accumulating
-/// both micro-batches ends with the same bytes.
+/// both micro-batches ends with the same bytes, its optimizer state offloaded or not.
 #[test]
 fn two_ranks_launched_with_torchrun_variables_train_as_one_rank() {
     let dir = tempfile::tempdir().unwrap();
@@ -366,8 +366,33 @@ fn two_ranks_launched_with_torchrun_variables_train_as_one_rank() {
             .output()
             .unwrap(),
     );
+    // The optimizer's state in host memory (here the weights' own) takes the same steps.
+    let offloaded = dir.path().join("offloaded");
+    succeeded(
+        "--optimizer-offload",
+        two_steps(
+            model,
+            &offloaded,
+            &["--gradient-accumulation-steps", "2", "--optimizer-offload"],
+        )
+        .output()
+        .unwrap(),
+    );
+    // Offloaded or sharded, not both: one line says so.
+    let both = two_steps(
+        model,
+        &dir.path().join("both"),
+        &["--zero-stage", "2", "--optimizer-offload"],
+    )
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&both.stderr);
+    assert!(
+        !both.status.success() && err.contains("not both") && err.lines().count() == 1,
+        "{err}"
+    );
     assert_eq!(losses(&torchrun), losses(&alone));
-    for run in [&launched, &alone] {
+    for run in [&launched, &alone, &offloaded] {
         for file in [
             "final/model.safetensors.index.json",
             "checkpoint-2/optimizer.safetensors",

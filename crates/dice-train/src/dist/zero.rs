@@ -75,16 +75,26 @@ pub enum DataParallelAdamW {
 }
 
 impl DataParallelAdamW {
-    /// The optimizer of this rank for `weights` (the same on every rank).
+    /// The optimizer of this rank for `weights` (the same on every rank); with `offload`, its
+    /// state in host memory ([`AdamW::offloaded`]), which sharding does not take.
     pub fn new(
         weights: Vec<(String, Var)>,
         config: AdamWConfig,
         stage: ZeroStage,
+        offload: bool,
         collective: &dyn Collective,
     ) -> Result<Self> {
         Ok(match stage {
+            ZeroStage::Replicated if offload => {
+                Self::Replicated(AdamW::offloaded(weights, config)?)
+            }
             ZeroStage::Replicated => Self::Replicated(AdamW::new(weights, config)?),
             ZeroStage::ShardedState | ZeroStage::ShardedStateAndGradients => {
+                ensure!(
+                    !offload,
+                    "the optimizer's state is either offloaded to the host or sharded over the \
+                     ranks' devices, not both: drop --optimizer-offload or use ZeRO stage 0"
+                );
                 Self::Sharded(ShardedAdamW::new(weights, config, stage, collective)?)
             }
         })

@@ -402,7 +402,7 @@ impl Settings for RlConfig {
                 "tolerance": self.reward.tolerance,
                 "contains_token": self.reward.contains_token,
             },
-            "training": without(&self.training, &["device", "total_steps"]),
+            "training": without(&self.training, &["device", "total_steps", "optimizer_offload"]),
             "optimizer": self.optimizer,
         });
         // Only trajectories of several turns are discounted: one-turn runs keep the key they

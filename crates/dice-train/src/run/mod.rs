@@ -236,7 +236,13 @@ impl<C: Settings> Run<C> {
             }
         }
         let stage = config.zero_stage()?;
-        let mut optimizer = DataParallelAdamW::new(named, parts.optimizer, stage, &*collective)?;
+        let mut optimizer = DataParallelAdamW::new(
+            named,
+            parts.optimizer,
+            stage,
+            parts.optimizer_offload,
+            &*collective,
+        )?;
         if let Some(dir) = &resume_from {
             optimizer.load_state(&dir.join(OPTIMIZER_STATE))?;
             tracing::info!("resuming from {} after step {step}", dir.display());

@@ -74,6 +74,11 @@ pub struct RunTraining<R> {
     /// [default: f32 on the CPU, bf16 on CUDA]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dtype: Option<ComputeDType>,
+    /// AdamW's masters and moments in host memory instead of beside the weights
+    /// (ZeRO-Offload's split, [`crate::optim::AdamW::offloaded`]): the device keeps weights,
+    /// gradients and activations; every step reads the gradients back and writes the weights.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub optimizer_offload: bool,
     #[serde(skip)]
     recipe: PhantomData<R>,
 }
@@ -86,6 +91,7 @@ impl<R: Recipe> Default for RunTraining<R> {
             seed: R::SEED,
             device: Device::Cpu,
             dtype: None,
+            optimizer_offload: false,
             recipe: PhantomData,
         }
     }
@@ -197,6 +203,8 @@ pub struct RunParts<'a> {
     pub device: Device,
     pub dtype: ComputeDType,
     pub optimizer: AdamWConfig,
+    /// AdamW's state in host memory ([`RunTraining::optimizer_offload`]).
+    pub optimizer_offload: bool,
     pub checkpoint: &'a CheckpointConfig,
 }
 
@@ -212,6 +220,7 @@ impl<'a> RunParts<'a> {
             device: training.device,
             dtype: training.compute_dtype(),
             optimizer,
+            optimizer_offload: training.optimizer_offload,
             checkpoint,
         }
     }

@@ -151,11 +151,15 @@ impl Settings for SftConfig {
     }
 
     /// Training (but the device and the chunking, which change rounding at most, and the ZeRO
-    /// stage, which changes neither the update, see [`crate::dist::zero`], nor the
-    /// checkpoint) and the optimizer.
+    /// stage and the optimizer's offload, which change neither the update, see
+    /// [`crate::dist::zero`] and [`crate::optim::AdamW::offloaded`], nor the checkpoint) and
+    /// the optimizer.
     fn resume_key(&self) -> serde_json::Value {
         serde_json::json!({
-            "training": without(&self.training, &["device", "chunk_rows", "zero_stage"]),
+            "training": without(
+                &self.training,
+                &["device", "chunk_rows", "zero_stage", "optimizer_offload"],
+            ),
             "optimizer": self.optimizer,
         })
     }

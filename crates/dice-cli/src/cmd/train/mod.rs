@@ -71,6 +71,13 @@ pub(crate) struct RunArgs {
     /// Compute dtype [default: f32 on the CPU, bf16 on CUDA].
     #[arg(long, value_enum)]
     pub dtype: Option<ComputeDType>,
+    /// Keep AdamW's f32 masters and moments in host memory (ZeRO-Offload's split): the GPU
+    /// holds the weights, gradients and activations (for SDAR-8B in bf16 about 64 GB at
+    /// 6,144 tokens instead of over 170 with the state beside them); every step reads the
+    /// f32 gradients back, updates on every core of the host and writes the weights back.
+    /// The same updates, bit for bit; not with ZeRO sharding (--zero-stage 1 or 2).
+    #[arg(long)]
+    pub optimizer_offload: bool,
     /// Seed of everything the run draws: sft's data order, noise and validation split, rl's
     /// samples and shuffled task order [default: 42 for sft, 10086 for rl].
     #[arg(long, value_name = "S")]
@@ -149,6 +156,7 @@ impl RunArgs {
         if self.dtype.is_some() {
             training.dtype = self.dtype;
         }
+        training.optimizer_offload |= self.optimizer_offload;
         set(&mut checkpoint.save_steps, &self.save_steps);
         if self.save_total_limit.is_some() {
             checkpoint.save_total_limit = self.save_total_limit;
