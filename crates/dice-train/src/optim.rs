@@ -1200,6 +1200,17 @@ mod tests {
         }
     }
 
+    /// A weight's values in f32, to compare bit for bit.
+    fn bits(w: &Var) -> Vec<f32> {
+        w.as_detached_tensor()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+    }
+
     /// The state with its masters and moments, as a checkpoint of SFT holds it.
     fn save_whole_state(optimizer: &AdamW, path: &Path) {
         optimizer
@@ -1251,15 +1262,6 @@ mod tests {
         let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
         assert!(read("straight.safetensors") == read("resumed.safetensors"));
         for ((_, a), (_, b)) in straight_weights.iter().zip(&checkpoint) {
-            let bits = |w: &Var| {
-                w.as_detached_tensor()
-                    .to_dtype(DType::F32)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            };
             assert_eq!(bits(a), bits(b));
         }
         assert_ne!(
@@ -1303,15 +1305,6 @@ mod tests {
             let mut host = AdamW::offloaded(host_weights.clone(), config()).unwrap();
             run(&beside_weights, &mut beside, 5);
             run(&host_weights, &mut host, 5);
-            let bits = |w: &Var| {
-                w.as_detached_tensor()
-                    .to_dtype(DType::F32)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            };
             for ((_, a), (_, b)) in beside_weights.iter().zip(&host_weights) {
                 assert_eq!(bits(a), bits(b), "{dtype:?}");
             }
