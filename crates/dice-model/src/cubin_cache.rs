@@ -91,6 +91,17 @@ impl CubinCache {
     }
 }
 
+/// One source compiled by [`crate::precompile_kernels`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Precompiled {
+    /// What the kernels are ("the training attention kernels").
+    pub what: &'static str,
+    /// NVRTC options beside the architecture (`-DHEAD_DIM=128`).
+    pub options: Vec<String>,
+    /// Whether the cache held it already.
+    pub cached: bool,
+}
+
 /// The folder the kernel cache uses, as the environment names it (`None`: no cache).
 pub fn kernel_cache_folder() -> Option<PathBuf> {
     CubinCache::from_env().dir

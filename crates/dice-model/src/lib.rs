@@ -26,12 +26,12 @@ pub mod tokenizer;
 
 pub use chat::ChatTemplate;
 pub use config::SdarConfig;
-pub use cubin_cache::{kernel_cache_folder, KERNEL_CACHE_ENV};
+pub use cubin_cache::{kernel_cache_folder, Precompiled, KERNEL_CACHE_ENV};
 #[cfg(feature = "cuda")]
 pub use kernels::decode_ops::{greedy_summary, sample_summary};
 #[cfg(feature = "cuda")]
 pub use kernels::optim::adamw_step;
-pub use precompile::{precompile_kernels, Precompiled};
+pub use precompile::precompile_kernels;
 #[cfg(feature = "cuda")]
 pub use sdar::DecodeGraph;
 pub use sdar::{KvCache, LossGradients, MaskedSequence, Sdar};

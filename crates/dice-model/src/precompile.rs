@@ -2,18 +2,8 @@
 //! ([`crate::cubin_cache`]): on a machine without a GPU (NVRTC needs none), for the GPU
 //! machine's processes to read instead of compiling at their start.
 
+use crate::cubin_cache::Precompiled;
 use anyhow::Result;
-
-/// One source compiled by [`precompile_kernels`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Precompiled {
-    /// What the kernels are ("the training attention kernels").
-    pub what: &'static str,
-    /// NVRTC options beside the architecture (`-DHEAD_DIM=128`).
-    pub options: Vec<String>,
-    /// Whether the cache held it already.
-    pub cached: bool,
-}
 
 /// Compiles our kernel sources for compute capability `arch` (`(9, 0)` for an H100 or H200),
 /// the attention kernels for each head dim of `head_dims`, into the kernel cache that GPU
@@ -22,15 +12,7 @@ pub struct Precompiled {
 pub fn precompile_kernels(head_dims: &[usize], arch: (i32, i32)) -> Result<Vec<Precompiled>> {
     #[cfg(feature = "cuda")]
     {
-        let compiled = crate::kernels::precompile(head_dims, arch)?;
-        Ok(compiled
-            .into_iter()
-            .map(|(what, options, cached)| Precompiled {
-                what,
-                options,
-                cached,
-            })
-            .collect())
+        crate::kernels::precompile(head_dims, arch)
     }
     #[cfg(not(feature = "cuda"))]
     {

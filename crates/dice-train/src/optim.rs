@@ -367,12 +367,16 @@ impl AdamW {
                 };
                 let master = match weight.dtype() {
                     DType::F32 if !on_host => None,
+                    // The host update writes the master in place: it must not be the weight's
+                    // own storage, which an f32 weight already on the host would lend it.
+                    DType::F32 if weight.device().is_cpu() => {
+                        Some(weight.as_detached_tensor().copy()?)
+                    }
                     _ => Some(
                         weight
                             .as_detached_tensor()
                             .to_dtype(DType::F32)?
-                            .to_device(&state_device)?
-                            .copy()?,
+                            .to_device(&state_device)?,
                     ),
                 };
                 // Two allocations: the CPU update writes each moment in place.

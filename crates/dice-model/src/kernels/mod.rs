@@ -22,12 +22,11 @@ pub(crate) use train_layer::TrainLayer;
 
 /// Compiles every kernel source of ours for compute capability `arch`, the attention kernels for
 /// each head dim of `head_dims`, into the cubin cache (cubin_cache.rs): what a GPU process then
-/// reads instead of compiling. Needs NVRTC, not a GPU. Each source's description, options and
-/// whether the cache held it already.
+/// reads instead of compiling. Needs NVRTC, not a GPU.
 pub(crate) fn precompile(
     head_dims: &[usize],
     arch: (i32, i32),
-) -> anyhow::Result<Vec<(&'static str, Vec<String>, bool)>> {
+) -> anyhow::Result<Vec<crate::cubin_cache::Precompiled>> {
     let mut jobs: Vec<(&nvrtc::Source, Vec<String>)> = vec![
         (&decode_ops::SOURCE, Vec::new()),
         (&train_layer::SOURCE, Vec::new()),
@@ -46,7 +45,11 @@ pub(crate) fn precompile(
     jobs.into_iter()
         .map(|(source, options)| {
             let cached = nvrtc::precompile(source, &options, arch)?;
-            Ok((source.what, options, cached))
+            Ok(crate::cubin_cache::Precompiled {
+                what: source.what,
+                options,
+                cached,
+            })
         })
         .collect()
 }

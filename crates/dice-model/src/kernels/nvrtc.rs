@@ -168,17 +168,17 @@ pub(crate) fn load_module(
             .context()
             .load_module(Ptx::from_binary(cubin))
     };
-    let (cubin, cached) = cache.get_or_compile(&key, || compile_cubin(source, options, arch))?;
-    match load(cubin) {
-        Ok(module) => Ok(module),
+    let compile = || compile_cubin(source, options, arch);
+    let (cubin, cached) = cache.get_or_compile(&key, compile)?;
+    let loaded = match load(cubin) {
         // A cached cubin the driver refuses (damaged on disk) is compiled again.
         Err(_) if cached => {
             cache.forget(&key);
-            let (cubin, _) = cache.get_or_compile(&key, || compile_cubin(source, options, arch))?;
-            load(cubin).map_err(driver_error(source.what))
+            load(cache.get_or_compile(&key, compile)?.0)
         }
-        Err(e) => Err(driver_error(source.what)(e)),
-    }
+        loaded => loaded,
+    };
+    loaded.map_err(driver_error(source.what))
 }
 
 /// Kernels `{name}_f32`, `{name}_bf16` and `{name}_f16` of `module` (loaded from `source`), in
