@@ -8,6 +8,7 @@
 
 pub mod data;
 pub mod dist;
+mod host_step;
 pub mod metrics;
 pub mod noise;
 pub mod optim;

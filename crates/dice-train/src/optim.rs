@@ -8,12 +8,14 @@
 //! of [`AdamWConfig::default`] (DICE's RL also sets 0).
 
 use crate::dist::{Collective, SingleProcess};
+use crate::host_step::{
+    f32_values_mut, weight_out, with_grad_values, with_storage_mut, GradValues, HostSlices,
+    WeightOut,
+};
 use crate::readback::ReadBack;
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::safetensors::MmapedSafetensors;
-use candle_core::{
-    CpuStorage, DType, Device, InplaceOp2, InplaceOp3, Layout, Storage, Tensor, Var,
-};
+use candle_core::{DType, Device, Tensor, Var};
 use dice_model::adamw::AdamWScalars;
 use std::collections::HashMap;
 use std::path::Path;
@@ -159,148 +161,77 @@ impl Param {
         self.step_with_tensors(grad, s)
     }
 
-    /// The update of [`AdamW::step`] for a CPU weight, in place: three passes over the host
-    /// buffers of m, v and the f32 weights with the same f32 operations in the same order as
-    /// the tensor form (candle's scalar `affine` is `x·a + b`, kept here with its `+ 0`), so the
-    /// results are identical, without the dozen full-size temporaries the tensor form allocates.
-    fn step_on_host(&mut self, grad: &Tensor, s: &AdamWScalars) -> Result<()> {
+    /// The update of [`AdamW::step`] where the state is in host memory, in place: one pass
+    /// over the gradient (in its own dtype), m, v and the f32 master that also writes the
+    /// rounded weight (`host_step`). A CPU weight is written where it lies; a device weight
+    /// (an offloaded state) gets its gradient and weights through `transfer`'s page-locked
+    /// buffers, chunk by chunk.
+    fn step_on_host(
+        &mut self,
+        grad: &Tensor,
+        s: &AdamWScalars,
+        #[cfg(feature = "cuda")] transfer: &mut crate::host_step::DeviceTransfer,
+    ) -> Result<()> {
         let grad = grad.contiguous()?;
-        self.exp_avg.inplace_op2(&grad, &FirstMoment(s))?;
-        self.exp_avg_sq.inplace_op2(&grad, &SecondMoment(s))?;
-        let master = self.master();
-        master.inplace_op3(&self.exp_avg, &self.exp_avg_sq, &WeightUpdate(s))?;
-        if self.master.is_some() {
-            self.set_weight_from(&master)?;
+        let state = [&self.exp_avg, &self.exp_avg_sq];
+        if !self.weight.device().is_cpu() {
+            #[cfg(feature = "cuda")]
+            {
+                let master = self.master.as_ref().context(
+                    "internal error: an offloaded state keeps an f32 master for every weight",
+                )?;
+                return Ok(transfer.step(&self.weight, &grad, [state[0], state[1], master], s)?);
+            }
+            #[cfg(not(feature = "cuda"))]
+            bail!(
+                "internal error: a `{}` weight on {:?} in a build without CUDA",
+                self.name,
+                self.weight.device()
+            );
         }
+        let grad = grad.to_device(&Device::Cpu)?;
+        with_state_values(state, |exp_avg, exp_avg_sq| {
+            with_grad_values(&grad, |grad| match &self.master {
+                Some(master) => with_storage_mut(master, |p, p_layout| {
+                    let master = f32_values_mut(p, p_layout)?;
+                    with_storage_mut(&self.weight, |w, w_layout| {
+                        HostSlices {
+                            grad,
+                            exp_avg,
+                            exp_avg_sq,
+                            master,
+                            out: weight_out(w, w_layout)?,
+                        }
+                        .update(s);
+                        Ok(())
+                    })
+                }),
+                None => with_storage_mut(&self.weight, |p, p_layout| {
+                    HostSlices {
+                        grad,
+                        exp_avg,
+                        exp_avg_sq,
+                        master: f32_values_mut(p, p_layout)?,
+                        out: WeightOut::MasterIsWeight,
+                    }
+                    .update(s);
+                    Ok(())
+                }),
+            })
+        })?;
         Ok(())
     }
 }
 
-/// The f32 values of a contiguous CPU tensor's storage.
-fn host_values<'s>(storage: &'s CpuStorage, layout: &Layout) -> candle_core::Result<&'s [f32]> {
-    match (storage, layout.contiguous_offsets()) {
-        (CpuStorage::F32(values), Some((start, end))) => Ok(&values[start..end]),
-        _ => candle_core::bail!("internal error: the optimizer expects contiguous f32 tensors"),
-    }
-}
-
-fn host_values_mut<'s>(
-    storage: &'s mut CpuStorage,
-    layout: &Layout,
-) -> candle_core::Result<&'s mut [f32]> {
-    match (storage, layout.contiguous_offsets()) {
-        (CpuStorage::F32(values), Some((start, end))) => Ok(&mut values[start..end]),
-        _ => candle_core::bail!("internal error: the optimizer expects contiguous f32 tensors"),
-    }
-}
-
-/// Elements per thread below which a host update pass stays on one thread.
-const HOST_CHUNK: usize = 1 << 20;
-
-/// `update(offset, chunk)` over `out` in chunks, on as many threads as the machine has where
-/// the tensor is large (an offloaded 8B model's update is billions of elements a pass): each
-/// element's result depends on its own inputs only, so the split changes no value.
-fn in_chunks(out: &mut [f32], update: impl Fn(usize, &mut [f32]) + Sync) {
-    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let chunk = out.len().div_ceil(threads).max(HOST_CHUNK);
-    if chunk >= out.len() {
-        return update(0, out);
-    }
-    std::thread::scope(|scope| {
-        for (i, part) in out.chunks_mut(chunk).enumerate() {
-            let update = &update;
-            scope.spawn(move || update(i * chunk, part));
-        }
-    });
-}
-
-/// m ← m + ((g − m)·(1 − β1) + 0), in place on m.
-struct FirstMoment<'a>(&'a AdamWScalars);
-
-impl InplaceOp2 for FirstMoment<'_> {
-    fn name(&self) -> &'static str {
-        "adamw-first-moment"
-    }
-
-    fn cpu_fwd(
-        &self,
-        m: &mut CpuStorage,
-        m_layout: &Layout,
-        g: &CpuStorage,
-        g_layout: &Layout,
-    ) -> candle_core::Result<()> {
-        let c = self.0.one_minus_beta1;
-        let g = host_values(g, g_layout)?;
-        in_chunks(host_values_mut(m, m_layout)?, |at, m| {
-            for (m, &g) in m.iter_mut().zip(&g[at..]) {
-                *m += (g - *m) * c + 0.0;
-            }
-        });
-        Ok(())
-    }
-}
-
-/// v ← (v·β2 + 0) + (g·(1 − β2) + 0)·g, in place on v.
-struct SecondMoment<'a>(&'a AdamWScalars);
-
-impl InplaceOp2 for SecondMoment<'_> {
-    fn name(&self) -> &'static str {
-        "adamw-second-moment"
-    }
-
-    fn cpu_fwd(
-        &self,
-        v: &mut CpuStorage,
-        v_layout: &Layout,
-        g: &CpuStorage,
-        g_layout: &Layout,
-    ) -> candle_core::Result<()> {
-        let AdamWScalars {
-            beta2,
-            one_minus_beta2,
-            ..
-        } = *self.0;
-        let g = host_values(g, g_layout)?;
-        in_chunks(host_values_mut(v, v_layout)?, |at, v| {
-            for (v, &g) in v.iter_mut().zip(&g[at..]) {
-                *v = (*v * beta2 + 0.0) + (g * one_minus_beta2 + 0.0) * g;
-            }
-        });
-        Ok(())
-    }
-}
-
-/// p ← p·decay + 0 (with weight decay), then p ← p + (m·(−step) + 0) / ((√v / bc2)·1 + ε), in
-/// place on p.
-struct WeightUpdate<'a>(&'a AdamWScalars);
-
-impl InplaceOp3 for WeightUpdate<'_> {
-    fn name(&self) -> &'static str {
-        "adamw-weight-update"
-    }
-
-    fn cpu_fwd(
-        &self,
-        p: &mut CpuStorage,
-        p_layout: &Layout,
-        m: &CpuStorage,
-        m_layout: &Layout,
-        v: &CpuStorage,
-        v_layout: &Layout,
-    ) -> candle_core::Result<()> {
-        let s = self.0;
-        let (m, v) = (host_values(m, m_layout)?, host_values(v, v_layout)?);
-        in_chunks(host_values_mut(p, p_layout)?, |at, p| {
-            for ((p, &m), &v) in p.iter_mut().zip(&m[at..]).zip(&v[at..]) {
-                if let Some(decay) = s.decay {
-                    *p = *p * decay + 0.0;
-                }
-                let denom = (v.sqrt() / s.bias_correction2_sqrt) * 1.0 + s.eps;
-                *p += (m * s.neg_step_size + 0.0) / denom;
-            }
-        });
-        Ok(())
-    }
+/// Runs `f` on the host values of a weight's two moments, mutably.
+fn with_state_values<R>(
+    [exp_avg, exp_avg_sq]: [&Tensor; 2],
+    f: impl FnOnce(&mut [f32], &mut [f32]) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    with_storage_mut(exp_avg, |m, m_layout| {
+        let m = f32_values_mut(m, m_layout)?;
+        with_storage_mut(exp_avg_sq, |v, v_layout| f(m, f32_values_mut(v, v_layout)?))
+    })
 }
 
 /// AdamW exactly as torch 2.11 runs it on CPU (`torch.optim.AdamW`, the single-tensor path,
@@ -322,6 +253,9 @@ pub struct AdamW {
     /// Sorted by name, so that every pass over them (and their sums) has one order.
     params: Vec<Param>,
     steps: u64,
+    /// The page-locked buffers through which an offloaded state's updates pass.
+    #[cfg(feature = "cuda")]
+    transfer: crate::host_step::DeviceTransfer,
 }
 
 impl AdamW {
@@ -398,6 +332,8 @@ impl AdamW {
             config,
             params,
             steps: 0,
+            #[cfg(feature = "cuda")]
+            transfer: Default::default(),
         })
     }
 
@@ -474,18 +410,16 @@ impl AdamW {
             eps: eps as f32,
             neg_step_size: -step_size as f32,
         };
-        let mut readback = ReadBack::default();
         for (param, grad) in self.params.iter_mut().zip(grads) {
-            let grad = grad.to_dtype(DType::F32)?;
             if param.exp_avg.device().is_cpu() {
-                // An offloaded state's gradient comes to the host first.
-                let grad = match grad.device() {
-                    Device::Cpu => grad,
-                    _ => readback.copy_to_host(&grad)?,
-                };
-                param.step_on_host(&grad, &scalars)?;
+                param.step_on_host(
+                    grad,
+                    &scalars,
+                    #[cfg(feature = "cuda")]
+                    &mut self.transfer,
+                )?;
             } else {
-                param.step_on_device(&grad, &scalars)?;
+                param.step_on_device(&grad.to_dtype(DType::F32)?, &scalars)?;
             }
         }
         self.steps += 1;
@@ -1008,12 +942,12 @@ fn queue_square_sums(
     let flat = tensor.flatten_all()?;
     if on_host {
         let flat = flat.to_dtype(DType::F32)?.contiguous()?;
-        let (storage, layout) = flat.storage_and_layout();
-        let Storage::Cpu(storage) = &*storage else {
-            bail!("internal error: a CPU tensor without CPU storage");
-        };
-        let values = host_values(storage, layout)?;
-        let sum: f64 = values.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+        let sum: f64 = with_grad_values(&flat, |values| match values {
+            GradValues::F32(values) => {
+                Ok(values.iter().map(|&x| f64::from(x) * f64::from(x)).sum())
+            }
+            _ => candle_core::bail!("internal error: the norm sums f32 values"),
+        })?;
         sums.push(Tensor::new(sum, tensor.device())?);
     } else {
         sums.extend(slice_square_sums(&flat, chunk, row)?);
@@ -1322,18 +1256,38 @@ mod tests {
         }
     }
 
-    /// A host pass split over threads updates every element once, with its own inputs.
+    /// On a GPU, an offloaded state (gradients read back and weights written through
+    /// page-locked chunks, a weight longer than one chunk among them) steps as the state kept
+    /// on the device (dice-model's AdamW kernel), bit for bit, in bf16 and f32.
     #[test]
-    fn host_passes_in_chunks_touch_every_element_once() {
-        let len = 3 * HOST_CHUNK + 17;
-        let input: Vec<f32> = (0..len).map(|i| i as f32).collect();
-        let mut out = vec![1f32; len];
-        in_chunks(&mut out, |at, part| {
-            for (o, &x) in part.iter_mut().zip(&input[at..]) {
-                *o += x;
+    #[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
+    fn an_offloaded_state_on_a_gpu_steps_as_the_state_on_it() {
+        let gpu = dice_model::device::cuda_device(0).unwrap();
+        for dtype in [DType::BF16, DType::F32] {
+            let on_gpu = || -> Vec<(String, Var)> {
+                [("long.weight", (32 << 20) + 5), ("short.weight", 7)]
+                    .into_iter()
+                    .map(|(name, len)| {
+                        let values = Tensor::arange(0u32, len as u32, &gpu)
+                            .unwrap()
+                            .to_dtype(DType::F32)
+                            .unwrap();
+                        let values = ((values * 0.37).unwrap().sin().unwrap())
+                            .to_dtype(dtype)
+                            .unwrap();
+                        (name.to_string(), Var::from_tensor(&values).unwrap())
+                    })
+                    .collect()
+            };
+            let (device_weights, host_weights) = (on_gpu(), on_gpu());
+            let mut device = AdamW::new(device_weights.clone(), config()).unwrap();
+            let mut host = AdamW::offloaded(host_weights.clone(), config()).unwrap();
+            run(&device_weights, &mut device, 3);
+            run(&host_weights, &mut host, 3);
+            for ((name, a), (_, b)) in device_weights.iter().zip(&host_weights) {
+                assert!(bits(a) == bits(b), "{dtype:?} {name}");
             }
-        });
-        assert!(out.iter().enumerate().all(|(i, &o)| o == i as f32 + 1.0));
+        }
     }
 
     #[test]
@@ -1383,8 +1337,21 @@ mod tests {
     }
 
     #[test]
+    /// The host's one pass equals the tensor form bit for bit: f32 weights (the master is the
+    /// weight) and bf16 and f16 weights (an f32 master, rounded into the weight), with
+    /// gradients in f32 and in the weight's dtype (read by the pass as they are), with and
+    /// without weight decay.
     fn the_host_update_equals_the_tensor_update_bit_for_bit() {
-        for decay in [None, Some(0.999_9_f32)] {
+        let cases = [
+            (DType::F32, DType::F32),
+            (DType::BF16, DType::BF16),
+            (DType::BF16, DType::F32),
+            (DType::F16, DType::F16),
+        ];
+        for ((weight_dtype, grad_dtype), decay) in cases
+            .into_iter()
+            .flat_map(|case| [None, Some(0.999_9_f32)].map(|decay| (case, decay)))
+        {
             let scalars = AdamWScalars {
                 decay,
                 one_minus_beta1: 0.1,
@@ -1395,23 +1362,40 @@ mod tests {
                 neg_step_size: -0.0137,
             };
             let [host, tensors] = [0, 1].map(|path| {
-                let (name, weight) = weights(DType::F32).remove(0);
+                let (name, weight) = weights(weight_dtype).remove(0);
+                let f32_weight = weight.as_detached_tensor().to_dtype(DType::F32).unwrap();
                 let mut param = Param {
                     name,
-                    exp_avg: (weight.as_detached_tensor() * 0.3).unwrap(),
-                    exp_avg_sq: weight.as_detached_tensor().sqr().unwrap(),
+                    exp_avg: (&f32_weight * 0.3).unwrap(),
+                    exp_avg_sq: f32_weight.sqr().unwrap(),
+                    master: (weight_dtype != DType::F32).then(|| f32_weight.copy().unwrap()),
                     weight,
-                    master: None,
                 };
-                let grad = (param.weight.as_detached_tensor().cos().unwrap() * 0.7).unwrap();
+                let grad = (f32_weight.cos().unwrap() * 0.7)
+                    .unwrap()
+                    .to_dtype(grad_dtype)
+                    .unwrap();
                 for _ in 0..3 {
                     if path == 0 {
-                        param.step_on_host(&grad, &scalars).unwrap();
+                        param
+                            .step_on_host(
+                                &grad,
+                                &scalars,
+                                #[cfg(feature = "cuda")]
+                                &mut Default::default(),
+                            )
+                            .unwrap();
                     } else {
+                        let grad = grad.to_dtype(DType::F32).unwrap();
                         param.step_with_tensors(&grad, &scalars).unwrap();
                     }
                 }
-                [param.master(), param.exp_avg, param.exp_avg_sq].map(|t| {
+                let weight = param
+                    .weight
+                    .as_detached_tensor()
+                    .to_dtype(DType::F32)
+                    .unwrap();
+                [param.master(), param.exp_avg, param.exp_avg_sq, weight].map(|t| {
                     t.flatten_all()
                         .unwrap()
                         .to_vec1::<f32>()
@@ -1421,7 +1405,10 @@ mod tests {
                         .collect::<Vec<_>>()
                 })
             });
-            assert_eq!(host, tensors);
+            assert_eq!(
+                host, tensors,
+                "{weight_dtype:?} weights, {grad_dtype:?} gradients, decay {decay:?}"
+            );
         }
     }
 
