@@ -2,7 +2,7 @@
 # The training issue's GPU evidence (SFT speed, memory, NCCL at one rank), run on the H200 machine
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
-# (STEP: golden, tests, bench-1.7b, bench-1.7b-recompute, bench-1.7b-unfused-layer,
+# (STEP: golden, tests, train-tests, bench-1.7b, bench-1.7b-recompute, bench-1.7b-unfused-layer,
 # bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b, sft-8b-offload, kernels-sft,
 # kernels-1.7b, attention-detail-1.7b; all by default)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
@@ -11,6 +11,8 @@
 #   model-tests.xz, model-lib-tests.xz (optional, for the step `tests`) dice-model's integration
 #               and unit test binaries built the same way (`cargo test --release --features cuda
 #               -p dice-model --no-run` in build-cuda.sh's environment)
+#   train-lib-tests.xz (optional, for the step `train-tests`) dice-train's unit tests, built the same
+#               way (`-p dice-train --lib`): the optimizer's GPU checks
 # Writes steps.txt and each step's output to OUT, by default the run's folder
 # bench/runs/<date>-<commit>-<machine> (bench/run-folder.sh).
 set -uo pipefail
@@ -28,6 +30,12 @@ if wanted tests && [[ -f $DATA/model-tests.xz ]]; then
   echo "model-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-tests.txt"
   (cd crates/dice-model && timeout 120 /tmp/model-lib-tests kernels) >"$OUT/model-lib-tests.txt" 2>&1
   echo "model-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/model-lib-tests.txt"
+fi
+if wanted train-tests && [[ -f $DATA/train-lib-tests.xz ]]; then
+  unxz "$DATA/train-lib-tests.xz" /tmp/train-lib-tests && chmod +x /tmp/train-lib-tests
+  (cd crates/dice-train && timeout 120 /tmp/train-lib-tests optim --include-ignored) \
+    >"$OUT/train-lib-tests.txt" 2>&1
+  echo "train-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/train-lib-tests.txt"
 fi
 # DICE trains on 6,144-token packed rows; the bench packs one synthetic row (p = 0.5 noise). The
 # fused training layer and attention (layers keeping their activations as memory allows); the
@@ -68,8 +76,9 @@ PY
   if [[ $name == kernels-* ]]; then
     # Nsight Compute's time of every kernel of the run (the update's too: gradient norm,
     # clipping, AdamW), clocks and caches left alone.
-    local t0=$(date +%s)
-    timeout "$(( $(left) < cap ? $(left) : cap ))" ncu --clock-control none --cache-control none \
+    local t0=$(date +%s) limit=$(( $(left) < cap ? $(left) : cap ))
+    (( limit > 10 )) || { echo "$name skipped: no time left" | tee -a "$OUT/steps.txt"; return; }
+    timeout "$limit" ncu --clock-control none --cache-control none \
       --metrics gpu__time_duration.sum --csv "$bin" "${args[@]}" >"$OUT/$name.csv" 2>"$OUT/$name.err"
     echo "$name rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
     python3 bench/ncu_kernels.py "$OUT/$name.csv" | tee "$OUT/$name.txt"

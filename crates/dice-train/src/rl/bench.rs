@@ -15,7 +15,7 @@
 //! are built.
 
 use super::config::RlConfig;
-use super::metrics::RlStepMetrics;
+use super::metrics::{RlStepMetrics, UpdateSeconds};
 use super::recorded::{Pacing, RecordedCompletions, Variant};
 use super::reward::{Candidate, JudgeReward, Reward, Score};
 use super::task::Stage;
@@ -39,6 +39,9 @@ pub struct StepPhases {
     /// From the rollout's end to the last verdict: the judging the rollout did not hide.
     pub idle: f64,
     pub update: f64,
+    /// The update's parts (absent when the step learned nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update_parts: Option<UpdateSeconds>,
     /// The whole step.
     pub step: f64,
 }
@@ -46,8 +49,12 @@ pub struct StepPhases {
 impl StepPhases {
     /// One line: every phase's seconds.
     pub fn summary(&self) -> String {
+        let parts = self
+            .update_parts
+            .map(|parts| format!(" ({})", parts.summary()))
+            .unwrap_or_default();
         format!(
-            "rollout {:.2} s, judge {:.2} s, idle {:.2} s, update {:.2} s, step {:.2} s",
+            "rollout {:.2} s, judge {:.2} s, idle {:.2} s, update {:.2} s{parts}, step {:.2} s",
             self.rollout, self.judge, self.idle, self.update, self.step
         )
     }
@@ -60,6 +67,7 @@ impl From<&RlStepMetrics> for StepPhases {
             judge: m.seconds_judge,
             idle: m.seconds_idle,
             update: m.seconds_update,
+            update_parts: m.update_seconds,
             step: m.seconds_step,
         }
     }

@@ -55,6 +55,9 @@ pub struct RlStepMetrics {
     /// Time from the last completion to the last verdict: the devices idle, waiting for it.
     pub seconds_idle: f64,
     pub seconds_update: f64,
+    /// Where the update's seconds went (absent when the step learned nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub update_seconds: Option<UpdateSeconds>,
     pub seconds_step: f64,
     /// Each rank's rollout, judge, idle and update seconds, in rank order (a rank is a GPU
     /// with --device cuda).
@@ -63,6 +66,30 @@ pub struct RlStepMetrics {
     /// above are then over every turn's completions, the seconds over every turn's rollout).
     #[serde(flatten)]
     pub turns: Option<TurnMetrics>,
+}
+
+/// The parts of one step's update on this rank, each ended by the device's synchronisation
+/// (the rest of `seconds_update` is making room for it: dropping a rollout engine).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct UpdateSeconds {
+    /// The replay built from the traces (every replayed step's visibility), moments reset.
+    pub replay: f64,
+    /// log π_old of every replayed position: one forward over the replay, before any update.
+    pub old_log_probs: f64,
+    /// The policy loss's forwards and backwards over the replay, gradients summed.
+    pub loss_and_grads: f64,
+    /// Gradient norm, clipping and AdamW, with the ranks' all-reduce.
+    pub optimizer: f64,
+}
+
+impl UpdateSeconds {
+    /// One line: every part's seconds.
+    pub fn summary(&self) -> String {
+        format!(
+            "replay {:.2} s, old log-probs {:.2} s, loss and gradients {:.2} s, optimizer {:.2} s",
+            self.replay, self.old_log_probs, self.loss_and_grads, self.optimizer
+        )
+    }
 }
 
 /// One rank's share of a step's time.

@@ -109,6 +109,16 @@ const RL_PAGE: Page = Page {
             ],
         ),
         ChartSpec::new(
+            "update seconds by part (rank 0)",
+            Quantity::Amount("seconds"),
+            &[
+                ("update_seconds.replay", "replay built"),
+                ("update_seconds.old_log_probs", "old log-probs"),
+                ("update_seconds.loss_and_grads", "loss and gradients"),
+                ("update_seconds.optimizer", "optimizer"),
+            ],
+        ),
+        ChartSpec::new(
             "rollout seconds per rank",
             Quantity::Amount("seconds"),
             &[("seconds_per_rank.*.rollout", "rank *")],
@@ -180,7 +190,7 @@ pub fn write_html(metrics: &Path, html: &Path, title: &str) -> Result<()> {
 mod tests {
     use super::*;
     use crate::metrics::layout_misses;
-    use crate::rl::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics};
+    use crate::rl::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics, UpdateSeconds};
     use crate::rl::turns::TurnMetrics;
     use crate::run::checkpoint::CheckpointMetrics;
 
@@ -213,6 +223,12 @@ mod tests {
             seconds_judge: 2.0,
             seconds_idle: 0.5,
             seconds_update: 1.0,
+            update_seconds: Some(UpdateSeconds {
+                replay: 0.1,
+                old_log_probs: 0.2,
+                loss_and_grads: 0.6,
+                optimizer: 0.1,
+            }),
             seconds_step: 4.5,
             seconds_per_rank: vec![
                 RankSeconds {

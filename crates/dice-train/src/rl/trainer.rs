@@ -27,7 +27,7 @@
 use super::advantage::group_advantages;
 use super::config::RewardToken;
 use super::config::RlConfig;
-use super::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics, StepTotals};
+use super::metrics::{RankSeconds, RlEvalMetrics, RlStepMetrics, StepTotals, UpdateSeconds};
 use super::recorded::RecordedCompletions;
 use super::report::write_html;
 use super::reward::{CensusToken, ContainsToken, JudgeReward, Reward};
@@ -48,7 +48,7 @@ use crate::dist::zero::StepSettings;
 use crate::dist::{contiguous_share, Collective};
 use crate::run::{DataFingerprint, Run, RunOptions, Steps, TrainSummary};
 use anyhow::{ensure, Context, Result};
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 use candle_nn::VarBuilder;
 use dice_engine::{DecodeParams, Engine, EngineConfig, Request, SdarDecoder, TextCodec};
 use dice_model::memory::PeakMemory;
@@ -508,6 +508,7 @@ impl RlSteps {
             seconds_judge: times.judge,
             seconds_idle: times.idle,
             seconds_update,
+            update_seconds: update.seconds,
             seconds_step: started.elapsed().as_secs_f64(),
             seconds_per_rank,
             turns: turn_totals
@@ -543,14 +544,25 @@ impl RlSteps {
             pad_id: self.end_of_text,
             grid: training.grid.grid(),
         };
+        let mut seconds = UpdateSeconds::default();
+        let mut part = Instant::now();
+        // Each part's seconds, ended where the device has finished its work.
+        let lap = |part: &mut Instant, device: &Device| -> Result<f64> {
+            device.synchronize()?;
+            let seconds = part.elapsed().as_secs_f64();
+            *part = Instant::now();
+            Ok(seconds)
+        };
         let mut replay = Replay::build(records, &settings)?;
         // L1 is the step's, over every rank: the largest of the ranks' own.
         replay.loss_normaliser = max_over_ranks(run.collective.as_ref(), replay.loss_normaliser)?;
         if training.reset_moments {
             run.optimizer.reset_moments()?;
         }
+        seconds.replay = lap(&mut part, &run.device)?;
         let pack = pack_tokens(&run.model)?;
         let old = old_log_probs(&run.model, &replay, pack)?;
+        seconds.old_log_probs = lap(&mut part, &run.device)?;
         let mut counts = [replay.samples.len() as f64];
         run.collective.all_reduce_sum_f64(&mut counts)?;
         let global_samples = counts[0] as usize;
@@ -600,6 +612,7 @@ impl RlSteps {
                 Some(grads) => grads,
                 None => run.zero_grads()?,
             };
+            seconds.loss_and_grads += lap(&mut part, &run.device)?;
             let mut in_update = [range.len() as f64];
             run.collective.all_reduce_sum_f64(&mut in_update)?;
             let step = StepSettings {
@@ -608,8 +621,8 @@ impl RlSteps {
                 lr: training.run.learning_rate,
             };
             grad_norm = f64::from(run.update(grads, &step)?);
+            seconds.optimizer += lap(&mut part, &run.device)?;
         }
-        run.device.synchronize()?;
         let mut totals = [sums.loss, sums.kl, sums.tokens, sums.clipped, sums.entropy];
         run.collective.all_reduce_sum_f64(&mut totals)?;
         let [loss, kl, tokens, clipped, entropy] = totals;
@@ -623,6 +636,7 @@ impl RlSteps {
             clip_fraction: Some(clipped / tokens.max(1.0)),
             entropy: Some(entropy / tokens.max(1.0)),
             grad_norm: Some(grad_norm),
+            seconds: Some(seconds),
         })
     }
 
@@ -703,6 +717,7 @@ struct UpdateTotals {
     clip_fraction: Option<f64>,
     entropy: Option<f64>,
     grad_norm: Option<f64>,
+    seconds: Option<UpdateSeconds>,
 }
 
 /// The requests of `prompts` (each with its slot), completion `slot` seeded with `seed(slot)`.

@@ -169,6 +169,7 @@ fn print_rl_bench(b: &RlBench, args: &RlBenchArgs) {
             idle,
             update,
             step,
+            ..
         } = p;
         println!("| {name} | {rollout:.2} | {judge:.2} | {idle:.2} | {update:.2} | {step:.2} |");
     }
