@@ -9,8 +9,8 @@
 
 use crate::dist::{Collective, SingleProcess};
 use crate::host_step::{
-    f32_values_mut, weight_out, with_grad_values, with_storage_mut, GradValues, HostSlices,
-    WeightOut,
+    f32_values_mut, weight_out, with_grad_values, with_state_values, with_storage_mut, GradValues,
+    HostSlices, WeightOut,
 };
 use crate::readback::ReadBack;
 use anyhow::{bail, ensure, Context, Result};
@@ -221,17 +221,6 @@ impl Param {
         })?;
         Ok(())
     }
-}
-
-/// Runs `f` on the host values of a weight's two moments, mutably.
-fn with_state_values<R>(
-    [exp_avg, exp_avg_sq]: [&Tensor; 2],
-    f: impl FnOnce(&mut [f32], &mut [f32]) -> candle_core::Result<R>,
-) -> candle_core::Result<R> {
-    with_storage_mut(exp_avg, |m, m_layout| {
-        let m = f32_values_mut(m, m_layout)?;
-        with_storage_mut(exp_avg_sq, |v, v_layout| f(m, f32_values_mut(v, v_layout)?))
-    })
 }
 
 /// AdamW exactly as torch 2.11 runs it on CPU (`torch.optim.AdamW`, the single-tensor path,
@@ -1232,7 +1221,7 @@ mod tests {
     }
 
     /// With its state on the host (offloaded: an f32 master for f32 weights too, the rounded
-    /// weights written back through `set_weight_from`), AdamW takes the steps of the state kept
+    /// weights written into the weights by the same pass), AdamW takes the steps of the state kept
     /// beside the weights, bit for bit, and its saved state is the same file.
     #[test]
     fn an_offloaded_state_steps_as_the_one_beside_the_weights() {
