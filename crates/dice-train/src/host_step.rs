@@ -283,6 +283,20 @@ pub(crate) fn with_grad_values<R>(
     }
 }
 
+/// AdamW's scalars of a step some way into a run (the tests' irregular values).
+#[cfg(test)]
+pub(crate) fn test_scalars(decay: Option<f32>) -> AdamWScalars {
+    AdamWScalars {
+        decay,
+        one_minus_beta1: 0.1,
+        beta2: 0.999,
+        one_minus_beta2: 1e-3,
+        bias_correction2_sqrt: 0.0447,
+        eps: 1e-8,
+        neg_step_size: -0.0137,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,15 +306,7 @@ mod tests {
     #[test]
     fn a_pass_split_over_threads_equals_one_thread() {
         let len = 3 * HOST_CHUNK + 17;
-        let s = AdamWScalars {
-            decay: Some(0.999),
-            one_minus_beta1: 0.1,
-            beta2: 0.999,
-            one_minus_beta2: 1e-3,
-            bias_correction2_sqrt: 0.0447,
-            eps: 1e-8,
-            neg_step_size: -0.0137,
-        };
+        let s = test_scalars(Some(0.999));
         let grad: Vec<bf16> = (0..len)
             .map(|i| bf16::from_f32(((i % 1000) as f32 * 0.37).sin()))
             .collect();

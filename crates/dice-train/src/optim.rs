@@ -1341,15 +1341,7 @@ mod tests {
             .into_iter()
             .flat_map(|case| [None, Some(0.999_9_f32)].map(|decay| (case, decay)))
         {
-            let scalars = AdamWScalars {
-                decay,
-                one_minus_beta1: 0.1,
-                beta2: 0.999,
-                one_minus_beta2: 1e-3,
-                bias_correction2_sqrt: 0.0447,
-                eps: 1e-8,
-                neg_step_size: -0.0137,
-            };
+            let scalars = crate::host_step::test_scalars(decay);
             let [host, tensors] = [0, 1].map(|path| {
                 let (name, weight) = weights(weight_dtype).remove(0);
                 let f32_weight = weight.as_detached_tensor().to_dtype(DType::F32).unwrap();
