@@ -223,6 +223,44 @@ impl Param {
     }
 }
 
+/// Host bytes an offloaded state holds per parameter: the f32 master and both moments.
+const OFFLOADED_BYTES_PER_PARAMETER: u64 = 12;
+
+/// Refuses a host state of `needed` bytes that the host's `available` memory (where it is
+/// known) cannot hold.
+fn ensure_host_room(needed: u64, available: Option<u64>) -> Result<()> {
+    let gib = |bytes: u64| bytes as f64 / f64::from(1u32 << 30);
+    if let Some(available) = available {
+        ensure!(
+            needed <= available,
+            "the offloaded optimizer state needs {:.1} GiB of host memory (12 bytes a parameter: \
+             f32 masters and AdamW's two moments) and {:.1} GiB is available: free host memory, \
+             train on more GPUs with --zero-stage 1 or 2 instead of --optimizer-offload, or a \
+             smaller model",
+            gib(needed),
+            gib(available)
+        );
+    }
+    Ok(())
+}
+
+/// The host memory available to a new allocation (`MemAvailable` of /proc/meminfo), where
+/// the system says.
+fn available_host_memory() -> Option<u64> {
+    parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// `MemAvailable` of a /proc/meminfo text, in bytes.
+fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let mut fields = line.split_whitespace().skip(1);
+    let value: u64 = fields.next()?.parse().ok()?;
+    match fields.next() {
+        Some("kB") => Some(value * 1024),
+        _ => None,
+    }
+}
+
 /// AdamW exactly as torch 2.11 runs it on CPU (`torch.optim.AdamW`, the single-tensor path,
 /// amsgrad off). At step t (from 1), for every tensor, with m and v starting at zero:
 ///
@@ -262,10 +300,20 @@ impl AdamW {
     /// step reads the gradients back, updates there (on every core) and writes the rounded
     /// weights to their device. The device then holds the weights, gradients and activations
     /// only: what lets a model whose AdamW state does not fit beside it train on one GPU.
+    ///
+    /// Refused in one line, before anything is allocated, where the state (12 bytes a
+    /// parameter) would not fit the host's available memory: a process killed for memory
+    /// half-way through its first step loses the run.
     pub fn offloaded(
         weights: impl IntoIterator<Item = (String, Var)>,
         config: AdamWConfig,
     ) -> Result<Self> {
+        let weights: Vec<(String, Var)> = weights.into_iter().collect();
+        let parameters: usize = weights.iter().map(|(_, w)| w.elem_count()).sum();
+        ensure_host_room(
+            OFFLOADED_BYTES_PER_PARAMETER * parameters as u64,
+            available_host_memory(),
+        )?;
         Self::with_state(weights, config, true)
     }
 
@@ -1276,6 +1324,30 @@ mod tests {
             for ((name, a), (_, b)) in device_weights.iter().zip(&host_weights) {
                 assert!(bits(a) == bits(b), "{dtype:?} {name}");
             }
+        }
+    }
+
+    /// An offloaded state the host cannot hold is refused in one line that says what it needs
+    /// and what to do; the host's available memory is read from /proc/meminfo.
+    #[test]
+    fn an_offloaded_state_too_large_for_the_host_is_refused() {
+        let meminfo = "MemTotal:       131072000 kB\nMemFree:         1000 kB\nMemAvailable:   100663296 kB\n";
+        assert_eq!(parse_mem_available(meminfo), Some(96 << 30));
+        assert_eq!(parse_mem_available("MemTotal: 1 kB\n"), None);
+        // 8B parameters need 89.4 GiB of state: they fit 96 GiB, not 64.
+        let needed = OFFLOADED_BYTES_PER_PARAMETER * 8_000_000_000;
+        ensure_host_room(needed, Some(96 << 30)).unwrap();
+        ensure_host_room(needed, None).unwrap();
+        let refusal = ensure_host_room(needed, Some(64 << 30))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refusal.contains("needs 89.4 GiB") && refusal.contains("64.0 GiB is available"),
+            "{refusal}"
+        );
+        assert!(refusal.contains("--zero-stage"), "{refusal}");
+        if cfg!(target_os = "linux") {
+            assert!(available_host_memory().is_some_and(|bytes| bytes > 0));
         }
     }
 
