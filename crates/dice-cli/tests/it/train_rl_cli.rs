@@ -306,6 +306,7 @@ fn help_is_a_manual() {
         "--turn-discount <G>",
         "metrics.html",
         "seconds_per_rank",
+        "seconds_update_parts",
         "Examples:",
         "dice model init --config tests/data/sdar/golden/formula/config.json",
     ] {

@@ -67,7 +67,7 @@ impl From<&RlStepMetrics> for StepPhases {
             judge: m.seconds_judge,
             idle: m.seconds_idle,
             update: m.seconds_update,
-            update_parts: m.update_seconds,
+            update_parts: m.seconds_update_parts,
             step: m.seconds_step,
         }
     }

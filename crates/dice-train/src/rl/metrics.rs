@@ -57,7 +57,7 @@ pub struct RlStepMetrics {
     pub seconds_update: f64,
     /// Where the update's seconds went (absent when the step learned nothing).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub update_seconds: Option<UpdateSeconds>,
+    pub seconds_update_parts: Option<UpdateSeconds>,
     pub seconds_step: f64,
     /// Each rank's rollout, judge, idle and update seconds, in rank order (a rank is a GPU
     /// with --device cuda).

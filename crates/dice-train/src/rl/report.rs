@@ -112,10 +112,10 @@ const RL_PAGE: Page = Page {
             "update seconds by part (rank 0)",
             Quantity::Amount("seconds"),
             &[
-                ("update_seconds.replay", "replay built"),
-                ("update_seconds.old_log_probs", "old log-probs"),
-                ("update_seconds.loss_and_grads", "loss and gradients"),
-                ("update_seconds.optimizer", "optimizer"),
+                ("seconds_update_parts.replay", "replay built"),
+                ("seconds_update_parts.old_log_probs", "old log-probs"),
+                ("seconds_update_parts.loss_and_grads", "loss and gradients"),
+                ("seconds_update_parts.optimizer", "optimizer"),
             ],
         ),
         ChartSpec::new(
@@ -223,7 +223,7 @@ mod tests {
             seconds_judge: 2.0,
             seconds_idle: 0.5,
             seconds_update: 1.0,
-            update_seconds: Some(UpdateSeconds {
+            seconds_update_parts: Some(UpdateSeconds {
                 replay: 0.1,
                 old_log_probs: 0.2,
                 loss_and_grads: 0.6,

@@ -508,7 +508,7 @@ impl RlSteps {
             seconds_judge: times.judge,
             seconds_idle: times.idle,
             seconds_update,
-            update_seconds: update.seconds,
+            seconds_update_parts: update.seconds,
             seconds_step: started.elapsed().as_secs_f64(),
             seconds_per_rank,
             turns: turn_totals

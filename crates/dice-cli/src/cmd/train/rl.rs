@@ -79,8 +79,10 @@ Output folder.
                     replay_samples, loss_tokens, loss, kl, clip_fraction, entropy, grad_norm,
                     updates, tokens_generated, rollout_tokens_per_s, seconds_rollout,
                     seconds_judge, seconds_idle (last completion to last verdict),
-                    seconds_update, seconds_step (rank 0's), seconds_per_rank (each rank's
-                    rollout, judge, idle, update); per checkpoint once written: checkpoint,
+                    seconds_update, seconds_update_parts (replay, old_log_probs,
+                    loss_and_grads, optimizer; absent when nothing was learned),
+                    seconds_step (rank 0's), seconds_per_rank (each rank's rollout, judge,
+                    idle, update); per checkpoint once written: checkpoint,
                     checkpoint_bytes, seconds_checkpoint (the training waited),
                     seconds_checkpoint_write (the background write), checkpoint_snapshot
                     (device or host: where the state was copied), or checkpoint and
