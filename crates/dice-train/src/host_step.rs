@@ -27,8 +27,9 @@ mod transfer;
 #[cfg(feature = "cuda")]
 pub(crate) use transfer::DeviceTransfer;
 
-/// Elements per thread below which a pass stays on one thread.
-pub(crate) const HOST_CHUNK: usize = 1 << 20;
+/// Elements below which a pass is not split further (1 MiB of each f32 array): a thread's
+/// share of one 8 M-element transfer chunk on 16 cores is 512 Ki elements.
+pub(crate) const HOST_CHUNK: usize = 1 << 18;
 
 /// A gradient's values as the host reads them (16-bit floats widen to f32 exactly).
 #[derive(Clone, Copy)]
@@ -105,22 +106,16 @@ impl<'a> HostSlices<'a> {
         )
     }
 
-    /// The update, on as many threads as the machine has where the run is long.
+    /// The update on rayon's threads: halves updated side by side down to runs of
+    /// [`HOST_CHUNK`] (an offloaded model's chunks of millions of elements fill every core; a
+    /// small weight stays on this thread).
     pub(crate) fn update(self, s: &AdamWScalars) {
-        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        let chunk = self.len().div_ceil(threads).max(HOST_CHUNK);
-        if chunk >= self.len() {
+        if self.len() <= HOST_CHUNK {
             return self.update_here(s);
         }
-        std::thread::scope(|scope| {
-            let mut rest = self;
-            while rest.len() > chunk {
-                let (head, tail) = rest.split_at(chunk);
-                scope.spawn(move || head.update_here(s));
-                rest = tail;
-            }
-            rest.update_here(s);
-        });
+        let half = self.len() / 2;
+        let (head, tail) = self.split_at(half);
+        rayon::join(|| head.update(s), || tail.update(s));
     }
 
     /// The update on this thread: one loop per pair of gradient and weight dtypes.

@@ -6,34 +6,42 @@ use super::{
     f32_values_mut, with_state_values, with_storage_mut, GradValues, HostSlices, WeightOut,
 };
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, InplaceOp1, Layout, Storage, Tensor};
+use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor};
 use dice_model::adamw::AdamWScalars;
+use half::slice::HalfBitsSliceExt;
 use half::{bf16, f16};
 
-/// A device weight's update from its state in host memory: its gradient read back chunk by
-/// chunk (in its own dtype) into a page-locked buffer, each chunk updated on the host, its
-/// rounded weights written from a second page-locked buffer into the weight's device memory.
-/// The buffers are allocated at the first update and kept.
+/// A device weight's update from its state in host memory, chunk by chunk through page-locked
+/// buffers, two of each kind so that the copies run while the host computes: while chunk i is
+/// updated on the host, chunk i − 1's rounded weights go from the other upload buffer into the
+/// weight's device memory and then chunk i + 1's gradient is read back (in its own dtype) into
+/// the other read-back buffer, in that order on the weight's stream. The buffers are allocated at the first
+/// update and kept.
 #[derive(Default)]
 pub(crate) struct DeviceTransfer {
-    grad16: Option<cudarc::driver::PinnedHostSlice<u16>>,
-    grad32: Option<cudarc::driver::PinnedHostSlice<f32>>,
-    out16: Option<cudarc::driver::PinnedHostSlice<u16>>,
-    out32: Option<cudarc::driver::PinnedHostSlice<f32>>,
+    grad16: [Pinned<u16>; 2],
+    grad32: [Pinned<f32>; 2],
+    out16: [Pinned<u16>; 2],
+    out32: [Pinned<f32>; 2],
 }
 
-/// Elements per chunk of [`DeviceTransfer`] (its f32 buffers are 128 MiB): large enough that
-/// each copy runs at the link's speed and each chunk's pass fills the cores.
-const TRANSFER_CHUNK: usize = 32 << 20;
+type Pinned<T> = Option<cudarc::driver::PinnedHostSlice<T>>;
+
+/// Elements per chunk of [`DeviceTransfer`] (its f32 buffers are 32 MiB): small enough that
+/// most weights of a large model span several chunks, so that their copies hide behind the
+/// host's work, large enough that each copy runs at the link's speed.
+const TRANSFER_CHUNK: usize = 8 << 20;
 
 fn driver(what: &str, e: cudarc::driver::DriverError) -> candle_core::Error {
     candle_core::Error::msg(format!("{what} failed: {e:?}"))
 }
 
-/// A page-locked buffer of [`TRANSFER_CHUNK`] elements in `slot`, allocated the first time.
+/// The first `n` elements of a page-locked buffer of [`TRANSFER_CHUNK`] elements in `slot`,
+/// allocated the first time.
 #[allow(unsafe_code)] // page-locked memory comes uninitialised from the driver
 fn pinned<'b, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Default + Copy>(
-    slot: &'b mut Option<cudarc::driver::PinnedHostSlice<T>>,
+    slot: &'b mut Pinned<T>,
+    n: usize,
     stream: &cudarc::driver::CudaStream,
 ) -> candle_core::Result<&'b mut [T]> {
     if slot.is_none() {
@@ -51,15 +59,14 @@ fn pinned<'b, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + 
         *slot = Some(buffer);
     }
     let buffer = slot.as_mut().expect("allocated above");
-    buffer
+    Ok(&mut buffer
         .as_mut_slice()
-        .map_err(|e| driver("waiting for a page-locked buffer", e))
+        .map_err(|e| driver("waiting for a page-locked buffer", e))?[..n])
 }
 
 impl DeviceTransfer {
     /// AdamW on `weight` (a contiguous CUDA tensor) from its device gradient and its f32
     /// master and moments in host memory.
-    #[allow(unsafe_code)] // 16-bit device values copied as their bits
     pub(crate) fn step(
         &mut self,
         weight: &Tensor,
@@ -67,8 +74,7 @@ impl DeviceTransfer {
         [exp_avg, exp_avg_sq, master]: [&Tensor; 3],
         s: &AdamWScalars,
     ) -> candle_core::Result<()> {
-        use candle_core::{DType, Device};
-        use half::slice::HalfBitsSliceExt;
+        use candle_core::Device;
         let Device::Cuda(device) = weight.device() else {
             candle_core::bail!("internal error: a device update of a host weight")
         };
@@ -80,70 +86,57 @@ impl DeviceTransfer {
         else {
             candle_core::bail!("internal error: the gradient of a CUDA weight is not on it")
         };
-        let (weight_dtype, grad_dtype) = (weight.dtype(), grad.dtype());
         let len = weight.elem_count();
+        let chunks: Vec<(usize, usize)> = (0..len)
+            .step_by(TRANSFER_CHUNK)
+            .map(|from| (from, (from + TRANSFER_CHUNK).min(len)))
+            .collect();
+        // Queues a chunk's read-back; the event marks its end.
+        let read_back = |transfer: &mut Self, (from, to): (usize, usize), buffer: usize| {
+            transfer.queue_read_back(
+                grad_storage,
+                (grad_start + from)..(grad_start + to),
+                buffer,
+                &stream,
+            )?;
+            stream
+                .record_event(None)
+                .map_err(|e| driver("marking a gradient's read-back", e))
+        };
         with_state_values([exp_avg, exp_avg_sq], |m, v| {
             with_storage_mut(master, |p, p_layout| {
                 let p = f32_values_mut(p, p_layout)?;
-                for from in (0..len).step_by(TRANSFER_CHUNK) {
-                    let to = (from + TRANSFER_CHUNK).min(len);
-                    let n = to - from;
-                    let source = (grad_start + from)..(grad_start + to);
-                    // The chunk's gradient, its copy waited for.
-                    let grad = match grad_dtype {
-                        DType::F32 => {
-                            let host = &mut pinned(&mut self.grad32, &stream)?[..n];
-                            let view = grad_storage.as_cuda_slice::<f32>()?.slice(source);
-                            stream
-                                .memcpy_dtoh(&view, host)
-                                .map_err(|e| driver("reading a gradient back", e))?;
-                            GradValues::F32(host)
-                        }
-                        DType::BF16 | DType::F16 => {
-                            let host = &mut pinned(&mut self.grad16, &stream)?[..n];
-                            let view = match grad_dtype {
-                                DType::BF16 => {
-                                    let view = grad_storage.as_cuda_slice::<bf16>()?.slice(source);
-                                    // SAFETY: bf16 and u16 have one size; the values are
-                                    // copied as bits and read back as bf16.
-                                    unsafe { view.transmute::<u16>(n) }
-                                }
-                                _ => {
-                                    let view = grad_storage.as_cuda_slice::<f16>()?.slice(source);
-                                    // SAFETY: as above, for f16.
-                                    unsafe { view.transmute::<u16>(n) }
-                                }
-                            }
-                            .ok_or_else(|| {
-                                candle_core::Error::msg(
-                                    "internal error: a gradient chunk out of bounds",
-                                )
-                            })?;
-                            stream
-                                .memcpy_dtoh(&view, host)
-                                .map_err(|e| driver("reading a gradient back", e))?;
-                            if grad_dtype == DType::BF16 {
-                                GradValues::BF16(host.reinterpret_cast())
-                            } else {
-                                GradValues::F16(host.reinterpret_cast())
-                            }
-                        }
-                        other => {
-                            candle_core::bail!("cannot optimize with a gradient of dtype {other:?}")
-                        }
-                    };
-                    stream
-                        .synchronize()
-                        .map_err(|e| driver("waiting for a gradient's read-back", e))?;
-                    // The upload buffer is free: the copy from it before this chunk's
-                    // read-back on the same stream is done.
-                    let out = match weight_dtype {
-                        DType::F32 => WeightOut::F32(&mut pinned(&mut self.out32, &stream)?[..n]),
+                let mut arrival = match chunks.first() {
+                    Some(&first) => Some(read_back(self, first, 0)?),
+                    None => None,
+                };
+                for (i, &(from, to)) in chunks.iter().enumerate() {
+                    let (buffer, n) = (i % 2, to - from);
+                    // This chunk's gradient is here, and so is everything queued before its
+                    // read-back: the upload of two chunks ago, the last to read this buffer
+                    // pair's upload buffer. The last chunk's upload may still run.
+                    if let Some(arrived) = arrival.take() {
+                        arrived
+                            .synchronize()
+                            .map_err(|e| driver("waiting for a gradient's read-back", e))?;
+                    }
+                    if let Some(&next) = chunks.get(i + 1) {
+                        arrival = Some(read_back(self, next, 1 - buffer)?);
+                    }
+                    let grad = read_back_values(
+                        &mut self.grad16[buffer],
+                        &mut self.grad32[buffer],
+                        grad_storage.dtype(),
+                        n,
+                        &stream,
+                    )?;
+                    let out = match weight.dtype() {
+                        DType::F32 => WeightOut::F32(pinned(&mut self.out32[buffer], n, &stream)?),
                         DType::BF16 => WeightOut::BF16(
-                            pinned(&mut self.out16, &stream)?[..n].reinterpret_cast_mut(),
+                            pinned(&mut self.out16[buffer], n, &stream)?.reinterpret_cast_mut(),
                         ),
                         DType::F16 => WeightOut::F16(
-                            pinned(&mut self.out16, &stream)?[..n].reinterpret_cast_mut(),
+                            pinned(&mut self.out16[buffer], n, &stream)?.reinterpret_cast_mut(),
                         ),
                         other => {
                             candle_core::bail!("cannot optimize a weight of dtype {other:?}")
@@ -157,23 +150,83 @@ impl DeviceTransfer {
                         out,
                     }
                     .update(s);
-                    let upload = Upload {
+                    weight.inplace_op1(&Upload {
                         from,
                         n,
-                        out16: self.out16.as_ref(),
-                        out32: self.out32.as_ref(),
+                        out16: self.out16[buffer].as_ref(),
+                        out32: self.out32[buffer].as_ref(),
                         stream: &stream,
-                    };
-                    weight.inplace_op1(&upload)?;
+                    })?;
                 }
-                // The weights' copies are done before the next step reads them (and
-                // before the buffers are written again).
+                // The weights' copies are done before the next step reads them (and before
+                // the buffers are written again).
                 stream
                     .synchronize()
                     .map_err(|e| driver("waiting for the weights' upload", e))
             })
         })
     }
+
+    /// Queues the copy of the gradient's elements `source` into read-back buffer `buffer`
+    /// (16-bit values as their bits).
+    #[allow(unsafe_code)] // 16-bit device values copied as their bits
+    fn queue_read_back(
+        &mut self,
+        grad: &candle_core::CudaStorage,
+        source: std::ops::Range<usize>,
+        buffer: usize,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    ) -> candle_core::Result<()> {
+        let n = source.len();
+        let out_of_bounds =
+            || candle_core::Error::msg("internal error: a gradient chunk out of bounds");
+        let queued = match grad.dtype() {
+            DType::F32 => {
+                let host = pinned(&mut self.grad32[buffer], n, stream)?;
+                stream.memcpy_dtoh(&grad.as_cuda_slice::<f32>()?.slice(source), host)
+            }
+            DType::BF16 => {
+                let host = pinned(&mut self.grad16[buffer], n, stream)?;
+                let view = grad.as_cuda_slice::<bf16>()?.slice(source);
+                // SAFETY: bf16 and u16 have one size; the values are copied as bits and read
+                // back as bf16.
+                let bits = unsafe { view.transmute::<u16>(n) }.ok_or_else(out_of_bounds)?;
+                stream.memcpy_dtoh(&bits, host)
+            }
+            DType::F16 => {
+                let host = pinned(&mut self.grad16[buffer], n, stream)?;
+                let view = grad.as_cuda_slice::<f16>()?.slice(source);
+                // SAFETY: as above, for f16.
+                let bits = unsafe { view.transmute::<u16>(n) }.ok_or_else(out_of_bounds)?;
+                stream.memcpy_dtoh(&bits, host)
+            }
+            other => candle_core::bail!("cannot optimize with a gradient of dtype {other:?}"),
+        };
+        queued.map_err(|e| driver("reading a gradient back", e))
+    }
+}
+
+/// The first `n` values of a read-back buffer (`bits` for 16-bit gradients, `values` for
+/// f32), once its copy is done, as a gradient of `dtype`.
+fn read_back_values<'b>(
+    bits: &'b mut Pinned<u16>,
+    values: &'b mut Pinned<f32>,
+    dtype: DType,
+    n: usize,
+    stream: &cudarc::driver::CudaStream,
+) -> candle_core::Result<GradValues<'b>> {
+    Ok(match dtype {
+        DType::F32 => GradValues::F32(pinned(values, n, stream)?),
+        DType::BF16 => {
+            let bits: &'b [u16] = pinned(bits, n, stream)?;
+            GradValues::BF16(bits.reinterpret_cast())
+        }
+        DType::F16 => {
+            let bits: &'b [u16] = pinned(bits, n, stream)?;
+            GradValues::F16(bits.reinterpret_cast())
+        }
+        other => candle_core::bail!("cannot optimize with a gradient of dtype {other:?}"),
+    })
 }
 
 /// Writes a chunk of rounded weights from [`DeviceTransfer`]'s upload buffer into elements
@@ -201,7 +254,6 @@ impl InplaceOp1 for Upload<'_> {
         storage: &mut candle_core::CudaStorage,
         layout: &Layout,
     ) -> candle_core::Result<()> {
-        use candle_core::DType;
         let Some((start, _)) = layout.contiguous_offsets() else {
             candle_core::bail!("internal error: the optimizer expects contiguous weights")
         };
