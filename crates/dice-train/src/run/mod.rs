@@ -48,7 +48,9 @@ pub struct RunOptions {
     /// `metrics.html`.
     pub out: PathBuf,
     pub resume: Resume,
-    /// Draw a progress bar on stderr (hidden when stderr is not a terminal).
+    /// Draw a progress bar on stderr; where stderr is not a terminal (a log file, a batch
+    /// job), a plain line instead at the first step, then at most every
+    /// [`PLAIN_PROGRESS_EVERY`], and at the last.
     pub progress: bool,
     /// Stop after this step as a run killed right after that step's checkpoint would: the
     /// checkpoint written (whatever `save_steps` says), no final model; running again resumes
@@ -311,12 +313,17 @@ impl<C: Settings> Run<C> {
         }
         let stop = self.options.stop_after.map_or(total, |s| s.min(total));
         let bar = self.progress_bar(total, S::STEP_NAME);
+        let mut plain = (self.options.progress && self.collective.rank() == 0 && bar.is_hidden())
+            .then(|| PlainProgress::new(S::STEP_NAME, total));
         while self.step < stop {
             let line = steps.step(self)?;
             self.step += 1;
             bar.set_position(self.step);
             let description = line.describe();
             tracing::info!("{} {}: {description}", S::STEP_NAME, self.step);
+            if let Some(plain) = &mut plain {
+                plain.step(self.step, self.step == stop, &description);
+            }
             bar.set_message(description);
             if let (Some(note), 0) = (line.note(), self.collective.rank()) {
                 bar.suspend(|| tracing::warn!("{note}"));
@@ -500,4 +507,44 @@ fn check_resumable(
         data.keep
     );
     Ok(())
+}
+/// At most this long between two plain progress lines.
+pub const PLAIN_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The progress of [`Run::train`] as plain lines on stderr, where no bar can be drawn: what a
+/// log of a long run needs to show it is alive and how far it is, without a line per step of
+/// a fast run.
+struct PlainProgress {
+    step_name: &'static str,
+    total: u64,
+    started: std::time::Instant,
+    last: Option<std::time::Instant>,
+}
+
+impl PlainProgress {
+    fn new(step_name: &'static str, total: u64) -> Self {
+        Self {
+            step_name,
+            total,
+            started: std::time::Instant::now(),
+            last: None,
+        }
+    }
+
+    /// Prints step `step`'s line if it is the first, the last, or the last line is
+    /// [`PLAIN_PROGRESS_EVERY`] old.
+    fn step(&mut self, step: u64, last: bool, description: &str) {
+        let due = self
+            .last
+            .is_none_or(|at| at.elapsed() >= PLAIN_PROGRESS_EVERY);
+        if due || last {
+            eprintln!(
+                "{} {step}/{} · {description} · {:.0} s",
+                self.step_name,
+                self.total,
+                self.started.elapsed().as_secs_f64()
+            );
+            self.last = Some(std::time::Instant::now());
+        }
+    }
 }

@@ -93,7 +93,8 @@ Output folder.
                     eval_tasks, eval_pass_rate, eval_deceptive_rate, eval_seconds
   metrics.html      the curves of metrics.jsonl (inline SVG), redrawn after every step
 Resuming: run the same command again; a killed run continues after its last completed step.
-A progress bar shows the step, reward, pass rate and KL; RUST_LOG=info logs every step.
+A progress bar shows the step, reward, pass rate and KL (where stderr is not a terminal, a plain
+line at the first step, every 30 s and at the last); RUST_LOG=info logs every step.
 
 Several ranks. --nproc-per-node N starts N ranks on this machine, as dice train sft does;
 torchrun, Slurm or Kubernetes start them through RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and

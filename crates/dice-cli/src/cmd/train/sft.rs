@@ -104,7 +104,9 @@ one extra sample.
 tokens, fill ratio) without loading a model; --model (or --tokenizer) only provides the
 tokenizer and the block size (config.json's block_size, 4 without one).
 
-Logs: RUST_LOG=info prints every step, evaluation and save on stderr.
+Progress: a bar on stderr; where stderr is not a terminal (a log file, a batch job), a plain
+line at the first step, every 30 s and at the last. Logs: RUST_LOG=info prints every step,
+evaluation and save on stderr.
 
 Examples:
   dice train sft --model SDAR-4B-Chat/ --dataset-info data/ --dataset cuke --out runs/sft --dry-run
