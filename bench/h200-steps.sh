@@ -1,6 +1,7 @@
 # The step runner of the GPU machine's benchmark scripts (bench/train/run-h200.sh,
 # bench/rl/run-h200.sh), sourced after DATA is set: unpacks DATA/dice.xz to $bin, sets the CUDA
-# libraries' path and the kernel cache (DATA/kernels copied in, where it is), the run folder OUT and a time budget (BUDGET_S, default an hour), and defines
+# libraries' path and the kernel cache (DATA/kernels copied in, where it is), the run folder
+# OUT and a time budget (BUDGET_S, default an hour), and defines
 #   run NAME CAP_SECONDS DICE_ARGS...   one step (skipped unless named in the script's arguments,
 #                                       or none is), its output in OUT/NAME.txt, its wall time
 #                                       and mean SM utilisation in OUT/steps.txt

@@ -37,9 +37,7 @@ left() { echo $(( budget - ($(date +%s) - start) )); }
 cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
 # A store's consistent copy in one file: its write-ahead log (where a cut run's latest results
 # are) folded in, which a plain cp of dice.db leaves behind.
-store_copy() {
-  [[ -f $1 ]] && python3 -c 'import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))' "$1" "$2"
-}
+store_copy() { [[ -f $1 ]] && python3 bench/store_copy.py "$1" "$2"; }
 publish() { # step name: its reports, or (PACK=1) every store, log and report in one archive
   if [[ ${PACK:-} == 1 ]]; then tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs
   else cp "$runs/$1.md" "$runs/$1.json" "$OUT/"; store_copy "$runs/$1/dice.db" "$OUT/$1.db"; fi

@@ -109,8 +109,7 @@ if wanted bench-rl; then
   for name in pipelined back-to-back; do
     db=/tmp/bench-rl-work/$name/judge.db
     [[ -f $db ]] || continue
-    python3 -c 'import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))' \
-      "$db" "$OUT/bench-rl-$name-judge.db"
+    python3 bench/store_copy.py "$db" "$OUT/bench-rl-$name-judge.db"
     "$bin" report "/tmp/bench-rl-work/$name" --db "$OUT/bench-rl-$name-judge.db" --format md \
       >"$OUT/bench-rl-$name-judge.md" 2>&1
   done

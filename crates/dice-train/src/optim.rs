@@ -191,32 +191,30 @@ impl Param {
         }
         let grad = grad.to_device(&Device::Cpu)?;
         with_state_values(state, |exp_avg, exp_avg_sq| {
-            with_grad_values(&grad, |grad| match &self.master {
-                Some(master) => with_storage_mut(master, |p, p_layout| {
-                    let master = f32_values_mut(p, p_layout)?;
-                    with_storage_mut(&self.weight, |w, w_layout| {
-                        HostSlices {
-                            grad,
-                            exp_avg,
-                            exp_avg_sq,
-                            master,
-                            out: weight_out(w, w_layout)?,
-                        }
-                        .update(s);
-                        Ok(())
-                    })
-                }),
-                None => with_storage_mut(&self.weight, |p, p_layout| {
+            with_grad_values(&grad, |grad| {
+                let mut update = |master: &mut [f32], out: WeightOut<'_>| {
                     HostSlices {
                         grad,
                         exp_avg,
                         exp_avg_sq,
-                        master: f32_values_mut(p, p_layout)?,
-                        out: WeightOut::MasterIsWeight,
+                        master,
+                        out,
                     }
                     .update(s);
                     Ok(())
-                }),
+                };
+                match &self.master {
+                    // The master apart: the pass rounds it into the weight.
+                    Some(master) => with_storage_mut(master, |p, p_layout| {
+                        let master = f32_values_mut(p, p_layout)?;
+                        with_storage_mut(&self.weight, |w, w_layout| {
+                            update(master, weight_out(w, w_layout)?)
+                        })
+                    }),
+                    None => with_storage_mut(&self.weight, |p, p_layout| {
+                        update(f32_values_mut(p, p_layout)?, WeightOut::MasterIsWeight)
+                    }),
+                }
             })
         })?;
         Ok(())

@@ -42,7 +42,6 @@ impl ReadBack {
     /// `tensor` read back through the staging buffer on the calling thread's stream, when it
     /// is a contiguous f32 tensor of a CUDA device (what optimizer states are); `None` else.
     #[cfg(feature = "cuda")]
-    #[allow(unsafe_code)] // page-locked memory comes uninitialised from the driver
     fn read_f32_through_staging(&mut self, tensor: &Tensor) -> Result<Option<Tensor>> {
         use anyhow::anyhow;
         use candle_core::{DType, Storage};
@@ -60,20 +59,8 @@ impl ReadBack {
         let source = storage.as_cuda_slice::<f32>()?;
         let stream = device.cuda_stream();
         let driver = |what: &str, e: cudarc::driver::DriverError| anyhow!("{what} failed: {e:?}");
-        let staging = match &mut self.staging {
-            Some(staging) => staging,
-            empty => {
-                // SAFETY: the buffer is only read where a copy into it has completed (the
-                // stream is synchronised after each copy).
-                let pinned = unsafe {
-                    stream
-                        .context()
-                        .alloc_pinned_with_flags::<f32>(STAGING_ELEMENTS, 0)
-                }
-                .map_err(|e| driver("allocating page-locked host memory", e))?;
-                empty.insert(pinned)
-            }
-        };
+        let staging = page_locked(&mut self.staging, STAGING_ELEMENTS, &stream)
+            .map_err(|e| driver("allocating page-locked host memory", e))?;
         let mut values = Vec::with_capacity(end - start);
         for from in (start..end).step_by(STAGING_ELEMENTS) {
             let to = (from + STAGING_ELEMENTS).min(end);
@@ -97,4 +84,25 @@ impl ReadBack {
             &Device::Cpu,
         )?))
     }
+}
+
+/// The page-locked buffer of `len` elements in `slot`, allocated and zeroed the first time
+/// (kept for every later read or write through it).
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)] // page-locked memory comes uninitialised from the driver
+pub(crate) fn page_locked<
+    'b,
+    T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Default + Copy,
+>(
+    slot: &'b mut Option<cudarc::driver::PinnedHostSlice<T>>,
+    len: usize,
+    stream: &cudarc::driver::CudaStream,
+) -> Result<&'b mut cudarc::driver::PinnedHostSlice<T>, cudarc::driver::DriverError> {
+    if slot.is_none() {
+        // SAFETY: zeroed below before anything reads it.
+        let mut buffer = unsafe { stream.context().alloc_pinned_with_flags::<T>(len, 0) }?;
+        buffer.as_mut_slice()?.fill(T::default());
+        *slot = Some(buffer);
+    }
+    Ok(slot.as_mut().expect("allocated above"))
 }

@@ -5,6 +5,7 @@
 use super::{
     f32_values_mut, with_state_values, with_storage_mut, GradValues, HostSlices, WeightOut,
 };
+use crate::readback::page_locked;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor};
 use dice_model::adamw::AdamWScalars;
@@ -38,27 +39,13 @@ fn driver(what: &str, e: cudarc::driver::DriverError) -> candle_core::Error {
 
 /// The first `n` elements of a page-locked buffer of [`TRANSFER_CHUNK`] elements in `slot`,
 /// allocated the first time.
-#[allow(unsafe_code)] // page-locked memory comes uninitialised from the driver
 fn pinned<'b, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Default + Copy>(
     slot: &'b mut Pinned<T>,
     n: usize,
     stream: &cudarc::driver::CudaStream,
 ) -> candle_core::Result<&'b mut [T]> {
-    if slot.is_none() {
-        // SAFETY: filled before it is read: the buffer is zeroed right after.
-        let mut buffer = unsafe {
-            stream
-                .context()
-                .alloc_pinned_with_flags::<T>(TRANSFER_CHUNK, 0)
-        }
+    let buffer = page_locked(slot, TRANSFER_CHUNK, stream)
         .map_err(|e| driver("allocating page-locked host memory", e))?;
-        buffer
-            .as_mut_slice()
-            .map_err(|e| driver("waiting for a page-locked buffer", e))?
-            .fill(T::default());
-        *slot = Some(buffer);
-    }
-    let buffer = slot.as_mut().expect("allocated above");
     Ok(&mut buffer
         .as_mut_slice()
         .map_err(|e| driver("waiting for a page-locked buffer", e))?[..n])

@@ -135,9 +135,9 @@ impl<'a> Sequences<'a> {
 /// The most tokens of one packed model input where the model trains on key spans (CUDA,
 /// bf16/f16: the fused attention skips the key tiles no query of a packed part sees, so a pack
 /// costs its parts' attention, not its square), else 0: one sample per input, since the
-/// composite attention of the CPU and f32 computes the whole N² of a pack. Each input pays the
-/// layers' per-call host work (about 0.25 s per replayed sample at 1.7B on the GPU, run
-/// 2026-12-05-bb634d7-h200), so short samples are packed up to the tokens an SFT row holds.
+/// composite attention of the CPU and f32 computes the whole N² of a pack. Each input pays a
+/// forward's and a backward's fixed costs (every layer's launches and host work), so short
+/// samples are packed up to the tokens an SFT row holds.
 pub fn pack_tokens(model: &Sdar) -> Result<usize> {
     Ok(if model.trains_on_key_spans()? {
         PACK_TOKENS

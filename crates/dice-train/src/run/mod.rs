@@ -49,8 +49,8 @@ pub struct RunOptions {
     pub out: PathBuf,
     pub resume: Resume,
     /// Draw a progress bar on stderr; where stderr is not a terminal (a log file, a batch
-    /// job), a plain line instead at the first step, then at most every
-    /// [`PLAIN_PROGRESS_EVERY`], and at the last.
+    /// job), a plain line instead at the first step, then at most every 30 s, and at the
+    /// last.
     pub progress: bool,
     /// Stop after this step as a run killed right after that step's checkpoint would: the
     /// checkpoint written (whatever `save_steps` says), no final model; running again resumes
@@ -508,8 +508,9 @@ fn check_resumable(
     );
     Ok(())
 }
+
 /// At most this long between two plain progress lines.
-pub const PLAIN_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+const PLAIN_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The progress of [`Run::train`] as plain lines on stderr, where no bar can be drawn: what a
 /// log of a long run needs to show it is alive and how far it is, without a line per step of

@@ -74,7 +74,8 @@ pub(crate) struct RunArgs {
     /// Keep AdamW's f32 masters and moments in host memory (ZeRO-Offload's split): the GPU
     /// holds the weights, gradients and activations (for SDAR-8B in bf16 about 64 GB at
     /// 6,144 tokens instead of over 170 with the state beside them); every step reads the
-    /// f32 gradients back, updates on every core of the host and writes the weights back.
+    /// gradients back, updates on every core of the host and writes the weights back; the
+    /// host needs 12 bytes a parameter.
     /// The same updates, bit for bit; not with ZeRO sharding (--zero-stage 1 or 2).
     #[arg(long)]
     pub optimizer_offload: bool,
