@@ -11,7 +11,8 @@
 #                                renamed ModelNew, the first 20 of levels 1-3 whose inputs fit 8 GiB
 # Steps: c-cold (32 pairs, empty build cache), c-warm (the same 32 in a new run, cache filled),
 # a-pairs (all 99), b-identity, adversarial (the GPU programs of tests/adversarial through the
-# real test binary), adversarial-cli (the same programs through the dice binary alone). Runs
+# real test binary), adversarial-cli (the same programs through the dice binary alone),
+# timing-noise (timing_noise.py: what disperses small programs' timed calls). Runs
 # resume, so a step cut by BUDGET_S is finished by running it again.
 # OUT, by default the run's folder bench/runs/<date>-<commit>-<machine> (bench/run-folder.sh),
 # gets steps.txt, each step's `dice report` in md and json and its store (per-sample stage
@@ -96,6 +97,19 @@ kb_script() {
     --out "$OUT/kb-script.jsonl" >"$runs/kb-script.log" 2>&1
   echo "kb-script rc=$? wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
 }
+timing_noise() {
+  # What disperses small programs' timed calls: identity pairs under each kind of disturbance a
+  # batch makes, with dice's timer and with the launches queued ahead (timing_noise.py).
+  local t0=$(date +%s%N)
+  timeout "$(( $(left) < 300 ? $(left) : 300 ))" python3 bench/eval/timing_noise.py \
+    tests/data/dice/kernel_infilling_evaluation.json --ids "$NOISE_IDS" --reps 2 \
+    --out "$OUT/timing-noise.jsonl" >"$OUT/timing-noise.txt" 2>&1
+  echo "timing-noise rc=$? wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
+  grep '^==' "$OUT/timing-noise.txt" | tee -a "$OUT/steps.txt"
+}
+# Identity pairs of 1.2 us - 0.7 ms of device work, most of them launch-bound in the cold batch
+# of session 21 (bench/notes/eval-h200.md).
+NOISE_IDS=${NOISE_IDS:-7498,4537,4212,2968,1833,7773,1596,429,426,2009,6850,444}
 q_compare() {
   { echo "== batch vs quiet (mean-based speedup)"; python3 bench/eval/compare_runs.py "$runs/q-batch.json" "$runs/q-quiet.json"
     echo "== batch vs quiet (median speedup)"; python3 bench/eval/compare_runs.py "$runs/q-batch.json" "$runs/q-quiet.json" --field median_speedup
@@ -125,6 +139,7 @@ for s in "$@"; do
     q-kb) JOBS=4 step q-kb 300 --pairs "$DATA/pairs32.json" --runs-per-device 1 --timing kernelbench ;;
     kb-script) kb_script ;;
     q-compare) q_compare ;;
+    timing-noise) timing_noise ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done
