@@ -257,7 +257,8 @@ pub struct EvalConfig {
     pub remeasure_above_cv: f64,
     /// ... at most this many times, as is a candidate whose clock the evaluator's contradicts
     /// (that one past this limit until its contradiction rests on
-    /// [`crate::runtime::CLOCK_EVIDENCE_ROUNDS`] rounds); the last measurement is kept.
+    /// [`crate::runtime::CLOCK_EVIDENCE_ROUNDS`] rounds); the statistics pool every measurement's
+    /// calls.
     pub max_remeasures: u32,
     pub atol: f64,
     pub rtol: f64,

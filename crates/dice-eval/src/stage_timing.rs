@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
 use std::time::Instant;
 
-/// A timed candidate's rounds and its baseline's, as they reported them and as the evaluator's
-/// clock saw them.
+/// A timed candidate's rounds and its baseline's, every measurement's, as they reported them and
+/// as the evaluator's clock saw them.
 pub(crate) struct Timings {
     pub candidate: Vec<TimedRound>,
     pub baseline: Vec<TimedRound>,
@@ -129,36 +129,35 @@ pub(crate) fn time_side_by_side(
     // Dropped on every way out, unwinding included: the builds never stay stopped.
     let quiet = ctx.build_groups.quiet();
     clock.lap("timing wait");
-    // Every measurement's rounds, for the clock check: the more rounds, the likelier one of
-    // them is quiet enough to clear an honest candidate.
-    let (mut all_candidate, mut all_baseline) = (Vec::new(), Vec::new());
+    // Every measurement's rounds, for the statistics and the clock check: a measurement made
+    // again adds its calls to the earlier ones' (the same estimate from three times the calls),
+    // and the more rounds, the likelier one of them is quiet enough to clear an honest
+    // candidate's clock.
     let mut keys = RoundKeys::default();
     let mismatch = loop {
-        let calls_made = calls_ms(&all_candidate).len() as u64;
-        match measure(
+        let calls_made = calls_ms(&t.candidate).len() as u64;
+        let (candidate, baseline) = match measure(
             ctx, child, reference, rounds, calls_made, &mut keys, &mut found,
         )? {
-            Ok((candidate, baseline)) => {
-                all_candidate.extend(candidate.iter().cloned());
-                all_baseline.extend(baseline.iter().cloned());
-                (t.candidate, t.baseline) = (candidate, baseline);
-            }
+            Ok(measured) => measured,
             Err(failure) => return Ok(Err(failure)),
-        }
+        };
+        t.candidate.extend(candidate.iter().cloned());
+        t.baseline.extend(baseline.iter().cloned());
         let overhead_tolerance = match ctx.cfg.device {
             Device::Cpu => runtime::CPU_OVERHEAD_TOLERANCE,
             Device::Cuda => 0.0,
         };
-        let mismatch = runtime::check_clock(&all_candidate, &all_baseline, overhead_tolerance);
+        let mismatch = runtime::check_clock(&t.candidate, &t.baseline, overhead_tolerance);
         // A clock contradicted by a few rounds may be a burst of load that hit all of them:
         // more rounds are unlikely to be hit all alike, while a forged clock contradicts every
         // one; so a contradiction is measured again past the remeasures' limit until it rests on
         // enough rounds.
         let clock_unsettled =
-            mismatch.is_some() && all_candidate.len() < runtime::CLOCK_EVIDENCE_ROUNDS;
+            mismatch.is_some() && t.candidate.len() < runtime::CLOCK_EVIDENCE_ROUNDS;
         let settled = !ctx.cfg.timing.remeasures()
             || (t.remeasures >= ctx.cfg.max_remeasures && !clock_unsettled);
-        if settled || !(too_dispersed(ctx, &t) || mismatch.is_some()) {
+        if settled || !(too_dispersed(ctx, &candidate, &baseline) || mismatch.is_some()) {
             break mismatch;
         }
         t.remeasures += 1;
@@ -185,7 +184,7 @@ pub(crate) fn time_side_by_side(
         evidence.findings.push(mismatch.finding);
         t.trusted_candidate_ms = Some(mismatch.trusted_mean_ms);
     }
-    let calls_made = calls_ms(&all_candidate).len() as u64;
+    let calls_made = calls_ms(&t.candidate).len() as u64;
     let judged = judge_timing_outputs(ctx, access, clock, child, reference, calls_made, &keys)?;
     clock.lap("judge timing outputs");
     if let Err(failure) = judged {
@@ -298,9 +297,9 @@ fn measure(
     Ok(Ok((candidate, baseline)))
 }
 
-/// Whether either side's calls vary more than the settings accept.
-fn too_dispersed(ctx: &JobContext, t: &Timings) -> bool {
-    [&t.candidate, &t.baseline].into_iter().any(|rounds| {
+/// Whether either side's calls in one measurement vary more than the settings accept.
+fn too_dispersed(ctx: &JobContext, candidate: &[TimedRound], baseline: &[TimedRound]) -> bool {
+    [candidate, baseline].into_iter().any(|rounds| {
         timing_stats(&calls_ms(rounds)).is_some_and(|s| dispersion(&s) > ctx.cfg.remeasure_above_cv)
     })
 }

@@ -120,7 +120,7 @@ pub struct SampleRecord {
     #[serde(default)]
     pub speedup_interval: Option<SpeedupInterval>,
     /// How often the timing was measured again because its dispersion was too high; the stored
-    /// timings are the last measurement's.
+    /// timings pool every measurement's calls.
     #[serde(default)]
     pub timing_remeasures: u32,
     /// Rule ids of reward-hack findings (static and run-time).

@@ -123,7 +123,8 @@ pub(crate) struct JudgeArgs {
     /// deviation / mean) of either side's timed calls is above this.
     #[arg(long, value_name = "CV", default_value_t = 0.15)]
     pub remeasure_above_cv: f64,
-    /// Measurements made again at most, per candidate; the last one is stored, with the count.
+    /// Measurements made again at most, per candidate; the stored statistics pool the calls of
+    /// every measurement, with the count.
     /// A candidate is also measured again while the evaluator's wall clock contradicts the
     /// times it reports (a forged clock contradicts every round; a burst of load, a few).
     #[arg(long, value_name = "N", default_value_t = 2)]
