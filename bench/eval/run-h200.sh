@@ -12,7 +12,8 @@
 # Steps: c-cold (32 pairs, empty build cache), c-warm (the same 32 in a new run, cache filled),
 # a-pairs (all 99), b-identity, adversarial (the GPU programs of tests/adversarial through the
 # real test binary), adversarial-cli (the same programs through the dice binary alone),
-# timing-noise (timing_noise.py: what disperses small programs' timed calls). Runs
+# timing-noise (timing_noise.py: what disperses small programs' timed calls), curate-verify
+# (`dice curate ingest` and `verify` of the 99 pairs, then its report). Runs
 # resume, so a step cut by BUDGET_S is finished by running it again.
 # OUT, by default the run's folder bench/runs/<date>-<commit>-<machine> (bench/run-folder.sh),
 # gets steps.txt, each step's `dice report` in md and json and its store (per-sample stage
@@ -97,6 +98,19 @@ kb_script() {
     --out "$OUT/kb-script.jsonl" >"$runs/kb-script.log" 2>&1
   echo "kb-script rc=$? wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
 }
+curate_verify() {
+  # Issue #27: `dice curate verify` of the 99 pairs (strict, kept at a speedup interval's lower
+  # end >= 2), with the build cache an earlier step filled; its report and verify.json come back.
+  local t0=$(date +%s%N) dir=$runs/curate
+  local limit=$(( $(left) < 560 ? $(left) : 560 ))
+  "$bin/dice" curate ingest --run "$dir" tests/data/dice/kernel_infilling_evaluation.json >"$runs/curate-ingest.log" 2>&1
+  timeout "$limit" "$bin/dice" curate verify --run "$dir" --device cuda --build-cache "$cache" \
+    >"$runs/curate-verify.log" 2>&1
+  echo "curate-verify rc=$? limit=${limit}s wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
+  tail -3 "$runs/curate-verify.log" | tee -a "$OUT/steps.txt"
+  "$bin/dice" curate report --run "$dir" >>"$runs/curate-verify.log" 2>&1
+  mkdir -p "$OUT/curate" && cp "$dir"/*.json "$dir"/verified.jsonl "$dir"/report.md "$runs/curate-verify.log" "$OUT/curate/" 2>/dev/null
+}
 timing_noise() {
   # What disperses small programs' timed calls: identity pairs under each kind of disturbance a
   # batch makes, with dice's timer and with the launches queued ahead (timing_noise.py).
@@ -140,6 +154,7 @@ for s in "$@"; do
     kb-script) kb_script ;;
     q-compare) q_compare ;;
     timing-noise) timing_noise ;;
+    curate-verify) curate_verify ;;
     *) echo "unknown step $s" >&2 ;;
   esac
 done
