@@ -13,7 +13,9 @@
 # a-pairs (all 99), b-identity, adversarial (the GPU programs of tests/adversarial through the
 # real test binary), adversarial-cli (the same programs through the dice binary alone),
 # timing-noise (timing_noise.py: what disperses small programs' timed calls), curate-verify
-# (`dice curate ingest` and `verify` of the 99 pairs, then its report). Runs
+# (`dice curate ingest` and `verify` of the 99 pairs, then its report), id-look, id-nolook,
+# id-quiet (the 99 identity candidates alone: 8 runs per device, the same without look-ahead, one
+# at a time; identity_spread.py says how far their speedups land from 1). Runs
 # resume, so a step cut by BUDGET_S is finished by running it again.
 # OUT, by default the run's folder bench/runs/<date>-<commit>-<machine> (bench/run-folder.sh),
 # gets steps.txt, each step's `dice report` in md and json and its store (per-sample stage
@@ -148,7 +150,19 @@ for s in "$@"; do
     # machine, or carried back in under DATA/runs) with whatever builds the cache still holds.
     q-batch) [[ -d $runs/q-batch ]] || rm -rf "$cache"
       python3 bench/eval/pairs_with_identity.py tests/data/dice/kernel_infilling_evaluation.json "$runs/pairs_identity.json"
-      step q-batch 600 --pairs "$runs/pairs_identity.json" --runs-per-device 8 ;;
+      step q-batch 600 --pairs "$runs/pairs_identity.json" --runs-per-device 8
+      python3 bench/eval/identity_spread.py "$runs/q-batch/dice.db" | tee -a "$OUT/steps.txt" ;;
+    # The identity candidates alone (no build in the batch): with 8 runs per device as a cold
+    # batch runs them, the same without starting the next candidates' processes during a
+    # candidate's run (look-ahead starts CUDA contexts while others are timed), and one at a time.
+    id-look|id-nolook|id-quiet)
+      python3 bench/eval/pairs_with_identity.py tests/data/dice/kernel_infilling_evaluation.json "$runs/identities.json" --only-identity
+      case $s in
+        id-look) step id-look 300 --pairs "$runs/identities.json" --runs-per-device 8 ;;
+        id-nolook) step id-nolook 300 --pairs "$runs/identities.json" --runs-per-device 8 --no-look-ahead ;;
+        id-quiet) JOBS=4 step id-quiet 300 --pairs "$runs/identities.json" --runs-per-device 1 --no-look-ahead ;;
+      esac
+      python3 bench/eval/identity_spread.py "$runs/$s/dice.db" | tee -a "$OUT/steps.txt" ;;
     q-quiet) JOBS=4 step q-quiet 420 --pairs tests/data/dice/kernel_infilling_evaluation.json --runs-per-device 1 ;;
     q-kb) JOBS=4 step q-kb 300 --pairs "$DATA/pairs32.json" --runs-per-device 1 --timing kernelbench ;;
     kb-script) kb_script ;;
