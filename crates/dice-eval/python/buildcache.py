@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -313,13 +314,18 @@ def _report(key, name, ok, wall, cached, log):
 def build_extension(channel, req):
     """The builder job: compiles one described extension in its own job folder, then loads it
     once (its static initialisers run here, where the evaluator bounds them). It runs no
-    candidate Python, and can write no cache entry: the evaluator publishes what it leaves."""
+    candidate Python, and can write no cache entry: the evaluator publishes what it leaves.
+    With `pch` (a published folder of `build_pch`), main.cpp finds the precompiled
+    torch/extension.h there first; GCC reads the header itself wherever the pch does not fit
+    (`-Winvalid-pch` only warns), so the binary is the same either way."""
     from torch.utils import cpp_extension
 
     extension = req["extension"]
     kind = extension["kind"]
     arguments = dict(extension["arguments"])
     folder = req["dir"]
+    if req.get("pch"):
+        arguments["extra_cflags"] = [*(arguments.get("extra_cflags") or []), f"-I{req['pch']}", "-Winvalid-pch"]
     written = {}
     if kind == "load":
         sources = os.path.join(folder, "sources")
@@ -342,9 +348,59 @@ def build_extension(channel, req):
         return
     finally:
         cpp_extension._import_module_from_library = import_library
-    channel.send(event="compiled", ok=True, log="", wall_s=time.monotonic() - started)
+    channel.send(event="compiled", ok=True, log="", wall_s=time.monotonic() - started, pch_used=req.get("pch") is not None and _read_pch(folder))
     if not arguments.get("is_standalone"):
         # An import that fails here fails the same way in the candidate, which gets its verdict.
         with contextlib.suppress(Exception):
             import_library(arguments["name"], folder, arguments["is_python_module"])
     channel.send(event="loaded")
+
+
+# The header a pch is made of, as load_inline's main.cpp includes it first.
+PCH_HEADER = ("torch", "extension.h")
+
+
+def build_pch(channel, req):
+    """The pch job: torch/extension.h compiled into `<dir>/pch/torch/extension.h.gch` with the
+    flags torch gives a load_inline's main.cpp for `extra_cflags` and `with_cuda`, minus the
+    extension's name (GCC refuses a pch built with another value of a command-line macro, and
+    torch's headers never read it), so one pch serves every extension of that flag set. A copy
+    of the header sits beside it: a program that includes torch/extension.h again after
+    main.cpp's own line makes GCC open the header where it found the pch. The evaluator decides
+    which flags may go into a pch (src/build_cache.rs) and publishes the folder; this job only
+    compiles torch's own header."""
+    from torch.utils import cpp_extension
+
+    folder = req["dir"]
+    target = os.path.join(folder, "pch", *PCH_HEADER[:-1])
+    os.makedirs(target)
+    probe = os.path.join(folder, "probe.ninja")
+    cpp_extension._write_ninja_file_to_build_library(
+        probe, "dice_pch", [os.path.join(folder, "main.cpp")], list(req["extra_cflags"]),
+        [], [], [], [], bool(req["with_cuda"]), False, False)
+    variables = {}
+    with open(probe) as f:
+        for line in f:
+            if " = " in line and not line.startswith(" "):
+                name, value = line.rstrip("\n").split(" = ", 1)
+                variables[name] = value
+    cflags = [f for f in shlex.split(variables["cflags"]) if not f.startswith("-DTORCH_EXTENSION_NAME=")]
+    header = os.path.join(target, PCH_HEADER[-1])
+    shutil.copyfile(os.path.join(cpp_extension.include_paths()[0], *PCH_HEADER), header)
+    command = [variables["cxx"], *cflags, "-x", "c++-header", header, "-o", header + ".gch",
+               *shlex.split(variables.get("post_cflags", ""))]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True)
+    log = f"{shlex.join(command)}\n{done.stdout}{done.stderr}"[-LOG_CHARS:]
+    channel.send(event="compiled", ok=done.returncode == 0, log=log,
+                 transient=any(t in log for t in TRANSIENT_FAILURES), wall_s=time.monotonic() - started)
+
+
+def _read_pch(folder):
+    """Whether main.cpp's compile read the pch: its recorded dependencies then hold no header of
+    torch's (GCC lists what it parsed, and a pch stands for all of it)."""
+    try:
+        deps = subprocess.run(["ninja", "-t", "deps", "main.o"], cwd=folder, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "main.cpp" in deps and "/".join(PCH_HEADER) not in deps

@@ -39,7 +39,8 @@ class Channel:
 
 
 def run(role, channel, req):
-    handlers = {"build": build, "extension": buildcache.build_extension, "reference": reference, "candidate": candidate}
+    handlers = {"build": build, "extension": buildcache.build_extension, "pch": buildcache.build_pch,
+                "reference": reference, "candidate": candidate}
     handlers[role](channel, req)
 
 

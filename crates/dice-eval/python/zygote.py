@@ -131,7 +131,7 @@ def child_main(req):
     channel = roles.Channel(conn)
     os.makedirs(os.environ["TMPDIR"], exist_ok=True)
     if "sandbox" in req:
-        keep = [req["dir"]] + ([req["cache_dir"]] if "cache_dir" in req else [])
+        keep = [req["dir"]] + [req[k] for k in ("cache_dir", "pch") if req.get(k)]
         try:
             sandbox.confine(req["sandbox"], Sandbox.namespaces, keep=keep, owned=[req["dir"]])
         except (sandbox.SandboxError, OSError) as e:

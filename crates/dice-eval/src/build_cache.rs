@@ -10,6 +10,14 @@
 //! entries appear whole, and nothing a candidate runs can write one. Failed builds and builds
 //! that ran out of time are entries too, so the same sources are not built again; a timed-out
 //! one is tried again under `--force` or a longer limit.
+//!
+//! A `load_inline` extension's main.cpp includes torch/extension.h first, and parsing it is most
+//! of that compile (bench/notes/build-speed.md: 36 s of 36, 14.5 s with a precompiled header).
+//! Once `pch_after_builds` builds of one host flag set were asked of the cache, a builder job
+//! compiles torch's header alone with those flags (`pch-<key>`, published like an entry, ~750 MB
+//! a flag set, at most [`MAX_PCHS`] a cache), and later builds of the set read it; only flags that cannot name files, load
+//! plugins or reach other tools go into a pch ([`pch_flags`]), and GCC reads the header itself
+//! wherever the pch does not fit, so a binary never depends on it.
 
 use crate::child::{Child, Deadline, Event};
 use crate::job::{JobContext, COMPILE_STAGE_NICENESS};
@@ -32,6 +40,16 @@ const LOG_CHARS: usize = 16384;
 const RESULT_FILE: &str = "DICE_RESULT.json";
 /// Bigger "libraries" are not copied into the cache.
 const MAX_LIBRARY_BYTES: u64 = 4 << 30;
+/// Builds of one host flag set the cache is asked for, by default, before its precompiled
+/// torch/extension.h is made (`EvalConfig::pch_after_builds`): a pch costs about two plain host
+/// compiles and 750 MB, so a cache that sees a flag set a few times (a test, a small run) never
+/// pays for it, and a batch or an RL step, which build hundreds with one flag set, pay it once.
+pub(crate) const PCH_AFTER_BUILDS: u64 = 8;
+/// Precompiled headers one cache holds at most (about 3 GB): a flag set past them builds plain,
+/// so candidates that each choose other flags cannot fill the disk with pchs.
+const MAX_PCHS: usize = 4;
+/// The header a pch stands for, under its folder (python/buildcache.py `PCH_HEADER`).
+const PCH_FILES: [&str; 2] = ["extension.h", "extension.h.gch"];
 
 /// What became of one extension a candidate asked for.
 pub(crate) struct Provided {
@@ -92,10 +110,12 @@ impl TimedOut {
 
 /// What one builder job came to.
 enum Built {
-    /// The library, copied out of the builder's folder into `staged`.
+    /// The library (or the pch), copied out of the builder's folder into `staged`.
     Library {
         staged: PathBuf,
         wall_s: f64,
+        /// Whether the host compile read the pch it was given.
+        pch_used: bool,
     },
     Failed {
         log: String,
@@ -131,20 +151,34 @@ pub(crate) fn provide(ctx: &JobContext, zygote: &Zygote, extension: &Value) -> R
     }
     let staging = cache.join("tmp");
     remove_stale_staging(&staging, &key)?;
+    let pch = precompiled_header(ctx, zygote, extension)?;
     let built = run_builder(
         ctx,
         zygote,
         extension,
         &name,
+        pch.as_deref(),
         &staging.join(staging_name(&key)),
     )?;
     let entry = match built {
-        Built::Library { staged, wall_s } => {
+        Built::Library {
+            staged,
+            wall_s,
+            pch_used,
+        } => {
+            let log = match (&pch, pch_used) {
+                (Some(folder), true) => format!("host code compiled with {}", folder.display()),
+                (Some(folder), false) => format!(
+                    "{} did not fit this extension's host compile (GCC read torch/extension.h itself)",
+                    folder.display()
+                ),
+                (None, _) => String::new(),
+            };
             let entry = Entry {
                 key: key.clone(),
                 ok: true,
                 wall_s,
-                log: String::new(),
+                log,
                 timed_out: None,
             };
             publish(cache, &staged, &entry)?;
@@ -213,8 +247,7 @@ fn content_key(extension: &Value, toolchain: &Value, env: &Value) -> String {
 /// The stored entry of `key`, unless it is a timeout to try again: under `--force`, or when this
 /// evaluation's limit for that step is longer than the one it ran past.
 fn usable_entry(ctx: &JobContext, key: &str) -> Option<Entry> {
-    let text = std::fs::read(ctx.cfg.build_cache.join(key).join(RESULT_FILE)).ok()?;
-    let entry: Entry = serde_json::from_slice(&text).ok()?;
+    let entry = read_entry(&ctx.cfg.build_cache.join(key))?;
     if let Some(timed_out) = entry.timed_out {
         let limit = limit_of(ctx, timed_out.phase);
         if ctx.cfg.force || limit.as_secs() > timed_out.limit_s {
@@ -222,6 +255,11 @@ fn usable_entry(ctx: &JobContext, key: &str) -> Option<Entry> {
         }
     }
     Some(entry)
+}
+
+/// The result stored in an entry's folder, when there is one.
+fn read_entry(folder: &Path) -> Option<Entry> {
+    serde_json::from_slice(&std::fs::read(folder.join(RESULT_FILE)).ok()?).ok()
 }
 
 fn limit_of(ctx: &JobContext, phase: Phase) -> Duration {
@@ -277,8 +315,18 @@ struct KeyLock {
 }
 
 impl KeyLock {
-    #[allow(unsafe_code)] // flock through libc
+    /// The lock, waiting for it.
     fn take(cache: &Path, key: &str) -> Result<KeyLock> {
+        Self::lock(cache, key, true)?.context("internal error: a blocking lock was not granted")
+    }
+
+    /// The lock when no one holds it now; None when someone does.
+    fn try_take(cache: &Path, key: &str) -> Result<Option<KeyLock>> {
+        Self::lock(cache, key, false)
+    }
+
+    #[allow(unsafe_code)] // flock through libc
+    fn lock(cache: &Path, key: &str, wait: bool) -> Result<Option<KeyLock>> {
         let locks = private_folder(cache, "locks")?;
         let file = OpenOptions::new()
             .create(true)
@@ -287,12 +335,20 @@ impl KeyLock {
             .mode(0o600)
             .open(locks.join(key))
             .with_context(|| format!("opening the lock of build {key}"))?;
-        // SAFETY: flock on a file descriptor this function owns; it blocks until granted.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("locking build {key}"));
+        let operation = if wait {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_EX | libc::LOCK_NB
+        };
+        // SAFETY: flock on a file descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 {
+            return Ok(Some(KeyLock { _held: file }));
         }
-        Ok(KeyLock { _held: file })
+        let error = std::io::Error::last_os_error();
+        if !wait && error.kind() == std::io::ErrorKind::WouldBlock {
+            return Ok(None);
+        }
+        Err(error).with_context(|| format!("locking build {key}"))
     }
 }
 
@@ -332,18 +388,11 @@ fn run_builder(
     zygote: &Zygote,
     extension: &Value,
     name: &str,
+    pch: Option<&Path>,
     staged: &Path,
 ) -> Result<Built> {
-    let request = json!({
-        "extension": extension,
-        "limits": ctx.limits,
-        "cores": ctx.cores,
-        "nice": COMPILE_STAGE_NICENESS,
-        "env": ctx.env,
-        "sandbox": ctx.users.builder(),
-    });
-    let mut child = Child::start(zygote, &ctx.jobs_dir, "extension", &[], request)
-        .context("starting an extension build")?;
+    let mut request = json!({ "extension": extension, "pch": pch });
+    let mut child = start_builder(ctx, zygote, "extension", &mut request)?;
     // Stopped while candidates are timed (quiet.rs), which its time limits do not count.
     let group = ctx.build_groups.register(child.pid);
     let limit = |phase| {
@@ -353,6 +402,7 @@ fn run_builder(
     let mut phase = Phase::Build;
     let mut deadline = limit(phase);
     let mut wall_s = 0.0;
+    let mut pch_used = false;
     let built = loop {
         match child.next_within(&mut deadline) {
             None => {
@@ -363,7 +413,7 @@ fn run_builder(
             }
             // Crashed while loading: the candidate's own load meets the same fate, and its verdict.
             Some(Event::Exited(_)) if phase == Phase::Load => {
-                break copy_library(&mut child, extension, name, staged, wall_s)?;
+                break copy_library(&mut child, extension, name, staged, wall_s, pch_used)?;
             }
             Some(Event::Exited(exit)) => {
                 let why = crate::child::describe_exit(exit);
@@ -376,6 +426,7 @@ fn run_builder(
             Some(Event::Msg(msg)) => match msg["event"].as_str() {
                 Some("compiled") if phase == Phase::Build => {
                     wall_s = msg["wall_s"].as_f64().unwrap_or(0.0);
+                    pch_used = msg["pch_used"] == true;
                     if msg["ok"] != true {
                         let log = tail(msg["log"].as_str().unwrap_or_default());
                         let transient = msg["transient"] == true;
@@ -385,7 +436,7 @@ fn run_builder(
                     deadline = limit(phase);
                 }
                 Some("loaded") if phase == Phase::Load => {
-                    break copy_library(&mut child, extension, name, staged, wall_s)?;
+                    break copy_library(&mut child, extension, name, staged, wall_s, pch_used)?;
                 }
                 Some("sandbox_error") => bail!(
                     "cannot sandbox an extension build: {}",
@@ -416,6 +467,7 @@ fn copy_library(
     name: &str,
     staged: &Path,
     wall_s: f64,
+    pch_used: bool,
 ) -> Result<Built> {
     child.kill();
     let artifact = if extension["arguments"]["is_standalone"] == true {
@@ -430,19 +482,251 @@ fn copy_library(
         });
     };
     std::fs::create_dir(staged).with_context(|| format!("creating {}", staged.display()))?;
-    let target = staged.join(&artifact);
-    let mut copy = OpenOptions::new()
-        .create_new(true)
-        .write(true)
-        .mode(0o755)
-        .open(&target)
-        .with_context(|| format!("creating {}", target.display()))?;
-    std::io::copy(&mut library, &mut copy)
-        .with_context(|| format!("copying the library into {}", target.display()))?;
+    copy_into(&mut library, &staged.join(&artifact), 0o755)?;
     Ok(Built::Library {
         staged: staged.to_path_buf(),
         wall_s,
+        pch_used,
     })
+}
+
+/// A new file `target` (mode `mode`) with the content of `from`.
+fn copy_into(from: &mut File, target: &Path, mode: u32) -> Result<()> {
+    let mut copy = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(mode)
+        .open(target)
+        .with_context(|| format!("creating {}", target.display()))?;
+    std::io::copy(from, &mut copy).with_context(|| format!("copying into {}", target.display()))?;
+    Ok(())
+}
+
+/// Starts a builder job of `role` (python/roles.py) with `request` completed by what every
+/// builder gets: its limits, cores, niceness, environment and sandbox user.
+fn start_builder(
+    ctx: &JobContext,
+    zygote: &Zygote,
+    role: &str,
+    request: &mut Value,
+) -> Result<Child> {
+    for (field, value) in [
+        ("limits", json!(ctx.limits)),
+        ("cores", json!(ctx.cores)),
+        ("nice", json!(COMPILE_STAGE_NICENESS)),
+        ("env", json!(ctx.env)),
+        ("sandbox", json!(ctx.users.builder())),
+    ] {
+        request[field] = value;
+    }
+    Child::start(zygote, &ctx.jobs_dir, role, &[], request.take())
+        .with_context(|| format!("starting an extension build ({role})"))
+}
+
+/// The host flags a `load_inline` extension's main.cpp is compiled with, when a precompiled
+/// torch/extension.h may serve them: `extra_cflags` and whether torch adds CUDA's headers. None
+/// for other builds, extensions with include paths of their own or torch's own `use_pch`, and
+/// any flag not known to be harmless in a pch that other programs' builds read.
+fn pch_flags(extension: &Value) -> Option<Value> {
+    let args = &extension["arguments"];
+    if extension["kind"] != "load_inline" || args["use_pch"] == true {
+        return None;
+    }
+    if !(args["extra_include_paths"].is_null()
+        || args["extra_include_paths"]
+            .as_array()
+            .is_some_and(Vec::is_empty))
+    {
+        return None;
+    }
+    let flags: Vec<&str> = match &args["extra_cflags"] {
+        Value::Null => Vec::new(),
+        Value::Array(flags) => flags.iter().map(Value::as_str).collect::<Option<_>>()?,
+        _ => return None,
+    };
+    if !flags.iter().all(|f| harmless_in_pch(f.trim())) {
+        return None;
+    }
+    // torch's `with_cuda` default: CUDA when there are CUDA sources (a string is one source).
+    let with_cuda = match (&args["with_cuda"], &args["cuda_sources"]) {
+        (Value::Bool(cuda), _) => *cuda,
+        (Value::Null, Value::Null) => false,
+        (Value::Null, Value::String(_)) => true,
+        (Value::Null, Value::Array(sources)) => !sources.is_empty(),
+        _ => return None,
+    };
+    let flags: Vec<&str> = flags.iter().map(|f| f.trim()).collect();
+    Some(json!({ "extra_cflags": flags, "with_cuda": with_cuda }))
+}
+
+/// A compiler flag that changes only how torch's header is compiled: optimisation, language
+/// standard, macros with plain values, warnings, debug info, machine and code-generation
+/// switches. Never one that names a file, loads a plugin, reads profiles, or passes options to
+/// the preprocessor, assembler or linker (`-Wp,` `-Wa,` `-Wl,`): builder jobs run candidates'
+/// flags, and a pch is read by other programs' builds.
+fn harmless_in_pch(flag: &str) -> bool {
+    let plain = |s: &str, extra: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-".contains(c) || extra.contains(c))
+    };
+    let macro_flag = |s: &str| {
+        let (name, value) = s.split_once('=').unwrap_or((s, ""));
+        plain(name, "") && !name.contains('-') && plain(&format!("v{value}"), ".")
+    };
+    match flag.as_bytes() {
+        [b'-', b'O', ..] => plain(&flag[1..], ""),
+        [b'-', b'D' | b'U', ..] => macro_flag(&flag[2..]),
+        [b'-', b'W', ..] => plain(&flag[2..], "="),
+        [b'-', b'f', ..] => {
+            let name = flag[2..].trim_start_matches("no-");
+            plain(name, "=")
+                && ![
+                    "plugin",
+                    "profile",
+                    "auto-profile",
+                    "sanitize",
+                    "debug-prefix",
+                    "file-prefix",
+                    "macro-prefix",
+                ]
+                .iter()
+                .any(|p| name.starts_with(p))
+        }
+        [b'-', b'm', ..] => plain(&flag[2..], "=."),
+        _ => {
+            matches!(
+                flag,
+                "-w" | "-g" | "-g0" | "-g1" | "-g2" | "-g3" | "-pthread"
+            ) || flag.strip_prefix("-std=").is_some_and(|s| plain(s, "+"))
+        }
+    }
+}
+
+/// The published precompiled torch/extension.h for `extension`'s host flags (its folder, to put
+/// first on the include path), made first when the flag set has been asked for
+/// `pch_after_builds` times and no other builder is making it now; None where the extension
+/// may not use one, the set is still rare, another builder is making it, or it failed to build
+/// (stored, so not tried again).
+fn precompiled_header(
+    ctx: &JobContext,
+    zygote: &Zygote,
+    extension: &Value,
+) -> Result<Option<PathBuf>> {
+    let Some(flags) = pch_flags(extension) else {
+        return Ok(None);
+    };
+    let cache = &ctx.cfg.build_cache;
+    let key = format!(
+        "pch-{}",
+        content_key(&json!({ "pch": flags }), zygote.toolchain(), &ctx.env)
+    );
+    let folder = cache.join(&key);
+    let published = |entry: Entry| entry.ok.then(|| folder.join("pch"));
+    if let Some(entry) = read_entry(&folder) {
+        return Ok(published(entry));
+    }
+    if asked_for(cache, &key)? < ctx.cfg.pch_after_builds || pch_count(cache)? >= MAX_PCHS {
+        return Ok(None);
+    }
+    let Some(_lock) = KeyLock::try_take(cache, &key)? else {
+        return Ok(None);
+    };
+    if let Some(entry) = read_entry(&folder) {
+        return Ok(published(entry));
+    }
+    let staging = cache.join("tmp");
+    remove_stale_staging(&staging, &key)?;
+    let staged = staging.join(staging_name(&key));
+    let mut request = flags;
+    let mut child = start_builder(ctx, zygote, "pch", &mut request)?;
+    let group = ctx.build_groups.register(child.pid);
+    let limit = ctx.cfg.compile_timeout;
+    let mut deadline = Deadline::new(limit, limit).excluding(group.pauses());
+    // (ok, log, seconds), or None to build plain this time and try again later.
+    let compiled = loop {
+        match child.next_within(&mut deadline) {
+            None => break None,
+            Some(Event::Exited(exit)) => {
+                let why = crate::child::describe_exit(exit);
+                break Some((false, format!("the precompiled header's build {why}"), 0.0));
+            }
+            Some(Event::Msg(msg)) if msg["event"] == "compiled" => {
+                let log = tail(msg["log"].as_str().unwrap_or_default());
+                let seconds = msg["wall_s"].as_f64().unwrap_or(0.0);
+                break (msg["transient"] != true).then_some((msg["ok"] == true, log, seconds));
+            }
+            Some(Event::Msg(msg)) if msg["event"] == "sandbox_error" => bail!(
+                "cannot sandbox a precompiled header's build: {}",
+                msg["message"].as_str().unwrap_or("unknown error")
+            ),
+            Some(Event::Msg(_)) => {}
+        }
+    };
+    drop(group);
+    child.kill();
+    let published_entry = match compiled {
+        Some((ok, log, wall_s)) => {
+            let entry = Entry {
+                key,
+                ok,
+                wall_s,
+                log,
+                timed_out: None,
+            };
+            let copied = ok && copy_pch(&child, &staged)?;
+            if copied {
+                publish(cache, &staged, &entry)?;
+            } else {
+                publish_result(cache, &staging, &Entry { ok: false, ..entry })?;
+            }
+            read_entry(&folder)
+        }
+        None => None,
+    };
+    child.finish();
+    Ok(published_entry.and_then(published))
+}
+
+/// Copies the pch a builder left in its folder into `staged` (readable to every sandbox user);
+/// false when it left no regular files there.
+fn copy_pch(child: &Child, staged: &Path) -> Result<bool> {
+    let target = staged.join("pch").join("torch");
+    std::fs::create_dir_all(&target).with_context(|| format!("creating {}", target.display()))?;
+    for file in PCH_FILES {
+        let Some(mut from) = open_regular(&child.dir().join("pch/torch").join(file))? else {
+            return Ok(false);
+        };
+        copy_into(&mut from, &target.join(file), 0o644)?;
+    }
+    for dir in [staged.join("pch"), target] {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(true)
+}
+
+/// The precompiled headers published in the cache, failed ones included.
+fn pch_count(cache: &Path) -> Result<usize> {
+    let entries =
+        std::fs::read_dir(cache).with_context(|| format!("reading {}", cache.display()))?;
+    Ok(entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("pch-"))
+        .count())
+}
+
+/// Counts one more build of a pch's flag set asked of the cache (across runs and evaluators
+/// sharing it); the count so far.
+fn asked_for(cache: &Path, key: &str) -> Result<u64> {
+    let path = private_folder(cache, "locks")?.join(format!("{key}.asked"));
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    file.write_all(b".")?;
+    Ok(file.metadata()?.len())
 }
 
 /// `path` opened for reading when it is a regular file of a sane size; never through a link
@@ -518,6 +802,81 @@ mod tests {
             content_key(&extension, &toolchain, &other_arch),
             content_key(&extension, &toolchain, &env)
         );
+    }
+
+    /// A pch serves `load_inline` extensions whose host flags cannot reach outside the compile
+    /// of torch's header; everything else builds plain.
+    #[test]
+    fn only_harmless_host_flags_share_a_pch() {
+        let inline = |args: Value| json!({"kind": "load_inline", "arguments": args});
+        let flags = |extension: &Value| pch_flags(extension).map(|f| f["extra_cflags"].clone());
+        assert_eq!(
+            pch_flags(&inline(json!({"cpp_sources": "x", "cuda_sources": ["y"]}))),
+            Some(json!({"extra_cflags": [], "with_cuda": true}))
+        );
+        assert_eq!(
+            pch_flags(&inline(json!({"cpp_sources": "x", "cuda_sources": null}))),
+            Some(json!({"extra_cflags": [], "with_cuda": false}))
+        );
+        let harmless = [
+            "-O3",
+            "-Ofast",
+            " -O2 ",
+            "-std=c++17",
+            "-DUSE_FAST=1",
+            "-DN=64",
+            "-UNDEBUG",
+            "-w",
+            "-Wall",
+            "-Wno-unused-variable",
+            "-ffast-math",
+            "-fno-exceptions",
+            "-fopenmp",
+            "-march=native",
+            "-mavx2",
+            "-g",
+            "-pthread",
+        ];
+        for flag in harmless {
+            assert!(
+                flags(&inline(json!({"extra_cflags": [flag]}))).is_some(),
+                "{flag}"
+            );
+        }
+        let harmful = [
+            "-Wl,-rpath,/tmp",
+            "-Wp,-include,/etc/passwd",
+            "-Wa,--defsym,x=1",
+            "-fplugin=/tmp/evil.so",
+            "-fprofile-use=/tmp/p",
+            "-fprofile-generate",
+            "-include/tmp/x.h",
+            "-I/tmp",
+            "-isystem",
+            "/tmp",
+            "-DX=$(touch /tmp/y)",
+            "-DPATH=/tmp/x",
+            "-specs=/tmp/s",
+            "--sysroot=/tmp",
+            "-B/tmp",
+            "@/tmp/args",
+            "-o",
+            "-fsanitize-ignorelist=/tmp/l",
+        ];
+        for flag in harmful {
+            assert!(
+                flags(&inline(json!({"extra_cflags": [flag]}))).is_none(),
+                "{flag}"
+            );
+        }
+        for other in [
+            json!({"kind": "load", "arguments": {}}),
+            inline(json!({"extra_include_paths": ["/tmp"]})),
+            inline(json!({"use_pch": true})),
+            inline(json!({"extra_cflags": "-O3"})),
+        ] {
+            assert_eq!(pch_flags(&other), None, "{other}");
+        }
     }
 
     #[test]

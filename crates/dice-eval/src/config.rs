@@ -269,6 +269,10 @@ pub struct EvalConfig {
     /// harness execs both into one namespace; by default it sees only its own.
     pub kernelbench_namespace: bool,
     pub build_cache: PathBuf,
+    /// Builds of one host flag set the cache is asked for before a precompiled
+    /// torch/extension.h is made for it (build_cache.rs): it costs about two host compiles and
+    /// 750 MB of the cache, and cuts each later `load_inline` build's host compile 2–2.5×.
+    pub pch_after_builds: u64,
     pub python: Option<PathBuf>,
     /// The SQLite store; with `postgres`, its folder holds only this host's files of the run
     /// (the device locks of its processes).
@@ -313,6 +317,7 @@ impl EvalConfig {
             timing: Timing::Dice,
             kernelbench_namespace: false,
             build_cache: default_build_cache(),
+            pch_after_builds: crate::build_cache::PCH_AFTER_BUILDS,
             python: None,
             db,
             postgres: None,

@@ -48,6 +48,8 @@
 //! * Nothing is built or run for a verdict already known: a program repeated for a problem is
 //!   judged once and its repeats get copies (same_program.rs, unless `judge_each_copy`), and under
 //!   `strict` a program that a static rule makes deceptive whatever it runs is `rejected`.
+//! * A host flag set built often (`pch_after_builds`, 8) gets a precompiled torch/extension.h in
+//!   the cache, which the host compiles of its later `load_inline` builds read (build_cache.rs).
 //! * Builds may run apart from judging ([`prebuild`], `dice eval --stage build`): workers on
 //!   CPU-only hosts fill a build cache folder that GPU workers share, storing nothing else; the
 //!   GPU workers' compile stage then finds every build (or its failure) cached.

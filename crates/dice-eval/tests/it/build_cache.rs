@@ -514,3 +514,58 @@ fn sources_build_light_first_and_as_written_where_light_fails() {
         (Some(false), Some(true))
     );
 }
+
+/// A host flag set asked of the cache often enough gets a precompiled torch/extension.h: built
+/// once by a builder job, published beside the entries (readable, whole), and read by the host
+/// compile of every later build of that set, whose extensions work as without it.
+#[test]
+fn builds_of_one_flag_set_share_a_precompiled_header() {
+    let _machine = machine_shared();
+    let relu = example(1, 0);
+    let code = String::from_utf8(relu.code.clone().unwrap()).unwrap();
+    let shared_line =
+        "// Every example candidate compiles this same source, so one cached build serves them all.";
+    assert!(code.contains(shared_line));
+    let variants: Vec<_> = (0..2)
+        .map(|i| EvalSample {
+            sample_id: i,
+            origin: format!("variant {i}"),
+            code: Some(
+                code.replace(shared_line, &format!("// variant {i}"))
+                    .into_bytes(),
+            ),
+            ..relu.clone()
+        })
+        .collect();
+    let cache = tempfile::tempdir().unwrap();
+    // One build at a time: the first asks for the pch (threshold 1) and makes it, the second
+    // finds it published.
+    let (records, builds) = evaluate_on(cache.path(), variants, |cfg| {
+        cfg.pch_after_builds = 1;
+        cfg.jobs = 1;
+    });
+    assert!(
+        records.iter().all(|r| r.verdict == Verdict::Correct),
+        "{records:?}"
+    );
+    // Each variant built once (the run stage's loads of the entries are stored as cached).
+    let built: Vec<_> = builds.iter().filter(|b| !b.cached).collect();
+    assert_eq!(built.len(), 2, "{builds:?}");
+    for build in built {
+        assert!(
+            build.ok && build.log.starts_with("host code compiled with"),
+            "{build:?}"
+        );
+    }
+    let pchs: Vec<PathBuf> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("pch-"))
+        .collect();
+    assert_eq!(pchs.len(), 1, "{pchs:?}");
+    let gch = pchs[0].join("pch/torch/extension.h.gch");
+    let meta = std::fs::metadata(&gch).unwrap();
+    assert!(meta.len() > 1 << 20, "{}", meta.len());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o644);
+    assert!(pchs[0].join("pch/torch/extension.h").is_file());
+}
