@@ -40,11 +40,6 @@ const LOG_CHARS: usize = 16384;
 const RESULT_FILE: &str = "DICE_RESULT.json";
 /// Bigger "libraries" are not copied into the cache.
 const MAX_LIBRARY_BYTES: u64 = 4 << 30;
-/// Builds of one host flag set the cache is asked for, by default, before its precompiled
-/// torch/extension.h is made (`EvalConfig::pch_after_builds`): a pch costs about two plain host
-/// compiles and 750 MB, so a cache that sees a flag set a few times (a test, a small run) never
-/// pays for it, and a batch or an RL step, which build hundreds with one flag set, pay it once.
-pub(crate) const PCH_AFTER_BUILDS: u64 = 8;
 /// Precompiled headers one cache holds at most (about 3 GB): a flag set past them builds plain,
 /// so candidates that each choose other flags cannot fill the disk with pchs.
 const MAX_PCHS: usize = 4;

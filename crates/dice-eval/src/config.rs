@@ -271,7 +271,9 @@ pub struct EvalConfig {
     pub build_cache: PathBuf,
     /// Builds of one host flag set the cache is asked for before a precompiled
     /// torch/extension.h is made for it (build_cache.rs): it costs about two host compiles and
-    /// 750 MB of the cache, and cuts each later `load_inline` build's host compile 2–2.5×.
+    /// 750 MB of the cache, and cuts each later `load_inline` build's host compile 2–2.5×. The
+    /// default, 8: a cache that sees a flag set a few times (a test, a small run) never pays for
+    /// one, and a batch or an RL step, which build hundreds with one flag set, pay it once.
     pub pch_after_builds: u64,
     pub python: Option<PathBuf>,
     /// The SQLite store; with `postgres`, its folder holds only this host's files of the run
@@ -317,7 +319,7 @@ impl EvalConfig {
             timing: Timing::Dice,
             kernelbench_namespace: false,
             build_cache: default_build_cache(),
-            pch_after_builds: crate::build_cache::PCH_AFTER_BUILDS,
+            pch_after_builds: 8,
             python: None,
             db,
             postgres: None,
