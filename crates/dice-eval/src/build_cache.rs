@@ -554,6 +554,15 @@ fn pch_flags(extension: &Value) -> Option<Value> {
     Some(json!({ "extra_cflags": flags, "with_cuda": with_cuda }))
 }
 
+/// Whether the host compiler is GCC (its `--version` banner), whose `X.gch` beside a header on
+/// the include path is read in its place and skipped with a warning where it does not fit.
+/// Clang reads precompiled headers otherwise, and stops at one that does not fit.
+fn is_gcc(toolchain: &Value) -> bool {
+    toolchain["cxx"]
+        .as_str()
+        .is_some_and(|banner| banner.contains("Free Software Foundation"))
+}
+
 /// A compiler flag that changes only how torch's header is compiled: optimisation, language
 /// standard, macros with plain values, warnings, debug info, machine and code-generation
 /// switches. Never one that names a file, loads a plugin, reads profiles, or passes options to
@@ -608,7 +617,7 @@ fn precompiled_header(
     zygote: &Zygote,
     extension: &Value,
 ) -> Result<Option<PathBuf>> {
-    let Some(flags) = pch_flags(extension) else {
+    let Some(flags) = pch_flags(extension).filter(|_| is_gcc(zygote.toolchain())) else {
         return Ok(None);
     };
     let cache = &ctx.cfg.build_cache;
@@ -872,6 +881,15 @@ mod tests {
         ] {
             assert_eq!(pch_flags(&other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn only_gcc_reads_the_pch() {
+        let gcc = "c++ (Debian 12.2.0-14+deb12u1) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc.";
+        assert!(is_gcc(&json!({ "cxx": gcc })));
+        let clang = "Debian clang version 14.0.6\nTarget: x86_64-pc-linux-gnu";
+        assert!(!is_gcc(&json!({ "cxx": clang })));
+        assert!(!is_gcc(&json!({ "cxx": null })));
     }
 
     #[test]
