@@ -14,10 +14,11 @@
 //! A `load_inline` extension's main.cpp includes torch/extension.h first, and parsing it is most
 //! of that compile (bench/notes/build-speed.md: 36 s of 36, 14.5 s with a precompiled header).
 //! Once `pch_after_builds` builds of one host flag set were asked of the cache, a builder job
-//! compiles torch's header alone with those flags (`pch-<key>`, published like an entry, ~750 MB
-//! a flag set, at most [`MAX_PCHS`] a cache), and later builds of the set read it; only flags that cannot name files, load
-//! plugins or reach other tools go into a pch ([`pch_flags`]), and GCC reads the header itself
-//! wherever the pch does not fit, so a binary never depends on it.
+//! compiles torch's header alone with those flags (`pch-<key>`, published like an entry,
+//! ~750 MB a flag set, at most [`MAX_PCHS`] a cache), and later builds of the set read it. Only
+//! flags that cannot name files, load plugins or reach other tools go into a pch
+//! ([`pch_flags`]), only GCC reads one, and it reads the header itself wherever the pch does not
+//! fit, so a binary never depends on it.
 
 use crate::child::{Child, Deadline, Event};
 use crate::job::{JobContext, COMPILE_STAGE_NICENESS};
