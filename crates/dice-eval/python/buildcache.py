@@ -258,6 +258,11 @@ def build_light_first(build, kind, arguments, folder, written=None):
     """build(**arguments) into `folder` (load_inline or load), light first where that changes a
     source; `written`: for a `load`, {path: text} of the sources this process wrote there (a
     candidate's own files are never rewritten)."""
+    if arguments.get("use_pch"):
+        # torch's own precompiled header is written into torch's installation, which no builder
+        # may write: the build would fail where KernelBench's harness builds it. It changes how
+        # fast the host code compiles, never the binary; the evaluator's pch serves it instead.
+        arguments = dict(arguments, use_pch=False)
     run = lambda args: build(**dict(args, build_directory=folder, verbose=False))  # noqa: E731
     light, rewrites = dict(arguments), {}
     if kind == "load_inline" and arguments.get("cuda_sources"):

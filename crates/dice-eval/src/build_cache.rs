@@ -521,11 +521,13 @@ fn start_builder(
 
 /// The host flags a `load_inline` extension's main.cpp is compiled with, when a precompiled
 /// torch/extension.h may serve them: `extra_cflags` and whether torch adds CUDA's headers. None
-/// for other builds, extensions with include paths of their own or torch's own `use_pch`, and
-/// any flag not known to be harmless in a pch that other programs' builds read.
+/// for other builds, extensions with include paths of their own, and any flag not known to be
+/// harmless in a pch that other programs' builds read.
 fn pch_flags(extension: &Value) -> Option<Value> {
     let args = &extension["arguments"];
-    if extension["kind"] != "load_inline" || args["use_pch"] == true {
+    // torch's own `use_pch` is dropped by the builder (python/buildcache.py), which reads this
+    // one instead.
+    if extension["kind"] != "load_inline" {
         return None;
     }
     if !(args["extra_include_paths"].is_null()
@@ -877,7 +879,6 @@ mod tests {
         for other in [
             json!({"kind": "load", "arguments": {}}),
             inline(json!({"extra_include_paths": ["/tmp"]})),
-            inline(json!({"use_pch": true})),
             inline(json!({"extra_cflags": "-O3"})),
         ] {
             assert_eq!(pch_flags(&other), None, "{other}");

@@ -517,7 +517,9 @@ fn sources_build_light_first_and_as_written_where_light_fails() {
 
 /// A host flag set asked of the cache often enough gets a precompiled torch/extension.h: built
 /// once by a builder job, published beside the entries (readable, whole), and read by the host
-/// compile of every later build of that set, whose extensions work as without it.
+/// compile of every later build of that set, whose extensions work as without it. The second
+/// variant asks for torch's own pch (`use_pch=True`, which would write into torch's
+/// installation, where no builder may: it failed to build before) and gets this one.
 #[test]
 fn builds_of_one_flag_set_share_a_precompiled_header() {
     let _machine = machine_shared();
@@ -525,13 +527,21 @@ fn builds_of_one_flag_set_share_a_precompiled_header() {
     let code = String::from_utf8(relu.code.clone().unwrap()).unwrap();
     let shared_line =
         "// Every example candidate compiles this same source, so one cached build serves them all.";
-    assert!(code.contains(shared_line));
+    assert!(code.contains(shared_line) && code.contains("extra_cflags=[\"-O2\"],"));
     let variants: Vec<_> = (0..2)
         .map(|i| EvalSample {
             sample_id: i,
             origin: format!("variant {i}"),
             code: Some(
                 code.replace(shared_line, &format!("// variant {i}"))
+                    .replace(
+                        "extra_cflags=[\"-O2\"],",
+                        if i == 1 {
+                            "extra_cflags=[\"-O2\"], use_pch=True,"
+                        } else {
+                            "extra_cflags=[\"-O2\"],"
+                        },
+                    )
                     .into_bytes(),
             ),
             ..relu.clone()
