@@ -537,12 +537,16 @@ fn pch_flags(extension: &Value) -> Option<Value> {
     {
         return None;
     }
+    // Trimmed, as torch passes them on.
     let flags: Vec<&str> = match &args["extra_cflags"] {
         Value::Null => Vec::new(),
-        Value::Array(flags) => flags.iter().map(Value::as_str).collect::<Option<_>>()?,
+        Value::Array(flags) => flags
+            .iter()
+            .map(|f| f.as_str().map(str::trim))
+            .collect::<Option<_>>()?,
         _ => return None,
     };
-    if !flags.iter().all(|f| harmless_in_pch(f.trim())) {
+    if !flags.iter().all(|f| harmless_in_pch(f)) {
         return None;
     }
     // torch's `with_cuda` default: CUDA when there are CUDA sources (a string is one source).
@@ -553,7 +557,6 @@ fn pch_flags(extension: &Value) -> Option<Value> {
         (Value::Null, Value::Array(sources)) => !sources.is_empty(),
         _ => return None,
     };
-    let flags: Vec<&str> = flags.iter().map(|f| f.trim()).collect();
     Some(json!({ "extra_cflags": flags, "with_cuda": with_cuda }))
 }
 
@@ -672,27 +675,26 @@ fn precompiled_header(
     };
     drop(group);
     child.kill();
-    let published_entry = match compiled {
-        Some((ok, log, wall_s)) => {
-            let entry = Entry {
-                key,
-                ok,
-                wall_s,
-                log,
-                timed_out: None,
-            };
-            let copied = ok && copy_pch(&child, &staged)?;
-            if copied {
-                publish(cache, &staged, &entry)?;
-            } else {
-                publish_result(cache, &staging, &Entry { ok: false, ..entry })?;
-            }
-            read_entry(&folder)
-        }
-        None => None,
+    let Some((compiled_ok, log, wall_s)) = compiled else {
+        child.finish();
+        return Ok(None);
     };
+    // Stored either way: a flag set whose pch failed is not tried again.
+    let ok = compiled_ok && copy_pch(&child, &staged)?;
+    let entry = Entry {
+        key,
+        ok,
+        wall_s,
+        log,
+        timed_out: None,
+    };
+    if ok {
+        publish(cache, &staged, &entry)?;
+    } else {
+        publish_result(cache, &staging, &entry)?;
+    }
     child.finish();
-    Ok(published_entry.and_then(published))
+    Ok(published(entry))
 }
 
 /// Copies the pch a builder left in its folder into `staged` (readable to every sandbox user);

@@ -1395,11 +1395,11 @@ mod tests {
         );
     }
 
-    #[test]
     /// The host's one pass equals the tensor form bit for bit: f32 weights (the master is the
     /// weight) and bf16 and f16 weights (an f32 master, rounded into the weight), with
     /// gradients in f32 and in the weight's dtype (read by the pass as they are), with and
     /// without weight decay.
+    #[test]
     fn the_host_update_equals_the_tensor_update_bit_for_bit() {
         let cases = [
             (DType::F32, DType::F32),
