@@ -15,7 +15,10 @@ does not use, the way a cold batch disturbs it:
           end while others time, as finished candidates' do)
   profiler 1 process recording a small op's kernels with dice's CUPTI session, again and again
           (python/profiling.py, as the profiled trials of other samples do)
-  cpu     one busy Python loop per spare core (compilers' CPU, not their memory traffic)
+  cpu     one busy Python loop per spare core that shares no physical core with the timed ones
+          (compilers' CPU, not their memory traffic)
+  smt     one busy Python loop on each hyper-threaded sibling of the timed cores (skipped without
+          SMT): what the evaluator's whole-core split (job.rs `timing_cores`) keeps away
   mem     one memory-streaming process per spare core (compilers' memory traffic)
 and three ways to time a call:
   dice    protocol.Timer as the evaluator runs it (persisting-L2 reset, flush, events)
@@ -47,6 +50,7 @@ import protocol  # noqa: E402
 
 SPIN = {
     "cpu": "while True: pass",
+    "smt": "while True: pass",
     "mem": "import numpy as np\na = np.ones(1 << 24); b = np.empty_like(a)\nwhile True: np.copyto(b, a); np.copyto(a, b)",
     "idle": "import torch, time\ntorch.zeros(1, device='cuda')\ntime.sleep(1e6)",
     "spawn": "import subprocess, sys\nwhile True: subprocess.run([sys.executable, '-c', \"import torch; torch.zeros(1, device='cuda')\"])",
@@ -73,10 +77,27 @@ COUNT = {"idle": 8, "spawn": 4, "ctx": 4, "trickle": 1, "teardown": 2, "profiler
 SETTLE_S = {"idle": 8, "spawn": 8, "trickle": 6, "teardown": 8, "profiler": 8}
 
 
-def disturb(kind, spare):
-    """Starts the processes of disturbance `kind` on the cores `spare`."""
+def siblings(core):
+    """The logical cores of `core`'s physical core, itself included."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list") as f:
+            text = f.read().strip()
+    except OSError:
+        return [core]
+    cores = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cores += range(int(first), int(last or first) + 1)
+    return cores
+
+
+def disturb(kind, spare, smt):
+    """Starts the processes of disturbance `kind` on the cores `spare` (`smt`: on the timed cores'
+    siblings)."""
     if kind == "quiet":
         return []
+    if kind == "smt":
+        spare = smt
     n = COUNT.get(kind, len(spare))
     procs = []
     for i in range(n):
@@ -98,8 +119,7 @@ class QueuedTimer(protocol.Timer):
         self.l2.reset()
         self.flush.fill_(42)
         torch.cuda._sleep(self.spin_cycles)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
+        start, end = self.events
         start.record()
         t0 = time.perf_counter()
         out = self.model(*args)
@@ -168,7 +188,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("pairs")
     ap.add_argument("--ids", required=True)
-    ap.add_argument("--kinds", default="quiet,trickle,spawn,teardown,profiler,idle,ctx,cpu,mem")
+    ap.add_argument("--kinds", default="quiet,trickle,spawn,teardown,profiler,idle,ctx,cpu,smt,mem")
     ap.add_argument("--timers", default="dice,queued")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=10)
@@ -179,7 +199,9 @@ def main():
     pairs = {p["id"]: p for p in json.load(open(args.pairs))}
     ids = [int(i) for i in args.ids.split(",")]
     cores = sorted(os.sched_getaffinity(0))
-    timed, spare = cores[:2], cores[2:]
+    timed = cores[:2]
+    smt = sorted({s for c in timed for s in siblings(c)} - set(timed))
+    spare = [c for c in cores if c not in timed and c not in smt]
     os.sched_setaffinity(0, timed)
     setup = protocol.Setup({"device": args.device, "seed": 1234, "precision": None})
     problems = {}
@@ -190,9 +212,12 @@ def main():
         problems[pid] = protocol.load_module(f"problem_{pid}", path)
     out = open(args.out, "w") if args.out else None
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    print(f"torch {torch.__version__} {device} timed cores {timed}, spare {len(spare)}", flush=True)
+    print(f"torch {torch.__version__} {device} timed cores {timed} (their siblings {smt}), spare {len(spare)}", flush=True)
     for kind in args.kinds.split(","):
-        procs = disturb(kind, spare)
+        if kind == "smt" and not smt:
+            print("== smt      skipped: the timed cores have no hyper-threaded siblings", flush=True)
+            continue
+        procs = disturb(kind, spare, smt)
         try:
             for timer in args.timers.split(","):
                 devs, cvs = {k: [] for k in STATISTICS}, []

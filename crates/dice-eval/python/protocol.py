@@ -176,8 +176,18 @@ class Timer:
         self.checked_calls = checked_calls
         self.checked = CheckedCalls(checked_calls)
         self.flush = None
+        self.events = None
         if setup.device.type == "cuda":
             self.flush = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=setup.device)
+            # One pair of events for every timed call, made here (torch makes a CUDA event at its
+            # first record): an end event made after the call's launches asks the driver for it
+            # inside the timed interval, where another process making or tearing down a context
+            # can hold the driver up (identity candidates in a batch showed a few calls of 8-66 ms
+            # among calls of tens of microseconds: bench/notes/eval-h200.md, session 23).
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for event in self.events:
+                event.record()
+            self.events[1].synchronize()
         self.l2 = persisting_l2.Guard(setup.device)
         # The input buffers on the device now, under the untimed pass the timer is made in (and
         # in the reference's footprint): the first warm-up's inputs.
@@ -295,8 +305,7 @@ class Timer:
         else:
             self.l2.reset()
             self.flush.fill_(42)
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
+            start, end = self.events
             start.record()
             out = self.model(*args)
             end.record()

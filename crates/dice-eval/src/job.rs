@@ -34,7 +34,7 @@ impl JobContext {
     pub(crate) fn new(cfg: EvalConfig, jobs_dir: PathBuf, env: Value, seed: u64) -> JobContext {
         let limits = child_limits(&cfg);
         let cores = match cfg.device {
-            crate::config::Device::Cuda => timing_cores(&usable_cores()),
+            crate::config::Device::Cuda => timing_cores(&usable_cores(), core_siblings),
             crate::config::Device::Cpu => Value::Null,
         };
         let build_groups = BuildGroups::new(cfg.quiet_timing_share);
@@ -73,14 +73,65 @@ fn usable_cores() -> Vec<usize> {
     }
 }
 
-/// The last two cores for timing, the rest for everything else; nothing below eight cores,
-/// where two spared would starve the builds.
-fn timing_cores(cores: &[usize]) -> Value {
+/// Two logical cores for timing, the rest for everything else; nothing below eight cores, where
+/// two spared would starve the builds. The timed cores are whole physical cores: a logical core
+/// shares its physical core's pipelines and caches with its hyper-threaded siblings, so a
+/// compiler on a sibling would slow the timed process's launches as if it shared the core. With
+/// two threads per core that is one physical core (both of its threads timed), without SMT two.
+fn timing_cores(cores: &[usize], siblings: impl Fn(usize) -> Vec<usize>) -> Value {
     if cores.len() < 8 {
         return Value::Null;
     }
-    let (untimed, timed) = cores.split_at(cores.len() - 2);
+    let mut timed: Vec<usize> = Vec::new();
+    for &core in cores.iter().rev() {
+        if timed.len() >= 2 {
+            break;
+        }
+        if timed.contains(&core) {
+            continue;
+        }
+        let mut physical = siblings(core);
+        physical.retain(|c| *c != core);
+        physical.push(core);
+        // A physical core this process may not wholly use is left to the untimed work.
+        if physical.iter().all(|c| cores.contains(c)) {
+            timed.extend(physical);
+        }
+    }
+    if timed.len() < 2 || timed.len() * 4 > cores.len() {
+        // No two whole cores to spare (or threads per core so many that a core is a quarter of
+        // the machine): the last two logical cores, as without SMT.
+        timed = cores[cores.len() - 2..].to_vec();
+    }
+    timed.sort_unstable();
+    let untimed: Vec<usize> = cores
+        .iter()
+        .copied()
+        .filter(|c| !timed.contains(c))
+        .collect();
     json!({"timed": timed, "untimed": untimed})
+}
+
+/// The logical cores that share `core`'s physical core, itself included (itself alone when the
+/// kernel does not say).
+fn core_siblings(core: usize) -> Vec<usize> {
+    let path = format!("/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list");
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|list| parse_cpu_list(list.trim()))
+        .unwrap_or_else(|| vec![core])
+}
+
+/// A kernel CPU list (`0-3,8,10-11`).
+fn parse_cpu_list(list: &str) -> Option<Vec<usize>> {
+    let mut cores = Vec::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((first, last)) => cores.extend(first.parse::<usize>().ok()?..=last.parse().ok()?),
+            None => cores.push(part.parse().ok()?),
+        }
+    }
+    Some(cores)
 }
 
 /// CPU seconds (all threads) as a backstop to the wall-clock limits, bounded file size, and on the
@@ -232,10 +283,42 @@ mod tests {
     #[test]
     fn two_cores_are_kept_for_timing_on_machines_that_can_spare_them() {
         let cores: Vec<usize> = (0..16).collect();
-        let split = timing_cores(&cores);
+        let alone = |c| vec![c];
+        let split = timing_cores(&cores, alone);
         assert_eq!(split["timed"], json!([14, 15]));
         assert_eq!(split["untimed"], json!((0..14).collect::<Vec<_>>()));
-        assert!(timing_cores(&cores[..4]).is_null());
+        assert!(timing_cores(&cores[..4], alone).is_null());
         assert!(!usable_cores().is_empty());
+        assert!(!core_siblings(usable_cores()[0]).is_empty());
+    }
+
+    /// With SMT, timing gets one whole physical core: no untimed process runs on a sibling of a
+    /// timed core, whichever way the kernel numbers the siblings.
+    #[test]
+    fn the_timed_cores_share_no_physical_core_with_untimed_ones() {
+        let cores: Vec<usize> = (0..16).collect();
+        // Siblings numbered apart (0 and 8, …, 7 and 15), as on most cloud hosts.
+        let split = timing_cores(&cores, |c| vec![c % 8, c % 8 + 8]);
+        assert_eq!(split["timed"], json!([7, 15]));
+        assert_eq!(
+            split["untimed"],
+            json!([0, 1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13, 14])
+        );
+        // Siblings side by side (0 and 1, …).
+        let split = timing_cores(&cores, |c| vec![c & !1, c | 1]);
+        assert_eq!(split["timed"], json!([14, 15]));
+        // The last core's sibling outside the usable set (a cpuset): the next whole core.
+        let usable: Vec<usize> = (0..15).collect();
+        let split = timing_cores(&usable, |c| vec![c % 8, c % 8 + 8]);
+        assert_eq!(split["timed"], json!([6, 14]));
+        assert!(!split["untimed"].as_array().unwrap().contains(&json!(6)));
+    }
+
+    #[test]
+    fn kernel_cpu_lists_are_read() {
+        assert_eq!(parse_cpu_list("7,15"), Some(vec![7, 15]));
+        assert_eq!(parse_cpu_list("0-3,8"), Some(vec![0, 1, 2, 3, 8]));
+        assert_eq!(parse_cpu_list("4"), Some(vec![4]));
+        assert_eq!(parse_cpu_list("x"), None);
     }
 }
