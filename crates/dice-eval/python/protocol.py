@@ -25,6 +25,10 @@ import persisting_l2
 SEED = 42
 WARMUP_CALLS = 3
 L2_FLUSH_BYTES = 256 << 20
+# Copies of a call's outputs up to this size stay on the device (`kept_copies`): the reference's
+# seven trials and the timers' kept calls, times the problems in flight, must leave room for the
+# candidates.
+DEVICE_KEPT_BYTES = 1 << 30
 # The most input bytes the CPU's timer makes ahead of the calls that take them (Timer
 # `_timed_premade`): a round of small inputs is made at once, large ones a few calls at a time.
 CPU_PREMADE_INPUT_BYTES = 256 << 20
@@ -337,11 +341,24 @@ class CheckedCalls:
         self.offered += 1
         slot = len(self.kept) if len(self.kept) < self.size else self.draw.randrange(self.offered)
         if slot < self.size:
-            copies = [t.clone() for t in as_tensor_list(out)]
+            copies = kept_copies(as_tensor_list(out))
             if slot == len(self.kept):
                 self.kept.append((call, copies))
             else:
                 self.kept[slot] = (call, copies)
+
+
+def kept_copies(tensors):
+    """Copies of a call's output tensors that its next call cannot overwrite (a forward may
+    return storage it reuses): on the device up to DEVICE_KEPT_BYTES in all (host memory is the
+    scarcer one with several evaluations in flight), on the host beyond it or when the device is
+    full. An output of several GiB kept three times on the device beside its forward's own
+    memory took two processes past an 80 GB card (bench/notes/eval-h200.md, session 23)."""
+    size = sum(t.numel() * t.element_size() for t in tensors)
+    try:
+        return [t.clone() if size <= DEVICE_KEPT_BYTES else t.to("cpu", copy=True) for t in tensors]
+    except torch.OutOfMemoryError:
+        return [t.to("cpu", copy=True) for t in tensors]
 
 
 def storage_of(t):

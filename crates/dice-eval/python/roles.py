@@ -19,9 +19,6 @@ import profiling
 import protocol
 
 MESSAGE_CHARS = 500
-# Expected outputs up to this size per trial stay on the device: seven trials of a reference,
-# times the references in flight, must leave room for the candidates.
-DEVICE_KEPT_BYTES = 1 << 30
 
 
 class Channel:
@@ -273,7 +270,7 @@ def reference(channel, req):
         timed = torch.compile(model) if req.get("baseline") == "torch_compile" else model
         timer = timer_for(req, setup, problem, timed, "baseline")
         expected = Expected(setup, problem, model, req["trials"])
-        footprint = expected.footprint()
+        footprint = expected.footprint(req["checked_timed_calls"])
     except BaseException as e:  # noqa: B036
         traceback.print_exc()
         channel.send(event="failed", verdict="reference_error", message=one_line(e), phase="reference")
@@ -326,7 +323,7 @@ class Expected:
         self.seeds = setup.seeds.trials(trials)
         self.outputs = []
 
-    def footprint(self):
+    def footprint(self, checked_calls):
         """Computes the first expected output (its forward's peak is part of the footprint), then
         returns what this process will hold on the device once every expected output is computed
         (a candidate of the problem needs about as much) and the device's size; {} on the CPU."""
@@ -334,8 +331,10 @@ class Expected:
         if self.setup.device.type != "cuda":
             return {}
         kept = sum(t.numel() * t.element_size() for t in first if t.is_cuda)
-        # The other trials' outputs, and one timed call's while it is judged.
-        peak = torch.cuda.max_memory_reserved() + len(self.seeds) * kept
+        # The other trials' outputs, one timed call's while it is judged, and the copies of the
+        # `checked_calls` timed outputs the timer keeps (`CheckedCalls`): kept where a trial's
+        # output is (`kept_copies`), by both processes alike.
+        peak = torch.cuda.max_memory_reserved() + (len(self.seeds) + checked_calls) * kept
         return {"device_bytes": peak, "device_total": torch.cuda.mem_get_info()[1]}
 
     def inputs(self, index):
@@ -353,14 +352,7 @@ class Expected:
         while len(self.outputs) <= index:
             seed = self.seeds[len(self.outputs)]
             out = protocol.as_tensor_list(self.setup.run_trial(self.problem, self.model, seed))
-            # Kept on the device (host memory is the scarcer one with several evaluations in
-            # flight) unless large or the device is full, as copies: a forward may return storage
-            # that its next call overwrites.
-            size = sum(t.numel() * t.element_size() for t in out)
-            try:
-                kept = [t.clone() if size <= DEVICE_KEPT_BYTES else t.to("cpu", copy=True) for t in out]
-            except torch.OutOfMemoryError:
-                kept = [t.to("cpu", copy=True) for t in out]
+            kept = protocol.kept_copies(out)
             del out
             self.outputs.append(kept)
         return self.outputs[index]
