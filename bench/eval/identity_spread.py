@@ -2,7 +2,9 @@
 must be 1) land from 1 in a run's store, by the statistic the speedup divides: the mean of the
 calls (dice's stored speedup), their median, and their minimum. Identities are the samples with
 problem id >= 1,000,000 (pairs_with_identity.py). Also the calls' mode mixture: how many samples
-have a median call over 1.5x their fastest.
+have a median call over 1.5x their fastest; and the calls' tail on each side: how many samples'
+candidate (fresh process) and baseline (reference process) have a mean over 1.2x their median, a
+few very long calls among short ones (bench/notes/eval-h200.md, session 23).
 
     python3 bench/eval/identity_spread.py RUN.db [RUN.db ...]
 """
@@ -26,17 +28,20 @@ def spread(db):
         (OFFSET,)).fetchall()
     devs = {"mean": [], "median": [], "min": []}
     mixed = 0
+    tails = {"candidate": 0, "baseline": 0}
     for c, b in rows:
         c, b = json.loads(c), json.loads(b)
         for k, v in devs.items():
             v.append(abs(b[f"{k}_ms"] / c[f"{k}_ms"] - 1))
         mixed += max(c["median_ms"] / c["min_ms"], b["median_ms"] / b["min_ms"]) > 1.5
-    return len(rows), devs, mixed
+        tails["candidate"] += c["mean_ms"] > 1.2 * c["median_ms"]
+        tails["baseline"] += b["mean_ms"] > 1.2 * b["median_ms"]
+    return len(rows), devs, mixed, tails
 
 
 def main(dbs):
     for db in dbs:
-        n, devs, mixed = spread(db)
+        n, devs, mixed, tails = spread(db)
         if n == 0:
             print(f"{db}: no timed identity candidate")
             continue
@@ -44,7 +49,8 @@ def main(dbs):
             f"{k} {100 * statistics.median(v):.1f} / {100 * quantile(v, 0.9):.1f} / {100 * quantile(v, 0.95):.1f} %"
             for k, v in devs.items())
         print(f"{db}: {n} identities; |speedup - 1| median / p90 / p95 by {cells}; "
-              f"{mixed} with a median call over 1.5x the fastest")
+              f"{mixed} with a median call over 1.5x the fastest; mean over 1.2x the median: "
+              f"{tails['candidate']} candidates, {tails['baseline']} baselines")
 
 
 if __name__ == "__main__":
