@@ -28,8 +28,10 @@ pub(super) const SOURCE: Source = Source {
     what: "the training attention kernels",
 };
 
-/// Threads per CTA, as `train_attention.cu` defines them.
+/// Threads per CTA, as `train_attention.cu` defines them: `THREADS`, and `BACKWARD_THREADS` for
+/// `train_attention_dq_*` and `train_attention_dkdv_*` (two warps of different roles per 16 rows).
 const THREADS: u32 = 128;
+const BACKWARD_THREADS: u32 = 256;
 /// Rows per tile (`TILE`).
 const TILE: usize = KeySpans::TILE;
 
@@ -45,18 +47,25 @@ fn tile_halves(head_dim: usize) -> usize {
 }
 
 /// Dynamic shared memory of `train_attention_dkdv_*` (`DKDV_SHARED_BYTES`): the key tile's K and
-/// V, and two buffers of a query tile's Q, dO, spans, lse and delta (the next one's copy in
-/// flight while the warps compute on the other).
+/// V, one query tile's Q, dO, spans, lse and delta, and the P^T the dV warps hand the dK warps
+/// (both halves of a query tile, four groups of 16 keys, rows of `TILE / 2 + 8` floats).
 fn dkdv_shared_bytes(head_dim: usize) -> usize {
     let query_buffer = 2 * tile_halves(head_dim) * 2 + TILE * (4 * 4 + 4 + 4);
-    2 * tile_halves(head_dim) * 2 + 2 * query_buffer
+    let p_transposed = 2 * 4 * 16 * (TILE / 2 + 8) * 4;
+    2 * tile_halves(head_dim) * 2 + query_buffer + p_transposed
 }
 
-/// Dynamic shared memory of `train_attention_forward_*` and `train_attention_dq_*`
-/// (`KEY_PIPELINE_SHARED_BYTES`): two K and two V tiles, the next pair's copy in flight while the
-/// warps compute on the other.
+/// Dynamic shared memory of `train_attention_forward_*` (`KEY_PIPELINE_SHARED_BYTES`): two K and
+/// two V tiles, the next pair's copy in flight while the warps compute on the other.
 fn key_pipeline_shared_bytes(head_dim: usize) -> usize {
     4 * tile_halves(head_dim) * 2
+}
+
+/// Dynamic shared memory of `train_attention_dq_*` (`DQ_SHARED_BYTES`): one key tile's K and V,
+/// the query tile's Q and dO, and the P and dP the two roles hand each other (both halves of a
+/// key tile, four groups of 16 queries, rows of `TILE / 2 + 8` floats).
+fn dq_shared_bytes(head_dim: usize) -> usize {
+    4 * tile_halves(head_dim) * 2 + 2 * 2 * 4 * 16 * (TILE / 2 + 8) * 4
 }
 
 /// The four kernels of one dtype.
@@ -104,7 +113,7 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
         Ok(DtypeKernels {
             forward: with_shared("forward", key_pipeline_shared_bytes(head_dim))?,
             delta: function("delta")?,
-            dq: with_shared("dq", key_pipeline_shared_bytes(head_dim))?,
+            dq: with_shared("dq", dq_shared_bytes(head_dim))?,
             dkdv: with_shared("dkdv", dkdv_shared_bytes(head_dim))?,
         })
     };
@@ -245,8 +254,8 @@ impl TrainAttention {
         ]
     }
 
-    /// Launches `function` on `grid` CTAs of [`THREADS`] with `shared_mem_bytes` of dynamic
-    /// shared memory, taking the addresses of `tensors` (contiguous), then `scalars`.
+    /// Launches `function` on `grid` CTAs of `threads` with `shared_mem_bytes` of dynamic shared
+    /// memory, taking the addresses of `tensors` (contiguous), then `scalars`.
     ///
     /// # Safety
     /// The arguments must be the kernel's signature in order, for tensors of the shapes it reads
@@ -254,13 +263,13 @@ impl TrainAttention {
     unsafe fn launch(
         &self,
         function: &CudaFunction,
-        (grid, shared_mem_bytes): ((usize, usize), usize),
+        (grid, threads, shared_mem_bytes): ((usize, usize), u32, usize),
         tensors: &[Arg],
         scalars: &[Scalar],
     ) -> Result<()> {
         let config = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, 1),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: shared_mem_bytes as u32,
         };
         // SAFETY: the caller's contract.
@@ -286,6 +295,7 @@ impl TrainAttention {
                 &self.kernels().forward,
                 (
                     (self.tokens.div_ceil(TILE), self.q_heads),
+                    THREADS,
                     key_pipeline_shared_bytes(self.head_dim),
                 ),
                 &[
@@ -340,7 +350,11 @@ impl TrainAttention {
         unsafe {
             self.launch(
                 &kernels.delta,
-                (((self.tokens * self.q_heads).div_ceil(warps), 1), 0),
+                (
+                    ((self.tokens * self.q_heads).div_ceil(warps), 1),
+                    THREADS,
+                    0,
+                ),
                 &[
                     Arg::Whole(&out, "the output"),
                     Arg::Whole(&d_out, "the output gradient"),
@@ -368,14 +382,19 @@ impl TrainAttention {
                 &kernels.dq,
                 (
                     (q_tiles, self.q_heads),
-                    key_pipeline_shared_bytes(self.head_dim),
+                    BACKWARD_THREADS,
+                    dq_shared_bytes(self.head_dim),
                 ),
                 &[&inputs[..], &[Arg::Whole(&dq, "dq")]].concat(),
                 &self.sizes(),
             )?;
             self.launch(
                 &kernels.dkdv,
-                ((q_tiles, self.kv_heads), dkdv_shared_bytes(self.head_dim)),
+                (
+                    (q_tiles, self.kv_heads),
+                    BACKWARD_THREADS,
+                    dkdv_shared_bytes(self.head_dim),
+                ),
                 &[&inputs[..], &[Arg::Whole(&dk, "dk"), Arg::Whole(&dv, "dv")]].concat(),
                 &self.sizes(),
             )
