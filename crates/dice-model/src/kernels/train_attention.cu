@@ -60,20 +60,20 @@
 #define TILE_HALVES (TILE * STRIDE)
 // The dK/dV kernel's staged query tile: Q and dO tiles, the queries' spans, lse and delta.
 #define QUERY_BUFFER_BYTES (2 * TILE_HALVES * 2 + TILE * (4 * 4 + 4 + 4))
-// Floats per row of the P^T the dV warps hand the dK warps (16 keys x TILE / 2 queries a half),
-// padded so that a warp's fragment writes spread over the banks.
+// Floats per row of what one role of a backward kernel hands the other (16 rows x TILE / 2 f32
+// values a half tile: dK/dV's P^T, dQ's P and dP), padded so that a warp's fragment writes spread
+// over the banks.
 #define PT_STRIDE (TILE / 2 + 8)
-// P^T of both halves of a query tile, for each of the tile's four groups of 16 keys.
-#define PT_BYTES (2 * 4 * 16 * PT_STRIDE * 4)
+// One such array for both halves of a tile and each of its four groups of 16 rows.
+#define HANDED_BYTES (2 * 4 * 16 * PT_STRIDE * 4)
 // Dynamic shared memory of train_attention_dkdv_* (train_attention.rs mirrors it): the key
 // tile's K and V, one query tile, P^T. One query buffer, not two: with a second the CTA would
 // not fit twice on an SM.
-#define DKDV_SHARED_BYTES (2 * TILE_HALVES * 2 + QUERY_BUFFER_BYTES + PT_BYTES)
+#define DKDV_SHARED_BYTES (2 * TILE_HALVES * 2 + QUERY_BUFFER_BYTES + HANDED_BYTES)
 // Dynamic shared memory of train_attention_dq_* (train_attention.rs mirrors it): one key tile's K
 // and V (one, as dK/dV's query tile), the query tile's Q and dO, and what the two roles hand
-// each other: P and dP, for both halves of a key tile, for each of the four groups of 16
-// queries (rows of PT_STRIDE floats).
-#define DQ_SHARED_BYTES (4 * TILE_HALVES * 2 + 2 * 2 * 4 * 16 * PT_STRIDE * 4)
+// each other: P and dP.
+#define DQ_SHARED_BYTES (4 * TILE_HALVES * 2 + 2 * HANDED_BYTES)
 // Two K and two V tiles of the forward kernel's key pipeline.
 #define KEY_PIPELINE_SHARED_BYTES (4 * TILE_HALVES * 2)
 
@@ -173,6 +173,14 @@ __device__ __forceinline__ void times_rows(const unsigned int (&a)[HEAD_DIM / 16
             mma_m16n8k16<T>(acc[2 * np], a[ks], b[0], b[1]);
             mma_m16n8k16<T>(acc[2 * np + 1], a[ks], b[2], b[3]);
         }
+}
+
+// Where this lane's element e of accumulator n8 tile nt (row group + 8 (e / 2), column 8 nt +
+// 2 quad_lane + (e & 1)) lies in an array one backward role hands the other (PT_STRIDE floats a
+// row).
+__device__ __forceinline__ int handed_at(int nt, int e) {
+    const int lane = threadIdx.x % 32;
+    return (lane / 4 + 8 * (e / 2)) * PT_STRIDE + 8 * nt + 2 * (lane % 4) + (e & 1);
 }
 
 // As times_rows, with A the 16 staged rows a_rows (K or V as stored), loaded a k-step at a time:
@@ -409,7 +417,7 @@ __device__ __forceinline__ void dq_keys(bool p_role, bool masked, const unsigned
                                         float scale_log2, float* mine, const float* theirs,
                                         float (&dq)[HEAD_DIM / 8][4]) {
     static_assert(keys % 32 == 0, "each role takes 16 of every 32 keys");
-    const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
+    const int quad_lane = threadIdx.x % 4;
     float part[keys / 8][4];
     zero(part);
     if (p_role) {
@@ -426,14 +434,12 @@ __device__ __forceinline__ void dq_keys(bool p_role, bool masked, const unsigned
     }
     for (int nt = 0; nt < keys / 8; ++nt)
         for (int e = 0; e < 4; ++e)
-            mine[(group + 8 * (e / 2)) * PT_STRIDE + 8 * nt + 2 * quad_lane + (e & 1)] =
-                part[nt][e];
+            mine[handed_at(nt, e)] = part[nt][e];
     // Both roles reach this barrier once per call, so it is the whole CTA's.
     __syncthreads();
     for (int nt = 0; nt < keys / 8; ++nt)
         for (int e = 0; e < 4; ++e) {
-            const float other =
-                theirs[(group + 8 * (e / 2)) * PT_STRIDE + 8 * nt + 2 * quad_lane + (e & 1)];
+            const float other = theirs[handed_at(nt, e)];
             const float p = p_role ? part[nt][e] : other, dp = p_role ? other : part[nt][e];
             part[nt][e] = p * (dp - delta[e / 2]);
         }
@@ -551,12 +557,12 @@ __device__ __forceinline__ void dkdv_queries(bool dv_role, bool masked,
         times_rows_staged<T, queries>(k_rows, q_rows, part);
         for (int nt = 0; nt < queries / 8; ++nt)
             for (int e = 0; e < 4; ++e) {
-                const int query = 8 * nt + 2 * quad_lane + (e & 1), row = group + 8 * (e / 2);
-                const unsigned int key = key0 + row;
+                const int query = 8 * nt + 2 * quad_lane + (e & 1);
+                const unsigned int key = key0 + group + 8 * (e / 2);
                 part[nt][e] = !masked || sees(q_spans + 4 * query, key)
                                   ? exp2f(fmaf(part[nt][e], scale_log2, -q_lse_log2[query]))
                                   : 0.f;
-                pt[row * PT_STRIDE + query] = part[nt][e];
+                pt[handed_at(nt, e)] = part[nt][e];
             }
     } else {
         times_rows_staged<T, queries>(v_rows, do_rows, part);
@@ -568,8 +574,8 @@ __device__ __forceinline__ void dkdv_queries(bool dv_role, bool masked,
     } else {
         for (int nt = 0; nt < queries / 8; ++nt)
             for (int e = 0; e < 4; ++e) {
-                const int query = 8 * nt + 2 * quad_lane + (e & 1), row = group + 8 * (e / 2);
-                part[nt][e] = pt[row * PT_STRIDE + query] * (part[nt][e] - q_delta[query]);
+                const int query = 8 * nt + 2 * quad_lane + (e & 1);
+                part[nt][e] = pt[handed_at(nt, e)] * (part[nt][e] - q_delta[query]);
             }
         accumulate_rows<T, queries>(part, q_rows, acc);
     }

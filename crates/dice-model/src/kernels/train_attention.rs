@@ -46,13 +46,18 @@ fn tile_halves(head_dim: usize) -> usize {
     TILE * (head_dim + 8)
 }
 
+/// Bytes of `arrays` f32 arrays of 16 rows by `TILE / 2` that one role of a backward kernel hands
+/// the other (rows of `PT_STRIDE` floats), for both halves of a tile and its four groups of 16
+/// rows.
+fn handed_over_bytes(arrays: usize) -> usize {
+    arrays * 2 * 4 * 16 * (TILE / 2 + 8) * 4
+}
+
 /// Dynamic shared memory of `train_attention_dkdv_*` (`DKDV_SHARED_BYTES`): the key tile's K and
-/// V, one query tile's Q, dO, spans, lse and delta, and the P^T the dV warps hand the dK warps
-/// (both halves of a query tile, four groups of 16 keys, rows of `TILE / 2 + 8` floats).
+/// V, one query tile's Q, dO, spans, lse and delta, and the P^T the dV warps hand the dK warps.
 fn dkdv_shared_bytes(head_dim: usize) -> usize {
     let query_buffer = 2 * tile_halves(head_dim) * 2 + TILE * (4 * 4 + 4 + 4);
-    let p_transposed = 2 * 4 * 16 * (TILE / 2 + 8) * 4;
-    2 * tile_halves(head_dim) * 2 + query_buffer + p_transposed
+    2 * tile_halves(head_dim) * 2 + query_buffer + handed_over_bytes(1)
 }
 
 /// Dynamic shared memory of `train_attention_forward_*` (`KEY_PIPELINE_SHARED_BYTES`): two K and
@@ -62,10 +67,9 @@ fn key_pipeline_shared_bytes(head_dim: usize) -> usize {
 }
 
 /// Dynamic shared memory of `train_attention_dq_*` (`DQ_SHARED_BYTES`): one key tile's K and V,
-/// the query tile's Q and dO, and the P and dP the two roles hand each other (both halves of a
-/// key tile, four groups of 16 queries, rows of `TILE / 2 + 8` floats).
+/// the query tile's Q and dO, and the P and dP the two roles hand each other.
 fn dq_shared_bytes(head_dim: usize) -> usize {
-    4 * tile_halves(head_dim) * 2 + 2 * 2 * 4 * 16 * (TILE / 2 + 8) * 4
+    4 * tile_halves(head_dim) * 2 + handed_over_bytes(2)
 }
 
 /// The four kernels of one dtype.
