@@ -645,6 +645,19 @@ fn precompiled_header(
     if let Some(entry) = read_entry(&folder) {
         return Ok(published(entry));
     }
+    Ok(build_pch(ctx, zygote, key, flags)?.and_then(published))
+}
+
+/// Runs the pch job of flag set `flags` and publishes its result under `key` (a failure too, so
+/// that the set is not tried again); None when it ran out of time or failed in a way worth
+/// trying again later (the caller's build goes on plain).
+fn build_pch(
+    ctx: &JobContext,
+    zygote: &Zygote,
+    key: String,
+    flags: Value,
+) -> Result<Option<Entry>> {
+    let cache = &ctx.cfg.build_cache;
     let staging = cache.join("tmp");
     remove_stale_staging(&staging, &key)?;
     let staged = staging.join(staging_name(&key));
@@ -694,7 +707,7 @@ fn precompiled_header(
         publish_result(cache, &staging, &entry)?;
     }
     child.finish();
-    Ok(published(entry))
+    Ok(Some(entry))
 }
 
 /// Copies the pch a builder left in its folder into `staged` (readable to every sandbox user);

@@ -469,14 +469,15 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
     unsigned short* q_tile = v_tile + TILE_HALVES;
     unsigned short* do_tile = q_tile + TILE_HALVES;
     float* handed = reinterpret_cast<float*>(do_tile + TILE_HALVES);
-    // What role `role` hands over in half `half` of a key tile, for this warp's 16 queries.
     const int tile_index = tile_order[blockIdx.x], head = blockIdx.y;
     const int kv_head = head / (q_heads / kv_heads);
     const int warp = threadIdx.x / 32, query_group = warp % 4, group = threadIdx.x % 32 / 4;
     // Warps 0-3 recompute P of queries 16 w.., warps 4-7 dP of the same queries.
     const bool p_role = warp < 4;
-    const auto handed_by = [&](bool role, int half) {
-        return handed + ((half * 2 + (role ? 0 : 1)) * 4 + query_group) * 16 * PT_STRIDE;
+    // What the P warps (`by_p`) or the dP warps hand over in half `half` of a key tile, for
+    // this warp's 16 queries.
+    const auto handed_by = [&](bool by_p, int half) {
+        return handed + ((half * 2 + (by_p ? 0 : 1)) * 4 + query_group) * 16 * PT_STRIDE;
     };
     const int tile_first = tile_index * TILE, first = tile_first + 16 * query_group;
     stage_rows<BACKWARD_THREADS>(q_tile, q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM,
