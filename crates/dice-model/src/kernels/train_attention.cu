@@ -29,11 +29,12 @@
 // FlashAttention does; exponentials are taken base 2 with log2(e) folded into the scale (and
 // into lse where it is read): one FMA and ex2 per probability.
 //
-// Kernels (128 threads, 4 warps of 16 rows, but the backward's two; the forward held to 3 CTAs
-// per SM, as it ran before its key pipeline took more registers):
-//   train_attention_forward_*  grid (query tiles, Hq): a warp's 16 queries over the staged key
-//                              tiles (double-buffered: the next K/V tile's cp.async in flight
-//                              while this one is computed), online softmax, out and lse
+// Kernels (256 threads: two warps per 16 rows of a 64-row tile, 2 CTAs per SM; delta 128):
+//   train_attention_forward_*  grid (query tiles, Hq): two warps per 16 queries over the staged
+//                              key tiles (double-buffered: the next K/V tile's cp.async in flight
+//                              while this one is computed), each over its own 32 keys of every
+//                              64 with an online softmax of its own, the two merged at the end;
+//                              out and lse
 //   train_attention_delta_*    one warp per (query, head): delta
 //   train_attention_dq_*       grid (query tiles, Hq), 256 threads: two warps per 16 queries
 //                              over the key tiles the tile sees, one recomputing P, the other
@@ -51,8 +52,10 @@
 #endif
 
 #define THREADS 128
-// The backward kernels' CTA (dQ, dK/dV): two warps of different roles per 16 rows of the tile.
-#define BACKWARD_THREADS 256
+// The CTA of the forward, dQ and dK/dV kernels: two warps per 16 rows of the tile (the
+// forward's each over half of the keys, the backward's in two roles), so that each holds one
+// accumulator: 128 registers a thread, 16 warps an SM.
+#define PAIRED_THREADS 256
 #define TILE 64
 // Halves per staged row: padded by 16 bytes so that the 8 rows of an ldmatrix hit 8 distinct
 // bank groups.
@@ -74,8 +77,14 @@
 // and V (one, as dK/dV's query tile), the query tile's Q and dO, and what the two roles hand
 // each other: P and dP.
 #define DQ_SHARED_BYTES (4 * TILE_HALVES * 2 + 2 * HANDED_BYTES)
-// Two K and two V tiles of the forward kernel's key pipeline.
-#define KEY_PIPELINE_SHARED_BYTES (4 * TILE_HALVES * 2)
+// Dynamic shared memory of train_attention_forward_* (train_attention.rs mirrors it): two K and
+// two V tiles of its key pipeline, and the query tile's Q.
+#define FORWARD_SHARED_BYTES (5 * TILE_HALVES * 2)
+// What the forward's second warps of each 16 rows hand the first at the end, through the key
+// pipeline's memory: the output accumulator and the online softmax's m and l, per lane.
+#define FORWARD_MERGE_FLOATS (16 * HEAD_DIM + 4 * 32)
+static_assert(4 * FORWARD_MERGE_FLOATS * 4 <= 4 * TILE_HALVES * 2,
+              "the forward's merge must fit the key pipeline's memory");
 
 #define TILE_SPAN_WORDS 8
 #define LOG2E 1.4426950408889634f
@@ -130,25 +139,6 @@ __device__ __forceinline__ void stage_rows(unsigned short* tile, const T* __rest
     }
 }
 
-// The A fragments of 16 rows first.. of src (rows `row_stride` elements apart; this lane's rows
-// are group and group + 8); rows from `count` on are zeros.
-template <typename T>
-__device__ __forceinline__ void load_a_rows(const T* __restrict__ src, size_t row_stride,
-                                            int first, int count,
-                                            unsigned int (&a)[HEAD_DIM / 16][4]) {
-    const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
-    for (int r = 0; r < 2; ++r) {
-        const int row = first + group + 8 * r;
-        const bool valid = row < count;
-        const unsigned int* words =
-            reinterpret_cast<const unsigned int*>(src + (size_t)(valid ? row : 0) * row_stride);
-        for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
-            a[ks][r] = valid ? words[8 * ks + quad_lane] : 0u;
-            a[ks][2 + r] = valid ? words[8 * ks + 4 + quad_lane] : 0u;
-        }
-    }
-}
-
 // The spans of this lane's two rows (first + group, + 8); nothing for rows past `count`.
 __device__ __forceinline__ void load_spans(const unsigned int* __restrict__ spans, int first,
                                            int count, unsigned int (&span)[2][4]) {
@@ -159,22 +149,6 @@ __device__ __forceinline__ void load_spans(const unsigned int* __restrict__ span
     }
 }
 
-// acc (+)= A B over the staged rows: A from registers, B^T rows (n rows of HEAD_DIM, STRIDE
-// apart: K or V as stored) by ldmatrix, `n` columns.
-template <typename T, int n>
-__device__ __forceinline__ void times_rows(const unsigned int (&a)[HEAD_DIM / 16][4],
-                                           const unsigned short* rows, float (&acc)[n / 8][4]) {
-    const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
-    for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
-        for (int np = 0; np < n / 16; ++np) {
-            unsigned int b[4];
-            ldmatrix_x4(b, rows + (16 * np + matrix_row + 8 * (matrix >> 1)) * STRIDE + 16 * ks +
-                               8 * (matrix & 1));
-            mma_m16n8k16<T>(acc[2 * np], a[ks], b[0], b[1]);
-            mma_m16n8k16<T>(acc[2 * np + 1], a[ks], b[2], b[3]);
-        }
-}
-
 // Where this lane's element e of accumulator n8 tile nt (row group + 8 (e / 2), column 8 nt +
 // 2 quad_lane + (e & 1)) lies in an array one backward role hands the other (PT_STRIDE floats a
 // row).
@@ -183,10 +157,11 @@ __device__ __forceinline__ int handed_at(int nt, int e) {
     return (lane / 4 + 8 * (e / 2)) * PT_STRIDE + 8 * nt + 2 * (lane % 4) + (e & 1);
 }
 
-// As times_rows, with A the 16 staged rows a_rows (K or V as stored), loaded a k-step at a time:
-// four registers of A live instead of HEAD_DIM / 4.
+// acc (+)= A B over staged rows: A the 16 staged rows a_rows (Q, K, V or dO as stored), loaded
+// a k-step at a time (four registers of A live, not HEAD_DIM / 4), B^T rows (n rows of
+// HEAD_DIM, STRIDE apart) by ldmatrix, `n` columns.
 template <typename T, int n>
-__device__ __forceinline__ void times_rows_staged(const unsigned short* a_rows,
+__device__ __forceinline__ void times_rows(const unsigned short* a_rows,
                                                   const unsigned short* rows,
                                                   float (&acc)[n / 8][4]) {
     const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
@@ -288,7 +263,7 @@ __device__ __forceinline__ void pipelined(int end, Next next, Stage stage, Step 
 // Runs step(k_rows, v_rows, key, all_seen) for every key tile key.. that the query tile's
 // `tile_span` meets, with its K and V rows staged in `kv` (4 tiles: two buffers of K and V);
 // all_seen: every query of the tile sees every key of it.
-template <typename T, typename Step>
+template <int threads, typename T, typename Step>
 __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __restrict__ k_head,
                                                const T* __restrict__ v_head,
                                                const unsigned int* __restrict__ tile_span,
@@ -303,8 +278,10 @@ __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __re
         },
         [&](int t, int buffer) {
             const int key = t * TILE;
-            stage_rows(kv + 2 * buffer * TILE_HALVES, k_head, HEAD_DIM, key, tokens - key);
-            stage_rows(kv + (2 * buffer + 1) * TILE_HALVES, v_head, HEAD_DIM, key, tokens - key);
+            stage_rows<threads>(kv + 2 * buffer * TILE_HALVES, k_head, HEAD_DIM, key,
+                                tokens - key);
+            stage_rows<threads>(kv + (2 * buffer + 1) * TILE_HALVES, v_head, HEAD_DIM, key,
+                                tokens - key);
             cp_async_commit();
         },
         [&](int t, int buffer) {
@@ -313,12 +290,13 @@ __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __re
         });
 }
 
-// One warp's forward step over `keys` staged keys base..: S = Q K^T, masked by the rows' spans
-// (unless every row sees every key), scaled by scale_log2 = scale * log2(e); the online
-// softmax's max m and sum l (base 2, this lane's columns) and the output o rescaled; O += P V.
+// One warp's forward step for its 16 queries (staged rows q_rows) over `keys` staged keys
+// base..: S = Q K^T, masked by the rows' spans (unless every row sees every key), scaled by
+// scale_log2 = scale * log2(e); the online softmax's max m and sum l (base 2, this lane's
+// columns) and the output o rescaled; O += P V. The rescaling is skipped when no row's max
+// moved (most steps past a row's first keys): o times 1 is o.
 template <typename T, int keys>
-__device__ __forceinline__ void forward_keys(bool masked,
-                                             const unsigned int (&qa)[HEAD_DIM / 16][4],
+__device__ __forceinline__ void forward_keys(bool masked, const unsigned short* q_rows,
                                              const unsigned short* k_rows,
                                              const unsigned short* v_rows, int base,
                                              const unsigned int (&span)[2][4], float scale_log2,
@@ -327,7 +305,7 @@ __device__ __forceinline__ void forward_keys(bool masked,
     const int quad_lane = threadIdx.x % 4;
     float s[keys / 8][4];
     zero(s);
-    times_rows<T, keys>(qa, k_rows, s);
+    times_rows<T, keys>(q_rows, k_rows, s);
     for (int nt = 0; nt < keys / 8; ++nt)
         for (int e = 0; e < 4; ++e) {
             const int key = base + 8 * nt + 2 * quad_lane + (e & 1);
@@ -335,8 +313,9 @@ __device__ __forceinline__ void forward_keys(bool masked,
         }
     float alpha[2];
     online_softmax<keys, true>(s, m, l, alpha);
-    for (int n = 0; n < HEAD_DIM / 8; ++n)
-        for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
+    if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f))
+        for (int n = 0; n < HEAD_DIM / 8; ++n)
+            for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
     accumulate_rows<T, keys>(s, v_rows, o);
 }
 
@@ -347,12 +326,20 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
                         const unsigned int* __restrict__ tile_order, T* __restrict__ out,
                         float* __restrict__ lse, int tokens, int q_heads, int kv_heads,
                         float scale) {
+    unsigned short* kv = reinterpret_cast<unsigned short*>(dynamic_shared_memory);
+    unsigned short* q_tile_rows = kv + 4 * TILE_HALVES;
     const int q_tile = tile_order[blockIdx.x], head = blockIdx.y;
     const int kv_head = head / (q_heads / kv_heads);
     const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
-    const int first = q_tile * TILE + 16 * (threadIdx.x / 32);
-    unsigned int qa[HEAD_DIM / 16][4];
-    load_a_rows(q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens, qa);
+    // Warps 0-3 take keys 0-31 of every key tile for queries 16 w.., warps 4-7 keys 32-63 for
+    // the same queries.
+    const int warp = threadIdx.x / 32, query_group = warp % 4, key_half = warp / 4;
+    const int tile_first = q_tile * TILE, first = tile_first + 16 * query_group;
+    // Committed before the first key tile's copies, so waited for with them.
+    stage_rows<PAIRED_THREADS>(q_tile_rows, q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM,
+                               tile_first, tokens - tile_first);
+    cp_async_commit();
+    const unsigned short* q_rows = q_tile_rows + 16 * query_group * STRIDE;
     unsigned int span[2][4];
     load_spans(spans, first, tokens, span);
     const T* k_head = k + (size_t)kv_head * tokens * HEAD_DIM;
@@ -360,17 +347,45 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     float o[HEAD_DIM / 8][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     zero(o);
     const float scale_log2 = scale * LOG2E;
-    over_key_tiles(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
-                   tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
-                   [&](const unsigned short* k_tile, const unsigned short* v_tile, int key,
-                       bool all_seen) {
-                       for (int half = 0; half < 2; ++half) {
-                           const int offset = TILE / 2 * half;
-                           forward_keys<T, TILE / 2>(!all_seen, qa, k_tile + offset * STRIDE,
-                                                     v_tile + offset * STRIDE, key + offset,
-                                                     span, scale_log2, o, m, l);
-                       }
-                   });
+    const int offset = TILE / 2 * key_half;
+    over_key_tiles<PAIRED_THREADS>(
+        kv, k_head, v_head, tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
+        [&](const unsigned short* k_tile, const unsigned short* v_tile, int key, bool all_seen) {
+            forward_keys<T, TILE / 2>(!all_seen, q_rows, k_tile + offset * STRIDE,
+                                      v_tile + offset * STRIDE, key + offset, span, scale_log2,
+                                      o, m, l);
+        });
+    // The second warps' accumulators, m and l to the first through the key pipeline's memory
+    // (every copy done: a tile that meets no key tile has only its Q copy to wait for),
+    // fragment-major, so that a warp's 32 lanes write 512 consecutive bytes.
+    cp_async_wait<0>();
+    __syncthreads();
+    float* merge = reinterpret_cast<float*>(kv) + query_group * FORWARD_MERGE_FLOATS;
+    if (key_half == 1) {
+        for (int n = 0; n < HEAD_DIM / 8; ++n)
+            for (int e = 0; e < 4; ++e) merge[(n * 32 + lane) * 4 + e] = o[n][e];
+        for (int r = 0; r < 2; ++r) {
+            merge[16 * HEAD_DIM + 4 * lane + r] = m[r];
+            merge[16 * HEAD_DIM + 4 * lane + 2 + r] = l[r];
+        }
+    }
+    __syncthreads();
+    if (key_half == 1) return;
+    // Two online softmaxes over disjoint keys merged: each side's sums and outputs rescaled to
+    // the larger max (a side that saw no key has m = -inf, zeros, and a factor 0).
+    float factor[2], other_factor[2];
+    for (int r = 0; r < 2; ++r) {
+        const float other_m = merge[16 * HEAD_DIM + 4 * lane + r];
+        const float m_both = fmaxf(m[r], other_m);
+        factor[r] = m_both == NEG_INF ? 0.f : exp2f(m[r] - m_both);
+        other_factor[r] = m_both == NEG_INF ? 0.f : exp2f(other_m - m_both);
+        l[r] = l[r] * factor[r] + merge[16 * HEAD_DIM + 4 * lane + 2 + r] * other_factor[r];
+        m[r] = m_both;
+    }
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+        for (int e = 0; e < 4; ++e)
+            o[n][e] = o[n][e] * factor[e / 2] +
+                      merge[(n * 32 + lane) * 4 + e] * other_factor[e / 2];
     float inverse[2];
     for (int r = 0; r < 2; ++r) {
         l[r] = quad_sum(l[r]);
@@ -421,7 +436,7 @@ __device__ __forceinline__ void dq_keys(bool p_role, bool masked, const unsigned
     float part[keys / 8][4];
     zero(part);
     if (p_role) {
-        times_rows_staged<T, keys>(q_rows, k_rows, part);
+        times_rows<T, keys>(q_rows, k_rows, part);
         for (int nt = 0; nt < keys / 8; ++nt)
             for (int e = 0; e < 4; ++e) {
                 const int key = base + 8 * nt + 2 * quad_lane + (e & 1), r = e / 2;
@@ -430,7 +445,7 @@ __device__ __forceinline__ void dq_keys(bool p_role, bool masked, const unsigned
                                   : 0.f;
             }
     } else {
-        times_rows_staged<T, keys>(do_rows, v_rows, part);
+        times_rows<T, keys>(do_rows, v_rows, part);
     }
     for (int nt = 0; nt < keys / 8; ++nt)
         for (int e = 0; e < 4; ++e)
@@ -480,9 +495,9 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
         return handed + ((half * 2 + (by_p ? 0 : 1)) * 4 + query_group) * 16 * PT_STRIDE;
     };
     const int tile_first = tile_index * TILE, first = tile_first + 16 * query_group;
-    stage_rows<BACKWARD_THREADS>(q_tile, q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM,
+    stage_rows<PAIRED_THREADS>(q_tile, q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM,
                                  tile_first, tokens - tile_first);
-    stage_rows<BACKWARD_THREADS>(do_tile, d_out + (size_t)head * HEAD_DIM,
+    stage_rows<PAIRED_THREADS>(do_tile, d_out + (size_t)head * HEAD_DIM,
                                  (size_t)q_heads * HEAD_DIM, tile_first, tokens - tile_first);
     cp_async_commit();
     unsigned int span[2][4];
@@ -503,7 +518,7 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
     for (int t = 0; t < tiles; ++t) {
         const int key = t * TILE;
         if (!tile_meets(tile_span, key, min(key + TILE, tokens))) continue;
-        stage_kv<BACKWARD_THREADS>(k_tile, v_tile, k_head, v_head, key, tokens);
+        stage_kv<PAIRED_THREADS>(k_tile, v_tile, k_head, v_head, key, tokens);
         const bool all_seen = tile_sees_all(tile_span, key);
         for (int half = 0; half < 2; ++half) {
             const int offset = TILE / 2 * half;
@@ -555,7 +570,7 @@ __device__ __forceinline__ void dkdv_queries(bool dv_role, bool masked,
     float part[queries / 8][4];
     zero(part);
     if (dv_role) {
-        times_rows_staged<T, queries>(k_rows, q_rows, part);
+        times_rows<T, queries>(k_rows, q_rows, part);
         for (int nt = 0; nt < queries / 8; ++nt)
             for (int e = 0; e < 4; ++e) {
                 const int query = 8 * nt + 2 * quad_lane + (e & 1);
@@ -566,7 +581,7 @@ __device__ __forceinline__ void dkdv_queries(bool dv_role, bool masked,
                 pt[handed_at(nt, e)] = part[nt][e];
             }
     } else {
-        times_rows_staged<T, queries>(v_rows, do_rows, part);
+        times_rows<T, queries>(v_rows, do_rows, part);
     }
     // Both roles reach this barrier once per call, so it is the whole CTA's.
     __syncthreads();
@@ -608,7 +623,7 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
     const bool dv_role = warp < 4;
     const int key_end = min(key_first + TILE, tokens), warp_first = 16 * key_group;
     const size_t kv_offset = (size_t)kv_head * tokens * HEAD_DIM;
-    stage_kv<BACKWARD_THREADS>(k_tile, v_tile, k + kv_offset, v + kv_offset, key_first, tokens);
+    stage_kv<PAIRED_THREADS>(k_tile, v_tile, k + kv_offset, v + kv_offset, key_first, tokens);
     float acc[HEAD_DIM / 8][4];
     zero(acc);
     const float scale_log2 = scale * LOG2E;
@@ -619,12 +634,12 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
             continue;
         const int head = kv_head * groups + i / q_tiles, first = i % q_tiles * TILE;
         const int count = tokens - first;
-        stage_rows<BACKWARD_THREADS>(q_tile, q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first,
+        stage_rows<PAIRED_THREADS>(q_tile, q + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first,
                                  count);
-        stage_rows<BACKWARD_THREADS>(do_tile, d_out + (size_t)head * HEAD_DIM,
+        stage_rows<PAIRED_THREADS>(do_tile, d_out + (size_t)head * HEAD_DIM,
                                  (size_t)q_heads * HEAD_DIM, first, count);
         cp_async_commit();
-        for (int r = threadIdx.x; r < TILE; r += BACKWARD_THREADS) {
+        for (int r = threadIdx.x; r < TILE; r += PAIRED_THREADS) {
             const bool valid = r < count;
             for (int c = 0; c < 4; ++c)
                 q_spans[4 * r + c] = valid ? spans[4 * (size_t)(first + r) + c] : 0u;
@@ -652,7 +667,7 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
 }
 
 #define TRAIN_ATTENTION_KERNELS(TYPE, NAME)                                                      \
-    extern "C" __global__ void __launch_bounds__(THREADS, 3) train_attention_forward_##NAME(    \
+    extern "C" __global__ void __launch_bounds__(PAIRED_THREADS, 2) train_attention_forward_##NAME( \
         const TYPE* q, const TYPE* k, const TYPE* v, const unsigned int* spans,                \
         const unsigned int* tile_spans, const unsigned int* tile_order, TYPE* out, float* lse, \
         int tokens, int q_heads, int kv_heads, float scale) {                                  \
@@ -663,7 +678,7 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
         const TYPE* out, const TYPE* d_out, float* delta, int tokens, int q_heads) {           \
         row_deltas<TYPE>(out, d_out, delta, tokens, q_heads);                                  \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(BACKWARD_THREADS, 2) train_attention_dq_##NAME( \
+    extern "C" __global__ void __launch_bounds__(PAIRED_THREADS, 2) train_attention_dq_##NAME( \
         const TYPE* q, const TYPE* k, const TYPE* v, const TYPE* d_out,                        \
         const unsigned int* spans, const unsigned int* tile_spans,                             \
         const unsigned int* tile_order, const float* lse, const float* delta, TYPE* dq,        \
@@ -671,7 +686,7 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
         query_gradients<TYPE>(q, k, v, d_out, spans, tile_spans, tile_order, lse, delta, dq,   \
                               tokens, q_heads, kv_heads, scale);                               \
     }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(BACKWARD_THREADS, 2) train_attention_dkdv_##NAME(  \
+    extern "C" __global__ void __launch_bounds__(PAIRED_THREADS, 2) train_attention_dkdv_##NAME(  \
         const TYPE* q, const TYPE* k, const TYPE* v, const TYPE* d_out,                        \
         const unsigned int* spans, const unsigned int* tile_spans,                             \
         const unsigned int* tile_order, const float* lse, const float* delta, TYPE* dk,        \

@@ -28,10 +28,10 @@ pub(super) const SOURCE: Source = Source {
     what: "the training attention kernels",
 };
 
-/// Threads per CTA, as `train_attention.cu` defines them: `THREADS`, and `BACKWARD_THREADS` for
-/// `train_attention_dq_*` and `train_attention_dkdv_*` (two warps of different roles per 16 rows).
+/// Threads per CTA, as `train_attention.cu` defines them: `THREADS` for `train_attention_delta_*`,
+/// and `PAIRED_THREADS` for the forward, dQ and dK/dV kernels (two warps per 16 rows of a tile).
 const THREADS: u32 = 128;
-const BACKWARD_THREADS: u32 = 256;
+const PAIRED_THREADS: u32 = 256;
 /// Rows per tile (`TILE`).
 const TILE: usize = KeySpans::TILE;
 
@@ -60,10 +60,11 @@ fn dkdv_shared_bytes(head_dim: usize) -> usize {
     2 * tile_halves(head_dim) * 2 + query_buffer + handed_over_bytes(1)
 }
 
-/// Dynamic shared memory of `train_attention_forward_*` (`KEY_PIPELINE_SHARED_BYTES`): two K and
-/// two V tiles, the next pair's copy in flight while the warps compute on the other.
-fn key_pipeline_shared_bytes(head_dim: usize) -> usize {
-    4 * tile_halves(head_dim) * 2
+/// Dynamic shared memory of `train_attention_forward_*` (`FORWARD_SHARED_BYTES`): two K and two
+/// V tiles (the next pair's copy in flight while the warps compute on the other) and the query
+/// tile's Q.
+fn forward_shared_bytes(head_dim: usize) -> usize {
+    5 * tile_halves(head_dim) * 2
 }
 
 /// Dynamic shared memory of `train_attention_dq_*` (`DQ_SHARED_BYTES`): one key tile's K and V,
@@ -115,7 +116,7 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
             Ok(kernel)
         };
         Ok(DtypeKernels {
-            forward: with_shared("forward", key_pipeline_shared_bytes(head_dim))?,
+            forward: with_shared("forward", forward_shared_bytes(head_dim))?,
             delta: function("delta")?,
             dq: with_shared("dq", dq_shared_bytes(head_dim))?,
             dkdv: with_shared("dkdv", dkdv_shared_bytes(head_dim))?,
@@ -299,8 +300,8 @@ impl TrainAttention {
                 &self.kernels().forward,
                 (
                     (self.tokens.div_ceil(TILE), self.q_heads),
-                    THREADS,
-                    key_pipeline_shared_bytes(self.head_dim),
+                    PAIRED_THREADS,
+                    forward_shared_bytes(self.head_dim),
                 ),
                 &[
                     Arg::Whole(&q, "q"),
@@ -386,7 +387,7 @@ impl TrainAttention {
                 &kernels.dq,
                 (
                     (q_tiles, self.q_heads),
-                    BACKWARD_THREADS,
+                    PAIRED_THREADS,
                     dq_shared_bytes(self.head_dim),
                 ),
                 &[&inputs[..], &[Arg::Whole(&dq, "dq")]].concat(),
@@ -396,7 +397,7 @@ impl TrainAttention {
                 &kernels.dkdv,
                 (
                     (q_tiles, self.kv_heads),
-                    BACKWARD_THREADS,
+                    PAIRED_THREADS,
                     dkdv_shared_bytes(self.head_dim),
                 ),
                 &[&inputs[..], &[Arg::Whole(&dk, "dk"), Arg::Whole(&dv, "dv")]].concat(),

@@ -110,6 +110,17 @@ inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
 
 inline void __syncwarp() { warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
 
+// Every lane of the warp must call it, as with a full mask on the GPU.
+inline int __all_sync(unsigned, int predicate) {
+    int t = threadIdx.x, warp = t & ~31;
+    shuffle_slots[t] = predicate ? 1.f : 0.f;
+    warp_barriers[t / 32]->arrive_and_wait();
+    int all = 1;
+    for (int lane = 0; lane < 32; ++lane) all &= shuffle_slots[warp + lane] != 0.f;
+    warp_barriers[t / 32]->arrive_and_wait();
+    return all;
+}
+
 // Tensor-core operations, with the fragment layouts of the PTX ISA (mma.m16n8k16 with
 // .row.col bf16/f16 operands and f32 accumulators; ldmatrix .m8n8.x4 [.trans] .b16). The 16-bit
 // values are read with half.cuh's `to_float(T)`, which the kernel source includes.
