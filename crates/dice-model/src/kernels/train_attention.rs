@@ -28,10 +28,8 @@ pub(super) const SOURCE: Source = Source {
     what: "the training attention kernels",
 };
 
-/// Threads per CTA, as `train_attention.cu` defines them: `THREADS` for `train_attention_delta_*`,
-/// and `PAIRED_THREADS` for the forward, dQ and dK/dV kernels (two warps per 16 rows of a tile).
+/// Threads per CTA, as `train_attention.cu` defines them.
 const THREADS: u32 = 128;
-const PAIRED_THREADS: u32 = 256;
 /// Rows per tile (`TILE`).
 const TILE: usize = KeySpans::TILE;
 
@@ -46,31 +44,19 @@ fn tile_halves(head_dim: usize) -> usize {
     TILE * (head_dim + 8)
 }
 
-/// Bytes of `arrays` f32 arrays of 16 rows by `TILE / 2` that one role of a backward kernel hands
-/// the other (rows of `PT_STRIDE` floats), for both halves of a tile and its four groups of 16
-/// rows.
-fn handed_over_bytes(arrays: usize) -> usize {
-    arrays * 2 * 4 * 16 * (TILE / 2 + 8) * 4
-}
-
 /// Dynamic shared memory of `train_attention_dkdv_*` (`DKDV_SHARED_BYTES`): the key tile's K and
-/// V, one query tile's Q, dO, spans, lse and delta, and the P^T the dV warps hand the dK warps.
+/// V, and two buffers of a query tile's Q, dO, spans, lse and delta (the next one's copy in
+/// flight while the warps compute on the other).
 fn dkdv_shared_bytes(head_dim: usize) -> usize {
     let query_buffer = 2 * tile_halves(head_dim) * 2 + TILE * (4 * 4 + 4 + 4);
-    2 * tile_halves(head_dim) * 2 + query_buffer + handed_over_bytes(1)
+    2 * tile_halves(head_dim) * 2 + 2 * query_buffer
 }
 
-/// Dynamic shared memory of `train_attention_forward_*` (`FORWARD_SHARED_BYTES`): two K and two
-/// V tiles (the next pair's copy in flight while the warps compute on the other) and the query
-/// tile's Q.
-fn forward_shared_bytes(head_dim: usize) -> usize {
-    5 * tile_halves(head_dim) * 2
-}
-
-/// Dynamic shared memory of `train_attention_dq_*` (`DQ_SHARED_BYTES`): one key tile's K and V,
-/// the query tile's Q and dO, and the P and dP the two roles hand each other.
-fn dq_shared_bytes(head_dim: usize) -> usize {
-    4 * tile_halves(head_dim) * 2 + handed_over_bytes(2)
+/// Dynamic shared memory of `train_attention_forward_*` and `train_attention_dq_*`
+/// (`KEY_PIPELINE_SHARED_BYTES`): two K and two V tiles, the next pair's copy in flight while the
+/// warps compute on the other.
+fn key_pipeline_shared_bytes(head_dim: usize) -> usize {
+    4 * tile_halves(head_dim) * 2
 }
 
 /// The four kernels of one dtype.
@@ -116,9 +102,9 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
             Ok(kernel)
         };
         Ok(DtypeKernels {
-            forward: with_shared("forward", forward_shared_bytes(head_dim))?,
+            forward: with_shared("forward", key_pipeline_shared_bytes(head_dim))?,
             delta: function("delta")?,
-            dq: with_shared("dq", dq_shared_bytes(head_dim))?,
+            dq: with_shared("dq", key_pipeline_shared_bytes(head_dim))?,
             dkdv: with_shared("dkdv", dkdv_shared_bytes(head_dim))?,
         })
     };
@@ -259,8 +245,8 @@ impl TrainAttention {
         ]
     }
 
-    /// Launches `function` on `grid` CTAs of `threads` with `shared_mem_bytes` of dynamic shared
-    /// memory, taking the addresses of `tensors` (contiguous), then `scalars`.
+    /// Launches `function` on `grid` CTAs of [`THREADS`] with `shared_mem_bytes` of dynamic
+    /// shared memory, taking the addresses of `tensors` (contiguous), then `scalars`.
     ///
     /// # Safety
     /// The arguments must be the kernel's signature in order, for tensors of the shapes it reads
@@ -268,13 +254,13 @@ impl TrainAttention {
     unsafe fn launch(
         &self,
         function: &CudaFunction,
-        (grid, threads, shared_mem_bytes): ((usize, usize), u32, usize),
+        (grid, shared_mem_bytes): ((usize, usize), usize),
         tensors: &[Arg],
         scalars: &[Scalar],
     ) -> Result<()> {
         let config = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, 1),
-            block_dim: (threads, 1, 1),
+            block_dim: (THREADS, 1, 1),
             shared_mem_bytes: shared_mem_bytes as u32,
         };
         // SAFETY: the caller's contract.
@@ -300,8 +286,7 @@ impl TrainAttention {
                 &self.kernels().forward,
                 (
                     (self.tokens.div_ceil(TILE), self.q_heads),
-                    PAIRED_THREADS,
-                    forward_shared_bytes(self.head_dim),
+                    key_pipeline_shared_bytes(self.head_dim),
                 ),
                 &[
                     Arg::Whole(&q, "q"),
@@ -355,11 +340,7 @@ impl TrainAttention {
         unsafe {
             self.launch(
                 &kernels.delta,
-                (
-                    ((self.tokens * self.q_heads).div_ceil(warps), 1),
-                    THREADS,
-                    0,
-                ),
+                (((self.tokens * self.q_heads).div_ceil(warps), 1), 0),
                 &[
                     Arg::Whole(&out, "the output"),
                     Arg::Whole(&d_out, "the output gradient"),
@@ -387,19 +368,14 @@ impl TrainAttention {
                 &kernels.dq,
                 (
                     (q_tiles, self.q_heads),
-                    PAIRED_THREADS,
-                    dq_shared_bytes(self.head_dim),
+                    key_pipeline_shared_bytes(self.head_dim),
                 ),
                 &[&inputs[..], &[Arg::Whole(&dq, "dq")]].concat(),
                 &self.sizes(),
             )?;
             self.launch(
                 &kernels.dkdv,
-                (
-                    (q_tiles, self.kv_heads),
-                    PAIRED_THREADS,
-                    dkdv_shared_bytes(self.head_dim),
-                ),
+                ((q_tiles, self.kv_heads), dkdv_shared_bytes(self.head_dim)),
                 &[&inputs[..], &[Arg::Whole(&dk, "dk"), Arg::Whole(&dv, "dv")]].concat(),
                 &self.sizes(),
             )

@@ -127,17 +127,17 @@ template <typename T> Errors run(const Case& c) {
         order.insert(order.end(), tiles_in_order.begin(), tiles_in_order.end());
     }
     const unsigned* to = order.data();
-    launch({q_tiles, (unsigned)Hq, 1}, PAIRED_THREADS, [&] {
+    launch({q_tiles, (unsigned)Hq, 1}, THREADS, [&] {
         Kernels<T>::forward(q.data(), k.data(), v.data(), s, ts, to, out.data(), lse.data(), N, Hq,
                             Hkv, scale);
     });
     launch({(unsigned)((N * Hq + 3) / 4), 1, 1}, THREADS,
            [&] { Kernels<T>::delta(out.data(), d_out.data(), delta.data(), N, Hq); });
-    launch({q_tiles, (unsigned)Hq, 1}, PAIRED_THREADS, [&] {
+    launch({q_tiles, (unsigned)Hq, 1}, THREADS, [&] {
         Kernels<T>::dq(q.data(), k.data(), v.data(), d_out.data(), s, ts, to, lse.data(),
                        delta.data(), dq.data(), N, Hq, Hkv, scale);
     });
-    launch({q_tiles, (unsigned)Hkv, 1}, PAIRED_THREADS, [&] {
+    launch({q_tiles, (unsigned)Hkv, 1}, THREADS, [&] {
         Kernels<T>::dkdv(q.data(), k.data(), v.data(), d_out.data(), s, ts, to, lse.data(),
                          delta.data(), dk.data(), dv.data(), N, Hq, Hkv, scale);
     });
