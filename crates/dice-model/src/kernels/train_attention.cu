@@ -379,7 +379,7 @@ __device__ __forceinline__ void dq_keys(bool masked,
         for (int e = 0; e < 4; ++e) {
             const int key = base + 8 * nt + 2 * quad_lane + (e & 1), r = e / 2;
             const float p = !masked || sees(span[r], key)
-                                ? exp2f(fmaf(s[nt][e], scale_log2, -lse_log2[r]))
+                                ? exp2_approx(fmaf(s[nt][e], scale_log2, -lse_log2[r]))
                                 : 0.f;
             s[nt][e] = p * (dp[nt][e] - delta[r]);
         }
@@ -462,7 +462,7 @@ __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* 
             const int query = 8 * nt + 2 * quad_lane + (e & 1);
             const unsigned int key = key0 + group + 8 * (e / 2);
             const float p = !masked || sees(q_spans + 4 * query, key)
-                                ? exp2f(fmaf(st[nt][e], scale_log2, -q_lse_log2[query]))
+                                ? exp2_approx(fmaf(st[nt][e], scale_log2, -q_lse_log2[query]))
                                 : 0.f;
             st[nt][e] = p;
             dpt[nt][e] = p * (dpt[nt][e] - q_delta[query]);

@@ -63,6 +63,8 @@ inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 // The GPU's rsqrtf is approximate; the emulated kernels are checked against references that
 // call this same function.
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// mma.cuh's ex2.approx.ftz: exact here (the checks' tolerances cover the GPU's 2 ulp).
+inline float exp2_approx(float x) { return std::exp2(x); }
 
 constexpr int MAX_THREADS = 1024;
 
