@@ -100,27 +100,29 @@ inline float shuffle_slots[MAX_THREADS];
 
 inline void __syncthreads() { block_barrier->arrive_and_wait(); }
 
-// Every lane of the warp must call it, as with a full mask on the GPU.
-inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
+// A warp-collective exchange: this lane's value published in the warp's slots and, once every
+// lane has published, read(the warp's 32 slots); every lane of the warp must call it, as with a
+// full mask on the GPU.
+template <typename Read> auto through_warp_slots(float value, Read read) {
     int t = threadIdx.x;
     shuffle_slots[t] = value;
     warp_barriers[t / 32]->arrive_and_wait();
-    float other = shuffle_slots[(t & ~31) | ((t & 31) ^ lane_mask)];
+    auto result = read(&shuffle_slots[t & ~31]);
     warp_barriers[t / 32]->arrive_and_wait();
-    return other;
+    return result;
+}
+
+inline float __shfl_xor_sync(unsigned, float value, int lane_mask) {
+    const int lane = threadIdx.x & 31;
+    return through_warp_slots(value, [&](const float* warp) { return warp[lane ^ lane_mask]; });
 }
 
 inline void __syncwarp() { warp_barriers[threadIdx.x / 32]->arrive_and_wait(); }
 
-// Every lane of the warp must call it, as with a full mask on the GPU.
 inline int __all_sync(unsigned, int predicate) {
-    int t = threadIdx.x, warp = t & ~31;
-    shuffle_slots[t] = predicate ? 1.f : 0.f;
-    warp_barriers[t / 32]->arrive_and_wait();
-    int all = 1;
-    for (int lane = 0; lane < 32; ++lane) all &= shuffle_slots[warp + lane] != 0.f;
-    warp_barriers[t / 32]->arrive_and_wait();
-    return all;
+    return through_warp_slots(predicate ? 1.f : 0.f, [](const float* warp) {
+        return (int)std::all_of(warp, warp + 32, [](float p) { return p != 0.f; });
+    });
 }
 
 // Tensor-core operations, with the fragment layouts of the PTX ISA (mma.m16n8k16 with
