@@ -29,6 +29,8 @@ mkdir -p "$OUT" && OUT=$(realpath "$OUT")
 start=$(date +%s)
 budget=${BUDGET_S:-580}
 export DICE_PYTHON=$(command -v python3)
+# Timed calls over 10x their round's median, each with what the host did meanwhile (long_calls.py).
+export RUST_LOG=${RUST_LOG:-warn,dice_eval::long_calls=info}
 # A CUDA build of dice also links libnccl.so.2: torch's wheels carry it beside CUDA 13's libraries.
 nvidia=$(python3 -c 'import nvidia; print(nvidia.__path__[0])')
 export LD_LIBRARY_PATH=$nvidia/cu13/lib:$nvidia/nccl/lib
@@ -58,7 +60,9 @@ step() { # name, cap seconds, dice eval args...
   # Whether the machine's cores were the limit: busy share of all cores over the step.
   local busy=$(echo "$c0 $(cpu_ticks)" | awk '{printf "%.0f", 100 * ($3 - $1) / ($4 - $2)}')
   echo "$name rc=$rc limit=${limit}s wall_ms=$(( ($(date +%s%N) - t0) / 1000000 )) cpu_busy=${busy}%" | tee -a "$OUT/steps.txt"
-  tail -3 "$runs/$name.log" | tee -a "$OUT/steps.txt"
+  grep 'long_calls' "$runs/$name.log" >"$OUT/$name-long-calls.txt"
+  python3 bench/eval/long_calls.py "$OUT/$name-long-calls.txt" | tee -a "$OUT/steps.txt"
+  grep -v long_calls "$runs/$name.log" | tail -3 | tee -a "$OUT/steps.txt"
   "$bin/dice" report "$runs/$name" --format json >"$runs/$name.json" 2>>"$OUT/steps.txt"
   "$bin/dice" report "$runs/$name" --format md >"$runs/$name.md" 2>>"$OUT/steps.txt"
   awk '/^## Where the evaluator/{p=1} /^## Flagged/{p=0} p' "$runs/$name.md" | tee -a "$OUT/steps.txt"

@@ -49,6 +49,8 @@ class Timer:
     """`run(n)` times the next n trials; the first call warms up (and discards) first. `side` is
     "candidate" or "baseline": KernelBench times them differently."""
 
+    host = []  # KernelBench's timing keeps no record of the host side (protocol.HostSide)
+
     def __init__(self, setup, problem, model, method, side, cores=None):
         self.method = METHODS[method]
         self.setup = setup

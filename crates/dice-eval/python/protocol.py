@@ -13,10 +13,11 @@ import hashlib
 import json
 import os
 import random
+import resource
 import stat
 import sys
 import types
-from time import perf_counter_ns
+from time import perf_counter_ns, thread_time_ns
 
 import torch
 
@@ -181,6 +182,7 @@ class Timer:
         self.checked = CheckedCalls(checked_calls)
         self.flush = None
         self.events = None
+        self.host = []  # the last round's `HostSide` of each timed call on the device
         if setup.device.type == "cuda":
             self.flush = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=setup.device)
             # One pair of events for every timed call, made here (torch makes a CUDA event at its
@@ -205,6 +207,7 @@ class Timer:
         self.round_key = round_key
         if first_call == 0:
             self.checked = CheckedCalls(self.checked_calls)
+        self.host = []
         # Small kernels are timed by how fast Python launches them: on cores of their own,
         # other processes of the evaluation (builds, imports) cannot slow the launches down.
         if self.cores:
@@ -310,9 +313,11 @@ class Timer:
             self.l2.reset()
             self.flush.fill_(42)
             start, end = self.events
+            host = HostSide()
             start.record()
             out = self.model(*args)
             end.record()
+            self.host.append(host.since())
             torch.cuda.synchronize(self.setup.device)
             ms = start.elapsed_time(end)
         self.checked.offer(call, out)
@@ -321,6 +326,30 @@ class Timer:
     def checked_outputs(self):
         """(call, copies of its outputs) of each timed call to judge."""
         return self.checked.kept
+
+
+class HostSide:
+    """What the timing thread's host side did while it enqueued one timed call on the device:
+    [wall ms, cpu ms, involuntary context switches, page faults]. A call far above its round's
+    median with its wall time here (the host fell behind the device) and preemptions or faults
+    says the host was held up; one with a short wall time here was held up on the device. The
+    evaluator logs the long calls with these (job.rs `log_long_calls`); read outside the timed
+    interval's events, so they cost the call nothing."""
+
+    def __init__(self):
+        self.usage = resource.getrusage(resource.RUSAGE_THREAD)
+        self.cpu = thread_time_ns()
+        self.wall = perf_counter_ns()
+
+    def since(self):
+        wall, cpu = perf_counter_ns(), thread_time_ns()
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
+        return [
+            (wall - self.wall) / 1e6,
+            (cpu - self.cpu) / 1e6,
+            usage.ru_nivcsw - self.usage.ru_nivcsw,
+            usage.ru_minflt + usage.ru_majflt - self.usage.ru_minflt - self.usage.ru_majflt,
+        ]
 
 
 class CheckedCalls:

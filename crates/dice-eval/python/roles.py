@@ -219,7 +219,7 @@ def serve_timing(channel, ops, job_dir, make_timer, profiled):
             except BaseException as e:  # noqa: B036
                 fail(channel, *classify(e), "timing")
                 return
-            channel.send(event="times", ms=ms, persisting_l2=timer.l2.found)
+            channel.send(event="times", ms=ms, persisting_l2=timer.l2.found, host=timer.host)
         elif op["op"] == "publish_timing":
             calls = []
             for k, (call, outputs) in enumerate(timer.checked_outputs()):
@@ -304,7 +304,7 @@ def reference(channel, req):
                 return
             # Trusted to say how many untimed calls its round made (the candidate is not: the
             # evaluator counts those itself), which the clock check leaves out of the overhead.
-            channel.send(event="times", ms=ms, untimed=timer.untimed_calls, persisting_l2=timer.l2.found)
+            channel.send(event="times", ms=ms, untimed=timer.untimed_calls, persisting_l2=timer.l2.found, host=timer.host)
         elif op["op"] == "quit":
             return
 

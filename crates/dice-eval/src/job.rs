@@ -34,7 +34,7 @@ impl JobContext {
     pub(crate) fn new(cfg: EvalConfig, jobs_dir: PathBuf, env: Value, seed: u64) -> JobContext {
         let limits = child_limits(&cfg);
         let cores = match cfg.device {
-            crate::config::Device::Cuda => timing_cores(&usable_cores(), core_siblings),
+            crate::config::Device::Cuda => process_core_split(),
             crate::config::Device::Cpu => Value::Null,
         };
         let build_groups = BuildGroups::new(cfg.quiet_timing_share);
@@ -57,6 +57,66 @@ impl JobContext {
 /// idles the GPU while built candidates queue; niced, the builds take what the run stage
 /// leaves (most of the machine) and yield it when a run-stage child needs a core.
 pub(crate) const COMPILE_STAGE_NICENESS: i32 = 10;
+
+/// The split of this process's cores into timed and untimed ones (`timing_cores`), made once
+/// per process from the cores it started with; this process's own threads then keep off the
+/// timed cores too (`run_on`): the evaluator's threads (reading children's replies, writing the
+/// store, watching builds) would otherwise take a timed core from the timing thread for a
+/// scheduler slice, milliseconds inside a call of microseconds. An evaluator made later in the
+/// same process (tests, the RL trainer's judge) gets the same split, not one of the remainder.
+fn process_core_split() -> Value {
+    static SPLIT: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    SPLIT
+        .get_or_init(|| {
+            let split = timing_cores(&usable_cores(), core_siblings);
+            if let Some(untimed) = split["untimed"].as_array() {
+                let cores: Vec<usize> = untimed
+                    .iter()
+                    .filter_map(Value::as_u64)
+                    .map(|c| c as usize)
+                    .collect();
+                if let Err(e) = run_on(&cores) {
+                    tracing::warn!("the evaluator's threads stay on every core: {e}");
+                }
+            }
+            split
+        })
+        .clone()
+}
+
+/// Moves every thread of this process onto `cores`; threads started later inherit the set from
+/// the thread that starts them.
+#[allow(unsafe_code)] // sched_setaffinity through libc
+fn run_on(cores: &[usize]) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it for every core
+    // below CPU_SETSIZE.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cores.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+            libc::CPU_SET(c, &mut set);
+        }
+        set
+    };
+    for task in std::fs::read_dir("/proc/self/task")? {
+        let Some(tid) = task?
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: `set` is a valid cpu_set_t of the size passed. A thread that ended since the
+        // folder was read fails with ESRCH, which is harmless.
+        let done = unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &set) };
+        if done != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ESRCH) {
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
 
 /// The cores this process may run on.
 #[allow(unsafe_code)] // sched_getaffinity through libc
@@ -186,6 +246,47 @@ pub(crate) fn times_of(reply: &Value) -> Vec<f64> {
         .unwrap_or_default()
 }
 
+/// A timed call this many times its round's median, and over LONG_CALL_MIN_MS, is logged.
+const LONG_CALL_FACTOR: f64 = 10.0;
+const LONG_CALL_MIN_MS: f64 = 0.5;
+
+/// Logs the calls of a timed round (a `times` reply of `side` in the job in `dir`) that took
+/// over LONG_CALL_FACTOR times the round's median, each with what the timing thread's host side
+/// did while it enqueued the call (python/protocol.py `HostSide`). Identity candidates timed in
+/// a batch show one to three such calls of 8-66 ms among calls of tens of microseconds, on
+/// either side (bench/notes/eval-h200.md, sessions 23-24); these lines say whether the host or
+/// the device held them up.
+pub(crate) fn log_long_calls(dir: &std::path::Path, side: &str, reply: &Value) {
+    let ms = times_of(reply);
+    let mut sorted = ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let Some(&median) = sorted.get(sorted.len() / 2) else {
+        return;
+    };
+    let host = reply["host"].as_array();
+    for (call, &t) in ms.iter().enumerate() {
+        if t <= LONG_CALL_FACTOR * median || t <= LONG_CALL_MIN_MS {
+            continue;
+        }
+        let field = |k: usize| {
+            host.and_then(|h| h.get(call))
+                .and_then(|c| c.get(k))
+                .and_then(Value::as_f64)
+                .unwrap_or(f64::NAN)
+        };
+        tracing::info!(
+            target: "dice_eval::long_calls",
+            "{}: {side} call {call}: {t:.3} ms, round median {median:.4} ms; host enqueued it in \
+             {:.3} ms ({:.3} ms on the cpu, {} preemptions, {} page faults)",
+            dir.display(),
+            field(0),
+            field(1),
+            field(2),
+            field(3),
+        );
+    }
+}
+
 /// The persisting L2 state a timer reported (`persisting_l2.py`'s `Guard.found`): its
 /// description by kind, "limit" (a persisting reservation) or "window" (an access-policy window
 /// on the timed stream).
@@ -279,6 +380,27 @@ pub(crate) fn build_record(msg: &Value) -> BuildRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `run_on` moves the threads already running, and threads started afterwards inherit it.
+    #[test]
+    fn every_thread_of_the_process_moves_off_the_timed_cores() {
+        let all = usable_cores();
+        let (ask, asked) = std::sync::mpsc::channel::<()>();
+        let older = std::thread::spawn(move || {
+            asked.recv().unwrap();
+            usable_cores()
+        });
+        run_on(&all[..1]).unwrap();
+        let newer = std::thread::spawn(usable_cores).join().unwrap();
+        ask.send(()).unwrap();
+        let older = older.join().unwrap();
+        let here = usable_cores();
+        run_on(&all).unwrap();
+        assert_eq!(older, all[..1]);
+        assert_eq!(newer, all[..1]);
+        assert_eq!(here, all[..1]);
+        assert_eq!(usable_cores(), all);
+    }
 
     #[test]
     fn two_cores_are_kept_for_timing_on_machines_that_can_spare_them() {

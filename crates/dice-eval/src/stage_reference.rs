@@ -6,7 +6,7 @@ use crate::child::{describe_exit, Child, Deadline, Event};
 use crate::clock::StageClock;
 use crate::config::EvalProblem;
 use crate::gate::Access;
-use crate::job::{common_request, persisting_l2_of, times_of, JobContext};
+use crate::job::{common_request, log_long_calls, persisting_l2_of, times_of, JobContext};
 use crate::runtime::TimedRound;
 use crate::zygote::Zygote;
 use dice_store::Verdict;
@@ -288,6 +288,7 @@ impl Reference {
             "times",
             "timing the baseline",
         )?;
+        log_long_calls(self.child.dir(), "baseline", &reply);
         self.environment_l2
             .extend(persisting_l2_of(&reply).into_keys());
         Ok(TimedRound {

@@ -7,7 +7,7 @@ use crate::child::Child;
 use crate::clock::StageClock;
 use crate::config::{Device, Timing};
 use crate::gate::Access;
-use crate::job::{persisting_l2_of, times_of, JobContext, Outcome};
+use crate::job::{log_long_calls, persisting_l2_of, times_of, JobContext, Outcome};
 use crate::quiet::Beside;
 use crate::runtime::{self, Finding, TimedRound};
 use crate::stage_reference::{judged_failure, ExpectedOutput, Reference, ReferenceFailed};
@@ -396,6 +396,7 @@ fn time_candidate(
 ) -> Result<Timed, (Verdict, String)> {
     let op = json!({"op": "time", "n": n, "first_call": first_call, "round_key": round_key});
     let msg = request_candidate(ctx, child, op, "times")?;
+    log_long_calls(child.dir(), "candidate", &msg);
     let ms = times_of(&msg);
     if ms.len() != n as usize || ms.iter().any(|x| !x.is_finite() || *x < 0.0) {
         return Err((
