@@ -193,13 +193,9 @@ __device__ void add_rms_norm_wide(const T* __restrict__ residual, const T* __res
 // of gate and up starts at r * in_stride (cols when they are contiguous, 2 * cols when both are
 // halves of one gate/up projection's rows).
 // Grid: x = groups of VEC_COLS columns (16 bytes of T per thread), y = rows (striding when there
-// are more than the grid's 65535). A group is read and written as one 16-byte access where every
+// are more than the grid's 65535). A group is read and written as one 16-byte access (half.cuh's
+// Vec16) where every
 // row of the three buffers starts so aligned, else element by element (same values either way).
-template <typename T> struct alignas(16) Vec16 {
-    T v[16 / sizeof(T)];
-};
-#define VEC_COLS(T) ((int)(16 / sizeof(T)))
-
 template <typename T> __device__ __forceinline__ T silu_times(T gate, T up) {
     const float x = to_float(gate);
     const float silu = to_float(from_float<T>(x / (1.0f + expf(-x))));

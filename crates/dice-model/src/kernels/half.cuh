@@ -73,3 +73,32 @@ template <typename T> __device__ __forceinline__ float high_half(unsigned int wo
 template <typename T> __device__ __forceinline__ unsigned int pack_pair(float lo, float hi) {
     return (unsigned int)from_float<T>(lo).bits | ((unsigned int)from_float<T>(hi).bits << 16);
 }
+
+// V consecutive values of T moved as one access of V * sizeof(T) bytes: element-wise kernels
+// move 16 bytes a thread (Vec16, VEC_COLS(T) values) where their rows allow it, instead of one
+// 2-byte value, which leaves a warp's loads at 64 bytes an instruction and the kernel far below
+// the memory's bandwidth.
+template <typename T, int V> struct alignas(V * sizeof(T)) Pack {
+    T v[V];
+};
+template <typename T> using Vec16 = Pack<T, 16 / sizeof(T)>;
+#define VEC_COLS(T) ((int)(16 / sizeof(T)))
+
+// Whether `p` may be read or written in 16-byte accesses (null counts as aligned: an absent
+// operand).
+__device__ __forceinline__ bool aligned16(const void* p) { return ((size_t)p & 15) == 0; }
+
+// Values p[0..V) as f32, in one access.
+template <typename T, int V>
+__device__ __forceinline__ void load_floats(const T* p, float (&f)[V]) {
+    const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(p);
+    for (int i = 0; i < V; ++i) f[i] = to_float(pack.v[i]);
+}
+
+// f rounded to T into p[0..V), in one access.
+template <typename T, int V>
+__device__ __forceinline__ void store_floats(T* p, const float (&f)[V]) {
+    Pack<T, V> pack;
+    for (int i = 0; i < V; ++i) pack.v[i] = from_float<T>(f[i]);
+    *reinterpret_cast<Pack<T, V>*>(p) = pack;
+}

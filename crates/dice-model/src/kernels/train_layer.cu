@@ -27,53 +27,101 @@
 #define HEAD_THREADS 1024
 
 // Row `row` of the RMSNorm forward: x = a (+ b, rounded to T and written to sum_out), then
-// y = T(x * rstd * w) and rstd = 1 / sqrt(mean(x^2) + eps). One warp per row.
+// y = T(x * rstd * w) and rstd = 1 / sqrt(mean(x^2) + eps). One warp per row, V values a lane
+// an access.
+template <typename T, int V>
+__device__ void rms_norm_forward_row(const T* __restrict__ a, const T* __restrict__ b,
+                                     T* __restrict__ sum_out, const T* __restrict__ w,
+                                     T* __restrict__ y, float* __restrict__ rstd, int row, int n,
+                                     float eps) {
+    const int lane = threadIdx.x % 32;
+    const size_t base = (size_t)row * n;
+    float squares = 0.0f;
+    for (int c = V * lane; c < n; c += 32 * V) {
+        float x[V];
+        load_floats(a + base + c, x);
+        if (b) {
+            float d[V];
+            load_floats(b + base + c, d);
+            for (int i = 0; i < V; ++i) x[i] = to_float(from_float<T>(x[i] + d[i]));
+            store_floats(sum_out + base + c, x);
+        }
+        for (int i = 0; i < V; ++i) squares += x[i] * x[i];
+    }
+    const float r = rsqrtf(warp_sum(squares) / (float)n + eps);
+    // The rounded sums this warp wrote are read back by the same lanes that wrote them.
+    const T* x = b ? sum_out : a;
+    for (int c = V * lane; c < n; c += 32 * V) {
+        float xv[V], wv[V];
+        load_floats(x + base + c, xv);
+        load_floats(w + c, wv);
+        for (int i = 0; i < V; ++i) xv[i] = xv[i] * r * wv[i];
+        store_floats(y + base + c, xv);
+    }
+    if (lane == 0) rstd[row] = r;
+}
+
 template <typename T>
 __device__ void rms_norm_forward(const T* __restrict__ a, const T* __restrict__ b,
                                  T* __restrict__ sum_out, const T* __restrict__ w,
                                  T* __restrict__ y, float* __restrict__ rstd, int rows, int n,
                                  float eps) {
-    const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
     if (row >= rows) return;
-    const size_t base = (size_t)row * n;
-    float squares = 0.0f;
-    for (int c = lane; c < n; c += 32) {
-        float x = to_float(a[base + c]);
-        if (b) {
-            const T sum = from_float<T>(x + to_float(b[base + c]));
-            sum_out[base + c] = sum;
-            x = to_float(sum);
-        }
-        squares += x * x;
-    }
-    const float r = rsqrtf(warp_sum(squares) / (float)n + eps);
-    // The rounded sums this warp wrote are read back by the same lanes that wrote them.
-    const T* x = b ? sum_out : a;
-    for (int c = lane; c < n; c += 32)
-        y[base + c] = from_float<T>(to_float(x[base + c]) * r * to_float(w[c]));
-    if (lane == 0) rstd[row] = r;
+    if (n % VEC_COLS(T) == 0 && aligned16(a) && aligned16(b) && aligned16(sum_out) &&
+        aligned16(w) && aligned16(y))
+        rms_norm_forward_row<T, VEC_COLS(T)>(a, b, sum_out, w, y, rstd, row, n, eps);
+    else
+        rms_norm_forward_row<T, 1>(a, b, sum_out, w, y, rstd, row, n, eps);
 }
 
 // Row `row` of the RMSNorm backward for the input gradient:
 // dx = T(r * g - x * r^3 * mean(g * x) + d_residual), g = dy * w, with the forward's x and r.
+// One warp per row, V values a lane an access.
+template <typename T, int V>
+__device__ void rms_norm_backward_row(const T* __restrict__ x, const T* __restrict__ w,
+                                      const float* __restrict__ rstd, const T* __restrict__ dy,
+                                      const T* __restrict__ d_residual, T* __restrict__ dx,
+                                      int row, int n) {
+    const int lane = threadIdx.x % 32;
+    const size_t base = (size_t)row * n;
+    const float r = rstd[row];
+    float dot = 0.0f;
+    for (int c = V * lane; c < n; c += 32 * V) {
+        float dyv[V], wv[V], xv[V];
+        load_floats(dy + base + c, dyv);
+        load_floats(w + c, wv);
+        load_floats(x + base + c, xv);
+        for (int i = 0; i < V; ++i) dot += dyv[i] * wv[i] * xv[i];
+    }
+    const float coef = warp_sum(dot) * r * r * r / (float)n;
+    for (int c = V * lane; c < n; c += 32 * V) {
+        float dyv[V], wv[V], xv[V], g[V];
+        load_floats(dy + base + c, dyv);
+        load_floats(w + c, wv);
+        load_floats(x + base + c, xv);
+        for (int i = 0; i < V; ++i) g[i] = r * dyv[i] * wv[i] - xv[i] * coef;
+        if (d_residual) {
+            float dr[V];
+            load_floats(d_residual + base + c, dr);
+            for (int i = 0; i < V; ++i) g[i] += dr[i];
+        }
+        store_floats(dx + base + c, g);
+    }
+}
+
 template <typename T>
 __device__ void rms_norm_backward(const T* __restrict__ x, const T* __restrict__ w,
                                   const float* __restrict__ rstd, const T* __restrict__ dy,
                                   const T* __restrict__ d_residual, T* __restrict__ dx, int rows,
                                   int n) {
-    const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
     if (row >= rows) return;
-    const size_t base = (size_t)row * n;
-    const float r = rstd[row];
-    float dot = 0.0f;
-    for (int c = lane; c < n; c += 32)
-        dot += to_float(dy[base + c]) * to_float(w[c]) * to_float(x[base + c]);
-    const float coef = warp_sum(dot) * r * r * r / (float)n;
-    for (int c = lane; c < n; c += 32) {
-        float g = r * to_float(dy[base + c]) * to_float(w[c]) - to_float(x[base + c]) * coef;
-        if (d_residual) g += to_float(d_residual[base + c]);
-        dx[base + c] = from_float<T>(g);
-    }
+    if (n % VEC_COLS(T) == 0 && aligned16(x) && aligned16(w) && aligned16(dy) &&
+        aligned16(d_residual) && aligned16(dx))
+        rms_norm_backward_row<T, VEC_COLS(T)>(x, w, rstd, dy, d_residual, dx, row, n);
+    else
+        rms_norm_backward_row<T, 1>(x, w, rstd, dy, d_residual, dx, row, n);
 }
 
 // The RMSNorm weight's gradient, Σ_rows dy * x * r, as partial sums over chunks of
@@ -194,37 +242,76 @@ __device__ void heads_backward(const T* __restrict__ d_heads, const T* __restric
         if (lane + 32 * j < head_dim) partial[lane + 32 * j] = dw[j];
 }
 
+// Whether SwiGLU's rows (gate_up's of 2 * inter, the others' of inter) move in 16-byte accesses.
+template <typename T>
+__device__ __forceinline__ bool swiglu_packable(const void* a, const void* b, const void* c,
+                                                int inter) {
+    return inter % VEC_COLS(T) == 0 && aligned16(a) && aligned16(b) && aligned16(c);
+}
+
+// Runs step(t, c) for every row t and every V-th column c of [rows, inter]: grid x over the
+// columns (8 x FLAT_THREADS of them a CTA, train_layer.rs), y over the rows (striding past the
+// grid's 65535), no division by the row length.
+template <int V, typename Step>
+__device__ __forceinline__ void over_row_packs(int rows, int inter, Step step) {
+    for (int t = blockIdx.y; t < rows; t += gridDim.y)
+        for (int c = V * (blockIdx.x * FLAT_THREADS + threadIdx.x); c < inter;
+             c += V * FLAT_THREADS * gridDim.x)
+            step(t, c);
+}
+
 // SwiGLU on [gate | up] rows of 2 * inter: act = T(T(silu(gate)) * up), as the composite
-// forward rounds it. Threads stride over the rows × inter elements.
+// forward rounds it.
+template <typename T, int V>
+__device__ void swiglu_forward_packs(const T* __restrict__ gate_up, T* __restrict__ act,
+                                     int rows, int inter) {
+    over_row_packs<V>(rows, inter, [&](int t, int c) {
+        const T* row = gate_up + (size_t)t * 2 * inter + c;
+        float g[V], u[V], out[V];
+        load_floats(row, g);
+        load_floats(row + inter, u);
+        for (int i = 0; i < V; ++i)
+            out[i] = to_float(from_float<T>(g[i] / (1.0f + expf(-g[i])))) * u[i];
+        store_floats(act + (size_t)t * inter + c, out);
+    });
+}
+
 template <typename T>
 __device__ void swiglu_forward(const T* __restrict__ gate_up, T* __restrict__ act, int rows,
                                int inter) {
-    const size_t total = (size_t)rows * inter;
-    for (size_t i = (size_t)blockIdx.x * FLAT_THREADS + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * FLAT_THREADS) {
-        const size_t t = i / inter, c = i - t * inter;
-        const float g = to_float(gate_up[t * 2 * inter + c]);
-        const float u = to_float(gate_up[t * 2 * inter + inter + c]);
-        const float silu = to_float(from_float<T>(g / (1.0f + expf(-g))));
-        act[i] = from_float<T>(silu * u);
-    }
+    if (swiglu_packable<T>(gate_up, act, nullptr, inter))
+        swiglu_forward_packs<T, VEC_COLS(T)>(gate_up, act, rows, inter);
+    else
+        swiglu_forward_packs<T, 1>(gate_up, act, rows, inter);
 }
 
 // The backward of swiglu_forward: d_gate_up's rows [d gate | d up] from d_act.
+template <typename T, int V>
+__device__ void swiglu_backward_packs(const T* __restrict__ gate_up, const T* __restrict__ d_act,
+                                      T* __restrict__ d_gate_up, int rows, int inter) {
+    over_row_packs<V>(rows, inter, [&](int t, int c) {
+        const size_t at = (size_t)t * 2 * inter + c;
+        float g[V], u[V], da[V], dg[V], du[V];
+        load_floats(gate_up + at, g);
+        load_floats(gate_up + at + inter, u);
+        load_floats(d_act + (size_t)t * inter + c, da);
+        for (int i = 0; i < V; ++i) {
+            const float sigmoid = 1.0f / (1.0f + expf(-g[i]));
+            dg[i] = da[i] * u[i] * sigmoid * (1.0f + g[i] * (1.0f - sigmoid));
+            du[i] = da[i] * g[i] * sigmoid;
+        }
+        store_floats(d_gate_up + at, dg);
+        store_floats(d_gate_up + at + inter, du);
+    });
+}
+
 template <typename T>
 __device__ void swiglu_backward(const T* __restrict__ gate_up, const T* __restrict__ d_act,
                                 T* __restrict__ d_gate_up, int rows, int inter) {
-    const size_t total = (size_t)rows * inter;
-    for (size_t i = (size_t)blockIdx.x * FLAT_THREADS + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * FLAT_THREADS) {
-        const size_t t = i / inter, c = i - t * inter;
-        const size_t g_at = t * 2 * inter + c, u_at = g_at + inter;
-        const float g = to_float(gate_up[g_at]), u = to_float(gate_up[u_at]);
-        const float da = to_float(d_act[i]);
-        const float sigmoid = 1.0f / (1.0f + expf(-g));
-        d_gate_up[g_at] = from_float<T>(da * u * sigmoid * (1.0f + g * (1.0f - sigmoid)));
-        d_gate_up[u_at] = from_float<T>(da * g * sigmoid);
-    }
+    if (swiglu_packable<T>(gate_up, d_act, d_gate_up, inter))
+        swiglu_backward_packs<T, VEC_COLS(T)>(gate_up, d_act, d_gate_up, rows, inter);
+    else
+        swiglu_backward_packs<T, 1>(gate_up, d_act, d_gate_up, rows, inter);
 }
 
 // Merges a running (max, sum of exp(x - max)) pair with another.

@@ -30,7 +30,7 @@ const ROW_WARPS: usize = 8;
 const MAX_HEAD_DIM: usize = 256;
 const FLAT_THREADS: usize = 256;
 const HEAD_THREADS: usize = 1024;
-/// CTAs of the strided kernels (heads_backward, SwiGLU): enough to fill any current GPU a few
+/// CTAs of the strided kernels (heads_backward, the log-softmax backward): enough to fill any current GPU a few
 /// times over; heads_backward writes one partial norm gradient per warp of them.
 const STRIDED_CTAS: usize = 1024;
 /// Rows summed per partial sum of a norm weight's gradient.
@@ -238,6 +238,16 @@ impl TrainLayer {
     fn strided_grid() -> ((usize, usize), usize) {
         ((STRIDED_CTAS, 1), FLAT_THREADS)
     }
+
+    /// The grid of the kernels over [rows, width] by packs of up to 8 values (train_layer.cu
+    /// `over_row_packs`): x over the columns, y over the rows (at most CUDA's 65,535; the
+    /// kernel strides past them).
+    fn row_pack_grid(rows: usize, width: usize) -> ((usize, usize), usize) {
+        (
+            (width.div_ceil(8 * FLAT_THREADS), rows.clamp(1, 65_535)),
+            FLAT_THREADS,
+        )
+    }
 }
 
 impl LayerOps for TrainLayer {
@@ -427,7 +437,7 @@ impl LayerOps for TrainLayer {
         let act = Tensor::zeros((rows, inter), self.dtype, gate_up.device())?;
         self.launch(
             &self.kernels().swiglu_forward,
-            Self::strided_grid(),
+            Self::row_pack_grid(rows, inter),
             &[
                 Arg::Whole(gate_up, "the gate and up rows"),
                 Arg::Whole(&act, "the gated rows"),
@@ -446,7 +456,7 @@ impl LayerOps for TrainLayer {
         let d_gate_up = gate_up.zeros_like()?;
         self.launch(
             &self.kernels().swiglu_backward,
-            Self::strided_grid(),
+            Self::row_pack_grid(rows, inter),
             &[
                 Arg::Whole(gate_up, "the gate and up rows"),
                 Arg::Whole(d_act, "the gated rows' gradient"),

@@ -101,8 +101,10 @@ static std::vector<double> norm_ref(const std::vector<double>& x, const std::vec
     return y;
 }
 
-template <typename T> void check_rms_norm() {
-    const int rows = 11, n = 96;
+// n a multiple of 8: 16-byte accesses (a lane takes two packs of a row when n > 32 packs);
+// otherwise value by value.
+template <typename T> void check_rms_norm(int n) {
+    const int rows = 11;
     const float eps = 1e-6f;
     auto a = random_values<T>(rows * n, 1.f), b = random_values<T>(rows * n, 1.f);
     auto w = random_values<T>(n, 0.5f, 1.f), dy = random_values<T>(rows * n, 1.f);
@@ -124,7 +126,7 @@ template <typename T> void check_rms_norm() {
                                   dx.data(), rows, n);
     });
     // Two chunks of rows, the second partly filled.
-    launch({1, 2, 1}, FLAT_THREADS, [&] {
+    launch({(unsigned)(n + FLAT_THREADS - 1) / FLAT_THREADS, 2, 1}, FLAT_THREADS, [&] {
         Kernels<T>::norm_weight(sum.data(), rstd.data(), dy.data(), partial.data(), rows, n, 8);
     });
     const auto up = values(dy), wd = values(w);
@@ -259,14 +261,15 @@ static std::vector<double> swiglu_ref(const std::vector<double>& gu, int rows, i
     return act;
 }
 
-template <typename T> void check_swiglu() {
-    const int rows = 3, inter = 100;
+// inter a multiple of 8: 16-byte accesses, with a CTA's threads striding over the columns
+// past 8 x 256 of them; otherwise value by value. Two rows of CTAs for three rows: they stride.
+template <typename T> void check_swiglu(int inter) {
+    const int rows = 3;
     auto gu = random_values<T>((size_t)rows * 2 * inter, 4.f);
     auto up = random_values<T>((size_t)rows * inter, 1.f);
     std::vector<T> act((size_t)rows * inter), d_gu((size_t)rows * 2 * inter);
-    // One CTA of 256 threads for 300 elements: threads stride.
-    launch({1, 1, 1}, FLAT_THREADS, [&] { Kernels<T>::swiglu_fwd(gu.data(), act.data(), rows, inter); });
-    launch({1, 1, 1}, FLAT_THREADS,
+    launch({1, 2, 1}, FLAT_THREADS, [&] { Kernels<T>::swiglu_fwd(gu.data(), act.data(), rows, inter); });
+    launch({1, 2, 1}, FLAT_THREADS,
            [&] { Kernels<T>::swiglu_bwd(gu.data(), up.data(), d_gu.data(), rows, inter); });
     const auto x = values(gu), upd = values(up);
     expect_close<T>("swiglu forward", values(act), swiglu_ref(x, rows, inter));
@@ -353,9 +356,9 @@ template <typename T> void check_embedding_backward() {
 }
 
 template <typename T> void check_all() {
-    check_rms_norm<T>();
+    for (int n : {100, 96, 320}) check_rms_norm<T>(n);
     for (int head_dim : {16, 64, 128}) check_heads<T>(head_dim);
-    check_swiglu<T>();
+    for (int inter : {100, 2064}) check_swiglu<T>(inter);
     check_label_log_softmax<T>();
     check_embedding_backward<T>();
 }
