@@ -1,5 +1,5 @@
 """Sorts the long timed calls a `dice eval` log names (RUST_LOG=dice_eval::long_calls=info:
-job.rs `log_long_calls`, one line per call over 10x its round's median) by what held them up,
+job.rs `log_long_calls`, one line per call over 5x its round's median) by what held them up,
 from what the timing thread's host side did while it enqueued the call (protocol.py HostSide):
   host     the enqueue itself took most of the call (the device waited for the host), split by
            whether the thread was preempted (off its core), faulted pages, or neither (blocked

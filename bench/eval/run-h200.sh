@@ -29,8 +29,9 @@ mkdir -p "$OUT" && OUT=$(realpath "$OUT")
 start=$(date +%s)
 budget=${BUDGET_S:-580}
 export DICE_PYTHON=$(command -v python3)
-# Timed calls over 10x their round's median, each with what the host did meanwhile (long_calls.py).
-export RUST_LOG=${RUST_LOG:-warn,dice_eval::long_calls=info}
+# The evaluator's info lines: timed calls over 5x their round's median, each with what the host
+# did meanwhile (long_calls.py), waits for device memory, and samples run again alone.
+export RUST_LOG=${RUST_LOG:-warn,dice_eval=info}
 # A CUDA build of dice also links libnccl.so.2: torch's wheels carry it beside CUDA 13's libraries.
 nvidia=$(python3 -c 'import nvidia; print(nvidia.__path__[0])')
 export LD_LIBRARY_PATH=$nvidia/cu13/lib:$nvidia/nccl/lib

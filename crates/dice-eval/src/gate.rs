@@ -1,7 +1,8 @@
 //! Timing exclusivity on one device while several candidates are in flight on it.
 //!
 //! Each untimed step that touches the device (constructing a candidate's or a reference's model,
-//! one correctness trial, the judgement of one output, the profiled rerun) holds a shared pass;
+//! one correctness trial, the judgement of one output, the profiled rerun with its profiler's
+//! start) holds a shared pass;
 //! timing holds the exclusive one, so no other process of the evaluation works on the device
 //! while a candidate or its baseline is timed. Steps are short (a trial and its judgement are two
 //! steps, so a timer waits for one of them): timing waits at most for the steps already running.

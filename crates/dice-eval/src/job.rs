@@ -64,7 +64,7 @@ pub(crate) const COMPILE_STAGE_NICENESS: i32 = 10;
 /// store, watching builds) would otherwise take a timed core from the timing thread for a
 /// scheduler slice, milliseconds inside a call of microseconds. An evaluator made later in the
 /// same process (tests, the RL trainer's judge) gets the same split, not one of the remainder.
-fn process_core_split() -> Value {
+pub(crate) fn process_core_split() -> Value {
     static SPLIT: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
     SPLIT
         .get_or_init(|| {
@@ -247,8 +247,8 @@ pub(crate) fn times_of(reply: &Value) -> Vec<f64> {
 }
 
 /// A timed call this many times its round's median, and over LONG_CALL_MIN_MS, is logged.
-const LONG_CALL_FACTOR: f64 = 10.0;
-const LONG_CALL_MIN_MS: f64 = 0.5;
+const LONG_CALL_FACTOR: f64 = 5.0;
+const LONG_CALL_MIN_MS: f64 = 0.2;
 
 /// Logs the calls of a timed round (a `times` reply of `side` in the job in `dir`) that took
 /// over LONG_CALL_FACTOR times the round's median, each with what the timing thread's host side

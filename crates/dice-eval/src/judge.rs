@@ -60,6 +60,12 @@ impl Judge {
         sandbox::prepare(&cfg.build_cache)?;
         let probe = rt.start_probe(Probe::for_device(cfg.device))?;
 
+        // Off the timed cores before any fork server starts: a fork server inherits this
+        // process's cores, and its forks (a process with torch imported: milliseconds of page
+        // tables each) preempted timed calls when it could run on theirs.
+        if cfg.device == Device::Cuda {
+            crate::job::process_core_split();
+        }
         // The fork servers import torch while the interpreter is checked, not after it: each
         // import takes seconds, and the first candidate needs its device's fork server ready.
         let zygote_env = vec![("DICE_DEVICE".to_string(), cfg.device.as_str().to_string())];

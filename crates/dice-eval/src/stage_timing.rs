@@ -439,13 +439,16 @@ pub(crate) fn profile_candidate(
         ),
         _ => {}
     };
+    // Under the pass from here: starting CUPTI and freeing timing's memory go to the driver and
+    // the device, where another evaluation's timed calls would wait for them (timing_noise.py's
+    // profiled contexts slowed a timed call 10-44x; bench/notes/eval-h200.md, session 23).
+    let step = check.clock.untimed(access);
     let start = json!({"op": "start_profiler"});
     if let Err(failure) = request_candidate_with(ctx, child, start, "profiler_ready", &mut on_event)
     {
         return Ok(Err(failure));
     }
     check.clock.lap("profiler start");
-    let step = check.clock.untimed(access);
     let profiled = request_candidate_with(
         ctx,
         child,
