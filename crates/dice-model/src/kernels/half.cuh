@@ -84,15 +84,22 @@ template <typename T, int V> struct alignas(V * sizeof(T)) Pack {
 template <typename T> using Vec16 = Pack<T, 16 / sizeof(T)>;
 #define VEC_COLS(T) ((int)(16 / sizeof(T)))
 
-// Whether `p` may be read or written in 16-byte accesses (null counts as aligned: an absent
-// operand).
-__device__ __forceinline__ bool aligned16(const void* p) { return ((size_t)p & 15) == 0; }
+// Whether `p` may be read or written in accesses of `bytes` (a power of two; null counts as
+// aligned: an absent operand).
+__device__ __forceinline__ bool aligned(const void* p, size_t bytes) {
+    return ((size_t)p & (bytes - 1)) == 0;
+}
 
 // Values p[0..V) as f32, in one access.
 template <typename T, int V>
 __device__ __forceinline__ void load_floats(const T* p, float (&f)[V]) {
     const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(p);
     for (int i = 0; i < V; ++i) f[i] = to_float(pack.v[i]);
+}
+
+// p[0..V) to q[0..V), bits unchanged, in one access each.
+template <typename T, int V> __device__ __forceinline__ void copy_pack(T* q, const T* p) {
+    *reinterpret_cast<Pack<T, V>*>(q) = *reinterpret_cast<const Pack<T, V>*>(p);
 }
 
 // f rounded to T into p[0..V), in one access.

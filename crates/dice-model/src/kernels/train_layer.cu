@@ -68,8 +68,8 @@ __device__ void rms_norm_forward(const T* __restrict__ a, const T* __restrict__ 
                                  float eps) {
     const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
     if (row >= rows) return;
-    if (n % VEC_COLS(T) == 0 && aligned16(a) && aligned16(b) && aligned16(sum_out) &&
-        aligned16(w) && aligned16(y))
+    if (n % VEC_COLS(T) == 0 && aligned(a, 16) && aligned(b, 16) && aligned(sum_out, 16) &&
+        aligned(w, 16) && aligned(y, 16))
         rms_norm_forward_row<T, VEC_COLS(T)>(a, b, sum_out, w, y, rstd, row, n, eps);
     else
         rms_norm_forward_row<T, 1>(a, b, sum_out, w, y, rstd, row, n, eps);
@@ -117,8 +117,8 @@ __device__ void rms_norm_backward(const T* __restrict__ x, const T* __restrict__
                                   int n) {
     const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
     if (row >= rows) return;
-    if (n % VEC_COLS(T) == 0 && aligned16(x) && aligned16(w) && aligned16(dy) &&
-        aligned16(d_residual) && aligned16(dx))
+    if (n % VEC_COLS(T) == 0 && aligned(x, 16) && aligned(w, 16) && aligned(dy, 16) &&
+        aligned(d_residual, 16) && aligned(dx, 16))
         rms_norm_backward_row<T, VEC_COLS(T)>(x, w, rstd, dy, d_residual, dx, row, n);
     else
         rms_norm_backward_row<T, 1>(x, w, rstd, dy, d_residual, dx, row, n);
@@ -142,70 +142,110 @@ __device__ void norm_weight_grad(const T* __restrict__ x, const float* __restric
     partial[(size_t)blockIdx.y * n + c] = sum;
 }
 
+// Values a lane moves in one access in the heads kernels: a 128-wide head is one pack of 4 a
+// lane (8 bytes of bf16), where rows and halves allow it (heads_packable); one value otherwise.
+#define HEAD_PACK 4
+
+// Whether the heads kernels' rows (src `ld` apart, the other rows per head `head_dim` or
+// `other_ld` apart, cos and sin `head_dim / 2`) and the pointers allow HEAD_PACK values an access,
+// with no pack across the two halves RoPE pairs.
+template <typename T>
+__device__ __forceinline__ bool heads_packable(int head_dim, int ld, int other_ld,
+                                               const void* const (&pointers)[6]) {
+    bool packable = head_dim % (2 * HEAD_PACK) == 0 && ld % HEAD_PACK == 0 &&
+                    other_ld % HEAD_PACK == 0;
+    for (const void* p : pointers) packable = packable && aligned(p, HEAD_PACK * sizeof(T));
+    return packable;
+}
+
 // Heads out of a projection's rows, into head-major order: src holds `tokens` rows `ld`
 // elements apart, each `heads` heads of `head_dim`; out is [heads, tokens, head_dim]. With
 // norm_w (q and k): each head row is RMS-normed (rounded to T, as the composite forward rounds
 // it) and rotated by rotate-half RoPE with cos and sin [tokens, head_dim / 2], and its rstd kept;
-// without (v): copied. One warp per (token, head) row.
+// without (v): copied. One warp per (token, head) row, V values a lane an access.
+template <typename T, int V>
+__device__ void heads_forward_row(const T* __restrict__ src, const T* __restrict__ norm_w,
+                                  const T* __restrict__ cos, const T* __restrict__ sin,
+                                  T* __restrict__ out, float* __restrict__ rstd, int ld,
+                                  int tokens, int heads, int head_dim, float eps, int row) {
+    const int lane = threadIdx.x % 32;
+    const int t = row / heads, h = row % heads;
+    const T* x = src + (size_t)t * ld + (size_t)h * head_dim;
+    T* o = out + ((size_t)h * tokens + t) * head_dim;
+    if (!norm_w) {
+        for (int e = V * lane; e < head_dim; e += 32 * V) copy_pack<T, V>(o + e, x + e);
+        return;
+    }
+    float squares = 0.0f;
+    for (int e = V * lane; e < head_dim; e += 32 * V) {
+        float v[V];
+        load_floats(x + e, v);
+        for (int i = 0; i < V; ++i) squares += v[i] * v[i];
+    }
+    const float r = rsqrtf(warp_sum(squares) / (float)head_dim + eps);
+    const int half = head_dim / 2;
+    const T* c_row = cos + (size_t)t * half;
+    const T* s_row = sin + (size_t)t * half;
+    // A lane norms the elements RoPE pairs with its own itself, so no lane waits on another.
+    for (int e = V * lane; e < head_dim; e += 32 * V) {
+        const bool low = e < half;
+        const int partner = low ? e + half : e - half, angle = low ? e : e - half;
+        float xv[V], xp[V], wv[V], wp[V], c[V], sn[V], rotated[V];
+        load_floats(x + e, xv);
+        load_floats(x + partner, xp);
+        load_floats(norm_w + e, wv);
+        load_floats(norm_w + partner, wp);
+        load_floats(c_row + angle, c);
+        load_floats(s_row + angle, sn);
+        for (int i = 0; i < V; ++i) {
+            const float mine = to_float(from_float<T>(xv[i] * r * wv[i]));
+            const float other = to_float(from_float<T>(xp[i] * r * wp[i]));
+            rotated[i] = low ? mine * c[i] - other * sn[i] : mine * c[i] + other * sn[i];
+        }
+        store_floats(o + e, rotated);
+    }
+    if (lane == 0) rstd[row] = r;
+}
+
 template <typename T>
 __device__ void heads_forward(const T* __restrict__ src, const T* __restrict__ norm_w,
                               const T* __restrict__ cos, const T* __restrict__ sin,
                               T* __restrict__ out, float* __restrict__ rstd, int ld, int tokens,
                               int heads, int head_dim, float eps) {
-    const int lane = threadIdx.x % 32, row = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
+    const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
     if (row >= tokens * heads) return;
-    const int t = row / heads, h = row % heads;
-    const T* x = src + (size_t)t * ld + (size_t)h * head_dim;
-    T* o = out + ((size_t)h * tokens + t) * head_dim;
-    if (!norm_w) {
-        for (int e = lane; e < head_dim; e += 32) o[e] = x[e];
-        return;
-    }
-    float squares = 0.0f;
-    for (int e = lane; e < head_dim; e += 32) {
-        const float v = to_float(x[e]);
-        squares += v * v;
-    }
-    const float r = rsqrtf(warp_sum(squares) / (float)head_dim + eps);
-    // A lane norms the element RoPE pairs with its own itself, so no lane waits on another.
-    const auto normed = [&](int e) {
-        return to_float(from_float<T>(to_float(x[e]) * r * to_float(norm_w[e])));
-    };
-    const int half = head_dim / 2;
-    const T* c_row = cos + (size_t)t * half;
-    const T* s_row = sin + (size_t)t * half;
-    for (int e = lane; e < head_dim; e += 32) {
-        const int i = e < half ? e : e - half;
-        const float c = to_float(c_row[i]), s = to_float(s_row[i]);
-        const float rotated =
-            e < half ? normed(e) * c - normed(e + half) * s : normed(e) * c + normed(e - half) * s;
-        o[e] = from_float<T>(rotated);
-    }
-    if (lane == 0) rstd[row] = r;
+    if (heads_packable<T>(head_dim, ld, head_dim, {src, norm_w, cos, sin, out, nullptr}))
+        heads_forward_row<T, HEAD_PACK>(src, norm_w, cos, sin, out, rstd, ld, tokens, heads,
+                                        head_dim, eps, row);
+    else
+        heads_forward_row<T, 1>(src, norm_w, cos, sin, out, rstd, ld, tokens, heads, head_dim,
+                                eps, row);
 }
 
 // The backward of heads_forward: d_heads [heads, tokens, head_dim] back into d_src's rows
-// (`d_ld` apart; src's are `ld` apart). With norm_w: RoPE undone (its transpose), then the RMSNorm backward with the forward's
-// src and rstd, and the norm weight's gradient summed per warp over the rows it takes,
-// dw_partial[(blockIdx.x * ROW_WARPS + warp) * head_dim + e]. Warps stride over the rows.
-template <typename T>
-__device__ void heads_backward(const T* __restrict__ d_heads, const T* __restrict__ src,
-                               const T* __restrict__ norm_w, const float* __restrict__ rstd,
-                               const T* __restrict__ cos, const T* __restrict__ sin,
-                               T* __restrict__ d_src, float* __restrict__ dw_partial, int ld,
-                               int d_ld, int tokens, int heads, int head_dim) {
+// (`d_ld` apart; src's are `ld` apart). With norm_w: RoPE undone (its transpose), then the
+// RMSNorm backward with the forward's src and rstd, and the norm weight's gradient summed per
+// warp over the rows it takes, dw_partial[(blockIdx.x * ROW_WARPS + warp) * head_dim + e]. Warps
+// stride over the rows; a lane holds the gradients of elements V lane + 32 V j + i.
+template <typename T, int V>
+__device__ void heads_backward_rows(const T* __restrict__ d_heads, const T* __restrict__ src,
+                                    const T* __restrict__ norm_w, const float* __restrict__ rstd,
+                                    const T* __restrict__ cos, const T* __restrict__ sin,
+                                    T* __restrict__ d_src, float* __restrict__ dw_partial, int ld,
+                                    int d_ld, int tokens, int heads, int head_dim) {
+    constexpr int J = MAX_HEAD_DIM / (32 * V);
     const int lane = threadIdx.x % 32, first = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
     const int stride = gridDim.x * ROW_WARPS, half = head_dim / 2;
-    // Lane `lane` holds elements lane + 32 j of a head row.
-    float dw[MAX_HEAD_DIM / 32], d_normed[MAX_HEAD_DIM / 32];
-    for (int j = 0; j < MAX_HEAD_DIM / 32; ++j) dw[j] = 0.0f;
+    float dw[J][V], d_normed[J][V];
+    for (int j = 0; j < J; ++j)
+        for (int i = 0; i < V; ++i) dw[j][i] = 0.0f;
     for (int row = first; row < tokens * heads; row += stride) {
         const int t = row / heads, h = row % heads;
         const T* d = d_heads + ((size_t)h * tokens + t) * head_dim;
-        const size_t at = (size_t)t * ld + (size_t)h * head_dim;
-        const size_t d_at = (size_t)t * d_ld + (size_t)h * head_dim;
+        const T* x = src + (size_t)t * ld + (size_t)h * head_dim;
+        T* dx = d_src + (size_t)t * d_ld + (size_t)h * head_dim;
         if (!norm_w) {
-            for (int e = lane; e < head_dim; e += 32) d_src[d_at + e] = d[e];
+            for (int e = V * lane; e < head_dim; e += 32 * V) copy_pack<T, V>(dx + e, d + e);
             continue;
         }
         const T* c_row = cos + (size_t)t * half;
@@ -213,40 +253,70 @@ __device__ void heads_backward(const T* __restrict__ d_heads, const T* __restric
         const float r = rstd[row];
         float dot = 0.0f;
 #pragma unroll
-        for (int j = 0; j < MAX_HEAD_DIM / 32; ++j) {
-            const int e = lane + 32 * j;
+        for (int j = 0; j < J; ++j) {
+            const int e = V * lane + 32 * V * j;
             if (e < head_dim) {
                 // RoPE's transpose: the rotation by -angle.
-                const int i = e < half ? e : e - half;
-                const float c = to_float(c_row[i]), s = to_float(s_row[i]);
-                d_normed[j] = e < half ? to_float(d[e]) * c + to_float(d[e + half]) * s
-                                       : to_float(d[e]) * c - to_float(d[e - half]) * s;
-                dot += d_normed[j] * to_float(norm_w[e]) * to_float(src[at + e]);
+                const bool low = e < half;
+                const int partner = low ? e + half : e - half, angle = low ? e : e - half;
+                float dv[V], dp[V], c[V], sn[V], wv[V], xv[V];
+                load_floats(d + e, dv);
+                load_floats(d + partner, dp);
+                load_floats(c_row + angle, c);
+                load_floats(s_row + angle, sn);
+                load_floats(norm_w + e, wv);
+                load_floats(x + e, xv);
+                for (int i = 0; i < V; ++i) {
+                    d_normed[j][i] = low ? dv[i] * c[i] + dp[i] * sn[i] : dv[i] * c[i] - dp[i] * sn[i];
+                    dot += d_normed[j][i] * wv[i] * xv[i];
+                }
             }
         }
         const float coef = warp_sum(dot) * r * r * r / (float)head_dim;
 #pragma unroll
-        for (int j = 0; j < MAX_HEAD_DIM / 32; ++j) {
-            const int e = lane + 32 * j;
+        for (int j = 0; j < J; ++j) {
+            const int e = V * lane + 32 * V * j;
             if (e < head_dim) {
-                const float x = to_float(src[at + e]);
-                d_src[d_at + e] = from_float<T>(r * d_normed[j] * to_float(norm_w[e]) - x * coef);
-                dw[j] += d_normed[j] * x * r;
+                float wv[V], xv[V], g[V];
+                load_floats(norm_w + e, wv);
+                load_floats(x + e, xv);
+                for (int i = 0; i < V; ++i) {
+                    g[i] = r * d_normed[j][i] * wv[i] - xv[i] * coef;
+                    dw[j][i] += d_normed[j][i] * xv[i] * r;
+                }
+                store_floats(dx + e, g);
             }
         }
     }
     if (!norm_w) return;
     float* partial = dw_partial + (size_t)first * head_dim;
 #pragma unroll
-    for (int j = 0; j < MAX_HEAD_DIM / 32; ++j)
-        if (lane + 32 * j < head_dim) partial[lane + 32 * j] = dw[j];
+    for (int j = 0; j < J; ++j) {
+        const int e = V * lane + 32 * V * j;
+        if (e < head_dim)
+            for (int i = 0; i < V; ++i) partial[e + i] = dw[j][i];
+    }
+}
+
+template <typename T>
+__device__ void heads_backward(const T* __restrict__ d_heads, const T* __restrict__ src,
+                               const T* __restrict__ norm_w, const float* __restrict__ rstd,
+                               const T* __restrict__ cos, const T* __restrict__ sin,
+                               T* __restrict__ d_src, float* __restrict__ dw_partial, int ld,
+                               int d_ld, int tokens, int heads, int head_dim) {
+    if (heads_packable<T>(head_dim, ld, d_ld, {d_heads, src, norm_w, cos, sin, d_src}))
+        heads_backward_rows<T, HEAD_PACK>(d_heads, src, norm_w, rstd, cos, sin, d_src,
+                                          dw_partial, ld, d_ld, tokens, heads, head_dim);
+    else
+        heads_backward_rows<T, 1>(d_heads, src, norm_w, rstd, cos, sin, d_src, dw_partial, ld,
+                                  d_ld, tokens, heads, head_dim);
 }
 
 // Whether SwiGLU's rows (gate_up's of 2 * inter, the others' of inter) move in 16-byte accesses.
 template <typename T>
 __device__ __forceinline__ bool swiglu_packable(const void* a, const void* b, const void* c,
                                                 int inter) {
-    return inter % VEC_COLS(T) == 0 && aligned16(a) && aligned16(b) && aligned16(c);
+    return inter % VEC_COLS(T) == 0 && aligned(a, 16) && aligned(b, 16) && aligned(c, 16);
 }
 
 // Runs step(t, c) for every row t and every V-th column c of [rows, inter]: grid x over the
