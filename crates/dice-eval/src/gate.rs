@@ -2,11 +2,11 @@
 //!
 //! Each untimed step that touches the device (constructing a candidate's or a reference's model,
 //! one correctness trial, the judgement of one output, the profiled rerun with its profiler's
-//! start) holds a shared pass;
-//! timing holds the exclusive one, so no other process of the evaluation works on the device
-//! while a candidate or its baseline is timed. Steps are short (a trial and its judgement are two
-//! steps, so a timer waits for one of them): timing waits at most for the steps already running.
-//! std's RwLock on Linux blocks new readers while a writer waits, so timing never starves.
+//! start) holds a shared pass; timing holds the exclusive one, so no other process of the
+//! evaluation works on the device while a candidate or its baseline is timed. Steps are short
+//! (a trial and its judgement are two steps, so a timer waits for one of them): timing waits at
+//! most for the steps already running. std's RwLock on Linux blocks new readers while a writer
+//! waits, so timing never starves.
 //! Other processes evaluating the same run share the device through its file lock
 //! (device_lock.rs), taken after this one.
 //! Process start-up, imports and extension loads run outside any pass. The gate records its

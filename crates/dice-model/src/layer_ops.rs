@@ -43,14 +43,18 @@ pub(crate) trait LayerOps {
         eps: f64,
     ) -> Result<(Tensor, Option<Tensor>)>;
     /// The backward of [`LayerOps::heads_forward`] for the heads' gradient `d_heads`
-    /// `[1, heads, T, head_dim]`: the gradient of `src`, `[T, heads * head_dim]` contiguous,
-    /// and with `norm` (weight, the forward's rstd, rotary tables) the norm weight's gradient.
+    /// `[1, heads, T, head_dim]`: the gradient of `src` written into columns `column..column +
+    /// heads * head_dim` of `d_rows` `[T, W]` (contiguous: the q, k and v gradients side by
+    /// side, as the stacked projection's backward takes them, with no copy to join them), and
+    /// with `norm` (weight, the forward's rstd, rotary tables) the norm weight's gradient.
     fn heads_backward(
         &self,
         d_heads: &Tensor,
         src: &Tensor,
         norm: Option<(&Tensor, &Tensor, [&Tensor; 2])>,
-    ) -> Result<(Tensor, Option<Tensor>)>;
+        d_rows: &Tensor,
+        column: usize,
+    ) -> Result<Option<Tensor>>;
     /// SwiGLU of `gate_up` `[T, 2 I]` (gate in the first I columns): `T(T(silu(gate)) * up)`.
     fn swiglu(&self, gate_up: &Tensor) -> Result<Tensor>;
     /// The backward of [`LayerOps::swiglu`]: d gate_up `[T, 2 I]` from d act `[T, I]`.

@@ -373,7 +373,9 @@ impl LayerOps for TrainLayer {
         d_heads: &Tensor,
         src: &Tensor,
         norm: Option<(&Tensor, &Tensor, [&Tensor; 2])>,
-    ) -> Result<(Tensor, Option<Tensor>)> {
+        d_rows: &Tensor,
+        column: usize,
+    ) -> Result<Option<Tensor>> {
         let (tokens, width) = self.rows(src, "the projection's rows")?;
         let (_, heads, _, head_dim) = d_heads.dims4()?;
         let ld = self.row_stride(src)?;
@@ -383,7 +385,15 @@ impl LayerOps for TrainLayer {
                 d_heads.dims()
             );
         }
-        let d_src = Tensor::zeros((tokens, width), self.dtype, src.device())?;
+        let (_, d_ld) = self.rows(d_rows, "the gradient rows")?;
+        if d_rows.dims()[0] != tokens || !d_rows.is_contiguous() || column + width > d_ld {
+            bail!(
+                "the heads backward writes [{tokens}, {width}] at column {column} of contiguous \
+                 rows, not into {:?}",
+                d_rows.dims()
+            );
+        }
+        let d_src = d_rows.narrow(1, column, width)?;
         let partial_rows = STRIDED_CTAS * ROW_WARPS;
         let partial = norm
             .map(|_| Tensor::zeros((partial_rows, head_dim), DType::F32, src.device()))
@@ -417,18 +427,18 @@ impl LayerOps for TrainLayer {
                 rstd,
                 cos,
                 sin,
-                Arg::Whole(&d_src, "the projection's gradient rows"),
+                Arg::Rows(&d_src, "the projection's gradient rows", d_ld),
                 partial_arg,
             ],
             &[
                 Scalar::int(ld),
-                Scalar::int(width),
+                Scalar::int(d_ld),
                 Scalar::int(tokens),
                 Scalar::int(heads),
                 Scalar::int(head_dim),
             ],
         )?;
-        Ok((d_src, partial.map(|p| p.sum(0)).transpose()?))
+        partial.map(|p| p.sum(0)).transpose()
     }
 
     fn swiglu(&self, gate_up: &Tensor) -> Result<Tensor> {

@@ -419,18 +419,29 @@ impl Layout {
         let (d_input, early_grads) = self.timed(StepPhase::ProjectionsBackward, || {
             let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
             let columns = |start: usize, len: usize| qkv.qkv.narrow(1, start, len);
-            let (d_q, d_q_norm) = ops.heads_backward(
+            // The three heads' gradients go straight into their columns of one buffer.
+            let d_qkv = qkv.qkv.zeros_like()?;
+            let d_q_norm = ops.heads_backward(
                 &dq,
                 &columns(0, q_dim)?,
                 Some((&layer.q_norm, &qkv.q_rstd, rope)),
+                &d_qkv,
+                0,
             )?;
-            let (d_k, d_k_norm) = ops.heads_backward(
+            let d_k_norm = ops.heads_backward(
                 &dk,
                 &columns(q_dim, kv_dim)?,
                 Some((&layer.k_norm, &qkv.k_rstd, rope)),
+                &d_qkv,
+                q_dim,
             )?;
-            let (d_v, _) = ops.heads_backward(&dv, &columns(q_dim + kv_dim, kv_dim)?, None)?;
-            let d_qkv = Tensor::cat(&[d_q, d_k, d_v], 1)?;
+            ops.heads_backward(
+                &dv,
+                &columns(q_dim + kv_dim, kv_dim)?,
+                None,
+                &d_qkv,
+                q_dim + kv_dim,
+            )?;
             let d_stacked = d_qkv.t()?.matmul(&qkv.normed)?;
             let d_normed = d_qkv.matmul(&w.qkv)?;
             drop(d_qkv);
@@ -577,19 +588,23 @@ mod tests {
             d_heads: &Tensor,
             src: &Tensor,
             norm: Option<(&Tensor, &Tensor, [&Tensor; 2])>,
-        ) -> Result<(Tensor, Option<Tensor>)> {
+            d_rows: &Tensor,
+            column: usize,
+        ) -> Result<Option<Tensor>> {
             let (t, width) = src.dims2()?;
             let (_, heads, _, dh) = d_heads.dims4()?;
             let d = d_heads.squeeze(0)?.transpose(0, 1)?.contiguous()?;
-            match norm {
-                None => Ok((d.reshape((t, width))?, None)),
+            let (dx, dw) = match norm {
+                None => (d.reshape((t, width))?, None),
                 Some((w, rstd, [cos, sin])) => {
                     let d_normed = rotate(&f32(&d)?, cos, sin, true)?.reshape((t * heads, dh))?;
                     let x = src.contiguous()?.reshape((t * heads, dh))?;
                     let (dx, dw) = self.rms_norm_backward(&x, w, rstd, &d_normed, None)?;
-                    Ok((dx.reshape((t, width))?, Some(dw)))
+                    (dx.reshape((t, width))?, Some(dw))
                 }
-            }
+            };
+            d_rows.slice_set(&dx, 1, column)?;
+            Ok(dw)
         }
 
         fn swiglu(&self, gate_up: &Tensor) -> Result<Tensor> {
