@@ -30,7 +30,7 @@ impl CandidateRun {
     /// The candidate's stages are counted from now: it was started ahead, while the run slot
     /// was busy with the previous candidate, and only the wait left is its own.
     pub(crate) fn restart_clock(&mut self) {
-        self.clock = StageClock::start();
+        self.clock.restart();
     }
 }
 
@@ -41,7 +41,7 @@ pub(crate) fn spawn_candidate(
     problem: &EvalProblem,
     code: &[u8],
 ) -> Result<CandidateRun, RunError> {
-    let clock = StageClock::start();
+    let mut clock = StageClock::start();
     let custom_names =
         std::str::from_utf8(code).map_or_else(|_| Vec::new(), dice_audit::custom_kernel_names);
     let mut request = common_request(ctx);
@@ -53,6 +53,7 @@ pub(crate) fn spawn_candidate(
     let files: [(&str, &[u8]); 2] = [("problem.py", &problem.source), ("candidate.py", code)];
     let child = Child::start(zygote, &ctx.jobs_dir, "candidate", &files, request)
         .map_err(RunError::Evaluator)?;
+    clock.set_label(child.dir().display().to_string());
     Ok(CandidateRun {
         child,
         custom_names,

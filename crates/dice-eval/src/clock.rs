@@ -3,6 +3,10 @@
 use crate::gate::{Access, SharedPass};
 use std::time::Instant;
 
+/// A stage or a wait for a pass this long is logged (info, target `dice_eval::stages`), so that a
+/// batch that stops finishing samples shows what its samples were doing.
+const SLOW_STAGE_S: f64 = 2.0;
+
 /// Wall time of a candidate's stages, as the evaluator saw them, in seconds; time spent waiting
 /// for an untimed pass is also summed apart (`pass wait`).
 pub(crate) struct StageClock {
@@ -10,6 +14,8 @@ pub(crate) struct StageClock {
     last: Instant,
     stages: Vec<(String, f64)>,
     pass_wait_s: f64,
+    /// What the log calls the candidate (its job folder's name).
+    label: String,
 }
 
 impl StageClock {
@@ -20,14 +26,35 @@ impl StageClock {
             last: now,
             stages: Vec::new(),
             pass_wait_s: 0.0,
+            label: String::new(),
         }
+    }
+
+    /// Names the candidate in the log's lines about its slow stages.
+    pub(crate) fn set_label(&mut self, label: String) {
+        self.label = label;
+    }
+
+    /// Counts the stages from now, as a clock started now with the same name.
+    pub(crate) fn restart(&mut self) {
+        let label = std::mem::take(&mut self.label);
+        *self = StageClock::start();
+        self.label = label;
     }
 
     /// A pass of `access` for one untimed step; the wait for it counts as `pass wait`.
     pub(crate) fn untimed<'a>(&mut self, access: &Access<'a>) -> Option<SharedPass<'a>> {
         let asked = Instant::now();
         let pass = access.untimed();
-        self.pass_wait_s += asked.elapsed().as_secs_f64();
+        let waited = asked.elapsed().as_secs_f64();
+        if waited >= SLOW_STAGE_S {
+            let label = &self.label;
+            tracing::info!(
+                target: "dice_eval::stages",
+                "{label}: waited {waited:.1} s for an untimed pass"
+            );
+        }
+        self.pass_wait_s += waited;
         pass
     }
 
@@ -40,8 +67,12 @@ impl StageClock {
     /// Ends the stage `name`, which began when the previous one ended.
     pub(crate) fn lap(&mut self, name: &str) {
         let now = Instant::now();
-        self.stages
-            .push((name.to_string(), (now - self.last).as_secs_f64()));
+        let took = (now - self.last).as_secs_f64();
+        if took >= SLOW_STAGE_S {
+            let label = &self.label;
+            tracing::info!(target: "dice_eval::stages", "{label}: {name} took {took:.1} s");
+        }
+        self.stages.push((name.to_string(), took));
         self.last = now;
     }
 

@@ -245,6 +245,8 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             }
             None => (spawn_candidate(ctx, &zygote, &problem, code)?, None),
         };
+        let job = candidate.child.dir().display();
+        tracing::info!(target: "dice_eval::stages", "{job}: {}", sample.origin);
         let mut reference_s = None;
         if self.reference.as_ref().is_none_or(|(k, _)| *k != key) {
             if !exclusive {
