@@ -177,6 +177,7 @@ fn run_settings(cfg: &EvalConfig) -> serde_json::Value {
     json!({
         "precision": cfg.precision.as_str(),
         "timing rounds": cfg.timing_rounds,
+        "timing budget s": cfg.timing_budget.map(|b| b.as_secs_f64()),
         "kernelbench namespace": cfg.kernelbench_namespace,
     })
 }

@@ -17,7 +17,7 @@ use dice_store::Verdict;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A timed candidate's rounds and its baseline's, every measurement's, as they reported them and
 /// as the evaluator's clock saw them.
@@ -71,7 +71,7 @@ impl Timings {
 }
 
 /// Which side makes the calls of a timing round.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Side {
     Candidate,
     Baseline,
@@ -266,7 +266,21 @@ fn measure(
 ) -> Result<Result<Measurement, (Verdict, String)>, ReferenceFailed> {
     let (mut candidate, mut baseline) = (Vec::new(), Vec::new());
     let (mut candidate_call, mut baseline_call) = (calls_made, calls_made);
-    for (side, n) in schedule(ctx.cfg.timing, ctx.cfg.perf_trials, rounds) {
+    let mut plan = schedule(ctx.cfg.timing, ctx.cfg.perf_trials, rounds);
+    // KernelBench's timing makes its fixed count of calls.
+    let mut budget = ctx
+        .cfg
+        .timing_budget
+        .filter(|_| ctx.cfg.timing.interleaves());
+    for step in 0..plan.len() {
+        // Once both sides' first rounds are done (interleaved: the later rounds pair up).
+        if let (Some(b), [first_candidate, ..], [first_baseline, ..]) =
+            (budget, candidate.as_slice(), baseline.as_slice())
+        {
+            bound_rounds(&mut plan[step..], first_candidate, first_baseline, b);
+            budget = None;
+        }
+        let (side, n) = plan[step];
         if side == Side::Candidate {
             let round_key = keys.of_round(candidate_call, n);
             let started = Instant::now();
@@ -295,6 +309,52 @@ fn measure(
         }
     }
     Ok(Ok((candidate, baseline)))
+}
+
+/// Fewer calls in the rounds `rest` when the first round of each side (`first_candidate`,
+/// `first_baseline`) shows that the planned calls would take one side longer than `budget`: a
+/// call's time is the slower side's wall time of its first round per call made in it (warm-ups
+/// included: kept copies of a large output, the host's work and the protocol all count, as they
+/// hold the device), and the rounds left share what the budget leaves after the first round, at
+/// least one call each. Both sides' rounds of one number keep one count.
+fn bound_rounds(
+    rest: &mut [(Side, u32)],
+    first_candidate: &TimedRound,
+    first_baseline: &TimedRound,
+    budget: Duration,
+) {
+    let per_call_ms = |r: &TimedRound| {
+        let calls = r.reported_ms.len() as f64 + f64::from(r.warmup_calls);
+        r.wall_ms / calls.max(1.0)
+    };
+    let call_ms = per_call_ms(first_candidate).max(per_call_ms(first_baseline));
+    let rounds_left = (rest.len() / 2) as u32;
+    let planned: u32 = rest
+        .iter()
+        .filter(|(side, _)| *side == Side::Candidate)
+        .map(|(_, n)| n)
+        .sum();
+    if rounds_left == 0 || call_ms <= 0.0 {
+        return;
+    }
+    let first_ms = first_candidate.wall_ms.max(first_baseline.wall_ms);
+    let left_ms = (budget.as_secs_f64() * 1e3 - first_ms).max(0.0);
+    let affordable = ((left_ms / call_ms) as u32).max(rounds_left);
+    if affordable >= planned {
+        return;
+    }
+    // Round r (counted from the first left) gets affordable / rounds_left, one more while r is
+    // below the remainder; never more than it planned.
+    let mut round = 0;
+    let mut index = 0;
+    while index + 1 < rest.len() {
+        let share = affordable / rounds_left + u32::from(round < affordable % rounds_left);
+        for entry in &mut rest[index..index + 2] {
+            entry.1 = entry.1.min(share);
+        }
+        index += 2;
+        round += 1;
+    }
 }
 
 /// Whether either side's calls in one measurement vary more than the settings accept.
@@ -544,6 +604,58 @@ mod tests {
         assert_eq!(sides(Timing::Dice), ("cbbccb".to_string(), 20));
         assert_eq!(sides(Timing::KernelBench), ("cccbbb".to_string(), 20));
         assert_eq!(sides(Timing::KernelBenchV01), ("cccbbb".to_string(), 20));
+    }
+
+    /// Calls of 0.25 s (a first round of 10 each side, 2.5 s) leave nothing of a 2 s budget:
+    /// one call a round after the first; calls of 20 ms leave 1.8 s, 90 calls for 9 rounds;
+    /// short calls keep the plan; the two sides of a round always make as many.
+    #[test]
+    fn the_rounds_after_the_first_share_what_the_budget_leaves() {
+        let first = |ms_per_call: f64| TimedRound {
+            reported_ms: vec![ms_per_call; 10],
+            wall_ms: 10.0 * ms_per_call,
+            warmup_calls: 0,
+        };
+        let bounded = |candidate_ms: f64, baseline_ms: f64| {
+            let mut plan = schedule(Timing::Dice, 100, 10);
+            bound_rounds(
+                &mut plan[2..],
+                &first(candidate_ms),
+                &first(baseline_ms),
+                Duration::from_secs(2),
+            );
+            for pair in plan.chunks(2) {
+                assert_eq!(pair[0].1, pair[1].1, "{plan:?}");
+            }
+            plan[2..]
+                .iter()
+                .step_by(2)
+                .map(|(_, n)| *n)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            bounded(250.0, 1.0),
+            vec![1; 9],
+            "the slower side sets the pace"
+        );
+        assert_eq!(bounded(1.0, 250.0), vec![1; 9]);
+        assert_eq!(bounded(20.0, 20.0), vec![10; 9], "90 calls fit 1.8 s");
+        assert_eq!(
+            bounded(25.0, 5.0),
+            vec![8, 8, 8, 8, 8, 8, 8, 7, 7],
+            "70 calls in 1.75 s"
+        );
+        assert_eq!(bounded(0.1, 0.1), vec![10; 9]);
+        // Warm-ups count as calls of the round.
+        let warmed = TimedRound {
+            reported_ms: vec![20.0; 10],
+            wall_ms: 15.0 * 20.0,
+            warmup_calls: 5,
+        };
+        let mut plan = schedule(Timing::Dice, 100, 10);
+        bound_rounds(&mut plan[2..], &warmed, &first(1.0), Duration::from_secs(2));
+        let later: u32 = plan[2..].iter().step_by(2).map(|(_, n)| n).sum();
+        assert_eq!(later, 85, "(2 s - 0.3 s) / 20 ms");
     }
 
     #[test]

@@ -106,6 +106,14 @@ pub(crate) struct JudgeArgs {
     /// surer, and a burst of load in one round weighs less.
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub timing_rounds: u32,
+    /// Under --timing dice, the seconds one side's timed calls may take in one measurement: when
+    /// the first round of each side shows calls so long that --perf-trials of them would take
+    /// longer, the later rounds make fewer calls (at least one each). Timing holds the device
+    /// alone, so without a bound one slow program stops every other sample in flight for
+    /// minutes; calls that long are timed precisely in a few. 0: always --perf-trials calls
+    /// (as KernelBench's timing, which this never bounds).
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = parse_seconds)]
+    pub timing_budget: f64,
     /// Keep the machine quiet while a candidate is timed (the default): the compile stage's
     /// processes (imports, compiler jobs) are stopped during timing windows, for at most
     /// --quiet-timing-share of any 30 s, and go on after them, their time limit not counting the
@@ -340,6 +348,8 @@ impl JudgeArgs {
         cfg.judge_each_copy = self.judge_each_copy;
         cfg.perf_trials = self.perf_trials;
         cfg.timing_rounds = self.timing_rounds;
+        cfg.timing_budget =
+            (self.timing_budget > 0.0).then(|| Duration::from_secs_f64(self.timing_budget));
         cfg.quiet_timing_share = if self.no_quiet_timing && !self.quiet_timing {
             0.0
         } else {
@@ -378,6 +388,15 @@ impl JudgeArgs {
 }
 
 /// A share of wall time, from 0 to 1.
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(seconds) if seconds.is_finite() && seconds >= 0.0 => Ok(seconds),
+        _ => Err(format!(
+            "{s} is not a number of seconds (2, 0.5; 0 for none)"
+        )),
+    }
+}
+
 fn parse_share(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),

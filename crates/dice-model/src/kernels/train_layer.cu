@@ -158,6 +158,21 @@ __device__ __forceinline__ bool heads_packable(int head_dim, int ld, int other_l
     return packable;
 }
 
+// Pack e of a head row (`row`) and RoPE's partner pack (e +- head_dim / 2) as f32, and the cos
+// and sin of their angles; whether e is in the first half.
+template <typename T, int V>
+__device__ __forceinline__ bool rope_pack(const T* row, const T* c_row, const T* s_row, int e,
+                                          int half, float (&mine)[V], float (&partner)[V],
+                                          float (&c)[V], float (&s)[V]) {
+    const bool low = e < half;
+    const int angle = low ? e : e - half;
+    load_floats(row + e, mine);
+    load_floats(row + (low ? e + half : e - half), partner);
+    load_floats(c_row + angle, c);
+    load_floats(s_row + angle, s);
+    return low;
+}
+
 // Heads out of a projection's rows, into head-major order: src holds `tokens` rows `ld`
 // elements apart, each `heads` heads of `head_dim`; out is [heads, tokens, head_dim]. With
 // norm_w (q and k): each head row is RMS-normed (rounded to T, as the composite forward rounds
@@ -188,15 +203,10 @@ __device__ void heads_forward_row(const T* __restrict__ src, const T* __restrict
     const T* s_row = sin + (size_t)t * half;
     // A lane norms the elements RoPE pairs with its own itself, so no lane waits on another.
     for (int e = V * lane; e < head_dim; e += 32 * V) {
-        const bool low = e < half;
-        const int partner = low ? e + half : e - half, angle = low ? e : e - half;
         float xv[V], xp[V], wv[V], wp[V], c[V], sn[V], rotated[V];
-        load_floats(x + e, xv);
-        load_floats(x + partner, xp);
+        const bool low = rope_pack(x, c_row, s_row, e, half, xv, xp, c, sn);
         load_floats(norm_w + e, wv);
-        load_floats(norm_w + partner, wp);
-        load_floats(c_row + angle, c);
-        load_floats(s_row + angle, sn);
+        load_floats(norm_w + (low ? e + half : e - half), wp);
         for (int i = 0; i < V; ++i) {
             const float mine = to_float(from_float<T>(xv[i] * r * wv[i]));
             const float other = to_float(from_float<T>(xp[i] * r * wp[i]));
@@ -257,13 +267,8 @@ __device__ void heads_backward_rows(const T* __restrict__ d_heads, const T* __re
             const int e = V * lane + 32 * V * j;
             if (e < head_dim) {
                 // RoPE's transpose: the rotation by -angle.
-                const bool low = e < half;
-                const int partner = low ? e + half : e - half, angle = low ? e : e - half;
                 float dv[V], dp[V], c[V], sn[V], wv[V], xv[V];
-                load_floats(d + e, dv);
-                load_floats(d + partner, dp);
-                load_floats(c_row + angle, c);
-                load_floats(s_row + angle, sn);
+                const bool low = rope_pack(d, c_row, s_row, e, half, dv, dp, c, sn);
                 load_floats(norm_w + e, wv);
                 load_floats(x + e, xv);
                 for (int i = 0; i < V; ++i) {
