@@ -116,8 +116,9 @@ pub trait Backend: Send {
     ) -> Result<()> {
         if let Some((old, old_settings)) = self.run()? {
             let mut changed = settings_changes(&old, info);
+            // A setting the run began without (an older dice) was off: null.
             for (name, value) in settings.as_object().into_iter().flatten() {
-                if old_settings.get(name) != Some(value) {
+                if old_settings.get(name).unwrap_or(&serde_json::Value::Null) != value {
                     changed.push(name.clone());
                 }
             }

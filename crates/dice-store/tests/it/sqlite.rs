@@ -126,7 +126,16 @@ fn a_run_resumed_with_other_settings_is_refused_unless_replaced() {
          re-evaluate everything with the new ones, or choose another --run directory"
     );
     store.begin_run(&looser, &other, true).unwrap();
-    assert_eq!(store.run_info().unwrap(), Some(looser));
+    assert_eq!(store.run_info().unwrap(), Some(looser.clone()));
+
+    // A setting the run began without (an older dice) was off: it resumes with the setting
+    // null, and not with it on.
+    let newer = json!({"precision": "fp16", "timing rounds": 10, "timing budget s": null});
+    store.begin_run(&looser, &newer, false).unwrap();
+    store.begin_run(&looser, &other, true).unwrap();
+    let on = json!({"precision": "fp16", "timing rounds": 10, "timing budget s": 2.0});
+    let err = store.begin_run(&looser, &on, false).unwrap_err();
+    assert!(err.to_string().contains("(timing budget s)"), "{err}");
 }
 
 /// A store of a release before speedup intervals and re-measurements reads back without them,
