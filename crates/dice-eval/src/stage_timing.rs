@@ -313,20 +313,19 @@ fn measure(
 
 /// Fewer calls in the rounds `rest` when the first round of each side (`first_candidate`,
 /// `first_baseline`) shows that the planned calls would take one side longer than `budget`: a
-/// call's time is the slower side's wall time of its first round per call made in it (warm-ups
-/// included: kept copies of a large output, the host's work and the protocol all count, as they
-/// hold the device), and the rounds left share what the budget leaves after the first round, at
-/// least one call each. Both sides' rounds of one number keep one count.
+/// call's time is the slower side's mean timed call in its first round (the warm-ups' one-time
+/// costs, such as compiling a `torch.compile` baseline, left out; a candidate that reports its
+/// calls shorter only keeps more of them, and its clock is checked), and the rounds left share
+/// what the budget leaves after the first round, at least one call each. Both sides' rounds of
+/// one number keep one count.
 fn bound_rounds(
     rest: &mut [(Side, u32)],
     first_candidate: &TimedRound,
     first_baseline: &TimedRound,
     budget: Duration,
 ) {
-    let per_call_ms = |r: &TimedRound| {
-        let calls = r.reported_ms.len() as f64 + f64::from(r.warmup_calls);
-        r.wall_ms / calls.max(1.0)
-    };
+    let spent_ms = |r: &TimedRound| r.reported_ms.iter().sum::<f64>();
+    let per_call_ms = |r: &TimedRound| spent_ms(r) / (r.reported_ms.len().max(1) as f64);
     let call_ms = per_call_ms(first_candidate).max(per_call_ms(first_baseline));
     let rounds_left = (rest.len() / 2) as u32;
     let planned: u32 = rest
@@ -337,7 +336,7 @@ fn bound_rounds(
     if rounds_left == 0 || call_ms <= 0.0 {
         return;
     }
-    let first_ms = first_candidate.wall_ms.max(first_baseline.wall_ms);
+    let first_ms = spent_ms(first_candidate).max(spent_ms(first_baseline));
     let left_ms = (budget.as_secs_f64() * 1e3 - first_ms).max(0.0);
     let affordable = ((left_ms / call_ms) as u32).max(rounds_left);
     if affordable >= planned {
@@ -345,15 +344,11 @@ fn bound_rounds(
     }
     // Round r (counted from the first left) gets affordable / rounds_left, one more while r is
     // below the remainder; never more than it planned.
-    let mut round = 0;
-    let mut index = 0;
-    while index + 1 < rest.len() {
+    for (round, pair) in (0u32..).zip(rest.chunks_mut(2)) {
         let share = affordable / rounds_left + u32::from(round < affordable % rounds_left);
-        for entry in &mut rest[index..index + 2] {
+        for entry in pair {
             entry.1 = entry.1.min(share);
         }
-        index += 2;
-        round += 1;
     }
 }
 
@@ -646,16 +641,21 @@ mod tests {
             "70 calls in 1.75 s"
         );
         assert_eq!(bounded(0.1, 0.1), vec![10; 9]);
-        // Warm-ups count as calls of the round.
-        let warmed = TimedRound {
-            reported_ms: vec![20.0; 10],
-            wall_ms: 15.0 * 20.0,
+        // Warm-ups that took seconds once (a torch.compile baseline compiling) bound nothing.
+        let compiled = TimedRound {
+            reported_ms: vec![1.0; 10],
+            wall_ms: 30_000.0,
             warmup_calls: 5,
         };
         let mut plan = schedule(Timing::Dice, 100, 10);
-        bound_rounds(&mut plan[2..], &warmed, &first(1.0), Duration::from_secs(2));
+        bound_rounds(
+            &mut plan[2..],
+            &first(1.0),
+            &compiled,
+            Duration::from_secs(2),
+        );
         let later: u32 = plan[2..].iter().step_by(2).map(|(_, n)| n).sum();
-        assert_eq!(later, 85, "(2 s - 0.3 s) / 20 ms");
+        assert_eq!(later, 90);
     }
 
     #[test]
