@@ -49,6 +49,28 @@ class ModelNew(nn.Module):
         return torch.stack([row @ b for row in a])
 ";
 
+/// The product, after 40 ms of sleep a call.
+const SLOW: &str = "
+import time
+import torch
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, a, b):
+        time.sleep(0.04)
+        return a @ b
+";
+
+fn matmul_problem() -> Vec<EvalProblem> {
+    vec![EvalProblem {
+        level: 1,
+        problem_id: 1,
+        name: "1_Matmul.py".into(),
+        source: MATMUL.into(),
+        defect: None,
+    }]
+}
+
 fn sample(problem_id: u32, sample_id: u32, code: &str) -> EvalSample {
     EvalSample {
         level: 1,
@@ -76,13 +98,7 @@ fn a_forged_clock_is_caught_and_earns_no_speedup() {
     // of overheads, and under enough of it the forged clock goes unseen.
     let _machine = machine_alone();
     let run = tempfile::tempdir().unwrap();
-    let problems = vec![EvalProblem {
-        level: 1,
-        problem_id: 1,
-        name: "1_Matmul.py".into(),
-        source: MATMUL.into(),
-        defect: None,
-    }];
+    let problems = matmul_problem();
     let samples = vec![sample(1, 0, FORGED_CLOCK), sample(1, 1, ROWS)];
     // A run whose baseline was itself preempted for milliseconds (some of its calls a hundred
     // times its median: another process's burst, on this suite's two cores) widens the
@@ -179,6 +195,25 @@ impl Drop for Hog {
             let _ = child.wait();
         }
     }
+}
+
+/// Calls of 40 ms under a 0.2 s budget: the first round (4 of the 20 calls planned in 5 rounds)
+/// spends 0.16 s, so each later round makes one call, on both sides alike, in every
+/// measurement; the speedup still rests on both sides' calls.
+#[test]
+fn slow_calls_are_timed_within_the_budget() {
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(run.path());
+    cfg.perf_trials = 20;
+    cfg.timing_rounds = 5;
+    cfg.timing_budget = Some(std::time::Duration::from_millis(200));
+    dice_eval::evaluate(cfg, matmul_problem(), vec![sample(1, 0, SLOW)], None).unwrap();
+    let r = &stored(run.path())[0];
+    assert_eq!(r.verdict, Verdict::Correct, "{r:?}");
+    let calls = (4 + 4) * (1 + r.timing_remeasures);
+    assert_eq!(r.candidate_timing.as_ref().unwrap().trials, calls, "{r:#?}");
+    assert_eq!(r.baseline_timing.as_ref().unwrap().trials, calls, "{r:#?}");
+    assert!(r.speedup.unwrap() < 0.5, "{r:#?}");
 }
 
 /// Honest C++ candidates timed with every core busy: rounds are slowed unevenly, none of them
