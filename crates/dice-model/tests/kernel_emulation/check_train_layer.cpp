@@ -327,9 +327,10 @@ template <typename T> void check_label_log_softmax() {
 // The embedding table's gradient: tokens repeated and absent, a hidden size wider than the CTA
 // (threads take several columns), rows added to what dst held; groups as layer_ops.rs
 // TokenGroups makes them.
-template <typename T> void check_embedding_backward() {
-    const int vocab = 12, hidden = 300;
-    const std::vector<unsigned> tokens = {7, 3, 7, 9, 3, 7, 0, 11, 7};
+// hidden 300: value by value; 256: packs of 16 bytes. Token 5 of the longer sequence has 19
+// positions: two groups of 8 loads in flight, then 3 one by one.
+template <typename T> void check_embedding_backward(int hidden, const std::vector<unsigned>& tokens) {
+    const int vocab = 12;
     const int positions = tokens.size();
     std::vector<unsigned> order(positions), unique, starts;
     for (int i = 0; i < positions; ++i) order[i] = i;
@@ -361,7 +362,16 @@ template <typename T> void check_all() {
     for (int head_dim : {16, 20, 64, 128}) check_heads<T>(head_dim);
     for (int inter : {100, 2064}) check_swiglu<T>(inter);
     check_label_log_softmax<T>();
-    check_embedding_backward<T>();
+    const std::vector<unsigned> few = {7, 3, 7, 9, 3, 7, 0, 11, 7};
+    std::vector<unsigned> many;
+    for (size_t i = 0; i < 19; ++i) {
+        many.push_back(5u);
+        if (i < few.size()) many.push_back(few[i]);
+    }
+    for (int hidden : {300, 256}) {
+        check_embedding_backward<T>(hidden, few);
+        check_embedding_backward<T>(hidden, many);
+    }
 }
 
 int main() {
