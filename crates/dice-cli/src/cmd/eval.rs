@@ -387,7 +387,7 @@ impl JudgeArgs {
     }
 }
 
-/// A share of wall time, from 0 to 1.
+/// A number of seconds, 0 or more.
 fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(seconds) if seconds.is_finite() && seconds >= 0.0 => Ok(seconds),
@@ -397,6 +397,7 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A share of wall time, from 0 to 1.
 fn parse_share(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),
