@@ -357,6 +357,26 @@ __device__ void row_deltas(const T* __restrict__ out, const T* __restrict__ d_ou
     if (lane == 0) delta[(size_t)(row % q_heads) * tokens + row / q_heads] = sum;
 }
 
+// The two products both backward steps begin with, over `n` staged rows each: scores s = A B^T
+// (Q K^T, or K Q^T for dK/dV) and their gradients dp = dA dB^T (dO V^T, or V dO^T).
+template <typename T, int n>
+__device__ __forceinline__ void scores_and_their_gradients(
+    const unsigned int (&a)[HEAD_DIM / 16][4], const unsigned short* rows,
+    const unsigned int (&da)[HEAD_DIM / 16][4], const unsigned short* d_rows,
+    float (&s)[n / 8][4], float (&dp)[n / 8][4]) {
+    zero(s);
+    zero(dp);
+    times_rows<T, n>(a, rows, s);
+    times_rows<T, n>(da, d_rows, dp);
+}
+
+// A probability recomputed from its score and its query's saved log-sum-exp (base 2: lse_log2 =
+// lse * log2(e), scale_log2 = scale * log2(e)); 0 where the query does not see the key.
+__device__ __forceinline__ float recomputed_p(bool visible, float score, float scale_log2,
+                                              float lse_log2) {
+    return visible ? exp2_approx(fmaf(score, scale_log2, -lse_log2)) : 0.f;
+}
+
 // One warp's dQ step over `keys` staged keys base..: S = Q K^T and dP = dO V^T, P from the
 // saved lse (lse_log2 = lse * log2(e), scale_log2 = scale * log2(e)), masked by the rows' spans
 // unless every row sees every key, dS = P (dP - delta), dQ += dS K.
@@ -371,16 +391,12 @@ __device__ __forceinline__ void dq_keys(bool masked,
                                         float scale_log2, float (&dq)[HEAD_DIM / 8][4]) {
     const int quad_lane = threadIdx.x % 4;
     float s[keys / 8][4], dp[keys / 8][4];
-    zero(s);
-    zero(dp);
-    times_rows<T, keys>(qa, k_rows, s);
-    times_rows<T, keys>(doa, v_rows, dp);
+    scores_and_their_gradients<T, keys>(qa, k_rows, doa, v_rows, s, dp);
     for (int nt = 0; nt < keys / 8; ++nt)
         for (int e = 0; e < 4; ++e) {
             const int key = base + 8 * nt + 2 * quad_lane + (e & 1), r = e / 2;
-            const float p = !masked || sees(span[r], key)
-                                ? exp2_approx(fmaf(s[nt][e], scale_log2, -lse_log2[r]))
-                                : 0.f;
+            const float p = recomputed_p(!masked || sees(span[r], key), s[nt][e], scale_log2,
+                                         lse_log2[r]);
             s[nt][e] = p * (dp[nt][e] - delta[r]);
         }
     accumulate_rows<T, keys>(s, k_rows, dq);
@@ -453,17 +469,13 @@ __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* 
         ldmatrix_x4(va[ks], v_rows + offset);
     }
     float st[queries / 8][4], dpt[queries / 8][4];
-    zero(st);
-    zero(dpt);
-    times_rows<T, queries>(ka, q_rows, st);
-    times_rows<T, queries>(va, do_rows, dpt);
+    scores_and_their_gradients<T, queries>(ka, q_rows, va, do_rows, st, dpt);
     for (int nt = 0; nt < queries / 8; ++nt)
         for (int e = 0; e < 4; ++e) {
             const int query = 8 * nt + 2 * quad_lane + (e & 1);
             const unsigned int key = key0 + group + 8 * (e / 2);
-            const float p = !masked || sees(q_spans + 4 * query, key)
-                                ? exp2_approx(fmaf(st[nt][e], scale_log2, -q_lse_log2[query]))
-                                : 0.f;
+            const float p = recomputed_p(!masked || sees(q_spans + 4 * query, key), st[nt][e],
+                                         scale_log2, q_lse_log2[query]);
             st[nt][e] = p;
             dpt[nt][e] = p * (dpt[nt][e] - q_delta[query]);
         }
