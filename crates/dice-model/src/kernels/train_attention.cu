@@ -240,9 +240,9 @@ __device__ __forceinline__ void pipelined(int end, Next next, Stage stage, Step 
     }
 }
 
-// Runs step(k_rows, v_rows, key, all_seen) for every key tile key.. that the query tile's
-// `tile_span` meets, with its K and V rows staged in `kv` (4 tiles: two buffers of K and V);
-// all_seen: every query of the tile sees every key of it.
+// Runs step(k_rows, v_rows, key, masked) for each half (TILE / 2 keys key..) of every key tile
+// that the query tile's `tile_span` meets, with its K and V rows staged in `kv` (4 tiles: two
+// buffers of K and V); masked: not every query of the tile sees every key of it.
 template <typename T, typename Step>
 __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __restrict__ k_head,
                                                const T* __restrict__ v_head,
@@ -263,8 +263,13 @@ __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __re
             cp_async_commit();
         },
         [&](int t, int buffer) {
-            step(kv + 2 * buffer * TILE_HALVES, kv + (2 * buffer + 1) * TILE_HALVES, t * TILE,
-                 tile_sees_all(tile_span, t * TILE));
+            const bool masked = !tile_sees_all(tile_span, t * TILE);
+            for (int half = 0; half < 2; ++half) {
+                const int offset = TILE / 2 * half;
+                step(kv + 2 * buffer * TILE_HALVES + offset * STRIDE,
+                     kv + (2 * buffer + 1) * TILE_HALVES + offset * STRIDE, t * TILE + offset,
+                     masked);
+            }
         });
 }
 
@@ -320,14 +325,10 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     const float scale_log2 = scale * LOG2E;
     over_key_tiles(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
                    tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
-                   [&](const unsigned short* k_tile, const unsigned short* v_tile, int key,
-                       bool all_seen) {
-                       for (int half = 0; half < 2; ++half) {
-                           const int offset = TILE / 2 * half;
-                           forward_keys<T, TILE / 2>(!all_seen, qa, k_tile + offset * STRIDE,
-                                                     v_tile + offset * STRIDE, key + offset,
-                                                     span, scale_log2, o, m, l);
-                       }
+                   [&](const unsigned short* k_rows, const unsigned short* v_rows, int key,
+                       bool masked) {
+                       forward_keys<T, TILE / 2>(masked, qa, k_rows, v_rows, key, span,
+                                                 scale_log2, o, m, l);
                    });
     float inverse[2];
     for (int r = 0; r < 2; ++r) {
@@ -433,14 +434,10 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
     const float scale_log2 = scale * LOG2E;
     over_key_tiles(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
                    tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
-                   [&](const unsigned short* k_tile, const unsigned short* v_tile, int key,
-                       bool all_seen) {
-                       for (int half = 0; half < 2; ++half) {
-                           const int offset = TILE / 2 * half;
-                           dq_keys<T, TILE / 2>(!all_seen, qa, doa, k_tile + offset * STRIDE,
-                                                v_tile + offset * STRIDE, key + offset, span,
-                                                row_lse, row_delta, scale_log2, acc);
-                       }
+                   [&](const unsigned short* k_rows, const unsigned short* v_rows, int key,
+                       bool masked) {
+                       dq_keys<T, TILE / 2>(masked, qa, doa, k_rows, v_rows, key, span, row_lse,
+                                            row_delta, scale_log2, acc);
                    });
     const float factor[2] = {scale, scale};
     store_rows(acc, factor, dq + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens);
