@@ -64,6 +64,8 @@ step() { # name, cap seconds, dice eval args...
   grep 'long_calls' "$runs/$name.log" >"$OUT/$name-long-calls.txt"
   python3 bench/eval/long_calls.py "$OUT/$name-long-calls.txt" | tee -a "$OUT/steps.txt"
   grep -v long_calls "$runs/$name.log" | tail -3 | tee -a "$OUT/steps.txt"
+  # The info lines (slow stages, pass waits, memory waits) say what the last samples waited on.
+  grep -v long_calls "$runs/$name.log" | sed 's/\x1b\[[0-9;]*m//g' | gzip >"$OUT/$name-log.gz"
   "$bin/dice" report "$runs/$name" --format json >"$runs/$name.json" 2>>"$OUT/steps.txt"
   "$bin/dice" report "$runs/$name" --format md >"$runs/$name.md" 2>>"$OUT/steps.txt"
   awk '/^## Where the evaluator/{p=1} /^## Flagged/{p=0} p' "$runs/$name.md" | tee -a "$OUT/steps.txt"

@@ -2,9 +2,9 @@
 # The training issue's GPU evidence (SFT speed, memory, NCCL at one rank), run on the H200 machine
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
-# (STEP: golden, tests, train-tests, bench-1.7b, bench-1.7b-recompute, bench-1.7b-unfused-layer,
+# (STEP: golden, tests, train-tests, bench-1.7b, bench-1.7b-portable, bench-1.7b-recompute, bench-1.7b-unfused-layer,
 # bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b, sft-8b-offload, kernels-sft,
-# kernels-1.7b, attention-detail-1.7b; all by default)
+# kernels-1.7b, attention-detail-1.7b, wgmma-probe; all by default)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -13,6 +13,7 @@
 #               -p dice-model --no-run` in build-cuda.sh's environment)
 #   train-lib-tests.xz (optional, for the step `train-tests`) dice-train's unit tests, built the same
 #               way (`-p dice-train --lib`): the optimizer's GPU checks
+#   wgmma-probe (optional, for the step `wgmma-probe`) bench/train/wgmma_probe.cu built by nvcc
 # Writes steps.txt and each step's output to OUT, by default the run's folder
 # bench/runs/<date>-<commit>-<machine> (bench/run-folder.sh).
 set -uo pipefail
@@ -31,6 +32,11 @@ if wanted tests && [[ -f $DATA/model-tests.xz ]]; then
   (cd crates/dice-model && timeout 120 /tmp/model-lib-tests kernels) >"$OUT/model-lib-tests.txt" 2>&1
   echo "model-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/model-lib-tests.txt"
 fi
+# Which order of a wgmma descriptor's two strides reads our staged tiles (wgmma.cuh).
+if wanted wgmma-probe && [[ -f $DATA/wgmma-probe ]]; then
+  timeout 60 "$DATA/wgmma-probe" >"$OUT/wgmma-probe.txt" 2>&1
+  echo "wgmma-probe rc=$?" | tee -a "$OUT/steps.txt"; cat "$OUT/wgmma-probe.txt"
+fi
 if wanted train-tests && [[ -f $DATA/train-lib-tests.xz ]]; then
   unxz "$DATA/train-lib-tests.xz" /tmp/train-lib-tests && chmod +x /tmp/train-lib-tests
   (cd crates/dice-train && timeout 120 /tmp/train-lib-tests optim --include-ignored) \
@@ -44,6 +50,9 @@ fi
 # composite attention too (DICE_FUSED_ATTENTION=0); each with the step's phases profiled.
 run bench-1.7b 240 bench train --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 \
   --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b.json"
+# The attention's portable kernels (mma.sync, ldmatrix) where a Hopper runs its wgmma ones.
+DICE_ARCH_SPECIFIC=0 run bench-1.7b-portable 240 bench train --config "$configs/sdar-1.7b.json" \
+  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-portable.json"
 DICE_RECOMPUTE=all run bench-1.7b-recompute 240 bench train --config "$configs/sdar-1.7b.json" \
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-recompute.json"
 DICE_FUSED_LAYER=0 run bench-1.7b-unfused-layer 240 bench train --config "$configs/sdar-1.7b.json" \

@@ -98,6 +98,8 @@ pub struct Precompiled {
     pub what: &'static str,
     /// NVRTC options beside the architecture (`-DHEAD_DIM=128`).
     pub options: Vec<String>,
+    /// The architecture it was compiled for (`sm_90a`).
+    pub target: String,
     /// Whether the cache held it already.
     pub cached: bool,
 }

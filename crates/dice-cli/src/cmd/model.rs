@@ -114,7 +114,6 @@ fn kernels(args: KernelsArgs) -> Result<()> {
     let Some(folder) = kernel_cache_folder() else {
         bail!("{KERNEL_CACHE_ENV} is `off`: there is no kernel cache to fill");
     };
-    let (major, minor) = args.arch;
     for kernel in precompile_kernels(&head_dims, args.arch)? {
         let options: String = kernel.options.iter().map(|o| format!(" {o}")).collect();
         let state = if kernel.cached {
@@ -122,7 +121,7 @@ fn kernels(args: KernelsArgs) -> Result<()> {
         } else {
             "compiled"
         };
-        println!("{}{options} (sm_{major}{minor}): {state}", kernel.what);
+        println!("{}{options} ({}): {state}", kernel.what, kernel.target);
     }
     println!("kernel cache: {}", folder.display());
     Ok(())

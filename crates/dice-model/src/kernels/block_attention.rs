@@ -30,6 +30,7 @@ pub(super) const SOURCE: Source = Source {
     text: include_str!("block_attention.cu"),
     file_name: c"block_attention.cu",
     what: "the block attention kernel",
+    arch_specific: false,
 };
 
 /// Threads per CTA, keys per tile (of the CUDA-core kernel, and per stage of the tensor-core one:

@@ -25,6 +25,7 @@ pub(super) const SOURCE: Source = Source {
     text: include_str!("decode_ops.cu"),
     file_name: c"decode_ops.cu",
     what: "the decode kernels",
+    arch_specific: false,
 };
 
 /// Head dims `qk_norm_rope_cache` takes (`MAX_HEAD_DIM` of `decode_ops.cu` is the largest).

@@ -91,7 +91,8 @@ template <int pending> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
 }
 
-extern __shared__ __align__(16) unsigned char dynamic_shared_memory[];
+// 1,024-byte aligned: where wgmma operands (wgmma.cuh) start their swizzled atoms.
+extern __shared__ __align__(1024) unsigned char dynamic_shared_memory[];
 #endif
 
 __device__ __forceinline__ float quad_max(float x) {

@@ -47,6 +47,7 @@ pub(crate) fn precompile(
             let cached = nvrtc::precompile(source, &options, arch)?;
             Ok(crate::cubin_cache::Precompiled {
                 what: source.what,
+                target: nvrtc::target(source, arch),
                 options,
                 cached,
             })

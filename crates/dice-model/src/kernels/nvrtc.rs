@@ -20,20 +20,33 @@ pub(crate) struct Source {
     pub(crate) file_name: &'static CStr,
     /// What the kernels are, for error messages ("the block attention kernel").
     pub(crate) what: &'static str,
+    /// Compiled for the architecture-specific target where there is one (sm_90a on a Hopper
+    /// device: wgmma), which such a source detects (`__CUDA_ARCH_FEAT_SM90_ALL`); unless
+    /// `DICE_ARCH_SPECIFIC=0` asks for the portable target, to compare the two.
+    pub(crate) arch_specific: bool,
+}
+
+/// NVRTC's `--gpu-architecture` for `source` on compute capability `arch`.
+pub(crate) fn target(source: &Source, (major, minor): (i32, i32)) -> String {
+    let specific = source.arch_specific
+        && (major, minor) == (9, 0)
+        && std::env::var("DICE_ARCH_SPECIFIC").as_deref() != Ok("0");
+    format!("sm_{major}{minor}{}", if specific { "a" } else { "" })
 }
 
 /// The headers our sources include, by the name they include them with.
-const HEADERS: [(&CStr, &str); 3] = [
+const HEADERS: [(&CStr, &str); 4] = [
     (c"half.cuh", include_str!("half.cuh")),
     (c"mma.cuh", include_str!("mma.cuh")),
     (c"warp.cuh", include_str!("warp.cuh")),
+    (c"wgmma.cuh", include_str!("wgmma.cuh")),
 ];
 
 /// Compiles `source` with the extra NVRTC `options` to a cubin for compute capability `arch`.
 pub(crate) fn compile_cubin(
     source: &Source,
     options: &[String],
-    (major, minor): (i32, i32),
+    arch: (i32, i32),
 ) -> anyhow::Result<Vec<u8>> {
     use nvrtc::result;
     let what = source.what;
@@ -61,7 +74,8 @@ pub(crate) fn compile_cubin(
     }
     .map_err(|e| anyhow::anyhow!("NVRTC cannot create the program of {what}: {e:?}"))?;
     let mut options = options.to_vec();
-    options.push(format!("--gpu-architecture=sm_{major}{minor}"));
+    let target = target(source, arch);
+    options.push(format!("--gpu-architecture={target}"));
     // SAFETY: `program` was created above and is destroyed only at the end of this function.
     let cubin = unsafe {
         match result::compile_program(program, &options) {
@@ -82,7 +96,7 @@ pub(crate) fn compile_cubin(
                     .map(|log| CStr::from_ptr(log.as_ptr()).to_string_lossy().into_owned())
                     .unwrap_or_default();
                 Err(anyhow::anyhow!(
-                    "NVRTC cannot compile {what} for sm_{major}{minor} ({e:?}): {log}"
+                    "NVRTC cannot compile {what} for {target} ({e:?}): {log}"
                 ))
             }
         }
@@ -133,8 +147,8 @@ fn cache_key(source: &Source, options: &[String], arch: (i32, i32)) -> anyhow::R
             .flat_map(|(name, text)| [name.to_bytes(), text.as_bytes()]),
     );
     let setting = format!(
-        "{options:?} sm_{}{} nvrtc {nvrtc_major}.{nvrtc_minor}",
-        arch.0, arch.1
+        "{options:?} {} nvrtc {nvrtc_major}.{nvrtc_minor}",
+        target(source, arch)
     );
     parts.push(setting.as_bytes());
     Ok(CubinCache::key(&parts))

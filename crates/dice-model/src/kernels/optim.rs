@@ -16,6 +16,7 @@ pub(super) const SOURCE: Source = Source {
     text: include_str!("optim.cu"),
     file_name: c"optim.cu",
     what: "the AdamW kernel",
+    arch_specific: false,
 };
 
 /// `ADAMW_THREADS` of `optim.cu`.

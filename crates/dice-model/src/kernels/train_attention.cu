@@ -29,8 +29,9 @@
 // FlashAttention does; exponentials are taken base 2 with log2(e) folded into the scale (and
 // into lse where it is read): one FMA and ex2 per probability.
 //
-// Kernels (128 threads, 4 warps of 16 rows; the forward held to 3 CTAs per SM, as it ran
-// before its key pipeline took more registers):
+// Kernels (128 threads, 4 warps of 16 rows: one warpgroup, whose products on Hopper are wgmmas
+// of 64 rows; the forward held to 3 CTAs per SM, as it ran before its key pipeline took more
+// registers):
 //   train_attention_forward_*  grid (query tiles, Hq): a warp's 16 queries over the staged key
 //                              tiles (double-buffered: the next K/V tile's cp.async in flight
 //                              while this one is computed), online softmax, out and lse
@@ -47,19 +48,6 @@
 
 #define THREADS 128
 #define TILE 64
-// Halves per staged row: padded by 16 bytes so that the 8 rows of an ldmatrix hit 8 distinct
-// bank groups.
-#define STRIDE (HEAD_DIM + 8)
-#define TILE_HALVES (TILE * STRIDE)
-// Dynamic shared memory of train_attention_dkdv_* (train_attention.rs mirrors it): K, V, Q and
-// dO tiles, then the staged queries' spans, lse and delta.
-// One buffer of the dK/dV kernel's query pipeline: Q and dO tiles, the queries' spans, lse and
-// delta.
-#define QUERY_BUFFER_BYTES (2 * TILE_HALVES * 2 + TILE * (4 * 4 + 4 + 4))
-// The key tile's K and V, and two query buffers.
-#define DKDV_SHARED_BYTES (2 * TILE_HALVES * 2 + 2 * QUERY_BUFFER_BYTES)
-// Two K and two V tiles of the forward and dQ kernels' key pipeline.
-#define KEY_PIPELINE_SHARED_BYTES (4 * TILE_HALVES * 2)
 
 #define TILE_SPAN_WORDS 8
 #define LOG2E 1.4426950408889634f
@@ -74,6 +62,44 @@ static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM <= 128, "HEAD_DIM must be 16, 32, 6
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #include "mma.cuh"
+// On sm_90a (the arch-specific target NVRTC builds for a Hopper device, nvrtc.rs), with head
+// dims of whole 128-byte rows (64, 128), the products run as warpgroup wgmmas with B read from
+// shared memory by the tensor cores; elsewhere as per-warp mma.sync with B through ldmatrix.
+// The CPU emulation builds both (-DTRAIN_ATTENTION_WGMMA=1 for the first).
+#ifndef TRAIN_ATTENTION_WGMMA
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && HEAD_DIM % 64 == 0
+#define TRAIN_ATTENTION_WGMMA 1
+#else
+#define TRAIN_ATTENTION_WGMMA 0
+#endif
+#endif
+#if TRAIN_ATTENTION_WGMMA
+#include "wgmma.cuh"
+static_assert(HEAD_DIM % 64 == 0, "the wgmma path stages rows of 128-byte swizzled atoms");
+
+// A staged tile of TILE rows of HEAD_DIM halves: per 64 columns, TILE rows of 128 bytes whose
+// 16-byte chunks are swizzled (chunk ^ row % 8), Hopper's 128-byte swizzle (wgmma.cuh); a
+// warp's copies of whole rows store without bank conflicts, and so do ldmatrix's 8 rows.
+#define TILE_HALVES (TILE * HEAD_DIM)
+__device__ __forceinline__ int staged_offset(int row, int chunk) {
+    return chunk / 8 * (TILE * 64) + row * 64 + ((chunk % 8) ^ (row % 8)) * 8;
+}
+#else
+// A staged tile of TILE rows of HEAD_DIM halves, each row padded by 16 bytes so that the 8 rows
+// of an ldmatrix hit 8 distinct bank groups.
+#define STRIDE (HEAD_DIM + 8)
+#define TILE_HALVES (TILE * STRIDE)
+__device__ __forceinline__ int staged_offset(int row, int chunk) { return row * STRIDE + 8 * chunk; }
+#endif
+// Dynamic shared memory of the kernels (train_attention.rs reserves the larger, portable
+// layout's). One buffer of the dK/dV kernel's query pipeline: Q and dO tiles, the queries'
+// spans, lse and delta, rounded up to 1,024 bytes (the swizzle's period, where the next tile
+// starts).
+#define QUERY_BUFFER_BYTES ((2 * TILE_HALVES * 2 + TILE * (4 * 4 + 4 + 4) + 1023) / 1024 * 1024)
+// The dK/dV kernel's key tile (K and V), and two query buffers.
+#define DKDV_SHARED_BYTES (2 * TILE_HALVES * 2 + 2 * QUERY_BUFFER_BYTES)
+// Two K and two V tiles of the forward and dQ kernels' key pipeline.
+#define KEY_PIPELINE_SHARED_BYTES (4 * TILE_HALVES * 2)
 
 __device__ __forceinline__ bool in_range(unsigned int key, unsigned int begin, unsigned int end) {
     return key >= begin && key < end;
@@ -100,7 +126,8 @@ __device__ __forceinline__ bool tile_meets(const unsigned int* __restrict__ tile
 }
 
 // Rows first..first + TILE - 1 of src (rows `row_stride` elements apart) into a staged tile by
-// cp.async; rows from `count` on are zeros. The caller commits and waits.
+// cp.async; rows from `count` on are zeros. The caller commits and waits. A warp copies whole
+// rows (whole 128-byte lines of memory), each line's 8 lanes into one 128-byte stretch.
 template <typename T>
 __device__ __forceinline__ void stage_rows(unsigned short* tile, const T* __restrict__ src,
                                            size_t row_stride, int first, int count) {
@@ -108,7 +135,7 @@ __device__ __forceinline__ void stage_rows(unsigned short* tile, const T* __rest
     for (int u = threadIdx.x; u < TILE * CHUNKS; u += THREADS) {
         const int row = u / CHUNKS, c = u % CHUNKS;
         const bool valid = row < count;
-        cp_async_16(tile + row * STRIDE + 8 * c,
+        cp_async_16(tile + staged_offset(row, c),
                     src + (size_t)(first + (valid ? row : 0)) * row_stride + 8 * c, valid);
     }
 }
@@ -142,43 +169,76 @@ __device__ __forceinline__ void load_spans(const unsigned int* __restrict__ span
     }
 }
 
-// acc (+)= A B over the staged rows: A from registers, B^T rows (n rows of HEAD_DIM, STRIDE
-// apart: K or V as stored) by ldmatrix, `n` columns.
+// acc (+)= A B over the staged rows: A from registers (this warp's 16 rows), B^T the n staged
+// rows (K or V as stored: k along their HEAD_DIM columns), `n` columns. As wgmmas, the
+// warpgroup's 64 rows at once, every warp calling.
 template <typename T, int n>
 __device__ __forceinline__ void times_rows(const unsigned int (&a)[HEAD_DIM / 16][4],
                                            const unsigned short* rows, float (&acc)[n / 8][4]) {
+#if TRAIN_ATTENTION_WGMMA
+    pin(acc);
+    wgmma_fence();
+    // B K-major: k16 step ks is 32 bytes into a row's 128-byte atom (the next atom's rows from
+    // ks = 4); 8-row groups 1,024 bytes apart.
+    for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
+        wgmma_m64k16<T, false, n>(acc, a[ks],
+                                  swizzled_descriptor(rows + staged_offset(0, 2 * ks), 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(acc);
+#else
     const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
         for (int np = 0; np < n / 16; ++np) {
             unsigned int b[4];
-            ldmatrix_x4(b, rows + (16 * np + matrix_row + 8 * (matrix >> 1)) * STRIDE + 16 * ks +
-                               8 * (matrix & 1));
+            ldmatrix_x4(b, rows + staged_offset(16 * np + matrix_row + 8 * (matrix >> 1),
+                                                2 * ks + (matrix & 1)));
             mma_m16n8k16<T>(acc[2 * np], a[ks], b[0], b[1]);
             mma_m16n8k16<T>(acc[2 * np + 1], a[ks], b[2], b[3]);
         }
+#endif
 }
 
 // acc += A B with A the 16 x k accumulator tiles p (rounded to T) and B k staged rows of
-// HEAD_DIM (V, K, dO or Q as stored), by transposing ldmatrix.
+// HEAD_DIM (V, K, dO or Q as stored: k along the rows), by transposing ldmatrix or as wgmmas
+// reading B MN-major.
 template <typename T, int k>
 __device__ __forceinline__ void accumulate_rows(const float (&p)[k / 8][4],
                                                 const unsigned short* rows,
                                                 float (&acc)[HEAD_DIM / 8][4]) {
-    const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
+    // The accumulator layout of two n8 tiles is the A layout of one k16 tile.
+    unsigned int pa[k / 16][4];
     for (int kp = 0; kp < k / 16; ++kp) {
-        // The accumulator layout of two n8 tiles is the A layout of one k16 tile.
-        const unsigned int pa[4] = {
-            pack_pair<T>(p[2 * kp][0], p[2 * kp][1]), pack_pair<T>(p[2 * kp][2], p[2 * kp][3]),
-            pack_pair<T>(p[2 * kp + 1][0], p[2 * kp + 1][1]),
-            pack_pair<T>(p[2 * kp + 1][2], p[2 * kp + 1][3])};
+        pa[kp][0] = pack_pair<T>(p[2 * kp][0], p[2 * kp][1]);
+        pa[kp][1] = pack_pair<T>(p[2 * kp][2], p[2 * kp][3]);
+        pa[kp][2] = pack_pair<T>(p[2 * kp + 1][0], p[2 * kp + 1][1]);
+        pa[kp][3] = pack_pair<T>(p[2 * kp + 1][2], p[2 * kp + 1][3]);
+    }
+#if TRAIN_ATTENTION_WGMMA
+    pin(pa);
+    pin(acc);
+    wgmma_fence();
+    // B MN-major, one 64-column atom a wgmma (so that no wgmma's B spans two atoms along its
+    // contiguous dimension): rows 16 kp.. of columns 64 h..; its 8-row groups 1,024 bytes apart.
+    for (int kp = 0; kp < k / 16; ++kp)
+        for (int h = 0; h < HEAD_DIM / 64; ++h)
+            wgmma_m64k16<T, true, 64>(
+                *reinterpret_cast<float(*)[8][4]>(&acc[8 * h]), pa[kp],
+                swizzled_descriptor(rows + staged_offset(16 * kp, 8 * h), 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(acc);
+#else
+    const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
+    for (int kp = 0; kp < k / 16; ++kp)
         for (int np = 0; np < HEAD_DIM / 16; ++np) {
             unsigned int b[4];
-            ldmatrix_x4_trans(b, rows + (16 * kp + matrix_row + 8 * (matrix & 1)) * STRIDE +
-                                     16 * np + 8 * (matrix >> 1));
-            mma_m16n8k16<T>(acc[2 * np], pa, b[0], b[1]);
-            mma_m16n8k16<T>(acc[2 * np + 1], pa, b[2], b[3]);
+            ldmatrix_x4_trans(b, rows + staged_offset(16 * kp + matrix_row + 8 * (matrix & 1),
+                                                      2 * np + (matrix >> 1)));
+            mma_m16n8k16<T>(acc[2 * np], pa[kp], b[0], b[1]);
+            mma_m16n8k16<T>(acc[2 * np + 1], pa[kp], b[2], b[3]);
         }
-    }
+#endif
 }
 
 template <int n> __device__ __forceinline__ void zero(float (&acc)[n][4]) {
@@ -232,6 +292,10 @@ __device__ __forceinline__ void pipelined(int end, Next next, Stage stage, Step 
         } else {
             cp_async_wait<0>();
         }
+#if TRAIN_ATTENTION_WGMMA
+        // The tensor cores read the staged rows through the async proxy.
+        fence_async_shared();
+#endif
         __syncthreads();
         step(item, buffer);
         // The next item stages into the buffer just read.
@@ -240,10 +304,10 @@ __device__ __forceinline__ void pipelined(int end, Next next, Stage stage, Step 
     }
 }
 
-// Runs step(k_rows, v_rows, key, masked) for each half (TILE / 2 keys key..) of every key tile
+// Runs step(k_rows, v_rows, key, masked) for each part of `keys` keys (key..) of every key tile
 // that the query tile's `tile_span` meets, with its K and V rows staged in `kv` (4 tiles: two
 // buffers of K and V); masked: not every query of the tile sees every key of it.
-template <typename T, typename Step>
+template <int keys, typename T, typename Step>
 __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __restrict__ k_head,
                                                const T* __restrict__ v_head,
                                                const unsigned int* __restrict__ tile_span,
@@ -264,10 +328,10 @@ __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __re
         },
         [&](int t, int buffer) {
             const bool masked = !tile_sees_all(tile_span, t * TILE);
-            for (int half = 0; half < 2; ++half) {
-                const int offset = TILE / 2 * half;
-                step(kv + 2 * buffer * TILE_HALVES + offset * STRIDE,
-                     kv + (2 * buffer + 1) * TILE_HALVES + offset * STRIDE, t * TILE + offset,
+            for (int offset = 0; offset < TILE; offset += keys) {
+                step(kv + 2 * buffer * TILE_HALVES + staged_offset(offset, 0),
+                     kv + (2 * buffer + 1) * TILE_HALVES + staged_offset(offset, 0),
+                     t * TILE + offset,
                      masked);
             }
         });
@@ -323,11 +387,14 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     float o[HEAD_DIM / 8][4], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     zero(o);
     const float scale_log2 = scale * LOG2E;
-    over_key_tiles(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
+    // A step's scores take 4 registers a thread per 8 keys: as wgmmas (no B fragments held) a
+    // whole tile's fit.
+    constexpr int keys = TRAIN_ATTENTION_WGMMA ? TILE : TILE / 2;
+    over_key_tiles<keys>(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
                    tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
                    [&](const unsigned short* k_rows, const unsigned short* v_rows, int key,
                        bool masked) {
-                       forward_keys<T, TILE / 2>(masked, qa, k_rows, v_rows, key, span,
+                       forward_keys<T, keys>(masked, qa, k_rows, v_rows, key, span,
                                                  scale_log2, o, m, l);
                    });
     float inverse[2];
@@ -432,7 +499,7 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
     float acc[HEAD_DIM / 8][4];
     zero(acc);
     const float scale_log2 = scale * LOG2E;
-    over_key_tiles(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
+    over_key_tiles<TILE / 2>(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
                    tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
                    [&](const unsigned short* k_rows, const unsigned short* v_rows, int key,
                        bool masked) {
@@ -461,7 +528,7 @@ __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* 
     // The warp's K and V rows as A fragments (rows = keys, k = dims).
     unsigned int ka[HEAD_DIM / 16][4], va[HEAD_DIM / 16][4];
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
-        const int offset = (matrix_row + 8 * (matrix & 1)) * STRIDE + 16 * ks + 8 * (matrix >> 1);
+        const int offset = staged_offset(matrix_row + 8 * (matrix & 1), 2 * ks + (matrix >> 1));
         ldmatrix_x4(ka[ks], k_rows + offset);
         ldmatrix_x4(va[ks], v_rows + offset);
     }
@@ -547,10 +614,10 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
                 tile_sees_all(tile_spans + TILE_SPAN_WORDS * (i % q_tiles), key_first);
             for (int half = 0; half < 2; ++half) {
                 const int offset = TILE / 2 * half;
-                dkdv_queries<T, TILE / 2>(!all_seen, k_tile + warp_first * STRIDE,
-                                          v_tile + warp_first * STRIDE,
-                                          q_tile(buffer) + offset * STRIDE,
-                                          do_tile(buffer) + offset * STRIDE,
+                dkdv_queries<T, TILE / 2>(!all_seen, k_tile + staged_offset(warp_first, 0),
+                                          v_tile + staged_offset(warp_first, 0),
+                                          q_tile(buffer) + staged_offset(offset, 0),
+                                          do_tile(buffer) + staged_offset(offset, 0),
                                           q_spans(buffer) + 4 * offset, q_lse(buffer) + offset,
                                           q_delta(buffer) + offset, key_first + warp_first,
                                           scale_log2, dk_acc, dv_acc);

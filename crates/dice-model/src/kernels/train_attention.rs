@@ -26,6 +26,7 @@ pub(super) const SOURCE: Source = Source {
     text: include_str!("train_attention.cu"),
     file_name: c"train_attention.cu",
     what: "the training attention kernels",
+    arch_specific: true,
 };
 
 /// Threads per CTA, as `train_attention.cu` defines them.
@@ -39,16 +40,18 @@ const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
 /// Compute capability from which the kernels exist (mma.sync with bf16).
 const TENSOR_CORE_ARCH: (i32, i32) = (8, 0);
 
-/// Halves of one staged tile of 64 rows padded by 8 halves (`TILE_HALVES`).
+/// Halves of one staged tile of 64 rows (`TILE_HALVES`), in the larger of the kernels' two
+/// layouts (rows padded by 8 halves; the wgmma path's swizzled rows are not padded).
 fn tile_halves(head_dim: usize) -> usize {
     TILE * (head_dim + 8)
 }
 
 /// Dynamic shared memory of `train_attention_dkdv_*` (`DKDV_SHARED_BYTES`): the key tile's K and
 /// V, and two buffers of a query tile's Q, dO, spans, lse and delta (the next one's copy in
-/// flight while the warps compute on the other).
+/// flight while the warps compute on the other), each rounded up to 1,024 bytes.
 fn dkdv_shared_bytes(head_dim: usize) -> usize {
-    let query_buffer = 2 * tile_halves(head_dim) * 2 + TILE * (4 * 4 + 4 + 4);
+    let query_buffer =
+        (2 * tile_halves(head_dim) * 2 + TILE * (4 * 4 + 4 + 4)).next_multiple_of(1024);
     2 * tile_halves(head_dim) * 2 + 2 * query_buffer
 }
 

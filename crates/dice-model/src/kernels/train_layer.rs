@@ -23,6 +23,7 @@ pub(super) const SOURCE: Source = Source {
     text: include_str!("train_layer.cu"),
     file_name: c"train_layer.cu",
     what: "the training layer kernels",
+    arch_specific: false,
 };
 
 /// `ROW_WARPS`, `MAX_HEAD_DIM`, `FLAT_THREADS` and `HEAD_THREADS` of `train_layer.cu`.

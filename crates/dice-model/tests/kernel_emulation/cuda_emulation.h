@@ -183,6 +183,62 @@ inline void ldmatrix_x4_trans(unsigned int (&r)[4], const unsigned short* row) {
     ldmatrix_x4_any(r, row, true);
 }
 
+// Hopper's wgmma (wgmma.cuh), one warp at a time: a warp's rows of the warpgroup's product
+// depend only on its own A fragment, so each warp multiplies its m16 rows by the B that the
+// descriptor addresses, n8 tile by n8 tile through mma_m16n8k16. Shared addresses are offsets
+// into dynamic_shared_memory (1,024-byte aligned, as on the GPU), where the kernels stage B; the
+// descriptor is decoded as the GPU does (PTX ISA "Matrix Descriptor Format"; checked on an H100
+// by bench/train/wgmma_probe.cu): start address >> 4 in bits 0-13, the 8-row groups' stride >> 4
+// in bits 32-45, the 128-byte swizzle (bits 62-63 = 1, the only mode wgmma.cuh makes): rows of
+// 128 bytes along B's contiguous dimension (k for K-major, N for MN-major) whose 16-byte chunks
+// are XORed with address bits 7-9.
+alignas(1024) inline unsigned char dynamic_shared_memory[227 * 1024];
+
+inline unsigned int shared_address(const unsigned short* p) {
+    const auto offset = reinterpret_cast<const unsigned char*>(p) - dynamic_shared_memory;
+    if (offset < 0 || offset >= (long)sizeof(dynamic_shared_memory)) {
+        std::fprintf(stderr, "a wgmma operand outside the dynamic shared memory\n");
+        std::abort();
+    }
+    return (unsigned int)offset;
+}
+
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int pending> void wgmma_wait() {}
+inline void fence_async_shared() {}
+template <typename A> void pin(A&) {}
+
+template <typename T, bool transposed, int n>
+void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4],
+                  unsigned long long descriptor) {
+    if (descriptor >> 62 != 1 || (transposed && n > 64)) {
+        std::fprintf(stderr, "a wgmma descriptor this emulation does not decode\n");
+        std::abort();
+    }
+    const size_t start = (descriptor & 0x3fffull) << 4;
+    const size_t stride = ((descriptor >> 32) & 0x3fffull) << 4;
+    // B's element (k, column): 128-byte rows along k (K-major) or along the columns (MN-major),
+    // 8-row groups `stride` apart, then the swizzle of the address.
+    auto element = [&](int k, int column) -> unsigned int {
+        const int row = transposed ? k : column, along = transposed ? column : k;
+        size_t address = start + (row / 8) * stride + (row % 8) * 128 + along * 2;
+        address ^= ((address >> 7) & 7) << 4;
+        unsigned short value;
+        std::memcpy(&value, dynamic_shared_memory + address, 2);
+        return value;
+    };
+    const int lane = threadIdx.x & 31, group = lane / 4, quad_lane = lane % 4;
+    for (int j = 0; j < n / 8; ++j) {
+        const int column = 8 * j + group;
+        const unsigned int b0 = element(2 * quad_lane, column) |
+                                element(2 * quad_lane + 1, column) << 16;
+        const unsigned int b1 = element(2 * quad_lane + 8, column) |
+                                element(2 * quad_lane + 9, column) << 16;
+        mma_m16n8k16<T>(acc[j], a, b0, b1);
+    }
+}
+
 // cp.async (global to shared, 16 bytes, zero-filled when !valid): the copy is made when it is
 // issued, a schedule the GPU may also take, so committing and waiting have nothing left to do.
 // The kernels still order the copies before other lanes' reads with __syncwarp, as on the GPU.
@@ -195,9 +251,8 @@ inline void cp_async_16(unsigned short* dst, const void* src, bool valid) {
 inline void cp_async_commit() {}
 template <int pending> void cp_async_wait() {}
 
-// `extern __shared__` memory: blocks run one at a time, so one buffer of the most a block may
-// have (227 KiB on sm_90) serves every launch.
-alignas(16) inline unsigned char dynamic_shared_memory[227 * 1024];
+// `extern __shared__` memory (declared above, beside wgmma): blocks run one at a time, so one
+// buffer of the most a block may have (227 KiB on sm_90) serves every launch.
 
 inline const std::function<void()>* launched_kernel;
 

@@ -1,0 +1,121 @@
+// Hopper's warpgroup matrix multiply (wgmma.mma_async, sm_90a) for our NVRTC kernels
+// (train_attention.cu): a warpgroup's 64 x N accumulator += A (64 x 16, from registers) times B
+// (16 x N, from shared memory through a matrix descriptor), issued by the 4 warps together and
+// completed asynchronously. Included after mma.cuh by sources compiled for sm_90a; plain C++
+// builds (tests/kernel_emulation) provide these operations and `shared_address`, and decode the
+// descriptors swizzled_descriptor makes.
+//
+// Register layouts: warp w of the warpgroup holds rows 16 w.. of A and of the accumulator, in
+// mma.m16n8k16's layouts (mma.cuh): A as one m16k16 fragment, the accumulator as N / 8 m16n8
+// tiles, so a kernel written for per-warp m16 tiles keeps its fragments.
+//
+// B in shared memory with Hopper's 128-byte swizzle (PTX ISA, "Shared Memory Matrix Layout";
+// CUTLASS's canonical GMMA layouts, cute/atom/mma_traits_sm90_gmma.hpp): rows of 128 bytes (64
+// 16-bit values along B's contiguous dimension, k for K-major, N for MN-major), 8 rows making a
+// 1,024-byte atom that starts 1,024-byte aligned, where the 16-byte chunk c of row r is stored
+// at chunk c ^ (r % 8) (the hardware swizzles by address bits 4-6 ^ 7-9). The descriptor's
+// stride is the byte step between 8-row groups; the leading offset is the step between atoms
+// along the contiguous dimension, which our wgmmas never span (K-major: k16 steps of 32 bytes
+// within a row; MN-major: N = 64), so it is left at 16 bytes. Checked on an H100 by
+// bench/train/wgmma_probe.cu.
+#pragma once
+
+// The 64-bit descriptor of a B operand in 128-byte swizzled atoms (bits 62-63 = 1) whose first
+// row starts at `start` (a row of an atom, or 32-byte steps into one: the swizzle follows the
+// address), with 8-row groups `stride` bytes apart (base offset 0: atoms 1,024-byte aligned).
+__device__ __forceinline__ unsigned long long swizzled_descriptor(const unsigned short* start,
+                                                                 unsigned int stride) {
+    const unsigned long long address = shared_address(start);
+    return ((address & 0x3FFFFull) >> 4) | (1ull << 16) |
+           ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
+}
+
+#ifdef __CUDACC__
+
+// Orders this warpgroup's register writes (accumulators, A fragments) before the wgmmas that
+// read them.
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+// Closes the wgmmas issued since the last commit into one group.
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+// Waits until at most `pending` committed groups are still in flight.
+template <int pending> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(pending) : "memory");
+}
+
+// Makes this thread's ordinary shared-memory writes (stores, cp.async) visible to the async
+// proxy that wgmma reads B through; before the barrier that publishes them.
+__device__ __forceinline__ void fence_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Keeps the compiler from moving an accumulator across the asynchronous window (CUTLASS's
+// warpgroup_fence_operand): its registers are read and written by a wgmma in flight.
+template <int n> __device__ __forceinline__ void pin(float (&acc)[n][4]) {
+    for (int i = 0; i < n; ++i)
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][e])::"memory");
+}
+
+// The same for A fragments computed just before the wgmmas that read them.
+template <int n> __device__ __forceinline__ void pin(unsigned int (&a)[n][4]) {
+    for (int i = 0; i < n; ++i)
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
+}
+
+#define WGMMA_ACC8(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define WGMMA_ACC16() WGMMA_ACC8(0), WGMMA_ACC8(1)
+#define WGMMA_ACC32() WGMMA_ACC16(), WGMMA_ACC8(2), WGMMA_ACC8(3)
+#define WGMMA_ACC64() WGMMA_ACC32(), WGMMA_ACC8(4), WGMMA_ACC8(5), WGMMA_ACC8(6), WGMMA_ACC8(7)
+#define WGMMA_ACC128()                                                                         \
+    WGMMA_ACC64(), WGMMA_ACC8(8), WGMMA_ACC8(9), WGMMA_ACC8(10), WGMMA_ACC8(11), WGMMA_ACC8(12),  \
+        WGMMA_ACC8(13), WGMMA_ACC8(14), WGMMA_ACC8(15)
+#define WGMMA_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define WGMMA_REGS16 WGMMA_REGS8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define WGMMA_REGS32                                                                           \
+    WGMMA_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, " \
+                 "%31"
+#define WGMMA_REGS64                                                                           \
+    WGMMA_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
+                 "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
+                 "%62, %63"
+
+// acc += A B for one k16 step: A this warp's m16k16 fragment, B by descriptor; `transposed`:
+// B is MN-major (its rows are k). Specialised per N (the accumulator's registers are operands).
+template <typename T, int n, bool transposed> struct Wgmma;
+
+#define WGMMA_SPECIALISATION(N, TYPE, NAME, REGS, ACC, A0, A1, A2, A3, DESC, ONE, TRANS)             \
+    template <bool transposed> struct Wgmma<TYPE, N, transposed> {                           \
+        static __device__ __forceinline__ void run(float (&d)[N / 8][4],                       \
+                                                   const unsigned int (&a)[4],                 \
+                                                   unsigned long long descriptor) {            \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ONE ", 0;\n"                    \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." NAME "." NAME " {" \
+                         REGS "}, {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" DESC               \
+                         ", p, 1, 1, %" TRANS ";\n}"                                            \
+                         : ACC()                                                               \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(descriptor),        \
+                           "r"(1), "n"(transposed ? 1 : 0));                                   \
+        }                                                                                      \
+    };
+
+#define WGMMA_TYPES(N, REGS, ACC, A0, A1, A2, A3, DESC, ONE, TRANS)                           \
+    WGMMA_SPECIALISATION(N, bf16_t, "bf16", REGS, ACC, A0, A1, A2, A3, DESC, ONE, TRANS)      \
+    WGMMA_SPECIALISATION(N, f16_t, "f16", REGS, ACC, A0, A1, A2, A3, DESC, ONE, TRANS)
+
+WGMMA_TYPES(16, WGMMA_REGS8, WGMMA_ACC16, "8", "9", "10", "11", "12", "13", "14")
+WGMMA_TYPES(32, WGMMA_REGS16, WGMMA_ACC32, "16", "17", "18", "19", "20", "21", "22")
+WGMMA_TYPES(64, WGMMA_REGS32, WGMMA_ACC64, "32", "33", "34", "35", "36", "37", "38")
+WGMMA_TYPES(128, WGMMA_REGS64, WGMMA_ACC128, "64", "65", "66", "67", "68", "69", "70")
+
+template <typename T, bool transposed, int n>
+__device__ __forceinline__ void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4],
+                                             unsigned long long descriptor) {
+    Wgmma<T, n, transposed>::run(acc, a, descriptor);
+}
+
+#endif
