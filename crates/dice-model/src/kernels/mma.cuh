@@ -40,7 +40,7 @@ __device__ __forceinline__ void mma_m16n8k16<f16_t>(float (&d)[4], const unsigne
 // not inline asm, so that the compiler folds a fragment's offset into the instruction's
 // immediate: with a cvta in asm every ldmatrix paid 64-bit pointer arithmetic first (five to six
 // integer instructions; the attention kernels' loops 12-19 % shorter without it, sm_90 SASS).
-__device__ __forceinline__ unsigned int shared_address(const unsigned short* p) {
+__device__ __forceinline__ unsigned int shared_address(const void* p) {
     return static_cast<unsigned int>(__cvta_generic_to_shared(p));
 }
 
@@ -74,10 +74,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned int (&r)[4], const un
 
 // 16 bytes from global to shared memory, asynchronously (L2 only: K and V are read once);
 // zeros instead when !valid (src is then not read).
-__device__ __forceinline__ void cp_async_16(unsigned short* dst, const void* src, bool valid) {
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                  :
                  : "r"(shared_address(dst)), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+// The same for 4 bytes (through L1: cp.async.cg takes 16 bytes only).
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                 :
+                 : "r"(shared_address(dst)), "l"(src), "r"(valid ? 4 : 0)
                  : "memory");
 }
 

@@ -169,20 +169,31 @@ __device__ __forceinline__ void load_spans(const unsigned int* __restrict__ span
     }
 }
 
-// acc (+)= A B over the staged rows: A from registers (this warp's 16 rows), B^T the n staged
-// rows (K or V as stored: k along their HEAD_DIM columns), `n` columns. As wgmmas, the
-// warpgroup's 64 rows at once, every warp calling.
-template <typename T, int n>
-__device__ __forceinline__ void times_rows(const unsigned int (&a)[HEAD_DIM / 16][4],
-                                           const unsigned short* rows, float (&acc)[n / 8][4]) {
+#if TRAIN_ATTENTION_WGMMA
+// K-major staged rows (k along their HEAD_DIM columns) as a wgmma operand for k16 step ks: 32
+// bytes into a row's 128-byte atom (the next atom's rows from ks = 4), 8-row groups 1,024 bytes
+// apart.
+__device__ __forceinline__ unsigned long long k_step(const unsigned short* rows, int ks) {
+    return swizzled_descriptor(rows + staged_offset(0, 2 * ks), 1024);
+}
+
+// A's operand for k16 step ks: this warp's fragment, or the warpgroup's 64 staged rows.
+__device__ __forceinline__ const auto& k_step(const unsigned int (&a)[HEAD_DIM / 16][4], int ks) {
+    return a[ks];
+}
+#endif
+
+// acc (+)= A B over the staged rows: A from registers (this warp's 16 rows) or, as wgmmas only,
+// 64 staged rows (K-major as B), B^T the n staged rows (K or V as stored: k along their HEAD_DIM
+// columns), `n` columns. As wgmmas, the warpgroup's 64 rows at once, every warp calling.
+template <typename T, int n, typename A>
+__device__ __forceinline__ void times_rows(const A& a, const unsigned short* rows,
+                                           float (&acc)[n / 8][4]) {
 #if TRAIN_ATTENTION_WGMMA
     pin(acc);
     wgmma_fence();
-    // B K-major: k16 step ks is 32 bytes into a row's 128-byte atom (the next atom's rows from
-    // ks = 4); 8-row groups 1,024 bytes apart.
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
-        wgmma_m64k16<T, false, n>(acc, a[ks],
-                                  swizzled_descriptor(rows + staged_offset(0, 2 * ks), 1024));
+        wgmma_m64k16<T, false, n>(acc, k_step(a, ks), k_step(rows, ks));
     wgmma_commit();
     wgmma_wait<0>();
     pin(acc);
@@ -426,12 +437,14 @@ __device__ void row_deltas(const T* __restrict__ out, const T* __restrict__ d_ou
 }
 
 // The two products both backward steps begin with, over `n` staged rows each: scores s = A B^T
-// (Q K^T, or K Q^T for dK/dV) and their gradients dp = dA dB^T (dO V^T, or V dO^T).
-template <typename T, int n>
-__device__ __forceinline__ void scores_and_their_gradients(
-    const unsigned int (&a)[HEAD_DIM / 16][4], const unsigned short* rows,
-    const unsigned int (&da)[HEAD_DIM / 16][4], const unsigned short* d_rows,
-    float (&s)[n / 8][4], float (&dp)[n / 8][4]) {
+// (Q K^T, or K Q^T for dK/dV) and their gradients dp = dA dB^T (dO V^T, or V dO^T); A and dA as
+// times_rows takes them.
+template <typename T, int n, typename A>
+__device__ __forceinline__ void scores_and_their_gradients(const A& a, const unsigned short* rows,
+                                                           const A& da,
+                                                           const unsigned short* d_rows,
+                                                           float (&s)[n / 8][4],
+                                                           float (&dp)[n / 8][4]) {
     zero(s);
     zero(dp);
     times_rows<T, n>(a, rows, s);
@@ -499,47 +512,55 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
     float acc[HEAD_DIM / 8][4];
     zero(acc);
     const float scale_log2 = scale * LOG2E;
-    over_key_tiles<TILE / 2>(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
+    // As the forward's; a step's scores and their gradients take 8 registers a thread per 8 keys.
+    constexpr int keys = TRAIN_ATTENTION_WGMMA ? TILE : TILE / 2;
+    over_key_tiles<keys>(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
                    tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
                    [&](const unsigned short* k_rows, const unsigned short* v_rows, int key,
                        bool masked) {
-                       dq_keys<T, TILE / 2>(masked, qa, doa, k_rows, v_rows, key, span, row_lse,
+                       dq_keys<T, keys>(masked, qa, doa, k_rows, v_rows, key, span, row_lse,
                                             row_delta, scale_log2, acc);
                    });
     const float factor[2] = {scale, scale};
     store_rows(acc, factor, dq + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens);
 }
 
-// One warp's dK/dV step for its 16 keys (staged rows warp_keys.., key index key0 + row) over
-// `queries` staged queries: S^T = K Q^T and dP^T = V dO^T, P^T from the queries' lse (staged
-// times log2(e)), masked by their spans unless every query sees every key, dS^T = P^T (dP^T -
+// One warp's dK/dV step for its 16 keys (rows 16 w.. of the staged key tile, key index key0 +
+// row) over
+// `queries` staged queries: S^T = K Q^T and dP^T = V dO^T, P^T from the queries' lse, masked by their spans unless every query sees every key, dS^T = P^T (dP^T -
 // delta), dV += P^T dO, dK += dS^T Q.
 template <typename T, int queries>
-__device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* k_rows,
-                                             const unsigned short* v_rows,
+__device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* k_tile,
+                                             const unsigned short* v_tile,
                                              const unsigned short* q_rows,
                                              const unsigned short* do_rows,
-                                             const unsigned int* q_spans, const float* q_lse_log2,
+                                             const unsigned int* q_spans, const float* q_lse,
                                              const float* q_delta, int key0, float scale_log2,
                                              float (&dk)[HEAD_DIM / 8][4],
                                              float (&dv)[HEAD_DIM / 8][4]) {
     const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
-    const int matrix = lane / 8, matrix_row = lane % 8;
+    float st[queries / 8][4], dpt[queries / 8][4];
+#if TRAIN_ATTENTION_WGMMA
+    // The key tile's K and V rows are A, read by the tensor cores.
+    scores_and_their_gradients<T, queries>(k_tile, q_rows, v_tile, do_rows, st, dpt);
+#else
     // The warp's K and V rows as A fragments (rows = keys, k = dims).
+    const int matrix = lane / 8, matrix_row = lane % 8, warp_first = 16 * (threadIdx.x / 32);
     unsigned int ka[HEAD_DIM / 16][4], va[HEAD_DIM / 16][4];
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
-        const int offset = staged_offset(matrix_row + 8 * (matrix & 1), 2 * ks + (matrix >> 1));
-        ldmatrix_x4(ka[ks], k_rows + offset);
-        ldmatrix_x4(va[ks], v_rows + offset);
+        const int offset =
+            staged_offset(warp_first + matrix_row + 8 * (matrix & 1), 2 * ks + (matrix >> 1));
+        ldmatrix_x4(ka[ks], k_tile + offset);
+        ldmatrix_x4(va[ks], v_tile + offset);
     }
-    float st[queries / 8][4], dpt[queries / 8][4];
     scores_and_their_gradients<T, queries>(ka, q_rows, va, do_rows, st, dpt);
+#endif
     for (int nt = 0; nt < queries / 8; ++nt)
         for (int e = 0; e < 4; ++e) {
             const int query = 8 * nt + 2 * quad_lane + (e & 1);
             const unsigned int key = key0 + group + 8 * (e / 2);
             const float p = recomputed_p(!masked || sees(q_spans + 4 * query, key), st[nt][e],
-                                         scale_log2, q_lse_log2[query]);
+                                         scale_log2, q_lse[query] * LOG2E);
             st[nt][e] = p;
             dpt[nt][e] = p * (dpt[nt][e] - q_delta[query]);
         }
@@ -599,23 +620,23 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
                        count);
             stage_rows(do_tile(buffer), d_out + (size_t)head * HEAD_DIM,
                        (size_t)q_heads * HEAD_DIM, first, count);
-            cp_async_commit();
+            // Rows past the sequence are zeros: spans that see nothing (masked tiles), and in a
+            // tile every row sees, zero Q and dO rows whose dV and dK terms are zero.
             for (int r = threadIdx.x; r < TILE; r += THREADS) {
                 const bool valid = r < count;
-                for (int c = 0; c < 4; ++c)
-                    q_spans(buffer)[4 * r + c] = valid ? spans[4 * (size_t)(first + r) + c] : 0u;
-                q_lse(buffer)[r] =
-                    valid ? lse[(size_t)head * tokens + first + r] * LOG2E : POS_INF;
-                q_delta(buffer)[r] = valid ? delta[(size_t)head * tokens + first + r] : 0.f;
+                const size_t row = first + (valid ? r : 0);
+                cp_async_16(q_spans(buffer) + 4 * r, spans + 4 * row, valid);
+                cp_async_4(q_lse(buffer) + r, lse + (size_t)head * tokens + row, valid);
+                cp_async_4(q_delta(buffer) + r, delta + (size_t)head * tokens + row, valid);
             }
+            cp_async_commit();
         },
         [&](int i, int buffer) {
             const bool all_seen =
                 tile_sees_all(tile_spans + TILE_SPAN_WORDS * (i % q_tiles), key_first);
             for (int half = 0; half < 2; ++half) {
                 const int offset = TILE / 2 * half;
-                dkdv_queries<T, TILE / 2>(!all_seen, k_tile + staged_offset(warp_first, 0),
-                                          v_tile + staged_offset(warp_first, 0),
+                dkdv_queries<T, TILE / 2>(!all_seen, k_tile, v_tile,
                                           q_tile(buffer) + staged_offset(offset, 0),
                                           do_tile(buffer) + staged_offset(offset, 0),
                                           q_spans(buffer) + 4 * offset, q_lse(buffer) + offset,

@@ -1,7 +1,7 @@
 // Hopper's warpgroup matrix multiply (wgmma.mma_async, sm_90a) for our NVRTC kernels
-// (train_attention.cu): a warpgroup's 64 x N accumulator += A (64 x 16, from registers) times B
-// (16 x N, from shared memory through a matrix descriptor), issued by the 4 warps together and
-// completed asynchronously. Included after mma.cuh by sources compiled for sm_90a; plain C++
+// (train_attention.cu): a warpgroup's 64 x N accumulator += A (64 x 16, from registers or shared
+// memory) times B (16 x N, from shared memory), the shared operands through matrix descriptors,
+// issued by the 4 warps together and completed asynchronously. Included after mma.cuh by sources compiled for sm_90a; plain C++
 // builds (tests/kernel_emulation) provide these operations and `shared_address`, and decode the
 // descriptors swizzled_descriptor makes.
 //
@@ -68,54 +68,61 @@ template <int n> __device__ __forceinline__ void pin(unsigned int (&a)[n][4]) {
 }
 
 #define WGMMA_ACC8(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define WGMMA_ACC16() WGMMA_ACC8(0), WGMMA_ACC8(1)
-#define WGMMA_ACC32() WGMMA_ACC16(), WGMMA_ACC8(2), WGMMA_ACC8(3)
+#define WGMMA_ACC32() WGMMA_ACC8(0), WGMMA_ACC8(1), WGMMA_ACC8(2), WGMMA_ACC8(3)
 #define WGMMA_ACC64() WGMMA_ACC32(), WGMMA_ACC8(4), WGMMA_ACC8(5), WGMMA_ACC8(6), WGMMA_ACC8(7)
-#define WGMMA_ACC128()                                                                         \
-    WGMMA_ACC64(), WGMMA_ACC8(8), WGMMA_ACC8(9), WGMMA_ACC8(10), WGMMA_ACC8(11), WGMMA_ACC8(12),  \
-        WGMMA_ACC8(13), WGMMA_ACC8(14), WGMMA_ACC8(15)
-#define WGMMA_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7"
-#define WGMMA_REGS16 WGMMA_REGS8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define WGMMA_REGS16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define WGMMA_REGS32                                                                           \
     WGMMA_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, " \
                  "%31"
-#define WGMMA_REGS64                                                                           \
-    WGMMA_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
-                 "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
-                 "%62, %63"
 
-// acc += A B for one k16 step: A this warp's m16k16 fragment, B by descriptor; `transposed`:
-// B is MN-major (its rows are k). Specialised per N (the accumulator's registers are operands).
+// acc += A B for one k16 step, B by descriptor (`transposed`: MN-major), A either this warp's
+// m16k16 fragment or, by descriptor, the warpgroup's 64 rows (K-major). Specialised per N (the
+// accumulator's registers are operands); after the accumulators come A's operand(s), then the
+// descriptor(s), the accumulate flag (1) and the transpose immediate.
 template <typename T, int n, bool transposed> struct Wgmma;
 
-#define WGMMA_SPECIALISATION(N, TYPE, NAME, REGS, ACC, A0, A1, A2, A3, DESC, ONE, TRANS)             \
+#define WGMMA_SPECIALISATION(N, TYPE, NAME, REGS, ACC, X0, X1, X2, X3, X4, X5, X6)             \
     template <bool transposed> struct Wgmma<TYPE, N, transposed> {                           \
         static __device__ __forceinline__ void run(float (&d)[N / 8][4],                       \
                                                    const unsigned int (&a)[4],                 \
-                                                   unsigned long long descriptor) {            \
-            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ONE ", 0;\n"                    \
+                                                   unsigned long long b) {                     \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" X5 ", 0;\n"                    \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." NAME "." NAME " {" \
-                         REGS "}, {%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" DESC               \
-                         ", p, 1, 1, %" TRANS ";\n}"                                            \
+                         REGS "}, {%" X0 ", %" X1 ", %" X2 ", %" X3 "}, %" X4 ", p, 1, 1, %" X6  \
+                         ";\n}"                                                                \
                          : ACC()                                                               \
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(descriptor),        \
-                           "r"(1), "n"(transposed ? 1 : 0));                                   \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1),         \
+                           "n"(transposed ? 1 : 0));                                           \
+        }                                                                                      \
+        static __device__ __forceinline__ void run(float (&d)[N / 8][4], unsigned long long a, \
+                                                   unsigned long long b) {                     \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" X2 ", 0;\n"                    \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." NAME "." NAME " {" \
+                         REGS "}, %" X0 ", %" X1 ", p, 1, 1, 0, %" X3 ";\n}"                   \
+                         : ACC()                                                               \
+                         : "l"(a), "l"(b), "r"(1), "n"(transposed ? 1 : 0));                   \
         }                                                                                      \
     };
 
-#define WGMMA_TYPES(N, REGS, ACC, A0, A1, A2, A3, DESC, ONE, TRANS)                           \
-    WGMMA_SPECIALISATION(N, bf16_t, "bf16", REGS, ACC, A0, A1, A2, A3, DESC, ONE, TRANS)      \
-    WGMMA_SPECIALISATION(N, f16_t, "f16", REGS, ACC, A0, A1, A2, A3, DESC, ONE, TRANS)
+#define WGMMA_TYPES(N, REGS, ACC, X0, X1, X2, X3, X4, X5, X6)                                  \
+    WGMMA_SPECIALISATION(N, bf16_t, "bf16", REGS, ACC, X0, X1, X2, X3, X4, X5, X6)            \
+    WGMMA_SPECIALISATION(N, f16_t, "f16", REGS, ACC, X0, X1, X2, X3, X4, X5, X6)
 
-WGMMA_TYPES(16, WGMMA_REGS8, WGMMA_ACC16, "8", "9", "10", "11", "12", "13", "14")
 WGMMA_TYPES(32, WGMMA_REGS16, WGMMA_ACC32, "16", "17", "18", "19", "20", "21", "22")
 WGMMA_TYPES(64, WGMMA_REGS32, WGMMA_ACC64, "32", "33", "34", "35", "36", "37", "38")
-WGMMA_TYPES(128, WGMMA_REGS64, WGMMA_ACC128, "64", "65", "66", "67", "68", "69", "70")
 
+// A from this warp's registers.
 template <typename T, bool transposed, int n>
 __device__ __forceinline__ void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4],
-                                             unsigned long long descriptor) {
-    Wgmma<T, n, transposed>::run(acc, a, descriptor);
+                                             unsigned long long b) {
+    Wgmma<T, n, transposed>::run(acc, a, b);
+}
+
+// A from shared memory (K-major, 128-byte swizzled as B).
+template <typename T, bool transposed, int n>
+__device__ __forceinline__ void wgmma_m64k16(float (&acc)[n / 8][4], unsigned long long a,
+                                             unsigned long long b) {
+    Wgmma<T, n, transposed>::run(acc, a, b);
 }
 
 #endif

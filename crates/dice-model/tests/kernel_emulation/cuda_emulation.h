@@ -194,7 +194,7 @@ inline void ldmatrix_x4_trans(unsigned int (&r)[4], const unsigned short* row) {
 // are XORed with address bits 7-9.
 alignas(1024) inline unsigned char dynamic_shared_memory[227 * 1024];
 
-inline unsigned int shared_address(const unsigned short* p) {
+inline unsigned int shared_address(const void* p) {
     const auto offset = reinterpret_cast<const unsigned char*>(p) - dynamic_shared_memory;
     if (offset < 0 || offset >= (long)sizeof(dynamic_shared_memory)) {
         std::fprintf(stderr, "a wgmma operand outside the dynamic shared memory\n");
@@ -209,24 +209,29 @@ template <int pending> void wgmma_wait() {}
 inline void fence_async_shared() {}
 template <typename A> void pin(A&) {}
 
-template <typename T, bool transposed, int n>
-void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4],
-                  unsigned long long descriptor) {
-    if (descriptor >> 62 != 1 || (transposed && n > 64)) {
+// The 16-bit value a swizzled descriptor addresses at (row, along): rows of 128 bytes (`along`
+// the contiguous dimension), 8-row groups the descriptor's stride apart, then the swizzle of the
+// address.
+inline unsigned int swizzled_element(unsigned long long descriptor, int row, int along) {
+    if (descriptor >> 62 != 1 || along >= 64) {
         std::fprintf(stderr, "a wgmma descriptor this emulation does not decode\n");
         std::abort();
     }
     const size_t start = (descriptor & 0x3fffull) << 4;
     const size_t stride = ((descriptor >> 32) & 0x3fffull) << 4;
-    // B's element (k, column): 128-byte rows along k (K-major) or along the columns (MN-major),
-    // 8-row groups `stride` apart, then the swizzle of the address.
-    auto element = [&](int k, int column) -> unsigned int {
-        const int row = transposed ? k : column, along = transposed ? column : k;
-        size_t address = start + (row / 8) * stride + (row % 8) * 128 + along * 2;
-        address ^= ((address >> 7) & 7) << 4;
-        unsigned short value;
-        std::memcpy(&value, dynamic_shared_memory + address, 2);
-        return value;
+    size_t address = start + (row / 8) * stride + (row % 8) * 128 + along * 2;
+    address ^= ((address >> 7) & 7) << 4;
+    unsigned short value;
+    std::memcpy(&value, dynamic_shared_memory + address, 2);
+    return value;
+}
+
+// A from this warp's registers: B's (k, column) is row `column` of a K-major descriptor, row k
+// of an MN-major one.
+template <typename T, bool transposed, int n>
+void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4], unsigned long long b) {
+    auto element = [&](int k, int column) {
+        return transposed ? swizzled_element(b, k, column) : swizzled_element(b, column, k);
     };
     const int lane = threadIdx.x & 31, group = lane / 4, quad_lane = lane % 4;
     for (int j = 0; j < n / 8; ++j) {
@@ -239,14 +244,33 @@ void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4],
     }
 }
 
-// cp.async (global to shared, 16 bytes, zero-filled when !valid): the copy is made when it is
+// A from shared memory (K-major): this warp's fragment of rows 16 w.., in mma.m16n8k16's layout.
+template <typename T, bool transposed, int n>
+void wgmma_m64k16(float (&acc)[n / 8][4], unsigned long long a, unsigned long long b) {
+    const int lane = threadIdx.x & 31, row = 16 * (threadIdx.x / 32) + lane / 4;
+    const int k = 2 * (lane % 4);
+    unsigned int fragment[4];
+    for (int r = 0; r < 2; ++r)
+        for (int half = 0; half < 2; ++half)
+            fragment[r + 2 * half] = swizzled_element(a, row + 8 * r, k + 8 * half) |
+                                     swizzled_element(a, row + 8 * r, k + 8 * half + 1) << 16;
+    wgmma_m64k16<T, transposed, n>(acc, fragment, b);
+}
+
+// cp.async (global to shared, 16 or 4 bytes, zero-filled when !valid): the copy is made when it is
 // issued, a schedule the GPU may also take, so committing and waiting have nothing left to do.
 // The kernels still order the copies before other lanes' reads with __syncwarp, as on the GPU.
-inline void cp_async_16(unsigned short* dst, const void* src, bool valid) {
+inline void cp_async_16(void* dst, const void* src, bool valid) {
     if (valid)
         std::memcpy(dst, src, 16);
     else
         std::memset(dst, 0, 16);
+}
+inline void cp_async_4(void* dst, const void* src, bool valid) {
+    if (valid)
+        std::memcpy(dst, src, 4);
+    else
+        std::memset(dst, 0, 4);
 }
 inline void cp_async_commit() {}
 template <int pending> void cp_async_wait() {}
