@@ -13,6 +13,7 @@ use anyhow::anyhow;
 use dice_audit::Rule;
 use dice_store::Verdict;
 use serde_json::{json, Value};
+use std::time::Instant;
 
 /// Judging state of the correctness trials.
 #[derive(Default)]
@@ -22,6 +23,10 @@ struct Trials {
     max_abs: Option<f64>,
     max_rel: Option<f64>,
     failure: Option<(Verdict, String)>,
+    /// Each trial's call: the candidate's as this process saw it (from the request to its output
+    /// published), the reference's forward as its process timed it.
+    candidate_ms: Vec<f64>,
+    reference_ms: Vec<f64>,
 }
 
 impl Trials {
@@ -34,12 +39,29 @@ impl Trials {
         };
         self.max_abs = fold(self.max_abs, judged["max_abs"].as_f64());
         self.max_rel = fold(self.max_rel, judged["max_rel"].as_f64());
+        self.reference_ms.extend(judged["reference_ms"].as_f64());
         let Some((verdict, message)) = judged_failure(judged) else {
             self.passed += 1;
             return false;
         };
         self.failure.get_or_insert((verdict, message));
         verdict == Verdict::ShapeMismatch
+    }
+
+    /// How long one call takes, as the trials show it: the slower side's fastest trial after the
+    /// first (whose call pays one-time costs) where there are several. It only sizes the timing
+    /// plan (stage_timing.rs): a candidate slower in its trials is timed in fewer calls of the
+    /// same kind, which gains it nothing.
+    fn call_ms(&self) -> Option<f64> {
+        let fastest = |ms: &[f64]| {
+            let later = if ms.len() > 1 { &ms[1..] } else { ms };
+            later.iter().copied().reduce(f64::min)
+        };
+        let (candidate, reference) = (fastest(&self.candidate_ms), fastest(&self.reference_ms));
+        match (candidate, reference) {
+            (Some(c), Some(r)) => Some(c.max(r)),
+            (c, r) => c.or(r),
+        }
     }
 }
 
@@ -65,6 +87,8 @@ pub(crate) fn run_candidate(
     let mut step = None;
     let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.compile_timeout);
     let mut trials = Trials::default();
+    // When the trial in progress was asked for.
+    let mut trial_asked = Instant::now();
     let mut evidence = Evidence::default();
     let mut mutation_judged = false;
     let mut phase = "importing the program".to_string();
@@ -102,6 +126,7 @@ pub(crate) fn run_candidate(
                     clock.lap("construct");
                     step = clock.untimed(access);
                     child.send(&json!({"op": "trial"}));
+                    trial_asked = Instant::now();
                     phase = "running correctness trial 1".into();
                 }
                 // The candidate could stay silent about itself, but never makes itself better.
@@ -112,6 +137,9 @@ pub(crate) fn run_candidate(
                         .push(Finding::error(Rule::InputMutation, message.to_string()));
                 }
                 "output" => {
+                    trials
+                        .candidate_ms
+                        .push(trial_asked.elapsed().as_secs_f64() * 1e3);
                     // The candidate's word is not trusted: trials come in order, and the judge
                     // reads the one file the candidate may publish for that trial.
                     let trial = trials.judged;
@@ -143,6 +171,7 @@ pub(crate) fn run_candidate(
                     } else if trial + 1 < ctx.cfg.correctness_trials {
                         step = clock.untimed(access);
                         child.send(&json!({"op": "trial"}));
+                        trial_asked = Instant::now();
                         phase = format!("running correctness trial {}", trial + 2);
                     } else if trials.failure.is_some() {
                         verdict = trials.failure.clone();
@@ -174,6 +203,7 @@ pub(crate) fn run_candidate(
                             reference,
                             &mut evidence,
                             &mut clock,
+                            trials.call_ms(),
                         )?;
                         if result.is_ok() {
                             let mut check = KernelCheck {

@@ -102,7 +102,8 @@ fn schedule(timing: Timing, total: u32, rounds: u32) -> Vec<(Side, u32)> {
 /// Times the candidate and its baseline in rounds (`schedule`), each round with its own time
 /// limit, every call on inputs of its own (the baseline's call of the same number on the same
 /// ones); then judges a sample of the candidate's timed outputs and checks its clock against the
-/// evaluator's wall time.
+/// evaluator's wall time. `trial_call_ms`: how long a call took in the correctness trials (the
+/// slower side's), which sizes a slow program's rounds within the timing budget from the first.
 pub(crate) fn time_side_by_side(
     ctx: &JobContext,
     access: &Access<'_>,
@@ -110,6 +111,7 @@ pub(crate) fn time_side_by_side(
     reference: &mut Reference,
     evidence: &mut Evidence,
     clock: &mut StageClock,
+    trial_call_ms: Option<f64>,
 ) -> Result<Result<Timings, (Verdict, String)>, ReferenceFailed> {
     let mut t = Timings {
         candidate: Vec::new(),
@@ -137,7 +139,14 @@ pub(crate) fn time_side_by_side(
     let mismatch = loop {
         let calls_made = calls_ms(&t.candidate).len() as u64;
         let (candidate, baseline) = match measure(
-            ctx, child, reference, rounds, calls_made, &mut keys, &mut found,
+            ctx,
+            child,
+            reference,
+            rounds,
+            calls_made,
+            trial_call_ms,
+            &mut keys,
+            &mut found,
         )? {
             Ok(measured) => measured,
             Err(failure) => return Ok(Err(failure)),
@@ -254,13 +263,15 @@ struct Found {
 type Measurement = (Vec<TimedRound>, Vec<TimedRound>);
 
 /// One measurement: every round of the schedule, from call `calls_made` of each side (the
-/// calls of earlier measurements).
+/// calls of earlier measurements); `trial_call_ms` as [`time_side_by_side`] takes it.
+#[allow(clippy::too_many_arguments)]
 fn measure(
     ctx: &JobContext,
     child: &mut Child,
     reference: &mut Reference,
     rounds: u32,
     calls_made: u64,
+    trial_call_ms: Option<f64>,
     keys: &mut RoundKeys,
     found: &mut Found,
 ) -> Result<Result<Measurement, (Verdict, String)>, ReferenceFailed> {
@@ -272,6 +283,9 @@ fn measure(
         .cfg
         .timing_budget
         .filter(|_| ctx.cfg.timing.interleaves());
+    if let (Some(b), Some(call_ms)) = (budget, trial_call_ms) {
+        bound_plan(&mut plan, call_ms, b);
+    }
     for step in 0..plan.len() {
         // Once both sides' first rounds are done (interleaved: the later rounds pair up).
         if let (Some(b), [first_candidate, ..], [first_baseline, ..]) =
@@ -327,25 +341,37 @@ fn bound_rounds(
     let spent_ms = |r: &TimedRound| r.reported_ms.iter().sum::<f64>();
     let per_call_ms = |r: &TimedRound| spent_ms(r) / (r.reported_ms.len().max(1) as f64);
     let call_ms = per_call_ms(first_candidate).max(per_call_ms(first_baseline));
-    let rounds_left = (rest.len() / 2) as u32;
+    let first_ms = spent_ms(first_candidate).max(spent_ms(first_baseline));
+    let left_ms = (budget.as_secs_f64() * 1e3 - first_ms).max(0.0);
+    share_calls(rest, left_ms / call_ms);
+}
+
+/// Fewer calls in every round of `plan` (the first included) when calls of `call_ms`, as the
+/// correctness trials took them, would take one side longer than `budget`: the rounds share
+/// what the budget affords. A program of 0.25 s a call no longer spends its whole first round (a
+/// tenth of its calls) before the budget applies; bound_rounds still corrects the count by the
+/// first rounds' timed calls.
+fn bound_plan(plan: &mut [(Side, u32)], call_ms: f64, budget: Duration) {
+    share_calls(plan, budget.as_secs_f64() * 1e3 / call_ms);
+}
+
+/// The interleaved rounds `rest` (pairs of one count) cut to `affordable` calls a side where
+/// they plan more: round r gets affordable / rounds, one more while r is below the remainder, at
+/// least one, never more than it planned. Nothing changes for an affordable count that is not a
+/// number (no call time known) or not below the plan.
+fn share_calls(rest: &mut [(Side, u32)], affordable: f64) {
+    let rounds = (rest.len() / 2) as u32;
     let planned: u32 = rest
         .iter()
         .filter(|(side, _)| *side == Side::Candidate)
         .map(|(_, n)| n)
         .sum();
-    if rounds_left == 0 || call_ms <= 0.0 {
+    if rounds == 0 || affordable.is_nan() || affordable >= f64::from(planned) {
         return;
     }
-    let first_ms = spent_ms(first_candidate).max(spent_ms(first_baseline));
-    let left_ms = (budget.as_secs_f64() * 1e3 - first_ms).max(0.0);
-    let affordable = ((left_ms / call_ms) as u32).max(rounds_left);
-    if affordable >= planned {
-        return;
-    }
-    // Round r (counted from the first left) gets affordable / rounds_left, one more while r is
-    // below the remainder; never more than it planned.
+    let affordable = (affordable as u32).max(rounds);
     for (round, pair) in (0u32..).zip(rest.chunks_mut(2)) {
-        let share = affordable / rounds_left + u32::from(round < affordable % rounds_left);
+        let share = affordable / rounds + u32::from(round < affordable % rounds);
         for entry in pair {
             entry.1 = entry.1.min(share);
         }
@@ -656,6 +682,31 @@ mod tests {
         );
         let later: u32 = plan[2..].iter().step_by(2).map(|(_, n)| n).sum();
         assert_eq!(later, 90);
+    }
+
+    /// From the correctness trials' call time, before any round: calls of 0.25 s afford 8 in the
+    /// 2 s budget but every round makes one, calls of 40 ms get 50 over the 10 rounds, short
+    /// calls and an unknown time keep the plan.
+    #[test]
+    fn the_trials_call_time_bounds_every_round_from_the_first() {
+        let planned = |call_ms: f64| {
+            let mut plan = schedule(Timing::Dice, 100, 10);
+            bound_plan(&mut plan, call_ms, Duration::from_secs(2));
+            for pair in plan.chunks(2) {
+                assert_eq!(pair[0].1, pair[1].1, "{plan:?}");
+            }
+            plan.iter().step_by(2).map(|(_, n)| *n).collect::<Vec<_>>()
+        };
+        assert_eq!(planned(250.0), vec![1; 10], "at least one call a round");
+        assert_eq!(planned(40.0), vec![5; 10]);
+        assert_eq!(
+            planned(30.0),
+            vec![7, 7, 7, 7, 7, 7, 6, 6, 6, 6],
+            "66 calls in 2 s"
+        );
+        assert_eq!(planned(1.0), vec![10; 10]);
+        assert_eq!(planned(0.0), vec![10; 10]);
+        assert_eq!(planned(f64::NAN), vec![10; 10]);
     }
 
     #[test]

@@ -107,8 +107,9 @@ pub(crate) struct JudgeArgs {
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub timing_rounds: u32,
     /// Under --timing dice, the seconds one side's timed calls may take in one measurement: when
-    /// the first round of each side shows calls so long that --perf-trials of them would take
-    /// longer, the later rounds make fewer calls (at least one each). Timing holds the device
+    /// the correctness trials, then the first round of each side, show calls so long that
+    /// --perf-trials of them would take longer, the rounds make fewer calls (at least one each;
+    /// from the first round on when the trials show it). Timing holds the device
     /// alone, so without a bound one slow program stops every other sample in flight for
     /// minutes; calls that long are timed precisely in a few. 0: always --perf-trials calls
     /// (as KernelBench's timing, which this never bounds).
