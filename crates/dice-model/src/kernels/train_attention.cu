@@ -183,6 +183,17 @@ __device__ __forceinline__ const auto& k_step(const unsigned int (&a)[HEAD_DIM /
 }
 #endif
 
+#if !TRAIN_ATTENTION_WGMMA
+// acc's n8 tiles 2 np and 2 np + 1 += A times the two n8 halves of an ldmatrix_x4's B (its
+// matrices 0, 1 and 2, 3).
+template <typename T, int n>
+__device__ __forceinline__ void mma_n16(float (&acc)[n][4], int np, const unsigned int (&a)[4],
+                                        const unsigned int (&b)[4]) {
+    mma_m16n8k16<T>(acc[2 * np], a, b[0], b[1]);
+    mma_m16n8k16<T>(acc[2 * np + 1], a, b[2], b[3]);
+}
+#endif
+
 // acc (+)= A B over the staged rows: A from registers (this warp's 16 rows) or, as wgmmas only,
 // 64 staged rows (K-major as B), B^T the n staged rows (K or V as stored: k along their HEAD_DIM
 // columns), `n` columns. As wgmmas, the warpgroup's 64 rows at once, every warp calling.
@@ -190,13 +201,10 @@ template <typename T, int n, typename A>
 __device__ __forceinline__ void times_rows(const A& a, const unsigned short* rows,
                                            float (&acc)[n / 8][4]) {
 #if TRAIN_ATTENTION_WGMMA
-    pin(acc);
-    wgmma_fence();
+    wgmma_begin(acc);
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
         wgmma_m64k16<T, false, n>(acc, k_step(a, ks), k_step(rows, ks));
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(acc);
+    wgmma_end(acc);
 #else
     const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
@@ -204,8 +212,7 @@ __device__ __forceinline__ void times_rows(const A& a, const unsigned short* row
             unsigned int b[4];
             ldmatrix_x4(b, rows + staged_offset(16 * np + matrix_row + 8 * (matrix >> 1),
                                                 2 * ks + (matrix & 1)));
-            mma_m16n8k16<T>(acc[2 * np], a[ks], b[0], b[1]);
-            mma_m16n8k16<T>(acc[2 * np + 1], a[ks], b[2], b[3]);
+            mma_n16<T>(acc, np, a[ks], b);
         }
 #endif
 }
@@ -227,8 +234,7 @@ __device__ __forceinline__ void accumulate_rows(const float (&p)[k / 8][4],
     }
 #if TRAIN_ATTENTION_WGMMA
     pin(pa);
-    pin(acc);
-    wgmma_fence();
+    wgmma_begin(acc);
     // B MN-major, one 64-column atom a wgmma (so that no wgmma's B spans two atoms along its
     // contiguous dimension): rows 16 kp.. of columns 64 h..; its 8-row groups 1,024 bytes apart.
     for (int kp = 0; kp < k / 16; ++kp)
@@ -236,9 +242,7 @@ __device__ __forceinline__ void accumulate_rows(const float (&p)[k / 8][4],
             wgmma_m64k16<T, true, 64>(
                 *reinterpret_cast<float(*)[8][4]>(&acc[8 * h]), pa[kp],
                 swizzled_descriptor(rows + staged_offset(16 * kp, 8 * h), 1024));
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(acc);
+    wgmma_end(acc);
 #else
     const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
     for (int kp = 0; kp < k / 16; ++kp)
@@ -246,8 +250,7 @@ __device__ __forceinline__ void accumulate_rows(const float (&p)[k / 8][4],
             unsigned int b[4];
             ldmatrix_x4_trans(b, rows + staged_offset(16 * kp + matrix_row + 8 * (matrix & 1),
                                                       2 * np + (matrix >> 1)));
-            mma_m16n8k16<T>(acc[2 * np], pa[kp], b[0], b[1]);
-            mma_m16n8k16<T>(acc[2 * np + 1], pa[kp], b[2], b[3]);
+            mma_n16<T>(acc, np, pa[kp], b);
         }
 #endif
 }

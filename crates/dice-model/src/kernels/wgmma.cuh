@@ -1,15 +1,15 @@
 // Hopper's warpgroup matrix multiply (wgmma.mma_async, sm_90a) for our NVRTC kernels
 // (train_attention.cu): a warpgroup's 64 x N accumulator += A (64 x 16, from registers or shared
 // memory) times B (16 x N, from shared memory), the shared operands through matrix descriptors,
-// issued by the 4 warps together and completed asynchronously. Included after mma.cuh by sources compiled for sm_90a; plain C++
-// builds (tests/kernel_emulation) provide these operations and `shared_address`, and decode the
-// descriptors swizzled_descriptor makes.
+// issued by the 4 warps together and completed asynchronously. Included after mma.cuh by
+// sources compiled for sm_90a; plain C++ builds (tests/kernel_emulation) provide these
+// operations and `shared_address`, and decode the descriptors swizzled_descriptor makes.
 //
 // Register layouts: warp w of the warpgroup holds rows 16 w.. of A and of the accumulator, in
 // mma.m16n8k16's layouts (mma.cuh): A as one m16k16 fragment, the accumulator as N / 8 m16n8
 // tiles, so a kernel written for per-warp m16 tiles keeps its fragments.
 //
-// B in shared memory with Hopper's 128-byte swizzle (PTX ISA, "Shared Memory Matrix Layout";
+// Operands in shared memory with Hopper's 128-byte swizzle (PTX ISA, "Shared Memory Matrix Layout";
 // CUTLASS's canonical GMMA layouts, cute/atom/mma_traits_sm90_gmma.hpp): rows of 128 bytes (64
 // 16-bit values along B's contiguous dimension, k for K-major, N for MN-major), 8 rows making a
 // 1,024-byte atom that starts 1,024-byte aligned, where the 16-byte chunk c of row r is stored
@@ -20,7 +20,7 @@
 // bench/train/wgmma_probe.cu.
 #pragma once
 
-// The 64-bit descriptor of a B operand in 128-byte swizzled atoms (bits 62-63 = 1) whose first
+// The 64-bit descriptor of an operand in 128-byte swizzled atoms (bits 62-63 = 1) whose first
 // row starts at `start` (a row of an atom, or 32-byte steps into one: the swizzle follows the
 // address), with 8-row groups `stride` bytes apart (base offset 0: atoms 1,024-byte aligned).
 __device__ __forceinline__ unsigned long long swizzled_descriptor(const unsigned short* start,
@@ -126,3 +126,16 @@ __device__ __forceinline__ void wgmma_m64k16(float (&acc)[n / 8][4], unsigned lo
 }
 
 #endif
+
+// Before a warpgroup's wgmmas into `acc`: its registers settled, then the fence.
+template <int n> __device__ __forceinline__ void wgmma_begin(float (&acc)[n][4]) {
+    pin(acc);
+    wgmma_fence();
+}
+
+// After them: committed as one group and waited for; `acc` holds their sums.
+template <int n> __device__ __forceinline__ void wgmma_end(float (&acc)[n][4]) {
+    wgmma_commit();
+    wgmma_wait<0>();
+    pin(acc);
+}
