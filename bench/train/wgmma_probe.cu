@@ -1,8 +1,8 @@
 // Whether wgmma reads our staged tiles as train_attention.cu means them (wgmma.cuh): runs the
-// two products that kernel makes on one tile of 64 rows x 128 columns staged in 128-byte
-// swizzled atoms (S = A tile^T: B K-major, 8 k16 steps over both atoms; O = A tile: B MN-major,
-// one 64-column atom a wgmma), against a CPU product, and prints whether each matches. Built here
-// with the toolchain's nvcc (bench/train/run-h200.sh wgmma-probe runs it on the GPU machine):
+// two products that kernel makes on one tile of 64 rows x 128 columns staged by its
+// staged_offset in 128-byte swizzled atoms (S = A tile^T: B K-major, 8 k16 steps over both
+// atoms; O = A tile: B MN-major, one 64-column atom a wgmma), against a CPU product, and prints
+// whether each matches. Built here with the toolchain's nvcc (bench/train/run-h200.sh wgmma-probe runs it on the GPU machine):
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I crates/dice-model/src/kernels \
 //        bench/train/wgmma_probe.cu -cudart static -o wgmma-probe
 #include <cmath>
@@ -11,17 +11,13 @@
 #include <cstring>
 #include <vector>
 
-#define NEG_INF __uint_as_float(0xff800000u)
-#include "half.cuh"
-#include "mma.cuh"
-#include "wgmma.cuh"
+// The kernels' own staging (staged_offset, TILE rows of HEAD_DIM columns) and wgmma.cuh, in
+// their wgmma path (nvcc's host pass sees no sm_90a feature macro).
+#define HEAD_DIM 128
+#define TRAIN_ATTENTION_WGMMA 1
+#include "train_attention.cu"
 
-constexpr int ROWS = 64, COLUMNS = 128;
-
-// train_attention.cu's swizzled staging: halves from the tile's start to (row, chunk of 8).
-__host__ __device__ inline int staged_offset(int row, int chunk) {
-    return chunk / 8 * (ROWS * 64) + row * 64 + ((chunk % 8) ^ (row % 8)) * 8;
-}
+constexpr int ROWS = TILE, COLUMNS = HEAD_DIM;
 
 // out[64][n] = a[64][k] B with B = tile^T (K-major, k = COLUMNS, n = ROWS) or tile (MN-major,
 // k = ROWS, n = COLUMNS).
@@ -46,7 +42,7 @@ __global__ void probe(const unsigned short* a, const unsigned short* tile, float
             fragment[2 + r] = words[(row * k + 16 * ks + 8) / 2 + quad];
         }
         wgmma_fence();
-        if (transposed) {
+        if constexpr (transposed) {
             for (int h = 0; h < COLUMNS / 64; ++h)
                 wgmma_m64k16<bf16_t, true, 64>(
                     *reinterpret_cast<float(*)[8][4]>(&acc[8 * h]), fragment,
@@ -86,9 +82,10 @@ template <bool transposed> static bool run(const char* what) {
     std::vector<float> expected(ROWS * n, 0.f);
     for (int r = 0; r < ROWS; ++r)
         for (int c = 0; c < n; ++c)
-            for (int i = 0; i < k; ++i)
-                expected[r * n + c] += host_float(a[r * k + i]) *
-                                       host_float(transposed ? tile[i * COLUMNS + c] : tile[c * COLUMNS + i]);
+            for (int i = 0; i < k; ++i) {
+                const unsigned short b = transposed ? tile[i * COLUMNS + c] : tile[c * COLUMNS + i];
+                expected[r * n + c] += host_float(a[r * k + i]) * host_float(b);
+            }
     unsigned short *device_a, *device_tile;
     float* device_out;
     cudaMalloc(&device_a, a.size() * 2);

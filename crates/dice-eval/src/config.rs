@@ -250,12 +250,13 @@ pub struct EvalConfig {
     pub perf_trials: u32,
     /// Timed trials are split into this many rounds, alternating candidate and baseline.
     pub timing_rounds: u32,
-    /// Under dice's timing, the time one side's timed calls may take (as timed) in one measurement:
-    /// when the correctness trials' calls, then the first round of each side, show calls so long
-    /// that `perf_trials` of them would take longer, the rounds make fewer calls
-    /// (`stage_timing.rs` `bound_plan`, `bound_rounds`; at least one a round). Timing holds the device alone, so a program of 0.5 s a call timed 100 times a side
-    /// held every other sample in flight for minutes (bench/notes/eval-h200.md, session 25); calls
-    /// that long are timed precisely in a few. None: always `perf_trials` calls.
+    /// Under dice's timing, the time one side's timed calls may take (as timed) in one
+    /// measurement: when the correctness trials' calls, then the first round of each side, show
+    /// calls so long that `perf_trials` of them would take longer, the rounds make fewer calls
+    /// (`stage_timing.rs` `bound_plan`, `bound_rounds`; at least one a round). Timing holds the
+    /// device alone, so a program of 0.5 s a call timed 100 times a side held every other sample
+    /// in flight for minutes (bench/notes/eval-h200.md, session 25); calls that long are timed
+    /// precisely in a few. None: always `perf_trials` calls.
     pub timing_budget: Option<Duration>,
     /// The share of wall time the compile stage's processes may be stopped for timing windows,
     /// over any 30 s (quiet.rs): 0 never stops them, 1 stops them for every window.

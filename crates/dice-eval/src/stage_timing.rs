@@ -126,6 +126,12 @@ pub(crate) fn time_side_by_side(
         return Ok(Ok(t));
     }
     let rounds = ctx.cfg.timing_rounds.clamp(1, total);
+    // Every measurement's plan: sized by the trials' call time once, then each measurement's
+    // first rounds may cut its own copy further.
+    let mut plan = schedule(ctx.cfg.timing, total, rounds);
+    if let (Some(budget), Some(call_ms)) = (timing_budget(ctx), trial_call_ms) {
+        bound_plan(&mut plan, call_ms, budget);
+    }
     let mut found = Found::default();
     let alone = access.timed();
     // Dropped on every way out, unwinding included: the builds never stay stopped.
@@ -142,9 +148,8 @@ pub(crate) fn time_side_by_side(
             ctx,
             child,
             reference,
-            rounds,
+            plan.clone(),
             calls_made,
-            trial_call_ms,
             &mut keys,
             &mut found,
         )? {
@@ -262,30 +267,28 @@ struct Found {
 /// The rounds of one measurement: the candidate's and the baseline's.
 type Measurement = (Vec<TimedRound>, Vec<TimedRound>);
 
-/// One measurement: every round of the schedule, from call `calls_made` of each side (the
-/// calls of earlier measurements); `trial_call_ms` as [`time_side_by_side`] takes it.
-#[allow(clippy::too_many_arguments)]
+/// The budget of one side's timed calls in a measurement; none under KernelBench's timing, which
+/// makes its fixed count of calls.
+fn timing_budget(ctx: &JobContext) -> Option<Duration> {
+    ctx.cfg
+        .timing_budget
+        .filter(|_| ctx.cfg.timing.interleaves())
+}
+
+/// One measurement: every round of `plan` (the schedule, sized by the trials), from call
+/// `calls_made` of each side (the calls of earlier measurements).
 fn measure(
     ctx: &JobContext,
     child: &mut Child,
     reference: &mut Reference,
-    rounds: u32,
+    mut plan: Vec<(Side, u32)>,
     calls_made: u64,
-    trial_call_ms: Option<f64>,
     keys: &mut RoundKeys,
     found: &mut Found,
 ) -> Result<Result<Measurement, (Verdict, String)>, ReferenceFailed> {
     let (mut candidate, mut baseline) = (Vec::new(), Vec::new());
     let (mut candidate_call, mut baseline_call) = (calls_made, calls_made);
-    let mut plan = schedule(ctx.cfg.timing, ctx.cfg.perf_trials, rounds);
-    // KernelBench's timing makes its fixed count of calls.
-    let mut budget = ctx
-        .cfg
-        .timing_budget
-        .filter(|_| ctx.cfg.timing.interleaves());
-    if let (Some(b), Some(call_ms)) = (budget, trial_call_ms) {
-        bound_plan(&mut plan, call_ms, b);
-    }
+    let mut budget = timing_budget(ctx);
     for step in 0..plan.len() {
         // Once both sides' first rounds are done (interleaved: the later rounds pair up).
         if let (Some(b), [first_candidate, ..], [first_baseline, ..]) =

@@ -109,10 +109,10 @@ pub(crate) struct JudgeArgs {
     /// Under --timing dice, the seconds one side's timed calls may take in one measurement: when
     /// the correctness trials, then the first round of each side, show calls so long that
     /// --perf-trials of them would take longer, the rounds make fewer calls (at least one each;
-    /// from the first round on when the trials show it). Timing holds the device
-    /// alone, so without a bound one slow program stops every other sample in flight for
-    /// minutes; calls that long are timed precisely in a few. 0: always --perf-trials calls
-    /// (as KernelBench's timing, which this never bounds).
+    /// from the first round on when the trials show it). Timing holds the device alone, so
+    /// without a bound one slow program stops every other sample in flight for minutes; calls
+    /// that long are timed precisely in a few. 0: always --perf-trials calls (as KernelBench's
+    /// timing, which this never bounds).
     #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = parse_seconds)]
     pub timing_budget: f64,
     /// Keep the machine quiet while a candidate is timed (the default): the compile stage's

@@ -89,7 +89,9 @@ __device__ __forceinline__ int staged_offset(int row, int chunk) {
 // of an ldmatrix hit 8 distinct bank groups.
 #define STRIDE (HEAD_DIM + 8)
 #define TILE_HALVES (TILE * STRIDE)
-__device__ __forceinline__ int staged_offset(int row, int chunk) { return row * STRIDE + 8 * chunk; }
+__device__ __forceinline__ int staged_offset(int row, int chunk) {
+    return row * STRIDE + 8 * chunk;
+}
 #endif
 // Dynamic shared memory of the kernels (train_attention.rs reserves the larger, portable
 // layout's). One buffer of the dK/dV kernel's query pipeline: Q and dO tiles, the queries'
@@ -181,9 +183,7 @@ __device__ __forceinline__ unsigned long long k_step(const unsigned short* rows,
 __device__ __forceinline__ const auto& k_step(const unsigned int (&a)[HEAD_DIM / 16][4], int ks) {
     return a[ks];
 }
-#endif
-
-#if !TRAIN_ATTENTION_WGMMA
+#else
 // acc's n8 tiles 2 np and 2 np + 1 += A times the two n8 halves of an ldmatrix_x4's B (its
 // matrices 0, 1 and 2, 3).
 template <typename T, int n>
@@ -345,8 +345,7 @@ __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __re
             for (int offset = 0; offset < TILE; offset += keys) {
                 step(kv + 2 * buffer * TILE_HALVES + staged_offset(offset, 0),
                      kv + (2 * buffer + 1) * TILE_HALVES + staged_offset(offset, 0),
-                     t * TILE + offset,
-                     masked);
+                     t * TILE + offset, masked);
             }
         });
 }
@@ -405,12 +404,12 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     // whole tile's fit.
     constexpr int keys = TRAIN_ATTENTION_WGMMA ? TILE : TILE / 2;
     over_key_tiles<keys>(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
-                   tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
-                   [&](const unsigned short* k_rows, const unsigned short* v_rows, int key,
-                       bool masked) {
-                       forward_keys<T, keys>(masked, qa, k_rows, v_rows, key, span,
-                                                 scale_log2, o, m, l);
-                   });
+                         tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
+                         [&](const unsigned short* k_rows, const unsigned short* v_rows, int key,
+                             bool masked) {
+                             forward_keys<T, keys>(masked, qa, k_rows, v_rows, key, span,
+                                                   scale_log2, o, m, l);
+                         });
     float inverse[2];
     for (int r = 0; r < 2; ++r) {
         l[r] = quad_sum(l[r]);
@@ -518,20 +517,20 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
     // As the forward's; a step's scores and their gradients take 8 registers a thread per 8 keys.
     constexpr int keys = TRAIN_ATTENTION_WGMMA ? TILE : TILE / 2;
     over_key_tiles<keys>(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
-                   tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
-                   [&](const unsigned short* k_rows, const unsigned short* v_rows, int key,
-                       bool masked) {
-                       dq_keys<T, keys>(masked, qa, doa, k_rows, v_rows, key, span, row_lse,
-                                            row_delta, scale_log2, acc);
-                   });
+                         tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
+                         [&](const unsigned short* k_rows, const unsigned short* v_rows, int key,
+                             bool masked) {
+                             dq_keys<T, keys>(masked, qa, doa, k_rows, v_rows, key, span, row_lse,
+                                              row_delta, scale_log2, acc);
+                         });
     const float factor[2] = {scale, scale};
     store_rows(acc, factor, dq + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens);
 }
 
 // One warp's dK/dV step for its 16 keys (rows 16 w.. of the staged key tile, key index key0 +
-// row) over
-// `queries` staged queries: S^T = K Q^T and dP^T = V dO^T, P^T from the queries' lse, masked by their spans unless every query sees every key, dS^T = P^T (dP^T -
-// delta), dV += P^T dO, dK += dS^T Q.
+// row) over `queries` staged queries: S^T = K Q^T and dP^T = V dO^T, P^T from the queries' lse,
+// masked by their spans unless every query sees every key, dS^T = P^T (dP^T - delta), dV +=
+// P^T dO, dK += dS^T Q.
 template <typename T, int queries>
 __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* k_tile,
                                              const unsigned short* v_tile,
