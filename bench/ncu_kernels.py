@@ -1,10 +1,13 @@
 """Kernel times from an Nsight Compute CSV (`ncu --metrics gpu__time_duration.sum --csv`), as a
 Markdown table, for the GPU scripts' kernel steps.
 
-usage: python3 bench/ncu_kernels.py CSV [--by-launch]
+usage: python3 bench/ncu_kernels.py CSV [--by-launch] [--minus BASE_CSV]
   default      per kernel (name without template arguments or parameters): launches, total ms and
                share of all kernel time, largest first, with the sum above the table
   --by-launch  per kernel name, grid and block: launches and mean microseconds, largest total first
+  --minus      less the launches and time of BASE_CSV, a run of the same program that stopped
+               earlier (one training step fewer: the table is then that one step's kernels, the
+               model's build and the warm-up left out)
 """
 import argparse
 import collections
@@ -32,12 +35,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("csv")
     parser.add_argument("--by-launch", action="store_true", help="per name, grid and block")
+    parser.add_argument("--minus", metavar="BASE_CSV", help="subtract this run's launches")
     options = parser.parse_args()
     total, launches = collections.Counter(), collections.Counter()
-    for name, grid, block, seconds in durations(options.csv):
-        key = (name, grid, block) if options.by_launch else (name.split("(")[0].split("<")[0],)
-        total[key] += seconds
-        launches[key] += 1
+    runs = [(options.csv, 1)] + ([(options.minus, -1)] if options.minus else [])
+    for path, sign in runs:
+        for name, grid, block, seconds in durations(path):
+            key = (name, grid, block) if options.by_launch else (name.split("(")[0].split("<")[0],)
+            total[key] += sign * seconds
+            launches[key] += sign
+    for key in [key for key, count in launches.items() if count <= 0]:
+        del total[key], launches[key]
     if options.by_launch:
         print("| kernel | grid | block | launches | mean us |\n| --- | --- | --- | ---: | ---: |")
         for key, seconds in total.most_common():

@@ -2,9 +2,10 @@
 # The training issue's GPU evidence (SFT speed, memory, NCCL at one rank), run on the H200 machine
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
-# (STEP: golden, tests, train-tests, bench-1.7b, bench-1.7b-portable, bench-1.7b-recompute, bench-1.7b-unfused-layer,
-# bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b, sft-8b-offload, kernels-sft,
-# kernels-1.7b, attention-detail-1.7b, wgmma-probe; all by default)
+# (STEP: golden, tests, train-tests, bench-1.7b, bench-1.7b-portable, bench-1.7b-release-pool,
+# bench-1.7b-recompute, bench-1.7b-unfused-layer, bench-1.7b-composite, bench-4b, bench-8b,
+# sft-nccl, sft-4b, sft-8b-offload, kernels-sft, kernels-1.7b, kernels-1.7b-step,
+# attention-detail-1.7b, wgmma-probe; all by default)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -53,6 +54,10 @@ run bench-1.7b 240 bench train --config "$configs/sdar-1.7b.json" --device cuda 
 # The attention's portable kernels (mma.sync, ldmatrix) where a Hopper runs its wgmma ones.
 DICE_ARCH_SPECIFIC=0 run bench-1.7b-portable 240 bench train --config "$configs/sdar-1.7b.json" \
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-portable.json"
+# CUDA's default memory pool, which hands every freed byte back to the driver at each
+# synchronization (dice keeps them: dice_model::device::keep_freed_memory).
+DICE_KEEP_POOL=0 run bench-1.7b-release-pool 240 bench train --config "$configs/sdar-1.7b.json" \
+  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-release-pool.json"
 DICE_RECOMPUTE=all run bench-1.7b-recompute 240 bench train --config "$configs/sdar-1.7b.json" \
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-recompute.json"
 DICE_FUSED_LAYER=0 run bench-1.7b-unfused-layer 240 bench train --config "$configs/sdar-1.7b.json" \
@@ -115,6 +120,18 @@ if wanted kernels-1.7b && (( $(left) > 30 )); then
     --device cuda --dtype bf16 --tokens 6144 --steps 1 >"$OUT/kernels-1.7b.csv" 2>"$OUT/kernels-1.7b.err"
   echo "kernels-1.7b rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
   python3 bench/ncu_kernels.py "$OUT/kernels-1.7b.csv" | tee "$OUT/kernels-1.7b.txt"
+fi
+# The second step's kernels alone (a run of two steps less the run of one: the model's random
+# weights and the warm-up left out), to hold against the step's wall time in bench-1.7b: what
+# is left is the device waiting on the host.
+if wanted kernels-1.7b-step && [[ -f $OUT/kernels-1.7b.csv ]] && (( $(left) > 40 )); then
+  t0=$(date +%s)
+  timeout "$(( $(left) < 300 ? $(left) : 300 ))" ncu --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv "$bin" bench train --config "$configs/sdar-1.7b.json" \
+    --device cuda --dtype bf16 --tokens 6144 --steps 2 >"$OUT/kernels-1.7b-2.csv" 2>"$OUT/kernels-1.7b-2.err"
+  echo "kernels-1.7b-step rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
+  python3 bench/ncu_kernels.py "$OUT/kernels-1.7b-2.csv" --minus "$OUT/kernels-1.7b.csv" \
+    | tee "$OUT/kernels-1.7b-step.txt"
 fi
 # Why each training attention kernel runs at its speed: Nsight Compute's detailed sections
 # (throughput against peak, issue slots, occupancy, instruction mix) and its warp stall reasons for

@@ -4,7 +4,9 @@
 //! candle frees device memory as tensors drop, so a reading after the work misses the transient
 //! peak inside it. A sampler thread polls the driver's used-memory figure (`cuMemGetInfo`,
 //! device-wide: on a GPU that runs only this process it is the process's usage, CUDA context
-//! included) every millisecond while the work runs and keeps the maximum.
+//! included) every millisecond while the work runs and keeps the maximum. Memory the device's
+//! pool keeps without a buffer in it (dice keeps freed memory pooled:
+//! [`crate::device::keep_freed_memory`]) counts as free in both.
 
 use candle_core::Device;
 
@@ -51,8 +53,8 @@ impl PeakMemory {
 pub fn free_and_total(device: &Device) -> anyhow::Result<Option<(u64, u64)>> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = device {
-        let (free, total) = dev.cuda_stream().context().mem_get_info()?;
-        return Ok(Some((free as u64, total as u64)));
+        let (free, total) = cuda::free_and_total(&dev.cuda_stream())?;
+        return Ok(Some((free, total)));
     }
     let _ = device;
     Ok(None)
@@ -67,9 +69,17 @@ mod cuda {
     use std::thread::JoinHandle;
     use std::time::Duration;
 
-    pub(super) fn used(stream: &Arc<CudaStream>) -> anyhow::Result<u64> {
-        let (free, total) = stream.context().mem_get_info()?;
-        Ok((total - free) as u64)
+    /// The driver's free and total bytes, the pool's idle bytes counted as free.
+    pub(super) fn free_and_total(stream: &Arc<CudaStream>) -> anyhow::Result<(u64, u64)> {
+        let context = stream.context();
+        let (free, total) = context.mem_get_info()?;
+        let idle = crate::device::pool_idle_bytes(context)?;
+        Ok(((free as u64 + idle).min(total as u64), total as u64))
+    }
+
+    fn used(stream: &Arc<CudaStream>) -> anyhow::Result<u64> {
+        let (free, total) = free_and_total(stream)?;
+        Ok(total - free)
     }
 
     pub(super) struct Sampler {

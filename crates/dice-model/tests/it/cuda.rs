@@ -422,3 +422,49 @@ fn greedy_summary_matches_a_scan() {
         }
     }
 }
+
+#[test]
+#[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
+fn cuda_freed_memory_stays_pooled_and_counts_as_free() {
+    let device = cuda_device(0).unwrap();
+    let (free_before, _) = dice_model::memory::free_and_total(&device)
+        .unwrap()
+        .unwrap();
+    let buffer = Tensor::zeros(256 << 20, DType::F32, &device).unwrap(); // 1 GiB
+    device.synchronize().unwrap();
+    let (free_with_buffer, _) = dice_model::memory::free_and_total(&device)
+        .unwrap()
+        .unwrap();
+    assert!(free_before - free_with_buffer >= 1 << 30);
+    drop(buffer);
+    // The synchronization that would hand the bytes back to the driver by CUDA's default.
+    device.synchronize().unwrap();
+    let (free_after, _) = dice_model::memory::free_and_total(&device)
+        .unwrap()
+        .unwrap();
+    let pooled = free_before.abs_diff(free_after);
+    assert!(
+        pooled < 64 << 20,
+        "{pooled} bytes neither free nor in use after the drop"
+    );
+    // Allocating again reuses the pooled bytes: what the driver counts as used does not grow.
+    let driver_free = driver_free_bytes(&device);
+    let again = Tensor::zeros(256 << 20, DType::F32, &device).unwrap();
+    device.synchronize().unwrap();
+    assert!(driver_free.abs_diff(driver_free_bytes(&device)) < 64 << 20);
+    drop(again);
+}
+
+/// Free bytes as the driver counts them (the pool's idle bytes as used).
+#[cfg(feature = "cuda")]
+fn driver_free_bytes(device: &Device) -> usize {
+    match device {
+        Device::Cuda(cuda) => cuda.cuda_stream().context().mem_get_info().unwrap().0,
+        _ => unreachable!("a CUDA device"),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn driver_free_bytes(_device: &Device) -> usize {
+    unreachable!("the test is ignored without the cuda feature")
+}

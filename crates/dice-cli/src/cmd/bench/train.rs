@@ -28,7 +28,8 @@ log-softmax kernels, no autograd), and as many layers as the free device memory 
 forward activations for the backward instead of recomputing them. The baselines of the same
 binary: DICE_RECOMPUTE=all recomputes every layer; DICE_FUSED_LAYER=0 runs the layers and the
 head through candle's composite ops and autograd (the fused attention stays);
-DICE_FUSED_ATTENTION=0 takes the composite attention too.
+DICE_FUSED_ATTENTION=0 takes the composite attention too; DICE_KEEP_POOL=0 hands freed device
+memory back to the driver at every synchronization (CUDA's default; dice keeps it pooled).
 
 Example (H200): dice bench train --config sdar-1.7b.json --device cuda --tokens 4096";
 
