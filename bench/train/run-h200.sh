@@ -23,14 +23,15 @@ source bench/h200-steps.sh "$@"
 # generations on the GPU.
 run golden 120 bench golden --golden tests/data/sdar/golden/formula --device cuda --dtype bf16
 # dice-model's CUDA tests (fused SFT step against the CPU's composite one) and its unit tests
-# (NVRTC builds every kernel), where their binaries were carried.
+# (NVRTC builds every kernel; with --include-ignored their GPU checks run too), where their
+# binaries were carried.
 if wanted tests && [[ -f $DATA/model-tests.xz ]]; then
   unxz "$DATA/model-tests.xz" /tmp/model-tests && chmod +x /tmp/model-tests
   unxz "$DATA/model-lib-tests.xz" /tmp/model-lib-tests && chmod +x /tmp/model-lib-tests
   (cd crates/dice-model && timeout 240 /tmp/model-tests cuda --test-threads 1 --nocapture) \
     >"$OUT/model-tests.txt" 2>&1
   echo "model-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-tests.txt"
-  (cd crates/dice-model && timeout 120 /tmp/model-lib-tests kernels) >"$OUT/model-lib-tests.txt" 2>&1
+  (cd crates/dice-model && timeout 120 /tmp/model-lib-tests kernels --include-ignored) >"$OUT/model-lib-tests.txt" 2>&1
   echo "model-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/model-lib-tests.txt"
 fi
 # Which order of a wgmma descriptor's two strides reads our staged tiles (wgmma.cuh).

@@ -76,6 +76,29 @@ pub(crate) trait LayerOps {
     /// token's rows added in position order, as `index_add` into zeros adds them.
     fn embedding_backward(&self, tokens: &[u32], upstream: &Tensor, vocab: usize)
         -> Result<Tensor>;
+    /// Adds `a`ᵀ `b` (`a` `[rows, m]`, `b` `[rows, n]`) to the f32 running sum `[m, n]` of a
+    /// weight's gradient over row chunks, started at this product when `None`.
+    fn accumulate_transposed_product(
+        &self,
+        sum: &mut Option<Tensor>,
+        a: &Tensor,
+        b: &Tensor,
+    ) -> Result<()>;
+}
+
+/// [`LayerOps::accumulate_transposed_product`] through candle: the product in the operands'
+/// dtype, then added in f32.
+pub(crate) fn accumulate_transposed_product_by_matmul(
+    sum: &mut Option<Tensor>,
+    a: &Tensor,
+    b: &Tensor,
+) -> Result<()> {
+    let product = a.t()?.matmul(b)?.to_dtype(candle_core::DType::F32)?;
+    *sum = Some(match sum.take() {
+        Some(s) => (s + product)?,
+        None => product,
+    });
+    Ok(())
 }
 
 /// The positions of a sequence's tokens grouped by token, for an embedding table's gradient

@@ -11,6 +11,7 @@
 mod block_attention;
 pub(crate) mod decode_ops;
 mod device_ptr;
+mod gemm;
 mod nvrtc;
 pub(crate) mod optim;
 mod train_attention;

@@ -555,6 +555,26 @@ impl LayerOps for TrainLayer {
         )?;
         Ok(dst)
     }
+
+    fn accumulate_transposed_product(
+        &self,
+        sum: &mut Option<Tensor>,
+        a: &Tensor,
+        b: &Tensor,
+    ) -> Result<()> {
+        if !matches!(a.dtype(), DType::BF16 | DType::F16) {
+            return crate::layer_ops::accumulate_transposed_product_by_matmul(sum, a, b);
+        }
+        let total = match sum {
+            Some(total) => total,
+            None => sum.insert(Tensor::zeros(
+                (a.dim(1)?, b.dim(1)?),
+                DType::F32,
+                a.device(),
+            )?),
+        };
+        super::gemm::add_transposed_product(total, &a.contiguous()?, &b.contiguous()?)
+    }
 }
 
 #[cfg(test)]
