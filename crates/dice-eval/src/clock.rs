@@ -1,6 +1,6 @@
 //! Where a candidate's run-stage time went, stage by stage.
 
-use crate::gate::{Access, SharedPass};
+use crate::gate::{Access, SharedPass, StepHistory};
 use std::time::Instant;
 
 /// A stage or a wait for a pass this long is logged (info, target `dice_eval::stages`), so that a
@@ -14,6 +14,8 @@ pub(crate) struct StageClock {
     last: Instant,
     stages: Vec<(String, f64)>,
     pass_wait_s: f64,
+    /// How long the candidate's untimed steps held the device: long ones take turns with timers.
+    history: StepHistory,
     /// What the log calls the candidate (its job folder's name).
     label: String,
 }
@@ -26,6 +28,7 @@ impl StageClock {
             last: now,
             stages: Vec::new(),
             pass_wait_s: 0.0,
+            history: StepHistory::default(),
             label: String::new(),
         }
     }
@@ -45,7 +48,7 @@ impl StageClock {
     /// A pass of `access` for one untimed step; the wait for it counts as `pass wait`.
     pub(crate) fn untimed<'a>(&mut self, access: &Access<'a>) -> Option<SharedPass<'a>> {
         let asked = Instant::now();
-        let pass = access.untimed();
+        let pass = access.untimed_step(&self.history);
         let waited = asked.elapsed().as_secs_f64();
         if waited >= SLOW_STAGE_S {
             let label = &self.label;

@@ -15,9 +15,14 @@
 
 use crate::device_lock::DeviceLock;
 use dice_store::RunTimeline;
+use std::collections::VecDeque;
 use std::fs::File;
-use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
+
+/// An untimed step that held the device this long makes its evaluation's later steps long ones.
+pub(crate) const LONG_STEP: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 pub(crate) struct DeviceGate {
@@ -25,15 +30,78 @@ pub(crate) struct DeviceGate {
     /// The device's lock across the processes evaluating the run.
     across_processes: Option<DeviceLock>,
     record: Mutex<Record>,
+    /// Wakes the long steps and timers waiting for their turn (`Record::turns`).
+    turn: Condvar,
 }
 
-/// The gate's use so far, and what it needs to measure how long it is closed.
+/// The gate's use so far, what it needs to measure how long it is closed, and the turns of
+/// long steps and timers.
 #[derive(Default)]
 struct Record {
     used: GateUse,
-    /// Exclusive passes held or asked for now, and since when there have been any.
+    /// Exclusive passes closing the gate or holding it now, and since when there have been any.
     wanted: u32,
     closed_since: Option<Instant>,
+    turns: Turns,
+}
+
+/// Long steps and timers waiting for their turn, in their order of asking; the long steps
+/// running and the timers past their turn (closing the gate or holding it).
+#[derive(Default)]
+struct Turns {
+    next_ticket: u64,
+    waiting: VecDeque<(u64, Turn)>,
+    long_steps: u32,
+    timers: u32,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Turn {
+    LongStep,
+    Timer,
+}
+
+impl Turns {
+    fn ask(&mut self, turn: Turn) -> u64 {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.waiting.push_back((ticket, turn));
+        ticket
+    }
+
+    /// Whether `ticket` may go: a long step when no timer asked before it or is past its turn,
+    /// a timer when nothing asked before it and no long step runs.
+    fn may_go(&self, ticket: u64) -> bool {
+        let mut before = self.waiting.iter().take_while(|(t, _)| *t != ticket);
+        match self.waiting.iter().find(|(t, _)| *t == ticket) {
+            Some((_, Turn::LongStep)) => {
+                self.timers == 0 && before.all(|(_, turn)| *turn == Turn::LongStep)
+            }
+            Some((_, Turn::Timer)) => before.next().is_none() && self.long_steps == 0,
+            None => true,
+        }
+    }
+
+    fn leave(&mut self, ticket: u64) {
+        self.waiting.retain(|(t, _)| *t != ticket);
+    }
+}
+
+/// The longest time one evaluation's untimed steps held the device so far, which says whether
+/// its next step is a long one ([`LONG_STEP`]). Shared with the passes, which add to it when
+/// given back.
+#[derive(Clone, Default)]
+pub(crate) struct StepHistory(Arc<AtomicU64>);
+
+impl StepHistory {
+    fn is_long(&self) -> bool {
+        Duration::from_nanos(self.0.load(Ordering::Relaxed)) >= LONG_STEP
+    }
+
+    fn held(&self, held: Duration) {
+        let nanos = u64::try_from(held.as_nanos()).unwrap_or(u64::MAX);
+        self.0.fetch_max(nanos, Ordering::Relaxed);
+    }
 }
 
 /// How the gate was used: what the run's wall time gave to timing, its queue, and the untimed
@@ -96,14 +164,38 @@ impl DeviceGate {
         self.lock_record().used
     }
 
-    fn lock_record(&self) -> std::sync::MutexGuard<'_, Record> {
+    fn lock_record(&self) -> MutexGuard<'_, Record> {
         self.record
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn shared(&self) -> SharedPass<'_> {
+    /// Waits for the turn of a `turn` asked now; returns the record, the turn taken, and how
+    /// long it waited for others' turns.
+    fn take_turn(&self, turn: Turn) -> (MutexGuard<'_, Record>, Duration) {
+        let mut r = self.lock_record();
+        let ticket = r.turns.ask(turn);
+        let mut waited = Duration::ZERO;
+        while !r.turns.may_go(ticket) {
+            let asleep = Instant::now();
+            r = self
+                .turn
+                .wait(r)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            waited += asleep.elapsed();
+        }
+        r.turns.leave(ticket);
+        // Those behind may go now too (long steps behind a long step).
+        self.turn.notify_all();
+        (r, waited)
+    }
+
+    fn shared(&self, history: Option<&StepHistory>) -> SharedPass<'_> {
         let asked = Instant::now();
+        let long = history.is_some_and(StepHistory::is_long);
+        if long {
+            self.take_turn(Turn::LongStep).0.turns.long_steps += 1;
+        }
         let guard = self
             .lock
             .read()
@@ -114,6 +206,8 @@ impl DeviceGate {
         SharedPass {
             gate: self,
             since,
+            long,
+            history: history.cloned(),
             _guard: guard,
             _file: file,
         }
@@ -122,9 +216,12 @@ impl DeviceGate {
     fn exclusive(&self) -> Exclusive<'_> {
         let asked = Instant::now();
         {
-            let mut r = self.lock_record();
+            // The gate closes to new steps once the timer's turn came, not while the long steps
+            // before it end.
+            let (mut r, turn_waited) = self.take_turn(Turn::Timer);
+            r.turns.timers += 1;
             r.wanted += 1;
-            r.closed_since.get_or_insert(asked);
+            r.closed_since.get_or_insert(asked + turn_waited);
         }
         let guard = self
             .lock
@@ -160,6 +257,8 @@ impl Drop for Exclusive<'_> {
         r.used.windows += 1;
         r.used.held += now - self.since;
         r.wanted -= 1;
+        r.turns.timers -= 1;
+        self.gate.turn.notify_all();
         if r.wanted == 0 {
             if let Some(since) = r.closed_since.take() {
                 r.used.closed += now - since;
@@ -172,6 +271,9 @@ impl Drop for Exclusive<'_> {
 pub(crate) struct SharedPass<'a> {
     gate: &'a DeviceGate,
     since: Instant,
+    /// Taken in its turn (a long step's).
+    long: bool,
+    history: Option<StepHistory>,
     _guard: RwLockReadGuard<'a, ()>,
     _file: Option<File>,
 }
@@ -179,10 +281,18 @@ pub(crate) struct SharedPass<'a> {
 impl Drop for SharedPass<'_> {
     fn drop(&mut self) {
         let held = self.since.elapsed();
-        let u = &mut self.gate.lock_record().used;
+        if let Some(history) = &self.history {
+            history.held(held);
+        }
+        let mut r = self.gate.lock_record();
+        let u = &mut r.used;
         u.steps += 1;
         u.step_held += held;
         u.longest_step = u.longest_step.max(held);
+        if self.long {
+            r.turns.long_steps -= 1;
+            self.gate.turn.notify_all();
+        }
     }
 }
 
@@ -207,7 +317,16 @@ impl<'a> Access<'a> {
     /// A pass for one untimed step (None: the whole evaluation is already alone).
     pub(crate) fn untimed(&self) -> Option<SharedPass<'a>> {
         match self {
-            Access::Shared(gate) => Some(gate.shared()),
+            Access::Shared(gate) => Some(gate.shared(None)),
+            Access::Alone(_) => None,
+        }
+    }
+
+    /// A pass for one untimed step of the evaluation of `history`, a long step's turn taken
+    /// where its earlier steps held the device long (None: the evaluation is already alone).
+    pub(crate) fn untimed_step(&self, history: &StepHistory) -> Option<SharedPass<'a>> {
+        match self {
+            Access::Shared(gate) => Some(gate.shared(Some(history))),
             Access::Alone(_) => None,
         }
     }
@@ -271,6 +390,55 @@ mod tests {
             overlapped.load(Ordering::SeqCst) > 0,
             "untimed steps never overlapped"
         );
+    }
+
+    /// A timer asking while a long step runs leaves the gate open to short steps until that step
+    /// ends; a long step asking after the timer comes after its window; short steps make no
+    /// evaluation's steps long.
+    #[test]
+    fn long_steps_and_timers_take_turns() {
+        let gate = Arc::new(DeviceGate::default());
+        let slow = StepHistory::default();
+        slow.held(LONG_STEP);
+        let quick = StepHistory::default();
+        quick.held(LONG_STEP / 2);
+        assert!(slow.is_long() && !quick.is_long());
+        let access = Access::new(&gate, false);
+        let long_step = access.untimed_step(&slow).unwrap();
+        // 1 inside the timer's window, 2 once it is about to end.
+        let window = Arc::new(AtomicUsize::new(0));
+        let timer = {
+            let (gate, window) = (gate.clone(), window.clone());
+            std::thread::spawn(move || {
+                let access = Access::new(&gate, false);
+                let alone = access.timed();
+                window.store(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(30));
+                window.store(2, Ordering::SeqCst);
+                drop(alone);
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let short = access.untimed_step(&quick);
+        assert_eq!(window.load(Ordering::SeqCst), 0, "timed beside a long step");
+        drop(short);
+        let second = {
+            let (gate, window, slow) = (gate.clone(), window.clone(), slow.clone());
+            std::thread::spawn(move || {
+                let access = Access::new(&gate, false);
+                let _step = access.untimed_step(&slow);
+                window.load(Ordering::SeqCst)
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !second.is_finished(),
+            "a long step went before the timer that asked first"
+        );
+        drop(long_step);
+        timer.join().unwrap();
+        assert_eq!(second.join().unwrap(), 2);
+        assert_eq!(gate.lock_record().turns.long_steps, 0);
     }
 
     /// A timer waits for the untimed step in flight; the gate is closed from its asking to its
