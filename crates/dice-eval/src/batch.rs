@@ -167,4 +167,6 @@ pub(crate) enum Report {
 pub(crate) struct RunItem {
     pub sample: usize,
     pub compiled: Compiled,
+    /// To run with the device to itself: it ran out of device memory beside others.
+    pub alone: bool,
 }

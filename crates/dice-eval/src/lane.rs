@@ -75,6 +75,7 @@ mod tests {
             item: RunItem {
                 sample,
                 compiled: Compiled::default(),
+                alone: false,
             },
             started: None,
         };

@@ -385,6 +385,7 @@ fn start_builders<'scope>(
                                 RunItem {
                                     sample: i,
                                     compiled,
+                                    alone: false,
                                 },
                             );
                             continue;
@@ -396,6 +397,7 @@ fn start_builders<'scope>(
                                 RunItem {
                                     sample: i,
                                     compiled,
+                                    alone: false,
                                 },
                             ),
                             Built::Failed(outcome) => {

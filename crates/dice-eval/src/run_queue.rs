@@ -85,6 +85,19 @@ impl<T> RunQueue<T> {
     }
 }
 
+impl<T> RunQueue<T> {
+    /// Puts a taken item back, behind every item queued now (a sample to retry once the others
+    /// have started); its taker takes again, so the queue cannot have ended without it.
+    pub(crate) fn requeue(&self, key: ProblemKey, item: T) {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.items.push_back((key, item));
+        self.changed.notify_all();
+    }
+}
+
 impl<T> State<T> {
     fn pop(&mut self, prefer: Option<ProblemKey>) -> Option<T> {
         let at = prefer
@@ -152,6 +165,23 @@ mod tests {
         assert_eq!(queue.take_ready(None), None, "empty, though not closed");
         assert_eq!(queue.try_take(None), None, "empty, though not closed");
         drop(producer);
+        assert_eq!(queue.take(None), None);
+    }
+
+    /// An item put back comes after the items queued then, and is still taken after the last
+    /// producer is gone.
+    #[test]
+    fn a_requeued_item_comes_after_the_queued_ones_even_once_closed() {
+        let (queue, producer) = RunQueue::new();
+        producer.push((1, 1), "a");
+        producer.push((1, 2), "b");
+        let taken = queue.take(None).unwrap();
+        queue.requeue((1, 1), taken);
+        drop(producer);
+        assert_eq!(queue.take(Some((1, 1))), Some("a"), "its problem preferred");
+        queue.requeue((1, 1), "a");
+        assert_eq!(queue.take(None), Some("b"));
+        assert_eq!(queue.take(None), Some("a"));
         assert_eq!(queue.take(None), None);
     }
 

@@ -103,24 +103,37 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             let sample = shared.sample(item.sample);
             let sample = &*sample;
             // One retry with a fresh fork server when the evaluator itself failed.
-            let mut result = self.run(sample, item.compiled.clone(), false, started);
+            let mut result = self.run(sample, item.compiled.clone(), item.alone, started);
             if let Err(RunError::Evaluator(e)) = &result {
                 tracing::warn!("{}: restarting the worker after: {e:#}", sample.origin);
                 self.reset();
-                result = self.run(sample, item.compiled.clone(), false, None);
+                result = self.run(sample, item.compiled.clone(), item.alone, None);
             }
             // Device memory may have run out because of the others in flight: not the
             // candidate's fault (nor the reference's) until it happens with the device to itself.
-            if shared.ctx.cfg.runs_per_device > 1 && out_of_device_memory(&result) {
+            // It runs again alone behind the samples queued now: holding the device for its
+            // whole evaluation, it would hold all of theirs too (a program of 8 GB outputs held
+            // every other sample of a batch for its last 90 s: bench/notes/eval-h200.md,
+            // session 27).
+            if !item.alone && shared.ctx.cfg.runs_per_device > 1 && out_of_device_memory(&result) {
                 tracing::info!(
-                    "{}: out of device memory beside others; again alone",
+                    "{}: out of device memory beside others; again alone, after the samples \
+                     queued now",
                     sample.origin
                 );
                 if let Ok(failed) = result {
                     failed.settle();
                 }
                 self.forget_failed_reference();
-                result = self.run(sample, item.compiled, true, None);
+                let (key, _, _) = shared.problem_and_code(sample);
+                self.queue.requeue(
+                    key,
+                    RunItem {
+                        alone: true,
+                        ..item
+                    },
+                );
+                continue;
             }
             match result {
                 Ok(unsettled) => {

@@ -88,6 +88,7 @@ pub(crate) trait LayerOps {
 
 /// [`LayerOps::accumulate_transposed_product`] through candle: the product in the operands'
 /// dtype, then added in f32.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn accumulate_transposed_product_by_matmul(
     sum: &mut Option<Tensor>,
     a: &Tensor,
