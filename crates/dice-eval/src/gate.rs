@@ -418,7 +418,7 @@ mod tests {
                 drop(alone);
             })
         };
-        std::thread::sleep(Duration::from_millis(50));
+        wait_until_queued(&gate, Turn::Timer);
         let short = access.untimed_step(&quick);
         assert_eq!(window.load(Ordering::SeqCst), 0, "timed beside a long step");
         drop(short);
@@ -430,7 +430,7 @@ mod tests {
                 window.load(Ordering::SeqCst)
             })
         };
-        std::thread::sleep(Duration::from_millis(50));
+        wait_until_queued(&gate, Turn::LongStep);
         assert!(
             !second.is_finished(),
             "a long step went before the timer that asked first"
@@ -439,6 +439,19 @@ mod tests {
         timer.join().unwrap();
         assert_eq!(second.join().unwrap(), 2);
         assert_eq!(gate.lock_record().turns.long_steps, 0);
+    }
+
+    /// Returns once a `turn` waits at `gate`.
+    fn wait_until_queued(gate: &DeviceGate, turn: Turn) {
+        while !gate
+            .lock_record()
+            .turns
+            .waiting
+            .iter()
+            .any(|(_, t)| *t == turn)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// A timer waits for the untimed step in flight; the gate is closed from its asking to its

@@ -89,6 +89,10 @@ impl<T> RunQueue<T> {
     /// Puts a taken item back, behind every item queued now (a sample to retry once the others
     /// have started); its taker takes again, so the queue cannot have ended without it.
     pub(crate) fn requeue(&self, key: ProblemKey, item: T) {
+        self.push_back(key, item);
+    }
+
+    fn push_back(&self, key: ProblemKey, item: T) {
         let mut state = self
             .state
             .lock()
@@ -109,13 +113,7 @@ impl<T> State<T> {
 
 impl<T> Producer<T> {
     pub(crate) fn push(&self, key: ProblemKey, item: T) {
-        let mut state = self
-            .queue
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        state.items.push_back((key, item));
-        self.queue.changed.notify_all();
+        self.queue.push_back(key, item);
     }
 }
 
