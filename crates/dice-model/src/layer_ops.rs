@@ -77,19 +77,16 @@ pub(crate) trait LayerOps {
     fn embedding_backward(&self, tokens: &[u32], upstream: &Tensor, vocab: usize)
         -> Result<Tensor>;
     /// Adds `a`ᵀ `b` (`a` `[rows, m]`, `b` `[rows, n]`) to the f32 running sum `[m, n]` of a
-    /// weight's gradient over row chunks, started at this product when `None`.
-    fn accumulate_transposed_product(
-        &self,
-        sum: &mut Option<Tensor>,
-        a: &Tensor,
-        b: &Tensor,
-    ) -> Result<()>;
+    /// weight's gradient over row chunks, started at this product when `None`; by default
+    /// through candle ([`accumulate_at_b_by_matmul`]).
+    fn accumulate_at_b(&self, sum: &mut Option<Tensor>, a: &Tensor, b: &Tensor) -> Result<()> {
+        accumulate_at_b_by_matmul(sum, a, b)
+    }
 }
 
-/// [`LayerOps::accumulate_transposed_product`] through candle: the product in the operands'
-/// dtype, then added in f32.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn accumulate_transposed_product_by_matmul(
+/// [`LayerOps::accumulate_at_b`] through candle: the product in the operands' dtype, then added
+/// in f32.
+pub(crate) fn accumulate_at_b_by_matmul(
     sum: &mut Option<Tensor>,
     a: &Tensor,
     b: &Tensor,

@@ -556,14 +556,9 @@ impl LayerOps for TrainLayer {
         Ok(dst)
     }
 
-    fn accumulate_transposed_product(
-        &self,
-        sum: &mut Option<Tensor>,
-        a: &Tensor,
-        b: &Tensor,
-    ) -> Result<()> {
+    fn accumulate_at_b(&self, sum: &mut Option<Tensor>, a: &Tensor, b: &Tensor) -> Result<()> {
         if !matches!(a.dtype(), DType::BF16 | DType::F16) {
-            return crate::layer_ops::accumulate_transposed_product_by_matmul(sum, a, b);
+            return crate::layer_ops::accumulate_at_b_by_matmul(sum, a, b);
         }
         let total = match sum {
             Some(total) => total,

@@ -246,7 +246,7 @@ pub(super) fn head_backward(
             None => leaf.as_tensor().zeros_like()?,
         };
         let d_logits = ops.label_log_softmax_backward(logits, &labels, &lse, &d_log_probs)?;
-        ops.accumulate_transposed_product(&mut lm_head_sum, &d_logits, &normed)?;
+        ops.accumulate_at_b(&mut lm_head_sum, &d_logits, &normed)?;
         let d_normed = d_logits.matmul(&lm_head)?;
         drop(d_logits);
         let (d_x, d_norm) = ops.rms_norm_backward(&x, &norm, &rstd, &d_normed, None)?;
@@ -659,15 +659,6 @@ mod tests {
             vocab: usize,
         ) -> Result<Tensor> {
             super::super::embedding_backward_by_index_add(tokens, upstream, vocab)
-        }
-
-        fn accumulate_transposed_product(
-            &self,
-            sum: &mut Option<Tensor>,
-            a: &Tensor,
-            b: &Tensor,
-        ) -> Result<()> {
-            crate::layer_ops::accumulate_transposed_product_by_matmul(sum, a, b)
         }
     }
 
