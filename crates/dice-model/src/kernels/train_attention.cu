@@ -570,6 +570,17 @@ __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* 
     accumulate_rows<T, queries>(dpt, q_rows, dk);
 }
 
+// Queries of one dK/dV step (dkdv_queries): half a tile, or with -DDKDV_QUERY_STEP=64 the whole
+// tile, in half as many wgmmas of twice the width, for 248 registers a thread instead of 213 at
+// head dim 128 (train_attention.rs `DICE_DKDV_QUERY_STEP`). The wgmma path only: the mma.sync
+// path's fragments would spill, so it keeps half tiles whatever it is given.
+#if !defined(DKDV_QUERY_STEP) || !TRAIN_ATTENTION_WGMMA
+#undef DKDV_QUERY_STEP
+#define DKDV_QUERY_STEP (TILE / 2)
+#endif
+static_assert(DKDV_QUERY_STEP == TILE / 2 || DKDV_QUERY_STEP == TILE,
+              "a dK/dV step is half a tile of queries or a whole one");
+
 template <typename T>
 __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
                               const T* __restrict__ v, const T* __restrict__ d_out,
@@ -636,15 +647,12 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
         [&](int i, int buffer) {
             const bool all_seen =
                 tile_sees_all(tile_spans + TILE_SPAN_WORDS * (i % q_tiles), key_first);
-            for (int half = 0; half < 2; ++half) {
-                const int offset = TILE / 2 * half;
-                dkdv_queries<T, TILE / 2>(!all_seen, k_tile, v_tile,
-                                          q_tile(buffer) + staged_offset(offset, 0),
-                                          do_tile(buffer) + staged_offset(offset, 0),
-                                          q_spans(buffer) + 4 * offset, q_lse(buffer) + offset,
-                                          q_delta(buffer) + offset, key_first + warp_first,
-                                          scale_log2, dk_acc, dv_acc);
-            }
+            for (int offset = 0; offset < TILE; offset += DKDV_QUERY_STEP)
+                dkdv_queries<T, DKDV_QUERY_STEP>(
+                    !all_seen, k_tile, v_tile, q_tile(buffer) + staged_offset(offset, 0),
+                    do_tile(buffer) + staged_offset(offset, 0), q_spans(buffer) + 4 * offset,
+                    q_lse(buffer) + offset, q_delta(buffer) + offset, key_first + warp_first,
+                    scale_log2, dk_acc, dv_acc);
         });
     const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.f, 1.f};
     store_rows(dk_acc, dk_factor, dk + kv_offset, HEAD_DIM, key_first + warp_first, tokens);

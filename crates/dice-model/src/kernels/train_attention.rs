@@ -75,8 +75,15 @@ struct Loaded([DtypeKernels; 2]);
 
 static LOADED: PerDevice<usize, Loaded> = PerDevice::new();
 
-pub(super) fn compile_options(head_dim: usize) -> [String; 1] {
-    [format!("-DHEAD_DIM={head_dim}")]
+/// NVRTC's options for head dim `head_dim`; `DICE_DKDV_QUERY_STEP=64` builds the wgmma path's
+/// dK/dV kernel with whole query tiles a step (`DKDV_QUERY_STEP` in train_attention.cu; half
+/// tiles by default), to measure against it.
+pub(super) fn compile_options(head_dim: usize) -> Vec<String> {
+    let mut options = vec![format!("-DHEAD_DIM={head_dim}")];
+    if std::env::var("DICE_DKDV_QUERY_STEP").as_deref() == Ok("64") {
+        options.push("-DDKDV_QUERY_STEP=64".to_string());
+    }
+    options
 }
 
 fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
@@ -391,12 +398,20 @@ impl TrainAttention {
 mod tests {
     use super::*;
 
-    /// Runs wherever NVRTC loads (no GPU needed): the source must compile for every head dim.
+    /// Runs wherever NVRTC loads (no GPU needed): the source must compile for every head dim,
+    /// with the dK/dV kernel's whole-tile query steps too.
     #[test]
     fn the_kernels_compile_with_nvrtc_for_every_head_dim() {
         for head_dim in HEAD_DIMS {
-            let cubin = nvrtc::compile_cubin(&SOURCE, &compile_options(head_dim), (9, 0)).unwrap();
+            let mut options = compile_options(head_dim);
+            let cubin = nvrtc::compile_cubin(&SOURCE, &options, (9, 0)).unwrap();
             assert!(!cubin.is_empty(), "empty cubin for head dim {head_dim}");
+            options.push("-DDKDV_QUERY_STEP=64".to_string());
+            let cubin = nvrtc::compile_cubin(&SOURCE, &options, (9, 0)).unwrap();
+            assert!(
+                !cubin.is_empty(),
+                "empty cubin for head dim {head_dim}, whole query tiles"
+            );
         }
     }
 }
