@@ -30,7 +30,7 @@ pub use cubin_cache::{kernel_cache_folder, Precompiled, KERNEL_CACHE_ENV};
 #[cfg(feature = "cuda")]
 pub use kernels::decode_ops::{greedy_summary, sample_summary};
 #[cfg(feature = "cuda")]
-pub use kernels::optim::adamw_step;
+pub use kernels::optim::{adamw_step, square_sums};
 pub use precompile::precompile_kernels;
 #[cfg(feature = "cuda")]
 pub use sdar::DecodeGraph;

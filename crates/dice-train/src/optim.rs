@@ -943,19 +943,19 @@ fn squared_norms_by(
 ) -> Result<Vec<f64>> {
     let mut names: Vec<&String> = grads.keys().collect();
     names.sort();
-    // Every gradient's sums as 0-dim f64 tensors, in order, and how many are each one's.
+    // Every gradient's sums as 1-D f64 tensors, in order, and how many sums are each one's.
     let (mut sums, mut counts) = (Vec::new(), Vec::with_capacity(names.len()));
     for name in names {
         let tensor = &grads[name];
         let before = sums.len();
         queue_square_sums(tensor, chunk, row, on_host(tensor), &mut sums)
             .with_context(|| format!("cannot take the norm of the gradient of `{name}`"))?;
-        counts.push(sums.len() - before);
+        counts.push(sums[before..].iter().map(Tensor::elem_count).sum::<usize>());
     }
     let mut read = if sums.is_empty() {
         Vec::new()
     } else {
-        Tensor::stack(&sums, 0)?.to_vec1::<f64>()?
+        Tensor::cat(&sums, 0)?.to_vec1::<f64>()?
     }
     .into_iter();
     // Each gradient's sums added in order, as its norm always was.
@@ -965,8 +965,10 @@ fn squared_norms_by(
         .collect())
 }
 
-/// Appends Σ x² of `tensor` in f64 to `sums` as 0-dim tensors: one summed here from the host
-/// buffer (`on_host`), else one per slice ([`slice_square_sums`]) on its device.
+/// Appends Σ x² of `tensor` in f64 to `sums` as 1-D tensors of partial sums, whose sum in
+/// order is the whole: one summed here from the host buffer (`on_host`), else on its device by
+/// dice-model's kernel (one read of the gradient; [`dice_model::square_sums`]) or, where it is
+/// not available, one per slice ([`slice_square_sums`]).
 fn queue_square_sums(
     tensor: &Tensor,
     chunk: usize,
@@ -975,6 +977,13 @@ fn queue_square_sums(
     sums: &mut Vec<Tensor>,
 ) -> Result<()> {
     let flat = tensor.flatten_all()?;
+    #[cfg(feature = "cuda")]
+    if !on_host && tensor.device().is_cuda() {
+        if let Some(partial) = dice_model::square_sums(&flat.contiguous()?)? {
+            sums.push(partial);
+            return Ok(());
+        }
+    }
     if on_host {
         let flat = flat.to_dtype(DType::F32)?.contiguous()?;
         let sum: f64 = with_grad_values(&flat, |values| match values {
@@ -983,14 +992,14 @@ fn queue_square_sums(
             }
             _ => candle_core::bail!("internal error: the norm sums f32 values"),
         })?;
-        sums.push(Tensor::new(sum, tensor.device())?);
+        sums.push(Tensor::new(&[sum], tensor.device())?);
     } else {
         sums.extend(slice_square_sums(&flat, chunk, row)?);
     }
     Ok(())
 }
 
-/// Σ x² of each slice of `chunk` elements of the 1-D `flat`, in f64, as 0-dim tensors on its
+/// Σ x² of each slice of `chunk` elements of the 1-D `flat`, in f64, as 1-element tensors on its
 /// device (nothing is read back): each slice's squares summed over rows of `row` first (one
 /// thread block each), then over the rows' sums and the rest.
 fn slice_square_sums(flat: &Tensor, chunk: usize, row: usize) -> Result<Vec<Tensor>> {
@@ -1015,7 +1024,7 @@ fn slice_square_sums(flat: &Tensor, chunk: usize, row: usize) -> Result<Vec<Tens
         if whole < n {
             parts.push(squares.narrow(0, whole, n - whole)?);
         }
-        sums.push(Tensor::cat(&parts, 0)?.sum_all()?);
+        sums.push(Tensor::cat(&parts, 0)?.sum_all()?.reshape(1)?);
     }
     Ok(sums)
 }
@@ -1084,7 +1093,7 @@ mod tests {
                 let got = slice_square_sums(&flat, chunk, row)
                     .unwrap()
                     .iter()
-                    .map(|sum| sum.to_scalar::<f64>().unwrap())
+                    .map(|sum| sum.to_vec1::<f64>().unwrap()[0])
                     .sum::<f64>();
                 assert_eq!(got, expected, "len {len}, chunk {chunk}, row {row}");
             }
@@ -1114,6 +1123,36 @@ mod tests {
         let mut distinct = on_host.clone();
         distinct.dedup();
         assert_eq!(distinct.len(), 4, "{on_host:?}");
+    }
+
+    /// On a GPU the squares are summed by dice-model's kernel: the same sums as the host's, for
+    /// gradients of every dtype and of more elements than its grid's threads (values in eighths:
+    /// every order of f64 additions is exact).
+    #[test]
+    #[cfg_attr(not(feature = "cuda"), ignore = "needs the cuda feature and a GPU")]
+    fn a_gpu_sums_the_squares_as_the_host_does() {
+        let gpu = dice_model::device::cuda_device(0).unwrap();
+        let specs = [
+            ("a", 5usize, DType::F32),
+            ("b", 70_003, DType::BF16),
+            ("c", 300_001, DType::F16),
+        ];
+        let mut grads = HashMap::new();
+        let mut expected = Vec::new();
+        for (name, len, dtype) in specs {
+            let values: Vec<f32> = (0..len)
+                .map(|i| ((i * 5 + len) % 11) as f32 / 8.0 - 0.625)
+                .collect();
+            expected.push(
+                values
+                    .iter()
+                    .map(|&x| f64::from(x) * f64::from(x))
+                    .sum::<f64>(),
+            );
+            let tensor = Tensor::from_vec(values, len, &gpu).unwrap();
+            grads.insert(name.to_string(), tensor.to_dtype(dtype).unwrap());
+        }
+        assert_eq!(squared_norms(&grads).unwrap(), expected);
     }
 
     /// Two weights of a toy problem, in `dtype`, with fixed irregular values.

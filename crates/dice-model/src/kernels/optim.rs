@@ -2,7 +2,8 @@
 //! moments, the f32 masters and the compute weights, with the host update's operations in its
 //! order (dice-train's `optim.rs`), so that a GPU step equals a CPU step bit for bit. It replaces
 //! a dozen candle ops per tensor, each of which read and wrote the whole tensor in f32 and
-//! allocated its result. Checked on the CPU through the CUDA emulation
+//! allocated its result. Beside it, a gradient's sums of squares in f64 for the norm, in one read
+//! of the gradient ([`square_sums`]). Both checked on the CPU through the CUDA emulation
 //! (tests/it/optim_emulated.rs).
 
 use super::device_ptr::{launch, Arg, Scalar};
@@ -15,23 +16,40 @@ use candle_core::{bail, DType, Device, Result, Tensor};
 pub(super) const SOURCE: Source = Source {
     text: include_str!("optim.cu"),
     file_name: c"optim.cu",
-    what: "the AdamW kernel",
+    what: "the optimizer's kernels",
     arch_specific: false,
 };
 
-/// `ADAMW_THREADS` of `optim.cu`.
+/// `ADAMW_THREADS` and `SQUARE_SUM_THREADS` of `optim.cu`.
 const THREADS: u32 = 256;
 /// CTAs of a launch, which stride over the tensor: enough to fill any current GPU.
 const CTAS: u32 = 1024;
 
-/// `adamw_step_{f32,bf16,f16}`, in the order of [`dtype_index`].
-struct Loaded([CudaFunction; 3]);
+/// `adamw_step_{f32,bf16,f16}` and `square_sums_{…}`, each in the order of [`dtype_index`].
+struct Loaded {
+    adamw_step: [CudaFunction; 3],
+    square_sums: [CudaFunction; 3],
+}
 
 static LOADED: PerDevice<(), Loaded> = PerDevice::new();
 
 fn load(dev: &CudaDevice) -> anyhow::Result<Loaded> {
     let module = nvrtc::load_module(dev, &SOURCE, &[])?;
-    Ok(Loaded(nvrtc::by_dtype(&module, &SOURCE, "adamw_step")?))
+    Ok(Loaded {
+        adamw_step: nvrtc::by_dtype(&module, &SOURCE, "adamw_step")?,
+        square_sums: nvrtc::by_dtype(&module, &SOURCE, "square_sums")?,
+    })
+}
+
+/// The kernels of `dev`, `None` where they failed to build (said once, with what runs instead).
+fn loaded(dev: &CudaDevice) -> Option<std::sync::Arc<Loaded>> {
+    LOADED.get(
+        dev,
+        (),
+        "the optimizer's kernels are unavailable, AdamW and the gradient norm run as tensor \
+         operations",
+        || load(dev),
+    )
 }
 
 /// One AdamW update in place on CUDA tensors of one weight: `exp_avg` and `exp_avg_sq` (f32),
@@ -51,12 +69,7 @@ pub fn adamw_step(
     let Some(slot) = dtype_index(weight.dtype()) else {
         return Ok(None);
     };
-    let Some(kernels) = LOADED.get(
-        dev,
-        (),
-        "the AdamW kernel is unavailable, AdamW runs as tensor operations",
-        || load(dev),
-    ) else {
+    let Some(kernels) = loaded(dev) else {
         return Ok(None);
     };
     let shape = weight.shape();
@@ -80,7 +93,7 @@ pub fn adamw_step(
     // reads (checked above).
     unsafe {
         launch(
-            &kernels.0[slot],
+            &kernels.adamw_step[slot],
             config,
             &[
                 Arg::Whole(weight, "the weight"),
@@ -103,6 +116,44 @@ pub fn adamw_step(
         )
     }?;
     Ok(Some(()))
+}
+
+/// Σ x² of the elements of the contiguous CUDA tensor `x` (f32, bf16 or f16) in f64, as partial
+/// sums `[blocks]` on its device (nothing read back): their sum, in order, is the whole. `None`
+/// where the kernel is not available for it (the caller sums with tensor ops).
+pub fn square_sums(x: &Tensor) -> Result<Option<Tensor>> {
+    let Device::Cuda(dev) = x.device() else {
+        bail!("the square-sum kernel runs on CUDA devices only");
+    };
+    let Some(slot) = dtype_index(x.dtype()) else {
+        return Ok(None);
+    };
+    let Some(kernels) = loaded(dev) else {
+        return Ok(None);
+    };
+    let n = x.elem_count();
+    let blocks = n.div_ceil(THREADS as usize).clamp(1, CTAS as usize);
+    let partial = Tensor::zeros(blocks, DType::F64, x.device())?;
+    let config = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the pointers and count are the kernel's signature in order; `x` holds `n`
+    // elements of the dtype of `slot`, `partial` one f64 per block (launch checks both
+    // contiguous).
+    unsafe {
+        launch(
+            &kernels.square_sums[slot],
+            config,
+            &[
+                Arg::Whole(x, "the summed tensor"),
+                Arg::Whole(&partial, "the partial sums"),
+            ],
+            &[Scalar::U64(n as u64)],
+        )
+    }?;
+    Ok(Some(partial))
 }
 
 #[cfg(test)]

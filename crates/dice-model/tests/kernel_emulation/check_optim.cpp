@@ -2,7 +2,10 @@
 // crates/dice-train/src/optim.rs written out in plain f32 operations (ISO C++ contracts no
 // multiply-add, as Rust does not): moments, masters and the rounded weights must be equal bit
 // for bit, for f32 weights (their own masters) and bf16/f16 weights with f32 masters, with and
-// without weight decay, on more elements than the grid's threads (they stride).
+// without weight decay, on more elements than the grid's threads (they stride). And the square
+// sums of the gradient norm: every element's square added once, in f64, for each dtype, the
+// partials of a grid smaller and larger than the elements' rows (values in sixteenths, whose
+// f64 sums are exact in any order, so that any element lost or counted twice shows).
 // Build: g++ -std=c++20 check_optim.cpp; exits non-zero on a mismatch.
 #include "cuda_emulation.h"
 #include "../../src/kernels/optim.cu"
@@ -18,14 +21,17 @@ static int failures = 0;
 template <typename T> struct Kernel;
 template <> struct Kernel<float> {
     static constexpr auto step = adamw_step_f32;
+    static constexpr auto square_sums = square_sums_f32;
     static constexpr const char* name = "f32";
 };
 template <> struct Kernel<bf16_t> {
     static constexpr auto step = adamw_step_bf16;
+    static constexpr auto square_sums = square_sums_bf16;
     static constexpr const char* name = "bf16";
 };
 template <> struct Kernel<f16_t> {
     static constexpr auto step = adamw_step_f16;
+    static constexpr auto square_sums = square_sums_f16;
     static constexpr const char* name = "f16";
 };
 
@@ -90,11 +96,36 @@ template <typename T> void check(bool with_master, bool decays) {
     failures += !ok;
 }
 
+// The square sums of n elements over `blocks` CTAs against a direct sum.
+template <typename T> void check_square_sums(size_t n, unsigned blocks) {
+    std::vector<T> x(n);
+    double want = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        x[i] = from_float<T>((float)((int)(i * 7 % 61) - 30) / 16.0f);
+        const double v = to_float(x[i]);
+        want += v * v;
+    }
+    std::vector<double> partial(blocks, -1.0);
+    launch({blocks, 1, 1}, SQUARE_SUM_THREADS,
+           [&] { Kernel<T>::square_sums(x.data(), partial.data(), n); });
+    double got = 0.0;
+    for (double p : partial) got += p;
+    const bool ok = got == want;
+    std::printf("%-5s square sums of %zu over %u CTAs: %s\n", Kernel<T>::name, n, blocks,
+                ok ? "exact" : "FAIL");
+    failures += !ok;
+}
+
 int main() {
     for (bool decays : {false, true}) {
         check<float>(false, decays);
         check<bf16_t>(true, decays);
         check<f16_t>(true, decays);
+    }
+    for (auto [n, blocks] : {std::pair<size_t, unsigned>{1000, 2}, {100, 3}, {5000, 1}}) {
+        check_square_sums<float>(n, blocks);
+        check_square_sums<bf16_t>(n, blocks);
+        check_square_sums<f16_t>(n, blocks);
     }
     return failures ? 1 : 0;
 }
