@@ -12,6 +12,7 @@ use crate::adamw::AdamWScalars;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig};
 use candle_core::cuda_backend::CudaDevice;
 use candle_core::{bail, DType, Device, Result, Tensor};
+use std::sync::Arc;
 
 pub(super) const SOURCE: Source = Source {
     text: include_str!("optim.cu"),
@@ -41,15 +42,33 @@ fn load(dev: &CudaDevice) -> anyhow::Result<Loaded> {
     })
 }
 
-/// The kernels of `dev`, `None` where they failed to build (said once, with what runs instead).
-fn loaded(dev: &CudaDevice) -> Option<std::sync::Arc<Loaded>> {
-    LOADED.get(
+/// `ctas` CTAs of [`THREADS`] threads, which stride over a tensor's elements.
+fn strided_launch(ctas: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (ctas, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The kernels of `tensor`'s CUDA device and the index of its dtype among them; `None` for a
+/// dtype they do not take or where they failed to build (said once, with what runs instead).
+/// `what` names the kernel in the error for a tensor off CUDA.
+fn kernels_for(tensor: &Tensor, what: &str) -> Result<Option<(Arc<Loaded>, usize)>> {
+    let Device::Cuda(dev) = tensor.device() else {
+        bail!("{what} runs on CUDA devices only");
+    };
+    let Some(slot) = dtype_index(tensor.dtype()) else {
+        return Ok(None);
+    };
+    let loaded = LOADED.get(
         dev,
         (),
         "the optimizer's kernels are unavailable, AdamW and the gradient norm run as tensor \
          operations",
         || load(dev),
-    )
+    );
+    Ok(loaded.map(|kernels| (kernels, slot)))
 }
 
 /// One AdamW update in place on CUDA tensors of one weight: `exp_avg` and `exp_avg_sq` (f32),
@@ -63,13 +82,7 @@ pub fn adamw_step(
     grad: &Tensor,
     s: &AdamWScalars,
 ) -> Result<Option<()>> {
-    let Device::Cuda(dev) = weight.device() else {
-        bail!("the AdamW kernel runs on CUDA devices only");
-    };
-    let Some(slot) = dtype_index(weight.dtype()) else {
-        return Ok(None);
-    };
-    let Some(kernels) = loaded(dev) else {
+    let Some((kernels, slot)) = kernels_for(weight, "the AdamW kernel")? else {
         return Ok(None);
     };
     let shape = weight.shape();
@@ -83,11 +96,7 @@ pub fn adamw_step(
         bail!("AdamW's state, gradient and master must be f32 tensors shaped as the weight");
     }
     let master = master.map_or(Arg::Null, |m| Arg::Whole(m, "the master weight"));
-    let config = LaunchConfig {
-        grid_dim: (CTAS, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let config = strided_launch(CTAS);
     // SAFETY: the pointers, count and scalars are the kernel's signature in order; every tensor
     // is contiguous (launch checks it) with the weight's element count, of the dtype the kernel
     // reads (checked above).
@@ -122,23 +131,13 @@ pub fn adamw_step(
 /// sums `[blocks]` on its device (nothing read back): their sum, in order, is the whole. `None`
 /// where the kernel is not available for it (the caller sums with tensor ops).
 pub fn square_sums(x: &Tensor) -> Result<Option<Tensor>> {
-    let Device::Cuda(dev) = x.device() else {
-        bail!("the square-sum kernel runs on CUDA devices only");
-    };
-    let Some(slot) = dtype_index(x.dtype()) else {
-        return Ok(None);
-    };
-    let Some(kernels) = loaded(dev) else {
+    let Some((kernels, slot)) = kernels_for(x, "the square-sum kernel")? else {
         return Ok(None);
     };
     let n = x.elem_count();
     let blocks = n.div_ceil(THREADS as usize).clamp(1, CTAS as usize);
     let partial = Tensor::zeros(blocks, DType::F64, x.device())?;
-    let config = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let config = strided_launch(blocks as u32);
     // SAFETY: the pointers and count are the kernel's signature in order; `x` holds `n`
     // elements of the dtype of `slot`, `partial` one f64 per block (launch checks both
     // contiguous).
