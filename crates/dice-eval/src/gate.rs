@@ -45,14 +45,13 @@ struct Record {
     turns: Turns,
 }
 
-/// Long steps and timers waiting for their turn, in their order of asking; the long steps
-/// running and the timers past their turn (closing the gate or holding it).
+/// Long steps and timers waiting for their turn, in their order of asking, and the long steps
+/// running.
 #[derive(Default)]
 struct Turns {
     next_ticket: u64,
     waiting: VecDeque<(u64, Turn)>,
     long_steps: u32,
-    timers: u32,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -69,13 +68,14 @@ impl Turns {
         ticket
     }
 
-    /// Whether `ticket` may go: a long step when no timer asked before it or is past its turn,
-    /// a timer when nothing asked before it and no long step runs.
-    fn may_go(&self, ticket: u64) -> bool {
+    /// Whether `ticket` may go, with `timers` past their turn (closing the gate or holding it):
+    /// a long step when none is and no timer asked before it, a timer when nothing asked before
+    /// it and no long step runs.
+    fn may_go(&self, ticket: u64, timers: u32) -> bool {
         let mut before = self.waiting.iter().take_while(|(t, _)| *t != ticket);
         match self.waiting.iter().find(|(t, _)| *t == ticket) {
             Some((_, Turn::LongStep)) => {
-                self.timers == 0 && before.all(|(_, turn)| *turn == Turn::LongStep)
+                timers == 0 && before.all(|(_, turn)| *turn == Turn::LongStep)
             }
             Some((_, Turn::Timer)) => before.next().is_none() && self.long_steps == 0,
             None => true,
@@ -176,7 +176,7 @@ impl DeviceGate {
         let mut r = self.lock_record();
         let ticket = r.turns.ask(turn);
         let mut waited = Duration::ZERO;
-        while !r.turns.may_go(ticket) {
+        while !r.turns.may_go(ticket, r.wanted) {
             let asleep = Instant::now();
             r = self
                 .turn
@@ -219,7 +219,6 @@ impl DeviceGate {
             // The gate closes to new steps once the timer's turn came, not while the long steps
             // before it end.
             let (mut r, turn_waited) = self.take_turn(Turn::Timer);
-            r.turns.timers += 1;
             r.wanted += 1;
             r.closed_since.get_or_insert(asked + turn_waited);
         }
@@ -257,7 +256,6 @@ impl Drop for Exclusive<'_> {
         r.used.windows += 1;
         r.used.held += now - self.since;
         r.wanted -= 1;
-        r.turns.timers -= 1;
         self.gate.turn.notify_all();
         if r.wanted == 0 {
             if let Some(since) = r.closed_since.take() {

@@ -78,23 +78,19 @@ pub(crate) trait LayerOps {
         -> Result<Tensor>;
     /// Adds `a`ᵀ `b` (`a` `[rows, m]`, `b` `[rows, n]`) to the f32 running sum `[m, n]` of a
     /// weight's gradient over row chunks, started at this product when `None`; by default
-    /// through candle ([`accumulate_at_b_by_matmul`]).
+    /// candle's product in the operands' dtype, [`accumulate`]d.
     fn accumulate_at_b(&self, sum: &mut Option<Tensor>, a: &Tensor, b: &Tensor) -> Result<()> {
-        accumulate_at_b_by_matmul(sum, a, b)
+        accumulate(sum, &a.t()?.matmul(b)?)
     }
 }
 
-/// [`LayerOps::accumulate_at_b`] through candle: the product in the operands' dtype, then added
-/// in f32.
-pub(crate) fn accumulate_at_b_by_matmul(
-    sum: &mut Option<Tensor>,
-    a: &Tensor,
-    b: &Tensor,
-) -> Result<()> {
-    let product = a.t()?.matmul(b)?.to_dtype(candle_core::DType::F32)?;
+/// Adds a gradient contribution to an f32 running sum: a gradient made of several
+/// contributions is summed in f32 and rounded to the weight dtype once.
+pub(crate) fn accumulate(sum: &mut Option<Tensor>, grad: &Tensor) -> Result<()> {
+    let grad = grad.to_dtype(candle_core::DType::F32)?;
     *sum = Some(match sum.take() {
-        Some(s) => (s + product)?,
-        None => product,
+        Some(s) => (s + grad)?,
+        None => grad,
     });
     Ok(())
 }

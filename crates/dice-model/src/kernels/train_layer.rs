@@ -558,7 +558,7 @@ impl LayerOps for TrainLayer {
 
     fn accumulate_at_b(&self, sum: &mut Option<Tensor>, a: &Tensor, b: &Tensor) -> Result<()> {
         if !matches!(a.dtype(), DType::BF16 | DType::F16) {
-            return crate::layer_ops::accumulate_at_b_by_matmul(sum, a, b);
+            return crate::layer_ops::accumulate(sum, &a.t()?.matmul(b)?);
         }
         let total = match sum {
             Some(total) => total,

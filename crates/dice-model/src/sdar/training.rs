@@ -30,7 +30,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 mod fused_layer;
-use crate::layer_ops::LayerOps;
+use crate::layer_ops::{accumulate, LayerOps};
 
 /// Training always runs the composite ops autograd can differentiate.
 const KERNELS: Kernels = Kernels::Differentiable;
@@ -435,17 +435,6 @@ fn grad_of<'g>(grads: &'g GradStore, tensor: &Tensor, what: &str) -> anyhow::Res
     grads
         .get(tensor)
         .with_context(|| format!("internal error: backward reached no gradient for {what}"))
-}
-
-/// Adds a gradient contribution to an f32 running sum: a gradient made of several
-/// contributions is summed in f32 and rounded to the weight dtype once.
-fn accumulate(sum: &mut Option<Tensor>, grad: &Tensor) -> Result<()> {
-    let grad = grad.to_dtype(DType::F32)?;
-    *sum = Some(match sum.take() {
-        Some(s) => (s + grad)?,
-        None => grad,
-    });
-    Ok(())
 }
 
 /// [`LayerOps::embedding_backward`] through candle: the rows' gradients added into f32 zeros by

@@ -16,10 +16,8 @@
 //! [`LayerOps`] (the unit tests below), the kernels against direct references through the CUDA
 //! emulation (tests/it/train_layer_emulated.rs), and the whole on the GPU by tests/it/cuda.rs.
 
-use super::{
-    accumulate, row_chunks, AttentionOutput, Head, HeadGradients, Layout, SavedLayer, StepPhase,
-};
-use crate::layer_ops::LayerOps;
+use super::{row_chunks, AttentionOutput, Head, HeadGradients, Layout, SavedLayer, StepPhase};
+use crate::layer_ops::{accumulate, LayerOps};
 use crate::sdar::DecoderLayer;
 use crate::{Sdar, SdarConfig};
 use candle_core::{DType, Result, Tensor, Var};
