@@ -73,6 +73,15 @@ static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM <= 128, "HEAD_DIM must be 16, 32, 6
 #define TRAIN_ATTENTION_WGMMA 0
 #endif
 #endif
+// Whether the kernels let their products run while they compute (train_attention.rs passes
+// -DTRAIN_ATTENTION_OVERLAP=1 under DICE_ATTENTION_OVERLAP=1; wgmma path only): the forward's
+// two half-tiles' products beside the other half's softmax, the backward's dP while the
+// probabilities are recomputed, and in dK/dV the dV product while dS is computed. 0: each
+// product waited for as soon as it is issued.
+#if !defined(TRAIN_ATTENTION_OVERLAP) || !TRAIN_ATTENTION_WGMMA
+#undef TRAIN_ATTENTION_OVERLAP
+#define TRAIN_ATTENTION_OVERLAP 0
+#endif
 #if TRAIN_ATTENTION_WGMMA
 #include "wgmma.cuh"
 static_assert(HEAD_DIM % 64 == 0, "the wgmma path stages rows of 128-byte swizzled atoms");
@@ -194,17 +203,31 @@ __device__ __forceinline__ void mma_n16(float (&acc)[n][4], int np, const unsign
 }
 #endif
 
-// acc (+)= A B over the staged rows: A from registers (this warp's 16 rows) or, as wgmmas only,
-// 64 staged rows (K-major as B), B^T the n staged rows (K or V as stored: k along their HEAD_DIM
-// columns), `n` columns. As wgmmas, the warpgroup's 64 rows at once, every warp calling.
+// Products are issued, then settled: as wgmmas each issue is one committed group that runs
+// while the warpgroup goes on, and settle<pending>(operands...) waits until at most `pending`
+// groups are still in flight (groups complete in the order issued), then lets the code touch
+// the operands named (the accumulators read next, and the A fragments of products waited for).
+// On the mma.sync path a product is done when issued and settling does nothing.
+template <int pending, typename... Operands>
+__device__ __forceinline__ void settle(Operands&... operands) {
+#if TRAIN_ATTENTION_WGMMA
+    wgmma_wait<pending>();
+    (pin(operands), ...);
+#endif
+}
+
+// Issues acc (+)= A B over the staged rows: A from registers (this warp's 16 rows) or, as
+// wgmmas only, 64 staged rows (K-major as B), B^T the n staged rows (K or V as stored: k along
+// their HEAD_DIM columns), `n` columns. As wgmmas, the warpgroup's 64 rows at once, every warp
+// calling.
 template <typename T, int n, typename A>
-__device__ __forceinline__ void times_rows(const A& a, const unsigned short* rows,
-                                           float (&acc)[n / 8][4]) {
+__device__ __forceinline__ void issue_times_rows(const A& a, const unsigned short* rows,
+                                                 float (&acc)[n / 8][4]) {
 #if TRAIN_ATTENTION_WGMMA
     wgmma_begin(acc);
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
         wgmma_m64k16<T, false, n>(acc, k_step(a, ks), k_step(rows, ks));
-    wgmma_end(acc);
+    wgmma_commit();
 #else
     const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
@@ -217,22 +240,35 @@ __device__ __forceinline__ void times_rows(const A& a, const unsigned short* row
 #endif
 }
 
-// acc += A B with A the 16 x k accumulator tiles p (rounded to T) and B k staged rows of
-// HEAD_DIM (V, K, dO or Q as stored: k along the rows), by transposing ldmatrix or as wgmmas
-// reading B MN-major.
+// acc (+)= A B (issue_times_rows's product), waited for.
+template <typename T, int n, typename A>
+__device__ __forceinline__ void times_rows(const A& a, const unsigned short* rows,
+                                           float (&acc)[n / 8][4]) {
+    issue_times_rows<T, n>(a, rows, acc);
+    settle<0>(acc);
+}
+
+// The 16 x k accumulator tiles p rounded to T as the A fragments of a product over k (the
+// accumulator layout of two n8 tiles is the A layout of one k16 tile).
 template <typename T, int k>
-__device__ __forceinline__ void accumulate_rows(const float (&p)[k / 8][4],
-                                                const unsigned short* rows,
-                                                float (&acc)[HEAD_DIM / 8][4]) {
-    // The accumulator layout of two n8 tiles is the A layout of one k16 tile.
-    unsigned int pa[k / 16][4];
+__device__ __forceinline__ void pack_rows(const float (&p)[k / 8][4], unsigned int (&pa)[k / 16][4]) {
     for (int kp = 0; kp < k / 16; ++kp) {
         pa[kp][0] = pack_pair<T>(p[2 * kp][0], p[2 * kp][1]);
         pa[kp][1] = pack_pair<T>(p[2 * kp][2], p[2 * kp][3]);
         pa[kp][2] = pack_pair<T>(p[2 * kp + 1][0], p[2 * kp + 1][1]);
         pa[kp][3] = pack_pair<T>(p[2 * kp + 1][2], p[2 * kp + 1][3]);
     }
+}
+
+// Issues acc += A B with A the packed fragments pa (pack_rows) and B k staged rows of HEAD_DIM
+// (V, K, dO or Q as stored: k along the rows), by transposing ldmatrix or as wgmmas reading B
+// MN-major. pa stays untouched until the product is settled.
+template <typename T, int k>
+__device__ __forceinline__ void issue_accumulate_rows(unsigned int (&pa)[k / 16][4],
+                                                      const unsigned short* rows,
+                                                      float (&acc)[HEAD_DIM / 8][4]) {
 #if TRAIN_ATTENTION_WGMMA
+    // The fragments settled before the fence that orders them for the tensor cores.
     pin(pa);
     wgmma_begin(acc);
     // B MN-major, one 64-column atom a wgmma (so that no wgmma's B spans two atoms along its
@@ -242,7 +278,7 @@ __device__ __forceinline__ void accumulate_rows(const float (&p)[k / 8][4],
             wgmma_m64k16<T, true, 64>(
                 *reinterpret_cast<float(*)[8][4]>(&acc[8 * h]), pa[kp],
                 swizzled_descriptor(rows + staged_offset(16 * kp, 8 * h), 1024));
-    wgmma_end(acc);
+    wgmma_commit();
 #else
     const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
     for (int kp = 0; kp < k / 16; ++kp)
@@ -253,6 +289,18 @@ __device__ __forceinline__ void accumulate_rows(const float (&p)[k / 8][4],
             mma_n16<T>(acc, np, pa[kp], b);
         }
 #endif
+}
+
+// acc += A B with A the 16 x k accumulator tiles p rounded to T (issue_accumulate_rows's
+// product), waited for.
+template <typename T, int k>
+__device__ __forceinline__ void accumulate_rows(const float (&p)[k / 8][4],
+                                                const unsigned short* rows,
+                                                float (&acc)[HEAD_DIM / 8][4]) {
+    unsigned int pa[k / 16][4];
+    pack_rows<T, k>(p, pa);
+    issue_accumulate_rows<T, k>(pa, rows, acc);
+    settle<0>(acc, pa);
 }
 
 template <int n> __device__ __forceinline__ void zero(float (&acc)[n][4]) {
@@ -350,11 +398,32 @@ __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __re
         });
 }
 
-// One warp's forward step over `keys` staged keys base..: S = Q K^T, masked by the rows' spans
-// (unless every row sees every key), scaled by scale_log2 = scale * log2(e); the online
-// softmax's max m and sum l (base 2, this lane's columns) and the output o rescaled; O += P V.
-// The rescaling is skipped when no row of the warp moved its max (most steps past a row's first
-// keys): o times 1 is o.
+// Scores s of `keys` keys base.. scaled by scale_log2 = scale * log2(e), masked by the rows'
+// spans unless every row sees every key.
+template <int keys>
+__device__ __forceinline__ void scale_and_mask(float (&s)[keys / 8][4], bool masked, int base,
+                                               const unsigned int (&span)[2][4],
+                                               float scale_log2) {
+    const int quad_lane = threadIdx.x % 4;
+    for (int nt = 0; nt < keys / 8; ++nt)
+        for (int e = 0; e < 4; ++e) {
+            const int key = base + 8 * nt + 2 * quad_lane + (e & 1);
+            s[nt][e] = !masked || sees(span[e / 2], key) ? s[nt][e] * scale_log2 : NEG_INF;
+        }
+}
+
+// The output rescaled by the online softmax's alpha, skipped when no row of the warp moved its
+// max (most steps past a row's first keys): o times 1 is o.
+__device__ __forceinline__ void rescale(float (&o)[HEAD_DIM / 8][4], const float (&alpha)[2]) {
+    if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f))
+        for (int n = 0; n < HEAD_DIM / 8; ++n)
+            for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
+}
+
+#if TRAIN_ATTENTION_OVERLAP
+// The forward step over a staged tile's keys base.. as two halves whose products overlap the
+// other half's softmax: S of both halves issued together, the first half's softmax while the
+// second's S runs, then O += P V of the first half while the second's softmax runs.
 template <typename T, int keys>
 __device__ __forceinline__ void forward_keys(bool masked,
                                              const unsigned int (&qa)[HEAD_DIM / 16][4],
@@ -363,22 +432,53 @@ __device__ __forceinline__ void forward_keys(bool masked,
                                              const unsigned int (&span)[2][4], float scale_log2,
                                              float (&o)[HEAD_DIM / 8][4], float (&m)[2],
                                              float (&l)[2]) {
-    const int quad_lane = threadIdx.x % 4;
+    constexpr int half = keys / 2;
+    const int second = staged_offset(half, 0);
+    float first_s[half / 8][4], second_s[half / 8][4], alpha[2];
+    unsigned int first_p[half / 16][4], second_p[half / 16][4];
+    zero(first_s);
+    zero(second_s);
+    // Both zeroed before the first product is in flight (ptxas otherwise waits for it).
+    pin(second_s);
+    issue_times_rows<T, half>(qa, k_rows, first_s);
+    issue_times_rows<T, half>(qa, k_rows + second, second_s);
+    settle<1>(first_s);
+    scale_and_mask<half>(first_s, masked, base, span, scale_log2);
+    online_softmax<half, true>(first_s, m, l, alpha);
+    rescale(o, alpha);
+    pack_rows<T, half>(first_s, first_p);
+    issue_accumulate_rows<T, half>(first_p, v_rows, o);
+    settle<1>(second_s);
+    scale_and_mask<half>(second_s, masked, base + half, span, scale_log2);
+    online_softmax<half, true>(second_s, m, l, alpha);
+    settle<0>(o, first_p);
+    rescale(o, alpha);
+    pack_rows<T, half>(second_s, second_p);
+    issue_accumulate_rows<T, half>(second_p, v_rows + second, o);
+    settle<0>(o, second_p);
+}
+#else
+// One warp's forward step over `keys` staged keys base..: S = Q K^T, masked by the rows' spans
+// (unless every row sees every key), scaled by scale_log2 = scale * log2(e); the online
+// softmax's max m and sum l (base 2, this lane's columns) and the output o rescaled; O += P V.
+template <typename T, int keys>
+__device__ __forceinline__ void forward_keys(bool masked,
+                                             const unsigned int (&qa)[HEAD_DIM / 16][4],
+                                             const unsigned short* k_rows,
+                                             const unsigned short* v_rows, int base,
+                                             const unsigned int (&span)[2][4], float scale_log2,
+                                             float (&o)[HEAD_DIM / 8][4], float (&m)[2],
+                                             float (&l)[2]) {
     float s[keys / 8][4];
     zero(s);
     times_rows<T, keys>(qa, k_rows, s);
-    for (int nt = 0; nt < keys / 8; ++nt)
-        for (int e = 0; e < 4; ++e) {
-            const int key = base + 8 * nt + 2 * quad_lane + (e & 1);
-            s[nt][e] = !masked || sees(span[e / 2], key) ? s[nt][e] * scale_log2 : NEG_INF;
-        }
+    scale_and_mask<keys>(s, masked, base, span, scale_log2);
     float alpha[2];
     online_softmax<keys, true>(s, m, l, alpha);
-    if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f))
-        for (int n = 0; n < HEAD_DIM / 8; ++n)
-            for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
+    rescale(o, alpha);
     accumulate_rows<T, keys>(s, v_rows, o);
 }
+#endif
 
 template <typename T>
 __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -440,7 +540,8 @@ __device__ void row_deltas(const T* __restrict__ out, const T* __restrict__ d_ou
 
 // The two products both backward steps begin with, over `n` staged rows each: scores s = A B^T
 // (Q K^T, or K Q^T for dK/dV) and their gradients dp = dA dB^T (dO V^T, or V dO^T); A and dA as
-// times_rows takes them.
+// times_rows takes them. s is settled on return; dp may still be in flight (settle<0>(dp)
+// before reading it).
 template <typename T, int n, typename A>
 __device__ __forceinline__ void scores_and_their_gradients(const A& a, const unsigned short* rows,
                                                            const A& da,
@@ -449,8 +550,19 @@ __device__ __forceinline__ void scores_and_their_gradients(const A& a, const uns
                                                            float (&dp)[n / 8][4]) {
     zero(s);
     zero(dp);
-    times_rows<T, n>(a, rows, s);
-    times_rows<T, n>(da, d_rows, dp);
+#if TRAIN_ATTENTION_OVERLAP
+    // Both zeroed before the first product is in flight (ptxas otherwise waits for it).
+    pin(dp);
+#endif
+    issue_times_rows<T, n>(a, rows, s);
+#if TRAIN_ATTENTION_OVERLAP
+    issue_times_rows<T, n>(da, d_rows, dp);
+    settle<1>(s);
+#else
+    settle<0>(s);
+    issue_times_rows<T, n>(da, d_rows, dp);
+    settle<0>(dp);
+#endif
 }
 
 // A probability recomputed from its score and its query's saved log-sum-exp (base 2: lse_log2 =
@@ -477,11 +589,13 @@ __device__ __forceinline__ void dq_keys(bool masked,
     scores_and_their_gradients<T, keys>(qa, k_rows, doa, v_rows, s, dp);
     for (int nt = 0; nt < keys / 8; ++nt)
         for (int e = 0; e < 4; ++e) {
-            const int key = base + 8 * nt + 2 * quad_lane + (e & 1), r = e / 2;
-            const float p = recomputed_p(!masked || sees(span[r], key), s[nt][e], scale_log2,
-                                         lse_log2[r]);
-            s[nt][e] = p * (dp[nt][e] - delta[r]);
+            const int key = base + 8 * nt + 2 * quad_lane + (e & 1);
+            s[nt][e] = recomputed_p(!masked || sees(span[e / 2], key), s[nt][e], scale_log2,
+                                    lse_log2[e / 2]);
         }
+    settle<0>(dp);
+    for (int nt = 0; nt < keys / 8; ++nt)
+        for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - delta[e / 2];
     accumulate_rows<T, keys>(s, k_rows, dq);
 }
 
@@ -561,13 +675,26 @@ __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* 
         for (int e = 0; e < 4; ++e) {
             const int query = 8 * nt + 2 * quad_lane + (e & 1);
             const unsigned int key = key0 + group + 8 * (e / 2);
-            const float p = recomputed_p(!masked || sees(q_spans + 4 * query, key), st[nt][e],
-                                         scale_log2, q_lse[query] * LOG2E);
-            st[nt][e] = p;
-            dpt[nt][e] = p * (dpt[nt][e] - q_delta[query]);
+            st[nt][e] = recomputed_p(!masked || sees(q_spans + 4 * query, key), st[nt][e],
+                                     scale_log2, q_lse[query] * LOG2E);
         }
-    accumulate_rows<T, queries>(st, do_rows, dv);
-    accumulate_rows<T, queries>(dpt, q_rows, dk);
+    // dV += P^T dO runs while dS^T is computed (with TRAIN_ATTENTION_OVERLAP).
+    unsigned int pa[queries / 16][4], dsa[queries / 16][4];
+    pack_rows<T, queries>(st, pa);
+    issue_accumulate_rows<T, queries>(pa, do_rows, dv);
+#if TRAIN_ATTENTION_OVERLAP
+    settle<1>(dpt);
+#else
+    settle<0>(dv, pa, dpt);
+#endif
+    for (int nt = 0; nt < queries / 8; ++nt)
+        for (int e = 0; e < 4; ++e) {
+            const int query = 8 * nt + 2 * quad_lane + (e & 1);
+            dpt[nt][e] = st[nt][e] * (dpt[nt][e] - q_delta[query]);
+        }
+    pack_rows<T, queries>(dpt, dsa);
+    issue_accumulate_rows<T, queries>(dsa, q_rows, dk);
+    settle<0>(dv, dk, pa, dsa);
 }
 
 // Queries of one dK/dV step (dkdv_queries): half a tile, or with -DDKDV_QUERY_STEP=64 the whole

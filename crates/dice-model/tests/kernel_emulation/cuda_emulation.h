@@ -11,11 +11,13 @@
 // before, cost a kernel thread switch at every barrier: tens of times slower, for nothing more.)
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <random>
@@ -185,7 +187,12 @@ inline void ldmatrix_x4_trans(unsigned int (&r)[4], const unsigned short* row) {
 
 // Hopper's wgmma (wgmma.cuh), one warp at a time: a warp's rows of the warpgroup's product
 // depend only on its own A fragment, so each warp multiplies its m16 rows by the B that the
-// descriptor addresses, n8 tile by n8 tile through mma_m16n8k16. Shared addresses are offsets
+// descriptor addresses, n8 tile by n8 tile through mma_m16n8k16. As on the GPU the products are
+// asynchronous: each thread's wgmmas are queued, closed into a group by wgmma_commit and run
+// when a wgmma_wait leaves fewer groups in flight (A from registers as it was when issued; B, and
+// A from shared memory, read when run; the accumulator added to when run). A kernel that reads
+// an accumulator before the wait that completes its product, writes one in flight, or changes a
+// staged operand before the product has read it computes wrong values here, as on the GPU. Shared addresses are offsets
 // into dynamic_shared_memory (1,024-byte aligned, as on the GPU), where the kernels stage B; the
 // descriptor is decoded as the GPU does (PTX ISA "Matrix Descriptor Format"; checked on an H100
 // by bench/train/wgmma_probe.cu): start address >> 4 in bits 0-13, the 8-row groups' stride >> 4
@@ -203,9 +210,35 @@ inline unsigned int shared_address(const void* p) {
     return (unsigned int)offset;
 }
 
+// Each thread's wgmmas: those issued since its last commit, then the committed groups, oldest
+// first.
+struct WgmmaQueue {
+    std::vector<std::function<void()>> open;
+    std::deque<std::vector<std::function<void()>>> committed;
+    bool empty() const { return open.empty() && committed.empty(); }
+};
+inline WgmmaQueue wgmma_queues[MAX_THREADS];
+
 inline void wgmma_fence() {}
-inline void wgmma_commit() {}
-template <int pending> void wgmma_wait() {}
+inline void wgmma_commit() {
+    WgmmaQueue& queue = wgmma_queues[threadIdx.x];
+    queue.committed.push_back(std::move(queue.open));
+    queue.open.clear();
+}
+// Runs the oldest groups until at most `pending` are left in flight; every lane of a warp waits
+// at the same point of the kernel (wgmma.wait_group is .sync.aligned), so the warp's deferred
+// mma_m16n8k16 calls meet at their warp barriers as issued ones would.
+template <int pending> void wgmma_wait() {
+    WgmmaQueue& queue = wgmma_queues[threadIdx.x];
+    if (!queue.open.empty()) {
+        std::fprintf(stderr, "wgmma_wait with wgmmas issued but not committed\n");
+        std::abort();
+    }
+    while (queue.committed.size() > (size_t)pending) {
+        for (auto& product : queue.committed.front()) product();
+        queue.committed.pop_front();
+    }
+}
 inline void fence_async_shared() {}
 template <typename A> void pin(A&) {}
 
@@ -229,7 +262,7 @@ inline unsigned int swizzled_element(unsigned long long descriptor, int row, int
 // A from this warp's registers: B's (k, column) is row `column` of a K-major descriptor, row k
 // of an MN-major one.
 template <typename T, bool transposed, int n>
-void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4], unsigned long long b) {
+void wgmma_m64k16_now(float (&acc)[n / 8][4], const unsigned int (&a)[4], unsigned long long b) {
     auto element = [&](int k, int column) {
         return transposed ? swizzled_element(b, k, column) : swizzled_element(b, column, k);
     };
@@ -246,7 +279,7 @@ void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4], unsigned l
 
 // A from shared memory (K-major): this warp's fragment of rows 16 w.., in mma.m16n8k16's layout.
 template <typename T, bool transposed, int n>
-void wgmma_m64k16(float (&acc)[n / 8][4], unsigned long long a, unsigned long long b) {
+void wgmma_m64k16_now(float (&acc)[n / 8][4], unsigned long long a, unsigned long long b) {
     const int lane = threadIdx.x & 31, row = 16 * (threadIdx.x / 32) + lane / 4;
     const int k = 2 * (lane % 4);
     unsigned int fragment[4];
@@ -254,7 +287,23 @@ void wgmma_m64k16(float (&acc)[n / 8][4], unsigned long long a, unsigned long lo
         for (int half = 0; half < 2; ++half)
             fragment[r + 2 * half] = swizzled_element(a, row + 8 * r, k + 8 * half) |
                                      swizzled_element(a, row + 8 * r, k + 8 * half + 1) << 16;
-    wgmma_m64k16<T, transposed, n>(acc, fragment, b);
+    wgmma_m64k16_now<T, transposed, n>(acc, fragment, b);
+}
+
+// The wgmmas a kernel issues: queued in the thread's open group.
+template <typename T, bool transposed, int n>
+void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4], unsigned long long b) {
+    const std::array<unsigned int, 4> issued = {a[0], a[1], a[2], a[3]};
+    wgmma_queues[threadIdx.x].open.push_back([&acc, issued, b] {
+        const unsigned int fragment[4] = {issued[0], issued[1], issued[2], issued[3]};
+        wgmma_m64k16_now<T, transposed, n>(acc, fragment, b);
+    });
+}
+
+template <typename T, bool transposed, int n>
+void wgmma_m64k16(float (&acc)[n / 8][4], unsigned long long a, unsigned long long b) {
+    wgmma_queues[threadIdx.x].open.push_back(
+        [&acc, a, b] { wgmma_m64k16_now<T, transposed, n>(acc, a, b); });
 }
 
 // cp.async (global to shared, 16 or 4 bytes, zero-filled when !valid): the copy is made when it is
@@ -282,6 +331,10 @@ inline const std::function<void()>* launched_kernel;
 
 inline void run_fiber() {
     (*launched_kernel)();
+    if (!wgmma_queues[running_fiber].empty()) {
+        std::fprintf(stderr, "thread %d ended with wgmmas it never waited for\n", running_fiber);
+        std::abort();
+    }
     fibers[running_fiber].done = true;
 }
 
