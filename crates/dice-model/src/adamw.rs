@@ -6,6 +6,10 @@
 /// f32 as its kernels receive them).
 #[derive(Debug, Clone, Copy)]
 pub struct AdamWScalars {
+    /// What multiplies every gradient as the update reads it (`g ← g·c + 0` in f32: gradient
+    /// clipping's coefficient, applied in the update's pass instead of one of its own), when the
+    /// gradients are scaled.
+    pub grad_factor: Option<f32>,
     /// `1 − lr·wd`, when there is weight decay.
     pub decay: Option<f32>,
     pub one_minus_beta1: f32,

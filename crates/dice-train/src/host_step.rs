@@ -149,7 +149,7 @@ fn write_out(state: State<'_>, out: WeightOut<'_>, s: &AdamWScalars, grad: impl 
 }
 
 /// AdamW on each element, in the tensor form's f32 operations and order (candle's scalar
-/// `affine` is `x·a + b`, kept with its `+ 0`):
+/// `affine` is `x·a + b`, kept with its `+ 0`): g ← g·c + 0 (with a gradient factor);
 /// m ← m + ((g − m)·(1 − β1) + 0); v ← (v·β2 + 0) + (g·(1 − β2) + 0)·g; p ← p·decay + 0 (with
 /// weight decay); p ← p + (m·(−step) + 0) / ((√v / bc2)·1 + ε); then `out(i, p)`.
 #[inline(always)]
@@ -160,6 +160,7 @@ fn step_elements(
     mut out: impl FnMut(usize, f32),
 ) {
     let AdamWScalars {
+        grad_factor,
         decay,
         one_minus_beta1,
         beta2,
@@ -174,7 +175,10 @@ fn step_elements(
         .zip(master.iter_mut())
         .enumerate()
     {
-        let g = grad(i);
+        let g = match grad_factor {
+            Some(c) => grad(i) * c + 0.0,
+            None => grad(i),
+        };
         *m += (g - *m) * one_minus_beta1 + 0.0;
         *v = (*v * beta2 + 0.0) + (g * one_minus_beta2 + 0.0) * g;
         if let Some(decay) = decay {
@@ -283,6 +287,7 @@ pub(crate) fn with_grad_values<R>(
 #[cfg(test)]
 pub(crate) fn test_scalars(decay: Option<f32>) -> AdamWScalars {
     AdamWScalars {
+        grad_factor: None,
         decay,
         one_minus_beta1: 0.1,
         beta2: 0.999,

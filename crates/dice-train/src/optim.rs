@@ -1,13 +1,14 @@
 //! The optimizer side of a training step, as the reference's stack runs it (HF Trainer,
 //! `torch.optim.AdamW`): gradients summed over micro-batches ([`GradientAccumulator`]),
-//! global gradient-norm clipping ([`clip_grad_norm`]), then one AdamW update ([`AdamW`]) with
-//! f32 master weights and moments, whose state is saved and restored for resume.
+//! global gradient-norm clipping ([`grad_clip`]: its coefficient applied by the update as it reads
+//! each gradient), then one AdamW update ([`AdamW`]) with f32 master weights and moments, whose
+//! state is saved and restored for resume.
 //!
 //! Hyper-parameters (spec §6.5): β = (0.9, 0.999), ε = 1e-8 and clipping at 1.0 are the
 //! defaults of the HF Trainer that DICE's SFT runs unchanged; so is weight decay 0.0, the value
 //! of [`AdamWConfig::default`] (DICE's RL also sets 0).
 
-use crate::dist::{Collective, SingleProcess};
+use crate::dist::Collective;
 use crate::host_step::{
     f32_values_mut, weight_out, with_grad_values, with_state_values, with_storage_mut, GradValues,
     HostSlices, WeightOut,
@@ -124,6 +125,14 @@ impl Param {
 impl Param {
     /// The update of [`AdamW::step`] in tensor operations, on the weight's device.
     fn step_with_tensors(&mut self, grad: &Tensor, s: &AdamWScalars) -> Result<()> {
+        let scaled;
+        let grad = match s.grad_factor {
+            Some(c) => {
+                scaled = grad.affine(f64::from(c), 0.0)?;
+                &scaled
+            }
+            None => grad,
+        };
         let mut p = self.master();
         if let Some(decay) = s.decay {
             p = (p * f64::from(decay))?;
@@ -399,8 +408,14 @@ impl AdamW {
     }
 
     /// One update with learning rate `lr` from `grads` (weight name → gradient, any float
-    /// dtype; already clipped), which must hold a gradient for every weight.
-    pub fn step(&mut self, grads: &HashMap<String, Tensor>, lr: f64) -> Result<()> {
+    /// dtype), which must hold a gradient for every weight, each multiplied in f32 by
+    /// `grad_factor` as it is read (clipping's coefficient: [`GradClip::factor`]).
+    pub fn step(
+        &mut self,
+        grads: &HashMap<String, Tensor>,
+        lr: f64,
+        grad_factor: Option<f32>,
+    ) -> Result<()> {
         ensure!(
             lr.is_finite() && lr >= 0.0,
             "the learning rate must be finite and not negative, not {lr}"
@@ -437,6 +452,7 @@ impl AdamW {
             })
             .collect::<Result<Vec<_>>>()?;
         let scalars = AdamWScalars {
+            grad_factor,
             decay: (weight_decay != 0.0).then_some((1.0 - lr * weight_decay) as f32),
             one_minus_beta1: (1.0 - beta1) as f32,
             beta2: beta2 as f32,
@@ -885,41 +901,41 @@ fn model_files(dir: &Path, state: &Path) -> Result<Vec<std::path::PathBuf>> {
     Ok(files)
 }
 
-/// Scales all gradients together so that their global L2 norm is at most `max_norm`, as
-/// `torch.nn.utils.clip_grad_norm_` does: `total = ‖(‖g_p‖₂)_p‖₂`,
-/// `coef = min(1, max_norm / (total + 1e-6))` in f32, `g ← coef·g`. Returns `total`, the norm
-/// before clipping. The squares are summed in f64 (torch sums f32 pairwise; both are far
-/// below f32's resolution of the result). A non-finite norm is returned as it is and poisons
-/// the gradients, as in torch: the caller decides whether to skip the step.
-pub fn clip_grad_norm(grads: &mut HashMap<String, Tensor>, max_norm: f64) -> Result<f32> {
-    clip_sharded_grad_norm(grads, max_norm, &SingleProcess)
+/// Global gradient-norm clipping, as `torch.nn.utils.clip_grad_norm_` does it: `total =
+/// ‖(‖g_p‖₂)_p‖₂`, `coef = min(1, max_norm / (total + 1e-6))` in f32, `g ← coef·g`; the scaling
+/// is left to the update, which applies `factor` as it reads each gradient (one pass over the
+/// gradients fewer than scaling them here).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GradClip {
+    /// The norm before clipping. A non-finite norm is kept as it is and poisons the update, as
+    /// in torch: the caller decides whether to skip the step.
+    pub norm: f32,
+    /// What every gradient is multiplied by: `None` when the norm is within `max_norm`.
+    pub factor: Option<f32>,
 }
 
-/// [`clip_grad_norm`] of a gradient sharded over the ranks of `collective`, each holding the
+/// [`GradClip`] of a gradient sharded over the ranks of `collective`, each holding the
 /// gradients (or slices of them) in `grads`: the ranks' sums of squares are added in rank order,
-/// so every rank scales its shard by the same coefficient. The f64 sum is grouped by shard,
+/// so every rank scales its shard by the same coefficient. The squares are summed in f64 (torch
+/// sums f32 pairwise; both are far below f32's resolution of the result), grouped by shard,
 /// which can move the f32 norm by one ulp at most, and only when the f64 sum falls within
 /// 1e-16 of an f32 rounding boundary.
-pub fn clip_sharded_grad_norm(
-    grads: &mut HashMap<String, Tensor>,
+pub fn grad_clip(
+    grads: &HashMap<String, Tensor>,
     max_norm: f64,
     collective: &dyn Collective,
-) -> Result<f32> {
+) -> Result<GradClip> {
     ensure!(
         max_norm > 0.0,
         "the gradient clipping norm must be positive, not {max_norm}"
     );
     let mut sum_of_squares = [squared_norms(grads)?.iter().sum::<f64>()];
     collective.all_reduce_sum_f64(&mut sum_of_squares)?;
-    let total = sum_of_squares[0].sqrt() as f32;
-    let coef = max_norm as f32 / (total + 1e-6);
+    let norm = sum_of_squares[0].sqrt() as f32;
+    let coef = max_norm as f32 / (norm + 1e-6);
     // `clamp(max = 1)` keeps a NaN, as torch's does.
-    if coef < 1.0 || coef.is_nan() {
-        for grad in grads.values_mut() {
-            *grad = grad.affine(f64::from(coef), 0.0)?;
-        }
-    }
-    Ok(total)
+    let factor = (coef < 1.0 || coef.is_nan()).then_some(coef);
+    Ok(GradClip { norm, factor })
 }
 
 /// Σ x² of each gradient in f64, in the order of their names, each summed a slice at a time (on
@@ -1077,6 +1093,7 @@ impl GradientAccumulator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dist::SingleProcess;
 
     /// The device's norm by chunks and rows (run here on the CPU's tensors) sums every
     /// element's square once: lengths below a row, of whole rows, and with a rest in the last
@@ -1177,7 +1194,7 @@ mod tests {
     }
 
     /// Gradients that depend on the weights (g = w² − 0.1·w − 0.2), accumulated over two
-    /// micro-batches and clipped as a training step does.
+    /// micro-batches (`run` clips them as a training step does).
     fn grads(weights: &[(String, Var)]) -> HashMap<String, Tensor> {
         let mut accumulator = GradientAccumulator::default();
         for micro_batch in 0..2 {
@@ -1194,9 +1211,7 @@ mod tests {
             accumulator.add(grads).unwrap();
         }
         assert_eq!(accumulator.micro_batches(), 2);
-        let mut grads = accumulator.take();
-        clip_grad_norm(&mut grads, 1.0).unwrap();
-        grads
+        accumulator.take()
     }
 
     fn run(weights: &[(String, Var)], optimizer: &mut AdamW, steps: u64) {
@@ -1208,7 +1223,9 @@ mod tests {
         };
         for _ in 0..steps {
             let lr = schedule.lr(optimizer.steps());
-            optimizer.step(&grads(weights), lr).unwrap();
+            let grads = grads(weights);
+            let clip = grad_clip(&grads, 1.0, &SingleProcess).unwrap();
+            optimizer.step(&grads, lr, clip.factor).unwrap();
         }
     }
 
@@ -1393,7 +1410,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state.safetensors");
         let mut saved = AdamW::new(weights(DType::F32), config()).unwrap();
-        saved.step(&grads(&weights(DType::F32)), 1e-2).unwrap();
+        saved
+            .step(&grads(&weights(DType::F32)), 1e-2, None)
+            .unwrap();
         save_whole_state(&saved, &state);
 
         let refusal = |weights: Vec<(String, Var)>| {
@@ -1512,16 +1531,69 @@ mod tests {
         accumulator
             .add(HashMap::from([("w".to_string(), g(vec![2.0, 2.0]))]))
             .unwrap();
-        let mut grads = accumulator.take();
+        let grads = accumulator.take();
         assert_eq!(accumulator.micro_batches(), 0);
         assert_eq!(grads["w"].to_vec1::<f32>().unwrap(), [3.0, 4.0]);
-        assert_eq!(clip_grad_norm(&mut grads, 10.0).unwrap(), 5.0);
-        assert_eq!(grads["w"].to_vec1::<f32>().unwrap(), [3.0, 4.0]);
-        assert_eq!(clip_grad_norm(&mut grads, 1.0).unwrap(), 5.0);
-        let coef = 1.0f32 / (5.0 + 1e-6);
+        let clip = |max_norm| grad_clip(&grads, max_norm, &SingleProcess).unwrap();
         assert_eq!(
-            grads["w"].to_vec1::<f32>().unwrap(),
-            [3.0 * coef, 4.0 * coef]
+            clip(10.0),
+            GradClip {
+                norm: 5.0,
+                factor: None
+            }
         );
+        assert_eq!(
+            clip(1.0),
+            GradClip {
+                norm: 5.0,
+                factor: Some(1.0f32 / (5.0 + 1e-6))
+            }
+        );
+        // The gradients are left to the update to scale.
+        assert_eq!(grads["w"].to_vec1::<f32>().unwrap(), [3.0, 4.0]);
+    }
+
+    /// The update applying clipping's factor as it reads each gradient is the update of the
+    /// gradients scaled first (torch's `g ← coef·g`, candle's `affine`), bit for bit, in the
+    /// host's pass and in tensor operations.
+    #[test]
+    fn a_step_with_the_clip_factor_is_a_step_on_clipped_gradients() {
+        for dtype in [DType::F32, DType::BF16] {
+            let (scaled_first, folded) = (weights(dtype), weights(dtype));
+            let grads = grads(&weights(DType::F32));
+            let factor = grad_clip(&grads, 1e-3, &SingleProcess).unwrap().factor;
+            let c = f64::from(factor.expect("gradients far above the norm"));
+            let scaled: HashMap<String, Tensor> = grads
+                .iter()
+                .map(|(name, g)| (name.clone(), g.affine(c, 0.0).unwrap()))
+                .collect();
+            let mut first = AdamW::new(scaled_first.clone(), config()).unwrap();
+            let mut second = AdamW::new(folded.clone(), config()).unwrap();
+            for _ in 0..2 {
+                first.step(&scaled, 1e-2, None).unwrap();
+                second.step(&grads, 1e-2, factor).unwrap();
+            }
+            for ((name, a), (_, b)) in scaled_first.iter().zip(&folded) {
+                assert_eq!(bits(a), bits(b), "{dtype:?} {name}");
+            }
+        }
+        // The tensor form (the device's fallback when its kernel is unavailable) too.
+        let grads = grads(&weights(DType::F32));
+        let factor = grad_clip(&grads, 1e-3, &SingleProcess).unwrap().factor;
+        let c = f64::from(factor.expect("gradients far above the norm"));
+        let scalars = |grad_factor| AdamWScalars {
+            grad_factor,
+            ..crate::host_step::test_scalars(None)
+        };
+        let mut scaled_first = AdamW::new(weights(DType::F32), config()).unwrap();
+        let mut folded = AdamW::new(weights(DType::F32), config()).unwrap();
+        for (a, b) in scaled_first.params.iter_mut().zip(&mut folded.params) {
+            let grad = &grads[&a.name];
+            a.step_with_tensors(&grad.affine(c, 0.0).unwrap(), &scalars(None))
+                .unwrap();
+            b.step_with_tensors(grad, &scalars(factor)).unwrap();
+            let values = |p: &Param| p.master().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(values(a), values(b), "{}", a.name);
+        }
     }
 }

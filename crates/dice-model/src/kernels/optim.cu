@@ -15,12 +15,14 @@
 template <typename T>
 __device__ void adamw_step(T* __restrict__ weight, float* __restrict__ master,
                            float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
-                           const float* __restrict__ grad, unsigned long long n, int decays,
-                           float decay, float one_minus_beta1, float beta2, float one_minus_beta2,
+                           const float* __restrict__ grad, unsigned long long n,
+                           int scales_grad, float grad_factor, int decays, float decay,
+                           float one_minus_beta1, float beta2, float one_minus_beta2,
                            float bias_correction2_sqrt, float eps, float neg_step_size) {
     for (unsigned long long i = (unsigned long long)blockIdx.x * ADAMW_THREADS + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * ADAMW_THREADS) {
-        const float g = grad[i];
+        // g ← g·c + 0 (clipping's coefficient, as the gradient is read)
+        const float g = scales_grad ? __fadd_rn(__fmul_rn(grad[i], grad_factor), 0.0f) : grad[i];
         float m = exp_avg[i], v = exp_avg_sq[i];
         // m ← m + ((g − m)·(1 − β1) + 0); v ← (v·β2 + 0) + (g·(1 − β2) + 0)·g
         m = __fadd_rn(m, __fadd_rn(__fmul_rn(__fsub_rn(g, m), one_minus_beta1), 0.0f));
@@ -68,11 +70,12 @@ __device__ void square_sums(const T* __restrict__ x, double* __restrict__ partia
 #define OPTIM_OPS(TYPE, SUFFIX)                                                                   \
     extern "C" __global__ void __launch_bounds__(ADAMW_THREADS) adamw_step_##SUFFIX(              \
         TYPE* weight, float* master, float* exp_avg, float* exp_avg_sq, const float* grad,        \
-        unsigned long long n, int decays, float decay, float one_minus_beta1, float beta2,        \
-        float one_minus_beta2, float bias_correction2_sqrt, float eps, float neg_step_size) {      \
-        adamw_step<TYPE>(weight, master, exp_avg, exp_avg_sq, grad, n, decays, decay,             \
-                         one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt, eps,     \
-                         neg_step_size);                                                          \
+        unsigned long long n, int scales_grad, float grad_factor, int decays, float decay,        \
+        float one_minus_beta1, float beta2, float one_minus_beta2, float bias_correction2_sqrt,   \
+        float eps, float neg_step_size) {                                                         \
+        adamw_step<TYPE>(weight, master, exp_avg, exp_avg_sq, grad, n, scales_grad, grad_factor,  \
+                         decays, decay, one_minus_beta1, beta2, one_minus_beta2,                  \
+                         bias_correction2_sqrt, eps, neg_step_size);                              \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(SQUARE_SUM_THREADS)                              \
         square_sums_##SUFFIX(const TYPE* x, double* partial, unsigned long long n) {              \

@@ -113,6 +113,8 @@ pub fn adamw_step(
             ],
             &[
                 Scalar::U64(shape.elem_count() as u64),
+                Scalar::I32(i32::from(s.grad_factor.is_some())),
+                Scalar::F32(s.grad_factor.unwrap_or(1.0)),
                 Scalar::I32(i32::from(s.decay.is_some())),
                 Scalar::F32(s.decay.unwrap_or(1.0)),
                 Scalar::F32(s.one_minus_beta1),

@@ -9,13 +9,13 @@
 //!    shard; stage 2 reduce-scatters it, so no rank ever holds the whole summed gradient. Both
 //!    add the ranks' gradients in rank order, as the all-reduce of stage 0 does;
 //! 2. the global norm: every rank's sum of squares over its shard, added over the ranks
-//!    ([`clip_sharded_grad_norm`]), and the shard clipped with it;
+//!    ([`grad_clip`]), whose clipping factor the shard's update applies;
 //! 3. AdamW on the shard, element by element as on the whole tensors;
 //! 4. the updated masters all-gathered into every rank's model weights (rounded to the compute
 //!    dtype).
 //!
 //! The update is the one of the replicated optimizer, bit for bit, apart from the one ulp the
-//! regrouped norm can move (see [`clip_sharded_grad_norm`]). The model's weights stay whole on
+//! regrouped norm can move (see [`grad_clip`]). The model's weights stay whole on
 //! every rank (ZeRO-3 would shard them too), and each rank's gradient is whole until it is
 //! reduced (there is no bucketing overlapped with the backward).
 //!
@@ -24,10 +24,8 @@
 //! the stage and a run resumes with any stage. Rank 0 then holds the whole state on the host
 //! for the time of the save. Resuming, every rank maps the file and reads its shard.
 
-use super::collective::{contiguous_share, Collective};
-use crate::optim::{
-    clip_grad_norm, clip_sharded_grad_norm, AdamW, AdamWConfig, OptimizerSnapshot, StoredState,
-};
+use super::collective::{contiguous_share, Collective, SingleProcess};
+use crate::optim::{grad_clip, AdamW, AdamWConfig, OptimizerSnapshot, StoredState};
 use anyhow::{bail, ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
 use std::collections::HashMap;
@@ -139,11 +137,11 @@ impl DataParallelAdamW {
             Self::Replicated(optimizer) => {
                 all_reduce_each(&mut grads, collective)?;
                 scale_each(&mut grads, step.grad_scale)?;
-                let norm = clip_grad_norm(&mut grads, step.max_grad_norm)?;
-                if norm.is_finite() {
-                    optimizer.step(&grads, step.lr)?;
+                let clip = grad_clip(&grads, step.max_grad_norm, &SingleProcess)?;
+                if clip.norm.is_finite() {
+                    optimizer.step(&grads, step.lr, clip.factor)?;
                 }
-                Ok(norm)
+                Ok(clip.norm)
             }
             Self::Sharded(optimizer) => {
                 let mut shard = match optimizer.stage {
@@ -156,11 +154,11 @@ impl DataParallelAdamW {
                     }
                 };
                 scale_each(&mut shard, step.grad_scale)?;
-                let norm = clip_sharded_grad_norm(&mut shard, step.max_grad_norm, collective)?;
-                if norm.is_finite() {
-                    optimizer.step(&shard, step.lr, collective)?;
+                let clip = grad_clip(&shard, step.max_grad_norm, collective)?;
+                if clip.norm.is_finite() {
+                    optimizer.step(&shard, step.lr, clip.factor, collective)?;
                 }
-                Ok(norm)
+                Ok(clip.norm)
             }
         }
     }
@@ -350,14 +348,16 @@ impl ShardedAdamW {
             .collect()
     }
 
-    /// AdamW on the shard, then every rank's updated masters gathered into the weights.
+    /// AdamW on the shard (every gradient multiplied by `grad_factor` as it is read), then every
+    /// rank's updated masters gathered into the weights.
     fn step(
         &mut self,
         grads: &HashMap<String, Tensor>,
         lr: f64,
+        grad_factor: Option<f32>,
         collective: &dyn Collective,
     ) -> Result<()> {
-        self.shard.step(grads, lr)?;
+        self.shard.step(grads, lr, grad_factor)?;
         let mut mine = Vec::with_capacity(self.shards[self.rank].len());
         for (_, master) in self.shard.master_weights() {
             mine.extend(master.to_vec1::<f32>()?);

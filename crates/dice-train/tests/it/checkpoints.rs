@@ -164,7 +164,7 @@ fn a_state_without_masters_or_moments_restores_the_f32_weights_of_the_model_besi
         .into_iter()
         .map(|(name, shape)| (name, Tensor::full(0.5f32, shape, &Device::Cpu).unwrap()))
         .collect();
-    saved.step(&grads, 1e-3).unwrap();
+    saved.step(&grads, 1e-3, None).unwrap();
     let mut writer = CheckpointWriter::new(checkpointer);
     let save = CheckpointSave {
         snapshot: saved.snapshot(false).unwrap(),
