@@ -74,6 +74,18 @@ def fail(channel, verdict, message, phase):
     channel.send(event="failed", verdict=verdict, message=message, phase=phase)
 
 
+def device_setup(channel, req, verdict):
+    """The process's device (protocol.Setup, which makes the CUDA context), or None after reporting
+    why it could not be made. No program code has run yet, so it is never the program's doing:
+    out of device memory beside the other processes of a batch, the evaluator runs the sample again
+    with the device to itself (run_slot.rs)."""
+    try:
+        return protocol.Setup(req)
+    except BaseException as e:  # noqa: B036
+        fail(channel, verdict, "setting up the device: " + one_line(e), "setup")
+        return None
+
+
 def load_candidate(channel, req, problem=None):
     """Imports the candidate (given the problem module's globals with `kernelbench_namespace`);
     returns its module or None after reporting why it failed."""
@@ -109,7 +121,9 @@ def await_op(ops, name):
 
 
 def candidate(channel, req):
-    setup = protocol.Setup(req)
+    setup = device_setup(channel, req, "crashed")
+    if setup is None:
+        return
     problem = protocol.load_module("dice_problem", req["problem_path"])
     module = load_candidate(channel, req, problem)
     if module is None:
@@ -252,7 +266,9 @@ def timer_for(req, setup, problem, model, side):
 
 
 def reference(channel, req):
-    setup = protocol.Setup(req)
+    setup = device_setup(channel, req, "reference_error")
+    if setup is None:
+        return
     ops = channel.ops()
     try:
         problem = protocol.load_module("dice_problem", req["problem_path"])

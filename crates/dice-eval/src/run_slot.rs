@@ -56,7 +56,11 @@ fn out_of_device_memory(result: &Result<Unsettled, RunError>) -> bool {
         _ => return false,
     };
     [
+        // torch's caching allocator (torch.OutOfMemoryError)
         "CUDA out of memory",
+        // the CUDA runtime's cudaErrorMemoryAllocation as torch words it (a context made on a
+        // full device: python/roles.py device_setup)
+        "CUDA error: out of memory",
         "CUBLAS_STATUS_ALLOC_FAILED",
         "cudaErrorMemoryAllocation",
     ]
@@ -372,5 +376,28 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             item,
             started: started.ok(),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process that could not make its CUDA context on a device full of the batch's other
+    /// processes (python/roles.py device_setup), or whose allocations failed, ran out of device
+    /// memory: its sample runs again alone. An exit that says nothing of memory is no such case.
+    #[test]
+    fn a_device_too_full_for_a_process_is_out_of_device_memory() {
+        let failed = |why: &str| Err(RunError::Reference(ReferenceFailed(why.to_string())));
+        for why in [
+            "importing the problem: setting up the device: AcceleratorError: CUDA error: out of \
+             memory",
+            "running the reference: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 \
+             GiB",
+        ] {
+            assert!(out_of_device_memory(&failed(why)), "{why}");
+        }
+        let exited = "importing the problem: the reference exited with status 70";
+        assert!(!out_of_device_memory(&failed(exited)));
     }
 }
