@@ -2,9 +2,8 @@
 # The training issue's GPU evidence (SFT speed, memory, NCCL at one rank), run on the H200 machine
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
-# (STEP: golden, tests, tests-VARIANT, train-tests, bench-1.7b, bench-1.7b-portable,
-# bench-1.7b-VARIANT, bench-4b-VARIANT (VARIANT: attention_variants below), bench-1.7b-release-pool, bench-1.7b-recompute,
-# bench-1.7b-unfused-layer, bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b,
+# (STEP: golden, tests, train-tests, bench-1.7b, bench-1.7b-portable, bench-1.7b-release-pool,
+# bench-1.7b-recompute, bench-1.7b-unfused-layer, bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b,
 # sft-8b-offload, kernels-sft, kernels-1.7b, kernels-1.7b-step, attention-detail-1.7b,
 # wgmma-probe; all by default)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
@@ -35,23 +34,6 @@ if wanted tests && [[ -f $DATA/model-tests.xz ]]; then
   (cd crates/dice-model && timeout 120 /tmp/model-lib-tests kernels --include-ignored) >"$OUT/model-lib-tests.txt" 2>&1
   echo "model-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/model-lib-tests.txt"
 fi
-# The switches of the wgmma attention (train_attention.rs compile_options), each measured against
-# the defaults of the same binary in the same call: NAME:ENV (ENV's assignments separated by
-# commas). Steps tests-NAME (the fused steps against the CPU's again), bench-1.7b-NAME,
-# bench-4b-NAME.
-attention_variants=(
-  dkdv64:DICE_DKDV_QUERY_STEP=64                          # dK/dV over whole query tiles a step
-  overlap:DICE_ATTENTION_OVERLAP=1                        # the backward's products overlapped
-  overlap-dkdv64:DICE_ATTENTION_OVERLAP=1,DICE_DKDV_QUERY_STEP=64
-)
-for variant in "${attention_variants[@]}"; do
-  name=${variant%%:*}
-  wanted "tests-$name" && [[ -f $DATA/model-tests.xz ]] || continue
-  [[ -x /tmp/model-tests ]] || { unxz "$DATA/model-tests.xz" /tmp/model-tests && chmod +x /tmp/model-tests; }
-  (IFS=, && export ${variant#*:} && cd crates/dice-model && timeout 240 /tmp/model-tests cuda_fused \
-    --test-threads 1 --nocapture) >"$OUT/model-tests-$name.txt" 2>&1
-  echo "model-tests-$name rc=$?" | tee -a "$OUT/steps.txt"; tail -5 "$OUT/model-tests-$name.txt"
-done
 # Which order of a wgmma descriptor's two strides reads our staged tiles (wgmma.cuh).
 if wanted wgmma-probe && [[ -f $DATA/wgmma-probe ]]; then
   timeout 60 "$DATA/wgmma-probe" >"$OUT/wgmma-probe.txt" 2>&1
@@ -73,15 +55,6 @@ run bench-1.7b 240 bench train --config "$configs/sdar-1.7b.json" --device cuda 
 # The attention's portable kernels (mma.sync, ldmatrix) where a Hopper runs its wgmma ones.
 DICE_ARCH_SPECIFIC=0 run bench-1.7b-portable 240 bench train --config "$configs/sdar-1.7b.json" \
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-portable.json"
-# The attention's switches (attention_variants above) at both sizes.
-for variant in "${attention_variants[@]}"; do
-  name=${variant%%:*}
-  for size in 1.7b 4b; do
-    (IFS=, && export ${variant#*:} && IFS=$' \t\n' && run "bench-$size-$name" 240 bench train \
-      --config "$configs/sdar-$size.json" --device cuda --dtype bf16 --tokens 6144 --steps 2 \
-      --profile --json "$OUT/bench-$size-$name.json")
-  done
-done
 # CUDA's default memory pool, which hands every freed byte back to the driver at each
 # synchronization (dice keeps them: dice_model::device::keep_freed_memory).
 DICE_KEEP_POOL=0 run bench-1.7b-release-pool 240 bench train --config "$configs/sdar-1.7b.json" \

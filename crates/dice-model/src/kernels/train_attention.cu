@@ -73,15 +73,6 @@ static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM <= 128, "HEAD_DIM must be 16, 32, 6
 #define TRAIN_ATTENTION_WGMMA 0
 #endif
 #endif
-// Whether the kernels let their products run while they compute (train_attention.rs passes
-// -DTRAIN_ATTENTION_OVERLAP=1 under DICE_ATTENTION_OVERLAP=1; wgmma path only): the forward's
-// two half-tiles' products beside the other half's softmax, the backward's dP while the
-// probabilities are recomputed, and in dK/dV the dV product while dS is computed. 0: each
-// product waited for as soon as it is issued.
-#if !defined(TRAIN_ATTENTION_OVERLAP) || !TRAIN_ATTENTION_WGMMA
-#undef TRAIN_ATTENTION_OVERLAP
-#define TRAIN_ATTENTION_OVERLAP 0
-#endif
 #if TRAIN_ATTENTION_WGMMA
 #include "wgmma.cuh"
 static_assert(HEAD_DIM % 64 == 0, "the wgmma path stages rows of 128-byte swizzled atoms");
@@ -420,44 +411,6 @@ __device__ __forceinline__ void rescale(float (&o)[HEAD_DIM / 8][4], const float
             for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e / 2];
 }
 
-#if TRAIN_ATTENTION_OVERLAP
-// The forward step over a staged tile's keys base.. as two halves whose products overlap the
-// other half's softmax: S of both halves issued together, the first half's softmax while the
-// second's S runs, then O += P V of the first half while the second's softmax runs.
-template <typename T, int keys>
-__device__ __forceinline__ void forward_keys(bool masked,
-                                             const unsigned int (&qa)[HEAD_DIM / 16][4],
-                                             const unsigned short* k_rows,
-                                             const unsigned short* v_rows, int base,
-                                             const unsigned int (&span)[2][4], float scale_log2,
-                                             float (&o)[HEAD_DIM / 8][4], float (&m)[2],
-                                             float (&l)[2]) {
-    constexpr int half = keys / 2;
-    const int second = staged_offset(half, 0);
-    float first_s[half / 8][4], second_s[half / 8][4], alpha[2];
-    unsigned int first_p[half / 16][4], second_p[half / 16][4];
-    zero(first_s);
-    zero(second_s);
-    // Both zeroed before the first product is in flight (ptxas otherwise waits for it).
-    pin(second_s);
-    issue_times_rows<T, half>(qa, k_rows, first_s);
-    issue_times_rows<T, half>(qa, k_rows + second, second_s);
-    settle<1>(first_s);
-    scale_and_mask<half>(first_s, masked, base, span, scale_log2);
-    online_softmax<half, true>(first_s, m, l, alpha);
-    rescale(o, alpha);
-    pack_rows<T, half>(first_s, first_p);
-    issue_accumulate_rows<T, half>(first_p, v_rows, o);
-    settle<1>(second_s);
-    scale_and_mask<half>(second_s, masked, base + half, span, scale_log2);
-    online_softmax<half, true>(second_s, m, l, alpha);
-    settle<0>(o, first_p);
-    rescale(o, alpha);
-    pack_rows<T, half>(second_s, second_p);
-    issue_accumulate_rows<T, half>(second_p, v_rows + second, o);
-    settle<0>(o, second_p);
-}
-#else
 // One warp's forward step over `keys` staged keys base..: S = Q K^T, masked by the rows' spans
 // (unless every row sees every key), scaled by scale_log2 = scale * log2(e); the online
 // softmax's max m and sum l (base 2, this lane's columns) and the output o rescaled; O += P V.
@@ -478,7 +431,6 @@ __device__ __forceinline__ void forward_keys(bool masked,
     rescale(o, alpha);
     accumulate_rows<T, keys>(s, v_rows, o);
 }
-#endif
 
 template <typename T>
 __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -540,8 +492,10 @@ __device__ void row_deltas(const T* __restrict__ out, const T* __restrict__ d_ou
 
 // The two products both backward steps begin with, over `n` staged rows each: scores s = A B^T
 // (Q K^T, or K Q^T for dK/dV) and their gradients dp = dA dB^T (dO V^T, or V dO^T); A and dA as
-// times_rows takes them. s is settled on return; dp may still be in flight (settle<0>(dp)
-// before reading it).
+// times_rows takes them. s is settled on return; dp may still be in flight, its product running
+// while the caller recomputes the probabilities (settle<0>(dp) before reading it): measured on
+// an H100, the backward 4-9 ms a 1.7B or 4B step faster than waiting for each product as it is
+// issued (bench/notes/train-h200.md, session 28).
 template <typename T, int n, typename A>
 __device__ __forceinline__ void scores_and_their_gradients(const A& a, const unsigned short* rows,
                                                            const A& da,
@@ -550,19 +504,11 @@ __device__ __forceinline__ void scores_and_their_gradients(const A& a, const uns
                                                            float (&dp)[n / 8][4]) {
     zero(s);
     zero(dp);
-#if TRAIN_ATTENTION_OVERLAP
     // Both zeroed before the first product is in flight (ptxas otherwise waits for it).
     pin(dp);
-#endif
     issue_times_rows<T, n>(a, rows, s);
-#if TRAIN_ATTENTION_OVERLAP
     issue_times_rows<T, n>(da, d_rows, dp);
     settle<1>(s);
-#else
-    settle<0>(s);
-    issue_times_rows<T, n>(da, d_rows, dp);
-    settle<0>(dp);
-#endif
 }
 
 // A probability recomputed from its score and its query's saved log-sum-exp (base 2: lse_log2 =
@@ -678,15 +624,11 @@ __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* 
             st[nt][e] = recomputed_p(!masked || sees(q_spans + 4 * query, key), st[nt][e],
                                      scale_log2, q_lse[query] * LOG2E);
         }
-    // dV += P^T dO runs while dS^T is computed (with TRAIN_ATTENTION_OVERLAP).
+    // dV += P^T dO runs while dS^T is computed.
     unsigned int pa[queries / 16][4], dsa[queries / 16][4];
     pack_rows<T, queries>(st, pa);
     issue_accumulate_rows<T, queries>(pa, do_rows, dv);
-#if TRAIN_ATTENTION_OVERLAP
     settle<1>(dpt);
-#else
-    settle<0>(dv, pa, dpt);
-#endif
     for (int nt = 0; nt < queries / 8; ++nt)
         for (int e = 0; e < 4; ++e) {
             const int query = 8 * nt + 2 * quad_lane + (e & 1);
@@ -697,16 +639,11 @@ __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* 
     settle<0>(dv, dk, pa, dsa);
 }
 
-// Queries of one dK/dV step (dkdv_queries): half a tile, or with -DDKDV_QUERY_STEP=64 the whole
-// tile, in half as many wgmmas of twice the width, for 248 registers a thread instead of 213 at
-// head dim 128 (train_attention.rs `DICE_DKDV_QUERY_STEP`). The wgmma path only: the mma.sync
-// path's fragments would spill, so it keeps half tiles whatever it is given.
-#if !defined(DKDV_QUERY_STEP) || !TRAIN_ATTENTION_WGMMA
-#undef DKDV_QUERY_STEP
-#define DKDV_QUERY_STEP (TILE / 2)
-#endif
-static_assert(DKDV_QUERY_STEP == TILE / 2 || DKDV_QUERY_STEP == TILE,
-              "a dK/dV step is half a tile of queries or a whole one");
+// Queries of one dK/dV step (dkdv_queries): as wgmmas a whole tile, in half as many wgmmas of
+// twice the width as half tiles took (248 registers a thread instead of 213 at head dim 128, no
+// spills; the backward 4-5 % faster on an H100: bench/notes/train-h200.md, session 28); the
+// mma.sync path's fragments would spill, so it takes half tiles.
+#define DKDV_QUERY_STEP (TRAIN_ATTENTION_WGMMA ? TILE : TILE / 2)
 
 template <typename T>
 __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,

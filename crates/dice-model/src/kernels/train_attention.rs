@@ -75,20 +75,9 @@ struct Loaded([DtypeKernels; 2]);
 
 static LOADED: PerDevice<usize, Loaded> = PerDevice::new();
 
-/// NVRTC's options for head dim `head_dim`, with two switches of the wgmma path to measure
-/// against its defaults: `DICE_DKDV_QUERY_STEP=64` builds the dK/dV kernel with whole query tiles
-/// a step (`DKDV_QUERY_STEP` in train_attention.cu; half tiles by default), and
-/// `DICE_ATTENTION_OVERLAP=1` the backward kernels with their products running while they
-/// compute (`TRAIN_ATTENTION_OVERLAP`; each product waited for when issued by default).
+/// NVRTC's options for head dim `head_dim`.
 pub(super) fn compile_options(head_dim: usize) -> Vec<String> {
-    let mut options = vec![format!("-DHEAD_DIM={head_dim}")];
-    if std::env::var("DICE_DKDV_QUERY_STEP").as_deref() == Ok("64") {
-        options.push("-DDKDV_QUERY_STEP=64".to_string());
-    }
-    if std::env::var("DICE_ATTENTION_OVERLAP").as_deref() == Ok("1") {
-        options.push("-DTRAIN_ATTENTION_OVERLAP=1".to_string());
-    }
-    options
+    vec![format!("-DHEAD_DIM={head_dim}")]
 }
 
 fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
@@ -403,24 +392,12 @@ impl TrainAttention {
 mod tests {
     use super::*;
 
-    /// Runs wherever NVRTC loads (no GPU needed): the source must compile for every head dim,
-    /// with the dK/dV kernel's whole-tile query steps and the overlapped products too.
+    /// Runs wherever NVRTC loads (no GPU needed): the source must compile for every head dim.
     #[test]
     fn the_kernels_compile_with_nvrtc_for_every_head_dim() {
         for head_dim in HEAD_DIMS {
-            for (switch, what) in [
-                (None, ""),
-                (Some("-DDKDV_QUERY_STEP=64"), ", whole query tiles"),
-                (Some("-DTRAIN_ATTENTION_OVERLAP=1"), ", overlapped products"),
-            ] {
-                let mut options = compile_options(head_dim);
-                options.extend(switch.map(str::to_string));
-                let cubin = nvrtc::compile_cubin(&SOURCE, &options, (9, 0)).unwrap();
-                assert!(
-                    !cubin.is_empty(),
-                    "empty cubin for head dim {head_dim}{what}"
-                );
-            }
+            let cubin = nvrtc::compile_cubin(&SOURCE, &compile_options(head_dim), (9, 0)).unwrap();
+            assert!(!cubin.is_empty(), "empty cubin for head dim {head_dim}");
         }
     }
 }

@@ -3,9 +3,8 @@
 // two_stream_allowed, with the spans train_attention.rs derives), GQA, a last query tile only
 // partly filled, queries that see nothing, and key tiles that every query of a tile sees (run
 // without the per-key test; the check prints how many tile pairs took that path).
-// Build: g++ -std=c++20 -DHEAD_DIM=<d> [-DTRAIN_ATTENTION_WGMMA=1 [-DDKDV_QUERY_STEP=64]]
-// check_train_attention.cpp (the second for the wgmma path, the third for its dK/dV kernel's
-// whole-tile query steps); exits non-zero on a mismatch.
+// Build: g++ -std=c++20 -DHEAD_DIM=<d> [-DTRAIN_ATTENTION_WGMMA=1] check_train_attention.cpp
+// (the second for the wgmma path); exits non-zero on a mismatch.
 #include "cuda_emulation.h"
 #include "../../src/kernels/train_attention.cu"
 
