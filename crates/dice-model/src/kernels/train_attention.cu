@@ -504,8 +504,10 @@ __device__ __forceinline__ void scores_and_their_gradients(const A& a, const uns
                                                            float (&dp)[n / 8][4]) {
     zero(s);
     zero(dp);
+#if TRAIN_ATTENTION_WGMMA
     // Both zeroed before the first product is in flight (ptxas otherwise waits for it).
     pin(dp);
+#endif
     issue_times_rows<T, n>(a, rows, s);
     issue_times_rows<T, n>(da, d_rows, dp);
     settle<1>(s);
