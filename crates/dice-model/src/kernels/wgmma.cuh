@@ -132,10 +132,3 @@ template <int n> __device__ __forceinline__ void wgmma_begin(float (&acc)[n][4])
     pin(acc);
     wgmma_fence();
 }
-
-// After them: committed as one group and waited for; `acc` holds their sums.
-template <int n> __device__ __forceinline__ void wgmma_end(float (&acc)[n][4]) {
-    wgmma_commit();
-    wgmma_wait<0>();
-    pin(acc);
-}
