@@ -3,9 +3,9 @@
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
 # (STEP: golden, tests, train-tests, bench-1.7b, bench-1.7b-portable, bench-1.7b-release-pool,
-# bench-1.7b-recompute, bench-1.7b-unfused-layer, bench-1.7b-composite, bench-4b, bench-8b, sft-nccl, sft-4b,
-# sft-8b-offload, kernels-sft, kernels-1.7b, kernels-1.7b-step, attention-detail-1.7b,
-# wgmma-probe; all by default)
+# bench-1.7b-recompute, bench-1.7b-unfused-layer, bench-1.7b-composite, bench-4b, bench-8b,
+# sft-nccl, sft-4b, sft-8b-offload, kernels-sft, kernels-1.7b, kernels-1.7b-step,
+# attention-detail-1.7b, wgmma-probe; all by default)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed

@@ -125,13 +125,9 @@ impl Param {
 impl Param {
     /// The update of [`AdamW::step`] in tensor operations, on the weight's device.
     fn step_with_tensors(&mut self, grad: &Tensor, s: &AdamWScalars) -> Result<()> {
-        let scaled;
-        let grad = match s.grad_factor {
-            Some(c) => {
-                scaled = grad.affine(f64::from(c), 0.0)?;
-                &scaled
-            }
-            None => grad,
+        let grad = &match s.grad_factor {
+            Some(c) => grad.affine(f64::from(c), 0.0)?,
+            None => grad.clone(),
         };
         let mut p = self.master();
         if let Some(decay) = s.decay {
@@ -1558,15 +1554,15 @@ mod tests {
     /// host's pass and in tensor operations.
     #[test]
     fn a_step_with_the_clip_factor_is_a_step_on_clipped_gradients() {
+        let grads = grads(&weights(DType::F32));
+        let factor = grad_clip(&grads, 1e-3, &SingleProcess).unwrap().factor;
+        let c = f64::from(factor.expect("gradients far above the norm"));
+        let scaled: HashMap<String, Tensor> = grads
+            .iter()
+            .map(|(name, g)| (name.clone(), g.affine(c, 0.0).unwrap()))
+            .collect();
         for dtype in [DType::F32, DType::BF16] {
             let (scaled_first, folded) = (weights(dtype), weights(dtype));
-            let grads = grads(&weights(DType::F32));
-            let factor = grad_clip(&grads, 1e-3, &SingleProcess).unwrap().factor;
-            let c = f64::from(factor.expect("gradients far above the norm"));
-            let scaled: HashMap<String, Tensor> = grads
-                .iter()
-                .map(|(name, g)| (name.clone(), g.affine(c, 0.0).unwrap()))
-                .collect();
             let mut first = AdamW::new(scaled_first.clone(), config()).unwrap();
             let mut second = AdamW::new(folded.clone(), config()).unwrap();
             for _ in 0..2 {
@@ -1578,9 +1574,6 @@ mod tests {
             }
         }
         // The tensor form (the device's fallback when its kernel is unavailable) too.
-        let grads = grads(&weights(DType::F32));
-        let factor = grad_clip(&grads, 1e-3, &SingleProcess).unwrap().factor;
-        let c = f64::from(factor.expect("gradients far above the norm"));
         let scalars = |grad_factor| AdamWScalars {
             grad_factor,
             ..crate::host_step::test_scalars(None)
@@ -1588,10 +1581,10 @@ mod tests {
         let mut scaled_first = AdamW::new(weights(DType::F32), config()).unwrap();
         let mut folded = AdamW::new(weights(DType::F32), config()).unwrap();
         for (a, b) in scaled_first.params.iter_mut().zip(&mut folded.params) {
-            let grad = &grads[&a.name];
-            a.step_with_tensors(&grad.affine(c, 0.0).unwrap(), &scalars(None))
+            a.step_with_tensors(&scaled[&a.name], &scalars(None))
                 .unwrap();
-            b.step_with_tensors(grad, &scalars(factor)).unwrap();
+            b.step_with_tensors(&grads[&b.name], &scalars(factor))
+                .unwrap();
             let values = |p: &Param| p.master().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             assert_eq!(values(a), values(b), "{}", a.name);
         }

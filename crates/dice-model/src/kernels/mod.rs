@@ -40,7 +40,7 @@ pub(crate) fn precompile(
         ));
         jobs.push((
             &train_attention::SOURCE,
-            train_attention::compile_options(head_dim),
+            train_attention::compile_options(head_dim).to_vec(),
         ));
     }
     jobs.into_iter()

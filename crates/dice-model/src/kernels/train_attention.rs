@@ -75,9 +75,8 @@ struct Loaded([DtypeKernels; 2]);
 
 static LOADED: PerDevice<usize, Loaded> = PerDevice::new();
 
-/// NVRTC's options for head dim `head_dim`.
-pub(super) fn compile_options(head_dim: usize) -> Vec<String> {
-    vec![format!("-DHEAD_DIM={head_dim}")]
+pub(super) fn compile_options(head_dim: usize) -> [String; 1] {
+    [format!("-DHEAD_DIM={head_dim}")]
 }
 
 fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {

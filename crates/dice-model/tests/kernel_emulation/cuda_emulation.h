@@ -192,13 +192,13 @@ inline void ldmatrix_x4_trans(unsigned int (&r)[4], const unsigned short* row) {
 // when a wgmma_wait leaves fewer groups in flight (A from registers as it was when issued; B, and
 // A from shared memory, read when run; the accumulator added to when run). A kernel that reads
 // an accumulator before the wait that completes its product, writes one in flight, or changes a
-// staged operand before the product has read it computes wrong values here, as on the GPU. Shared addresses are offsets
-// into dynamic_shared_memory (1,024-byte aligned, as on the GPU), where the kernels stage B; the
-// descriptor is decoded as the GPU does (PTX ISA "Matrix Descriptor Format"; checked on an H100
-// by bench/train/wgmma_probe.cu): start address >> 4 in bits 0-13, the 8-row groups' stride >> 4
-// in bits 32-45, the 128-byte swizzle (bits 62-63 = 1, the only mode wgmma.cuh makes): rows of
-// 128 bytes along B's contiguous dimension (k for K-major, N for MN-major) whose 16-byte chunks
-// are XORed with address bits 7-9.
+// staged operand before the product has read it computes wrong values here, as on the GPU.
+// Shared addresses are offsets into dynamic_shared_memory (1,024-byte aligned, as on the GPU),
+// where the kernels stage B; the descriptor is decoded as the GPU does (PTX ISA "Matrix
+// Descriptor Format"; checked on an H100 by bench/train/wgmma_probe.cu): start address >> 4 in
+// bits 0-13, the 8-row groups' stride >> 4 in bits 32-45, the 128-byte swizzle (bits 62-63 = 1,
+// the only mode wgmma.cuh makes): rows of 128 bytes along B's contiguous dimension (k for
+// K-major, N for MN-major) whose 16-byte chunks are XORed with address bits 7-9.
 alignas(1024) inline unsigned char dynamic_shared_memory[227 * 1024];
 
 inline unsigned int shared_address(const void* p) {
