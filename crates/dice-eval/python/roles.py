@@ -261,7 +261,7 @@ def timer_for(req, setup, problem, model, side):
     """dice's own Timer, or KernelBench's (kbtiming.py) for `--timing kernelbench*`."""
     timing = req.get("timing", "dice")
     if timing == "dice":
-        return protocol.Timer(setup, problem, model, req["checked_timed_calls"], req.get("cores"))
+        return protocol.Timer(setup, problem, model, req["checked_timed_calls"], req.get("cores"), req["timed_outputs_whole_up_to"])
     return kbtiming.Timer(setup, problem, model, timing, side, req.get("cores"))
 
 
@@ -309,7 +309,7 @@ def reference(channel, req):
             # From here on the candidate's files decide: the evaluator blames the candidate, not
             # the reference, for a judge that dies or hangs on them.
             channel.send(event="judging")
-            judged = judge.check(reference_outputs, op["path"])
+            judged = judge.check(reference_outputs, op["path"], samples=timed_call is not None)
             if timed_call is None:
                 judged["reference_ms"] = expected.forward_ms[op["trial"]]
             if pristine is not None:
@@ -355,7 +355,8 @@ class Expected:
         kept = sum(t.numel() * t.element_size() for t in first if t.is_cuda)
         # The other trials' outputs, one timed call's while it is judged, and the copies of the
         # `checked_calls` timed outputs the timer keeps (`CheckedCalls`): kept where a trial's
-        # output is (`kept_copies`), by both processes alike.
+        # output is (`kept_copies`), by both processes alike (outputs past DEVICE_KEPT_BYTES are
+        # kept on the host, and their timed calls' as samples: `kept` counts none of them).
         peak = torch.cuda.max_memory_reserved() + (len(self.seeds) + checked_calls) * kept
         return {"device_bytes": peak, "device_total": torch.cuda.mem_get_info()[1]}
 
@@ -414,19 +415,20 @@ class Judge:
         self.rtol = rtol
         self.device = device
 
-    def check(self, expected, path):
-        """The verdict of the output published at `path` against `expected`; whatever the file
-        holds is the candidate's failure, never an exception of the judge."""
+    def check(self, expected, path, samples=False):
+        """The verdict of the output published at `path` against `expected` (a timed call's
+        output may be published as samples where `samples`); whatever the file holds is the
+        candidate's failure, never an exception of the judge."""
         try:
-            return self._check(expected, path)
+            return self._check(expected, path, samples)
         except Exception as e:
             return verdict("runtime_error", "the judge could not compare the published output: " + one_line(e))
 
-    def _check(self, expected, path):
+    def _check(self, expected, path, samples):
         # The format's header, and slack for a candidate whose outputs are wider than the reference's.
         limit = 2 * sum(t.numel() * t.element_size() for t in expected) + (1 << 20)
         try:
-            got = protocol.read_published(path, limit)
+            got = protocol.read_published(path, limit, samples)
         except protocol.Unacceptable as e:
             return verdict("runtime_error", str(e))
         except Exception as e:
@@ -438,6 +440,10 @@ class Judge:
         for ref, new in zip(expected, got):
             if tuple(ref.shape) != tuple(new.shape):
                 return verdict("shape_mismatch", f"output shape mismatch: expected {tuple(ref.shape)}, got {tuple(new.shape)}")
+            if isinstance(new, protocol.Sample):
+                ref, new = sampled_pair(ref, new)
+                if new is None:
+                    return ref
             outcome = self.compare(ref, new)
             worst_abs = max(worst_abs, outcome["max_abs"])
             worst_rel = max(worst_rel, outcome["max_rel"])
@@ -483,6 +489,18 @@ class Judge:
             spoiled=int((torch.isfinite(r) & ~torch.isfinite(n)).sum()),
             close=same_dtype and torch.allclose(ref, new, atol=self.atol, rtol=self.rtol, equal_nan=True),
         )
+
+
+def sampled_pair(ref, sample):
+    """The reference's values at a sample's positions and the sample's values, or (the verdict
+    on a sample that is not one of the timer's, None)."""
+    positions, numel = sample.positions, ref.numel()
+    if sample.values.numel() != min(numel, protocol.SAMPLE_ELEMENTS):
+        return verdict("runtime_error", f"a timed output sampled at {sample.values.numel()} of its {numel} values"), None
+    if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= numel):
+        return verdict("runtime_error", "a timed output sampled outside its values"), None
+    positions = positions.to(ref.device)
+    return ref[torch.unravel_index(positions, ref.shape)] if ref.dim() else ref.reshape(1), sample.values
 
 
 # Elements compared at once: a few float temporaries of 256 MB each.

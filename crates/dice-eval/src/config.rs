@@ -268,6 +268,12 @@ pub struct EvalConfig {
     /// [`crate::runtime::CLOCK_EVIDENCE_ROUNDS`] rounds); the statistics pool every measurement's
     /// calls.
     pub max_remeasures: u32,
+    /// Under dice's timing, a checked timed call whose outputs hold more bytes than this keeps,
+    /// and has judged, each output's values at 2^20 positions drawn after the call returned
+    /// (python/protocol.py `kept_sample`) instead of a whole copy: a stale or partly computed
+    /// output is caught alike, and a program of multi-GB outputs no longer holds the device
+    /// alone for a minute of host copies (TIMING.md, "Large outputs").
+    pub timed_outputs_whole_up_to: u64,
     pub atol: f64,
     pub rtol: f64,
     pub precision: Precision,
@@ -321,6 +327,7 @@ impl EvalConfig {
             quiet_timing_share: 0.25,
             remeasure_above_cv: 0.15,
             max_remeasures: 2,
+            timed_outputs_whole_up_to: 1 << 30,
             atol: 1e-2,
             rtol: 1e-2,
             precision: Precision::Fp32,

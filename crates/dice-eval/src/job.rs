@@ -232,6 +232,7 @@ pub(crate) fn common_request(ctx: &JobContext) -> Value {
         "seed": ctx.seed,
         "timing": ctx.cfg.timing.as_str(),
         "checked_timed_calls": ctx.cfg.timing.checked_timed_calls(),
+        "timed_outputs_whole_up_to": ctx.cfg.timed_outputs_whole_up_to,
         "limits": ctx.limits,
         "cores": ctx.cores,
         "env": ctx.env,

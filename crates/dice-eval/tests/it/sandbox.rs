@@ -389,6 +389,64 @@ fn a_wrong_output_before_the_last_timed_call_is_caught() {
     );
 }
 
+/// A problem whose output (2^21 values) is larger than a timed call's sample (2^20 values).
+const LARGE_RELU: &str = "
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.randn(8, 2 ** 18)]
+
+def get_init_inputs():
+    return []
+";
+
+/// Timed outputs judged by samples, as the timer keeps those of multi-GB outputs (here every
+/// output): an honest program passes, and a wrong timed call is caught whether all its values
+/// are wrong (stale) or one in a hundred (a sample of half the positions, drawn after the call).
+#[test]
+fn timed_outputs_judged_by_samples_catch_what_whole_ones_do() {
+    let _machine = machine_shared();
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(run.path());
+    cfg.max_remeasures = 0;
+    cfg.timed_outputs_whole_up_to = 0;
+    let first_timed = cfg.correctness_trials + 3;
+    let wrong_from = |wrong: &str| {
+        candidate(
+            "",
+            "self.calls = 0",
+            &format!(
+                "self.calls += 1\n        out = torch.relu(x)\n        if {first_timed} < self.calls:\n            {wrong}\n        return out"
+            ),
+        )
+    };
+    let codes = vec![
+        candidate("", "pass", "return torch.relu(x)"),
+        wrong_from("out.zero_()"),
+        wrong_from("out[:, ::100] = -1.0"),
+    ];
+    let (problem, samples) = relu_problem_and_samples(LARGE_RELU, codes, "sampled timed outputs");
+    dice_eval::evaluate(cfg, vec![problem], samples, None).unwrap();
+    let records = Store::open(&run.path().join("dice.db"))
+        .unwrap()
+        .samples()
+        .unwrap();
+    assert_eq!(records[0].verdict, Verdict::Correct, "{:?}", records[0]);
+    assert!(records[0].flags.is_empty(), "{:?}", records[0]);
+    for r in &records[1..] {
+        assert_eq!(r.verdict, Verdict::OutputMismatch, "{r:?}");
+        assert!(
+            r.flags.iter().any(|f| f == "timing_output_mismatch"),
+            "{r:?}"
+        );
+    }
+}
+
 #[test]
 fn sleeping_forever_is_a_timeout() {
     let _machine = machine_shared();
