@@ -263,6 +263,31 @@ impl KeySpans {
         })
     }
 
+    /// The numbers of the (query tile, key tile) pairs that the training attention computes,
+    /// for tile bounds `bounds` ([`KeySpans::tile_bounds`]) of `tokens` queries: pairs whose key
+    /// tile meets either hull (`tile_pair_visible` of `train_attention.cu`, the last key tile
+    /// ending at `tokens`), numbered query tile by query tile in key order, at
+    /// `[query tile * tiles + key tile]` (`u32::MAX` for the others); and how many. The
+    /// backward that keeps dS stores each pair's dS tile at its number.
+    pub(crate) fn tile_pairs(bounds: &[[u32; 8]], tokens: usize) -> (Vec<u32>, usize) {
+        let tiles = bounds.len();
+        let mut index = vec![u32::MAX; tiles * tiles];
+        let mut pairs = 0;
+        for (query_tile, hull) in bounds.iter().enumerate() {
+            for key_tile in 0..tiles {
+                let first = (key_tile * Self::TILE) as i64;
+                let end = ((key_tile + 1) * Self::TILE).min(tokens) as i64;
+                let meets =
+                    |i: usize| (hull[2 * i] as i64) < end && (hull[2 * i + 1] as i64) > first;
+                if meets(0) || meets(1) {
+                    index[query_tile * tiles + key_tile] = pairs as u32;
+                    pairs += 1;
+                }
+            }
+        }
+        (index, pairs)
+    }
+
     /// Whether query `query` sees key `key`.
     pub fn sees(&self, query: usize, key: usize) -> bool {
         let [a0, a1, b0, b1] = self.rows[query].map(|x| x as usize);
@@ -465,6 +490,47 @@ mod tests {
             assert!(works.windows(2).all(|w| w[0] >= w[1]), "{works:?}");
             assert!(works[0] > works[works.len() - 1], "{works:?}");
         }
+    }
+
+    #[test]
+    fn tile_pairs_number_the_tile_pairs_whose_keys_meet_the_hulls_in_order() {
+        let spans = KeySpans::two_stream(&[100, 30, 9], 4);
+        let bounds = spans.tile_bounds();
+        let tiles = bounds.len();
+        let (index, pairs) = KeySpans::tile_pairs(&bounds, spans.tokens());
+        let meets = |query_tile: usize, key_tile: usize| {
+            (key_tile * KeySpans::TILE..(key_tile + 1) * KeySpans::TILE).any(|key| {
+                (0..2).any(|i| {
+                    bounds[query_tile][2 * i] as usize <= key
+                        && key < bounds[query_tile][2 * i + 1] as usize
+                })
+            })
+        };
+        let mut next = 0;
+        for query_tile in 0..tiles {
+            for key_tile in 0..tiles {
+                let number = index[query_tile * tiles + key_tile];
+                if meets(query_tile, key_tile) {
+                    assert_eq!(number, next, "query tile {query_tile} key tile {key_tile}");
+                    next += 1;
+                } else {
+                    assert_eq!(
+                        number,
+                        u32::MAX,
+                        "query tile {query_tile} key tile {key_tile}"
+                    );
+                }
+            }
+        }
+        assert_eq!(pairs, next as usize);
+        // Every key a query sees lies in a numbered pair.
+        for query in 0..spans.tokens() {
+            for key in (0..spans.tokens()).filter(|&key| spans.sees(query, key)) {
+                let (query_tile, key_tile) = (query / KeySpans::TILE, key / KeySpans::TILE);
+                assert_ne!(index[query_tile * tiles + key_tile], u32::MAX);
+            }
+        }
+        assert!(pairs < tiles * tiles, "no pair skipped: {pairs}");
     }
 
     #[test]

@@ -41,6 +41,10 @@
 //   train_attention_dkdv_*     grid (key tiles, Hkv): a warp's 16 keys over every query tile
 //                              (of every head of the group) that sees them, double-buffered:
 //                              S^T, dP^T, dV += P^T dO, dK += dS^T Q; no atomics
+// and, under DICE_ATTENTION_KEEP_DS=1 (train_attention.rs), the backward's variant that keeps dS
+// (ds, pair_index: see kept_ds_offset), in place of the dQ kernel and after its dK/dV kernel:
+//   train_attention_dkdv_keep_ds_*  train_attention_dkdv_* that also stores every dS tile
+//   train_attention_dq_from_ds_*    grid (query tiles, Hq): dQ += dS K from the stored tiles
 
 #ifndef HEAD_DIM
 #error "compile with -DHEAD_DIM=<head dim>"
@@ -102,6 +106,8 @@ __device__ __forceinline__ int staged_offset(int row, int chunk) {
 #define DKDV_SHARED_BYTES (2 * TILE_HALVES * 2 + 2 * QUERY_BUFFER_BYTES)
 // Two K and two V tiles of the forward and dQ kernels' key pipeline.
 #define KEY_PIPELINE_SHARED_BYTES (4 * TILE_HALVES * 2)
+// Two K and two dS^T tiles of the variant's dQ kernel (train_attention_dq_from_ds).
+#define DQ_FROM_DS_SHARED_BYTES (2 * (TILE_HALVES + TILE * TILE) * 2)
 
 __device__ __forceinline__ bool in_range(unsigned int key, unsigned int begin, unsigned int end) {
     return key >= begin && key < end;
@@ -125,6 +131,14 @@ __device__ __forceinline__ bool tile_meets(const unsigned int* __restrict__ tile
                                            int end) {
     return ((int)tile_span[0] < end && (int)tile_span[1] > first) ||
            ((int)tile_span[2] < end && (int)tile_span[3] > first);
+}
+
+// Whether key tile `key_tile` meets either range of a query tile's tile_spans: the pairs of
+// tiles that the forward and dQ kernels compute and dK/dV's, and whose dS the variant keeps
+// (train_attention.rs numbers them alike, KeySpans::tile_pairs).
+__device__ __forceinline__ bool tile_pair_visible(const unsigned int* __restrict__ tile_span,
+                                                  int key_tile, int tokens) {
+    return tile_meets(tile_span, key_tile * TILE, min(key_tile * TILE + TILE, tokens));
 }
 
 // Rows first..first + TILE - 1 of src (rows `row_stride` elements apart) into a staged tile by
@@ -370,7 +384,7 @@ __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __re
         tiles,
         [&](int from) {
             for (int t = from; t < tiles; ++t)
-                if (tile_meets(tile_span, t * TILE, min(t * TILE + TILE, tokens))) return t;
+                if (tile_pair_visible(tile_span, t, tokens)) return t;
             return tiles;
         },
         [&](int t, int buffer) {
@@ -589,11 +603,41 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
     store_rows(acc, factor, dq + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens);
 }
 
+// The variant that keeps dS (DICE_ATTENTION_KEEP_DS=1): the dK/dV kernel stores each dS tile it
+// computes, rounded to the dtype as its dK product takes it, and train_attention_dq_from_ds then
+// makes dQ in one product a tile pair (dQ += dS K) instead of recomputing S and dP. ds [pairs,
+// Hq, TILE * TILE] holds, per visible (query tile, key tile) pair (numbered by pair_index
+// [T / 64, T / 64] u32, KeySpans::tile_pairs) and query head, the unscaled dS^T of the pair,
+// rows keys and columns queries, as 32-bit words of two queries in the order the dK/dV warps
+// hold them: word ((w * TILE / 16 + s) * 4 + r) * 32 + lane is A fragment register r (mma.cuh)
+// of warp w's 16 keys by queries 16 s.. at `lane`, so that each of a warp's stores writes one
+// whole 128-byte line.
+
+// The halves from ds to the dS tile of pair `pair` and query head `head`.
+__device__ __forceinline__ size_t kept_ds_offset(unsigned int pair, int head, int q_heads) {
+    return ((size_t)pair * q_heads + head) * TILE * TILE;
+}
+
+// Words of a stored dS tile per 16 queries of a warp (its 4 fragment registers of 32 lanes).
+#define KEPT_DS_STEP_WORDS (4 * 32)
+
+// Stores this warp's dS^T fragments over `queries` queries (pack_rows) to a stored tile's words
+// from those of the step's first queries.
+template <int queries>
+__device__ __forceinline__ void store_ds(const unsigned int (&dsa)[queries / 16][4],
+                                         unsigned int* __restrict__ words) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int kp = 0; kp < queries / 16; ++kp)
+        for (int r = 0; r < 4; ++r)
+            words[(warp * (TILE / 16) + kp) * KEPT_DS_STEP_WORDS + 32 * r + lane] = dsa[kp][r];
+}
+
 // One warp's dK/dV step for its 16 keys (rows 16 w.. of the staged key tile, key index key0 +
 // row) over `queries` staged queries: S^T = K Q^T and dP^T = V dO^T, P^T from the queries' lse,
 // masked by their spans unless every query sees every key, dS^T = P^T (dP^T - delta), dV +=
-// P^T dO, dK += dS^T Q.
-template <typename T, int queries>
+// P^T dO, dK += dS^T Q; with keep_ds, dS^T also stored to the tile pair's words from
+// `ds_words` (store_ds).
+template <typename T, int queries, bool keep_ds>
 __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* k_tile,
                                              const unsigned short* v_tile,
                                              const unsigned short* q_rows,
@@ -601,7 +645,8 @@ __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* 
                                              const unsigned int* q_spans, const float* q_lse,
                                              const float* q_delta, int key0, float scale_log2,
                                              float (&dk)[HEAD_DIM / 8][4],
-                                             float (&dv)[HEAD_DIM / 8][4]) {
+                                             float (&dv)[HEAD_DIM / 8][4],
+                                             unsigned int* __restrict__ ds_words) {
     const int lane = threadIdx.x % 32, group = lane / 4, quad_lane = lane % 4;
     float st[queries / 8][4], dpt[queries / 8][4];
 #if TRAIN_ATTENTION_WGMMA
@@ -637,6 +682,8 @@ __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* 
             dpt[nt][e] = st[nt][e] * (dpt[nt][e] - q_delta[query]);
         }
     pack_rows<T, queries>(dpt, dsa);
+    // Before the product: a wgmma's A registers may not be read while it is in flight.
+    if constexpr (keep_ds) store_ds<queries>(dsa, ds_words);
     issue_accumulate_rows<T, queries>(dsa, q_rows, dk);
     settle<0>(dv, dk, pa, dsa);
 }
@@ -647,14 +694,15 @@ __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* 
 // mma.sync path's fragments would spill, so it takes half tiles.
 #define DKDV_QUERY_STEP (TRAIN_ATTENTION_WGMMA ? TILE : TILE / 2)
 
-template <typename T>
+template <typename T, bool keep_ds>
 __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
                               const T* __restrict__ v, const T* __restrict__ d_out,
                               const unsigned int* __restrict__ spans,
                               const unsigned int* __restrict__ tile_spans,
                               const unsigned int* __restrict__ tile_order,
                               const float* __restrict__ lse, const float* __restrict__ delta,
-                              T* __restrict__ dk, T* __restrict__ dv, int tokens, int q_heads,
+                              const unsigned int* __restrict__ pair_index, T* __restrict__ dk,
+                              T* __restrict__ dv, T* __restrict__ ds, int tokens, int q_heads,
                               int kv_heads, float scale) {
     unsigned short* k_tile = reinterpret_cast<unsigned short*>(dynamic_shared_memory);
     unsigned short* v_tile = k_tile + TILE_HALVES;
@@ -673,8 +721,8 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
     const auto q_delta = [&](int buffer) { return q_lse(buffer) + TILE; };
     // Key tiles are as many as query tiles.
     const int q_tiles = (tokens + TILE - 1) / TILE;
-    const int key_first = tile_order[q_tiles + blockIdx.x] * TILE, kv_head = blockIdx.y;
-    const int groups = q_heads / kv_heads;
+    const int key_tile = tile_order[q_tiles + blockIdx.x], kv_head = blockIdx.y;
+    const int key_first = key_tile * TILE, groups = q_heads / kv_heads;
     const int key_end = min(key_first + TILE, tokens), warp_first = 16 * (threadIdx.x / 32);
     const size_t kv_offset = (size_t)kv_head * tokens * HEAD_DIM;
     stage_kv(k_tile, v_tile, k + kv_offset, v + kv_offset, key_first, tokens);
@@ -687,6 +735,7 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
     pipelined(
         items,
         [&](int from) {
+            // tile_pair_visible(tile span, key_tile, tokens), the key tile's bounds computed once.
             for (int i = from; i < items; ++i)
                 if (tile_meets(tile_spans + TILE_SPAN_WORDS * (i % q_tiles), key_first, key_end))
                     return i;
@@ -713,16 +762,99 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
         [&](int i, int buffer) {
             const bool all_seen =
                 tile_sees_all(tile_spans + TILE_SPAN_WORDS * (i % q_tiles), key_first);
+            unsigned int* ds_words = nullptr;
+            if constexpr (keep_ds)
+                ds_words = reinterpret_cast<unsigned int*>(
+                    ds + kept_ds_offset(pair_index[i % q_tiles * q_tiles + key_tile],
+                                        kv_head * groups + i / q_tiles, q_heads));
             for (int offset = 0; offset < TILE; offset += DKDV_QUERY_STEP)
-                dkdv_queries<T, DKDV_QUERY_STEP>(
+                dkdv_queries<T, DKDV_QUERY_STEP, keep_ds>(
                     !all_seen, k_tile, v_tile, q_tile(buffer) + staged_offset(offset, 0),
                     do_tile(buffer) + staged_offset(offset, 0), q_spans(buffer) + 4 * offset,
                     q_lse(buffer) + offset, q_delta(buffer) + offset, key_first + warp_first,
-                    scale_log2, dk_acc, dv_acc);
+                    scale_log2, dk_acc, dv_acc,
+                    keep_ds ? ds_words + offset / 16 * KEPT_DS_STEP_WORDS : nullptr);
         });
     const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.f, 1.f};
     store_rows(dk_acc, dk_factor, dk + kv_offset, HEAD_DIM, key_first + warp_first, tokens);
     store_rows(dv_acc, dv_factor, dv + kv_offset, HEAD_DIM, key_first + warp_first, tokens);
+}
+
+// A staged dS^T tile (the variant's dQ kernel): TILE rows (keys) of TILE queries, 128 bytes a row
+// whose 16-byte chunks are swizzled (chunk ^ row % 8), so that the copies of 8 rows' chunks and
+// ldmatrix's 8 rows hit 8 distinct bank groups.
+__device__ __forceinline__ int staged_ds_offset(int row, int chunk) {
+    return row * TILE + (chunk ^ (row % 8)) * 8;
+}
+
+// Starts the copies of a stored dS tile (from ds + kept_ds_offset) into a staged one; the caller
+// commits and waits. Stored chunk c (16 bytes: 8 queries of a key, one fragment row of 4 lanes)
+// is row group c % 8 of register r of warp w's step s (store_ds).
+template <typename T>
+__device__ __forceinline__ void stage_kept_ds(unsigned short* tile, const T* __restrict__ src) {
+    for (int c = threadIdx.x; c < TILE * TILE / 8; c += THREADS) {
+        const int group = c % 8, r = c / 8 % 4, s = c / 32 % (TILE / 16), w = c / 32 / (TILE / 16);
+        cp_async_16(tile + staged_ds_offset(16 * w + group + 8 * (r & 1), 2 * s + (r >> 1)),
+                    src + 8 * c, true);
+    }
+}
+
+// This warp's A fragments of dS (its 16 queries by the tile's keys) from a staged dS^T tile,
+// each 8 x 8 matrix transposed by ldmatrix.
+__device__ __forceinline__ void load_ds_rows(const unsigned short* tile,
+                                             unsigned int (&dsa)[TILE / 16][4]) {
+    const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
+    const int warp = threadIdx.x / 32;
+    for (int kp = 0; kp < TILE / 16; ++kp)
+        ldmatrix_x4_trans(dsa[kp], tile + staged_ds_offset(16 * kp + matrix_row + 8 * (matrix >> 1),
+                                                           2 * warp + (matrix & 1)));
+}
+
+// The variant's dQ (after its dK/dV kernel): per query tile and head, dQ += dS K over the
+// visible key tiles, the K and stored dS tiles double-buffered, written as query_gradients
+// writes it. A single product: dS as A fragments (so that both paths share it), K as B.
+template <typename T>
+__device__ void query_gradients_from_ds(const T* __restrict__ k, const T* __restrict__ ds,
+                                        const unsigned int* __restrict__ tile_spans,
+                                        const unsigned int* __restrict__ tile_order,
+                                        const unsigned int* __restrict__ pair_index,
+                                        T* __restrict__ dq, int tokens, int q_heads,
+                                        int kv_heads, float scale) {
+    const int q_tile = tile_order[blockIdx.x], head = blockIdx.y;
+    const int kv_head = head / (q_heads / kv_heads);
+    const int tiles = (tokens + TILE - 1) / TILE;
+    const unsigned int* tile_span = tile_spans + TILE_SPAN_WORDS * q_tile;
+    const T* k_head = k + (size_t)kv_head * tokens * HEAD_DIM;
+    // Buffer b: a K tile, then a dS^T tile (on the wgmma path 1,024-byte aligned, as B is).
+    const auto k_tile = [&](int buffer) {
+        return reinterpret_cast<unsigned short*>(dynamic_shared_memory) +
+               buffer * (TILE_HALVES + TILE * TILE);
+    };
+    const auto ds_tile = [&](int buffer) { return k_tile(buffer) + TILE_HALVES; };
+    float acc[HEAD_DIM / 8][4];
+    zero(acc);
+    pipelined(
+        tiles,
+        [&](int from) {
+            for (int t = from; t < tiles; ++t)
+                if (tile_pair_visible(tile_span, t, tokens)) return t;
+            return tiles;
+        },
+        [&](int t, int buffer) {
+            stage_rows(k_tile(buffer), k_head, HEAD_DIM, t * TILE, tokens - t * TILE);
+            stage_kept_ds(ds_tile(buffer),
+                          ds + kept_ds_offset(pair_index[q_tile * tiles + t], head, q_heads));
+            cp_async_commit();
+        },
+        [&](int, int buffer) {
+            unsigned int dsa[TILE / 16][4];
+            load_ds_rows(ds_tile(buffer), dsa);
+            issue_accumulate_rows<T, TILE>(dsa, k_tile(buffer), acc);
+            settle<0>(acc, dsa);
+        });
+    const float factor[2] = {scale, scale};
+    store_rows(acc, factor, dq + (size_t)head * tokens * HEAD_DIM, HEAD_DIM,
+               q_tile * TILE + 16 * (threadIdx.x / 32), tokens);
 }
 
 #define TRAIN_ATTENTION_KERNELS(TYPE, NAME)                                                      \
@@ -750,8 +882,24 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
         const unsigned int* spans, const unsigned int* tile_spans,                             \
         const unsigned int* tile_order, const float* lse, const float* delta, TYPE* dk,        \
         TYPE* dv, int tokens, int q_heads, int kv_heads, float scale) {                        \
-        key_gradients<TYPE>(q, k, v, d_out, spans, tile_spans, tile_order, lse, delta, dk, dv, \
-                            tokens, q_heads, kv_heads, scale);                                 \
+        key_gradients<TYPE, false>(q, k, v, d_out, spans, tile_spans, tile_order, lse, delta,   \
+                                   nullptr, dk, dv, nullptr, tokens, q_heads, kv_heads, scale);  \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS) train_attention_dkdv_keep_ds_##NAME( \
+        const TYPE* q, const TYPE* k, const TYPE* v, const TYPE* d_out,                        \
+        const unsigned int* spans, const unsigned int* tile_spans,                             \
+        const unsigned int* tile_order, const float* lse, const float* delta,                  \
+        const unsigned int* pair_index, TYPE* dk, TYPE* dv, TYPE* ds, int tokens, int q_heads, \
+        int kv_heads, float scale) {                                                           \
+        key_gradients<TYPE, true>(q, k, v, d_out, spans, tile_spans, tile_order, lse, delta,    \
+                                  pair_index, dk, dv, ds, tokens, q_heads, kv_heads, scale);    \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(THREADS) train_attention_dq_from_ds_##NAME(   \
+        const TYPE* k, const TYPE* ds, const unsigned int* tile_spans,                         \
+        const unsigned int* tile_order, const unsigned int* pair_index, TYPE* dq, int tokens,  \
+        int q_heads, int kv_heads, float scale) {                                              \
+        query_gradients_from_ds<TYPE>(k, ds, tile_spans, tile_order, pair_index, dq, tokens,   \
+                                      q_heads, kv_heads, scale);                               \
     }
 
 TRAIN_ATTENTION_KERNELS(bf16_t, bf16)

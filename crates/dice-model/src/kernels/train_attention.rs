@@ -6,7 +6,8 @@
 //! two-stream mask's dense form.
 //!
 //! bf16 and f16 on sm_80 and newer; f32, other GPUs and `DICE_FUSED_ATTENTION=0` keep the
-//! composite path ([`TrainAttention::plan`] gives `None`). Checked on the CPU against an f64
+//! composite path ([`TrainAttention::plan`] gives `None`). `DICE_ATTENTION_KEEP_DS=1` selects
+//! the backward's variant that keeps dS ([`KEEP_DS_SWITCH`]). Checked on the CPU against an f64
 //! attention and its gradients through the CUDA emulation (tests/it/train_attention_emulated.rs)
 //! and on the GPU against the composite path (`dice bench golden`, tests/it/cuda.rs).
 
@@ -15,12 +16,14 @@ use super::device_ptr::{launch, Arg, Scalar};
 use super::nvrtc::{self, PerDevice, Source};
 use crate::config::SdarConfig;
 use crate::masks::KeySpans;
+use candle_core::backend::BackendDevice;
 use candle_core::cuda_backend::cudarc::driver::{
     sys::CUfunction_attribute, CudaFunction, LaunchConfig,
 };
 use candle_core::cuda_backend::CudaDevice;
-use candle_core::{DType, Device, Result, Tensor};
-use std::sync::Arc;
+use candle_core::op::BackpropOp;
+use candle_core::{DType, Device, Result, Shape, Storage, Tensor};
+use std::sync::{Arc, OnceLock};
 
 pub(super) const SOURCE: Source = Source {
     text: include_str!("train_attention.cu"),
@@ -62,12 +65,38 @@ fn key_pipeline_shared_bytes(head_dim: usize) -> usize {
     4 * tile_halves(head_dim) * 2
 }
 
-/// The four kernels of one dtype.
+/// Dynamic shared memory of `train_attention_dq_from_ds_*` (`DQ_FROM_DS_SHARED_BYTES`): two K
+/// tiles and two 64 × 64 dS tiles, the next pair's copy in flight while the warps compute on the
+/// other.
+fn dq_from_ds_shared_bytes(head_dim: usize) -> usize {
+    2 * (tile_halves(head_dim) + TILE * TILE) * 2
+}
+
+/// The environment variable that selects the backward's variant that keeps dS: at `1` the
+/// dK/dV kernel also stores every dS tile it computes (`train_attention_dkdv_keep_ds_*`, in a
+/// buffer of [`TilePairs::ds_elements`] allocated by each backward call) and dQ is then one
+/// product a tile pair from them (`train_attention_dq_from_ds_*`) instead of recomputing S and
+/// dP; anything else, the default kernels. Read once, when the kernels are first loaded.
+const KEEP_DS_SWITCH: &str = "DICE_ATTENTION_KEEP_DS";
+
+fn keep_ds() -> bool {
+    static KEEP_DS: OnceLock<bool> = OnceLock::new();
+    *KEEP_DS.get_or_init(|| std::env::var(KEEP_DS_SWITCH).is_ok_and(|v| v.trim() == "1"))
+}
+
+/// The four kernels of one dtype, and the variant's two where [`KEEP_DS_SWITCH`] selects it.
 struct DtypeKernels {
     forward: CudaFunction,
     delta: CudaFunction,
     dq: CudaFunction,
     dkdv: CudaFunction,
+    keep_ds: Option<KeepDsKernels>,
+}
+
+/// The backward's variant that keeps dS: dK/dV storing dS, then dQ from it.
+struct KeepDsKernels {
+    dkdv: CudaFunction,
+    dq: CudaFunction,
 }
 
 /// The kernels of one head dim on one device: bf16, then f16.
@@ -109,6 +138,14 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
             delta: function("delta")?,
             dq: with_shared("dq", key_pipeline_shared_bytes(head_dim))?,
             dkdv: with_shared("dkdv", dkdv_shared_bytes(head_dim))?,
+            keep_ds: if keep_ds() {
+                Some(KeepDsKernels {
+                    dkdv: with_shared("dkdv_keep_ds", dkdv_shared_bytes(head_dim))?,
+                    dq: with_shared("dq_from_ds", dq_from_ds_shared_bytes(head_dim))?,
+                })
+            } else {
+                None
+            },
         })
     };
     Ok(Loaded([kernels("bf16")?, kernels("f16")?]))
@@ -126,10 +163,41 @@ pub(crate) struct TrainAttention {
     spans: Tensor,
     tile_spans: Tensor,
     tile_order: Tensor,
+    /// Where the variant that keeps dS runs (its kernels loaded, some tile pair visible).
+    tile_pairs: Option<TilePairs>,
     tokens: usize,
     q_heads: usize,
     kv_heads: usize,
     head_dim: usize,
+}
+
+/// The numbered tile pairs of a sequence ([`KeySpans::tile_pairs`]), where the variant that
+/// keeps dS stores each pair's dS.
+struct TilePairs {
+    /// u32 `[T / 64, T / 64]` on the device.
+    index: Tensor,
+    count: usize,
+}
+
+impl TilePairs {
+    /// The pairs of tile bounds `bounds` of `tokens` queries, on `device`; `None` where no pair
+    /// is visible (no dS to keep: the default kernels take the sequence).
+    fn new(bounds: &[[u32; 8]], tokens: usize, device: &Device) -> Result<Option<Self>> {
+        let (index, count) = KeySpans::tile_pairs(bounds, tokens);
+        if count == 0 {
+            return Ok(None);
+        }
+        let tiles = bounds.len();
+        Ok(Some(Self {
+            index: Tensor::from_vec(index, (tiles, tiles), device)?,
+            count,
+        }))
+    }
+
+    /// Elements of the dS buffer `[pairs, Hq, 64, 64]` (16-bit) for `q_heads` query heads.
+    fn ds_elements(&self, q_heads: usize) -> usize {
+        self.count * q_heads * TILE * TILE
+    }
 }
 
 impl TrainAttention {
@@ -154,6 +222,10 @@ impl TrainAttention {
         let bounds = spans.tile_bounds();
         let [query_order, key_order] = KeySpans::tile_orders(&bounds);
         let tiles = bounds.len();
+        let tile_pairs = match kernels.0[dtype_slot].keep_ds {
+            Some(_) => TilePairs::new(&bounds, spans.tokens(), device)?,
+            None => None,
+        };
         Ok(Some(Self {
             kernels,
             dtype_slot,
@@ -162,6 +234,7 @@ impl TrainAttention {
             tile_spans: flat(&bounds, device)?,
             tile_order: Tensor::from_iter(query_order.into_iter().chain(key_order), device)?
                 .reshape((2, tiles))?,
+            tile_pairs,
             tokens: spans.tokens(),
             q_heads: cfg.num_attention_heads,
             kv_heads: cfg.num_key_value_heads,
@@ -364,6 +437,10 @@ impl TrainAttention {
             Arg::Whole(&lse, "lse"),
             Arg::Whole(&delta, "delta"),
         ];
+        if let (Some(keep_ds), Some(pairs)) = (&kernels.keep_ds, &self.tile_pairs) {
+            self.gradients_keeping_ds(keep_ds, pairs, &inputs, &k, [&dq, &dk, &dv])?;
+            return Ok([dq, dk, dv]);
+        }
         // SAFETY: the arguments match the kernels' signatures and the checked shapes; the
         // dynamic shared memory was allowed at load.
         unsafe {
@@ -384,6 +461,64 @@ impl TrainAttention {
             )
         }?;
         Ok([dq, dk, dv])
+    }
+
+    /// The backward's variant that keeps dS ([`KEEP_DS_SWITCH`]): dK/dV, storing every dS tile
+    /// in a buffer of this call, then dQ from the stored tiles and `k`. `inputs` are the default
+    /// kernels'.
+    fn gradients_keeping_ds(
+        &self,
+        kernels: &KeepDsKernels,
+        pairs: &TilePairs,
+        inputs: &[Arg],
+        k: &Tensor,
+        [dq, dk, dv]: [&Tensor; 3],
+    ) -> Result<()> {
+        let Device::Cuda(dev) = dq.device() else {
+            candle_core::bail!("the training attention runs on CUDA devices only");
+        };
+        let len = pairs.ds_elements(self.q_heads);
+        // SAFETY: left uninitialised, as the dK/dV kernel writes every tile that the dQ kernel
+        // reads (those of the numbered pairs, for every query head).
+        let storage = unsafe { dev.alloc_uninit(&Shape::from(len), self.dtype) }?;
+        let ds = Tensor::from_storage(Storage::Cuda(storage), len, BackpropOp::none(), false);
+        let q_tiles = self.tokens.div_ceil(TILE);
+        // SAFETY: the arguments match the kernels' signatures and the checked shapes; ds holds
+        // a 64 × 64 tile per numbered pair and query head; the dynamic shared memory was allowed
+        // at load. dQ runs after dK/dV, on the same stream.
+        unsafe {
+            self.launch(
+                &kernels.dkdv,
+                ((q_tiles, self.kv_heads), dkdv_shared_bytes(self.head_dim)),
+                &[
+                    inputs,
+                    &[
+                        Arg::Whole(&pairs.index, "tile pairs"),
+                        Arg::Whole(dk, "dk"),
+                        Arg::Whole(dv, "dv"),
+                        Arg::Whole(&ds, "dS"),
+                    ],
+                ]
+                .concat(),
+                &self.sizes(),
+            )?;
+            self.launch(
+                &kernels.dq,
+                (
+                    (q_tiles, self.q_heads),
+                    dq_from_ds_shared_bytes(self.head_dim),
+                ),
+                &[
+                    Arg::Whole(k, "k"),
+                    Arg::Whole(&ds, "dS"),
+                    Arg::Whole(&self.tile_spans, "tile spans"),
+                    Arg::Whole(&self.tile_order, "tile order"),
+                    Arg::Whole(&pairs.index, "tile pairs"),
+                    Arg::Whole(dq, "dq"),
+                ],
+                &self.sizes(),
+            )
+        }
     }
 }
 

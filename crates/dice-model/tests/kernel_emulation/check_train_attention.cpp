@@ -2,7 +2,9 @@
 // gradients, for bf16 and f16: packed sequences of two-stream SFT segments (masks.rs,
 // two_stream_allowed, with the spans train_attention.rs derives), GQA, a last query tile only
 // partly filled, queries that see nothing, and key tiles that every query of a tile sees (run
-// without the per-key test; the check prints how many tile pairs took that path).
+// without the per-key test; the check prints how many tile pairs took that path). The backward's
+// variant that keeps dS (dK/dV storing every dS tile, then dQ from them) is checked as well: its
+// dQ against the same reference, its dK and dV against the default kernel's, bit for bit.
 // Build: g++ -std=c++20 -DHEAD_DIM=<d> [-DTRAIN_ATTENTION_WGMMA=1] check_train_attention.cpp
 // (the second for the wgmma path); exits non-zero on a mismatch.
 #include "cuda_emulation.h"
@@ -22,12 +24,16 @@ template <> struct Kernels<bf16_t> {
     static constexpr auto delta = train_attention_delta_bf16;
     static constexpr auto dq = train_attention_dq_bf16;
     static constexpr auto dkdv = train_attention_dkdv_bf16;
+    static constexpr auto dkdv_keep_ds = train_attention_dkdv_keep_ds_bf16;
+    static constexpr auto dq_from_ds = train_attention_dq_from_ds_bf16;
 };
 template <> struct Kernels<f16_t> {
     static constexpr auto forward = train_attention_forward_f16;
     static constexpr auto delta = train_attention_delta_f16;
     static constexpr auto dq = train_attention_dq_f16;
     static constexpr auto dkdv = train_attention_dkdv_f16;
+    static constexpr auto dkdv_keep_ds = train_attention_dkdv_keep_ds_f16;
+    static constexpr auto dq_from_ds = train_attention_dq_from_ds_f16;
 };
 
 using Span = std::array<unsigned, 4>;
@@ -78,6 +84,24 @@ static std::vector<TileSpan> tile_spans_of(const std::vector<Span>& spans) {
     return tiles;
 }
 
+// The numbers of the visible (query tile, key tile) pairs, query tile by query tile in key
+// order (~0u for the others), as masks.rs tile_pairs: pairs whose key tile meets either hull
+// (tile_meets with the last tile's end at the sequence's). Returns how many.
+static unsigned tile_pairs_of(const std::vector<TileSpan>& tiles, unsigned tokens,
+                              std::vector<unsigned>& index) {
+    const size_t count = tiles.size();
+    index.assign(count * count, ~0u);
+    unsigned pairs = 0;
+    for (size_t t = 0; t < count; ++t)
+        for (size_t key_tile = 0; key_tile < count; ++key_tile) {
+            const unsigned first = key_tile * TILE, end = std::min<unsigned>(first + TILE, tokens);
+            const TileSpan& hull = tiles[t];
+            if ((hull[0] < end && hull[1] > first) || (hull[2] < end && hull[3] > first))
+                index[t * count + key_tile] = pairs++;
+        }
+    return pairs;
+}
+
 struct Case {
     int q_heads, kv_heads;
     std::vector<unsigned> samples;  // tokens per two-stream segment (2n positions each)
@@ -87,6 +111,10 @@ struct Case {
 
 struct Errors {
     double out, lse, dq, dk, dv;
+    // The variant that keeps dS: dQ from the stored tiles, and whether its dK and dV are the
+    // default kernel's bit for bit.
+    double dq_from_ds;
+    bool same_dk_dv;
     int all_seen_tiles;  // (query tile, key tile) pairs computed without the per-key test
 };
 
@@ -142,9 +170,26 @@ template <typename T> Errors run(const Case& c) {
         Kernels<T>::dkdv(q.data(), k.data(), v.data(), d_out.data(), s, ts, to, lse.data(),
                          delta.data(), dk.data(), dv.data(), N, Hq, Hkv, scale);
     });
+    // The variant: dK/dV storing dS, then dQ from it. The buffer starts as NaNs (0xffff in both
+    // dtypes), so that a tile read but never written shows in dQ.
+    std::vector<unsigned> pair_index;
+    const unsigned pairs = tile_pairs_of(tiles, N, pair_index);
+    std::vector<T> ds((size_t)pairs * Hq * TILE * TILE, T{0xffff}), kept_dq(q.size()),
+        kept_dk(k.size()), kept_dv(v.size());
+    launch({q_tiles, (unsigned)Hkv, 1}, THREADS, [&] {
+        Kernels<T>::dkdv_keep_ds(q.data(), k.data(), v.data(), d_out.data(), s, ts, to,
+                                 lse.data(), delta.data(), pair_index.data(), kept_dk.data(),
+                                 kept_dv.data(), ds.data(), N, Hq, Hkv, scale);
+    });
+    launch({q_tiles, (unsigned)Hq, 1}, THREADS, [&] {
+        Kernels<T>::dq_from_ds(k.data(), ds.data(), ts, to, pair_index.data(), kept_dq.data(), N,
+                               Hq, Hkv, scale);
+    });
 
     auto at = [](const std::vector<T>& xs, size_t i) { return (double)to_float(xs[i]); };
-    Errors worst = {0, 0, 0, 0, 0, 0};
+    Errors worst = {0, 0, 0, 0, 0, 0, true, 0};
+    for (size_t i = 0; i < k.size(); ++i)
+        worst.same_dk_dv &= kept_dk[i].bits == dk[i].bits && kept_dv[i].bits == dv[i].bits;
     for (unsigned t = 0; t < q_tiles; ++t)
         for (unsigned first = 0; first < (unsigned)N; first += TILE)
             worst.all_seen_tiles += tile_sees_all(tiles[t].data(), first);
@@ -189,6 +234,7 @@ template <typename T> Errors run(const Case& c) {
                 }
                 track(worst.out, at(out, ((size_t)i * Hq + h) * D + e), o);
                 track(worst.dq, at(dq, row * D + e), g * scale);
+                track(worst.dq_from_ds, at(kept_dq, row * D + e), g * scale);
             }
             for (int j = 0; j < N; ++j) {
                 const double ds = p[j] * (dp[j] - row_delta);
@@ -227,11 +273,13 @@ int main() {
         std::printf(" blind %d (all-seen tiles %d):", c.blind_rows, e[0].all_seen_tiles);
         const char* names[2] = {"bf16", "f16"};
         for (int t = 0; t < 2; ++t) {
-            std::printf(" | %s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e", names[t], e[t].out,
-                        e[t].lse, e[t].dq, e[t].dk, e[t].dv);
+            std::printf(" | %s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e, kept dS: dq %.2e%s",
+                        names[t], e[t].out, e[t].lse, e[t].dq, e[t].dk, e[t].dv, e[t].dq_from_ds,
+                        e[t].same_dk_dv ? "" : " (dk/dv differ)");
             failures += !(e[t].out <= out_tolerance[t]) + !(e[t].lse <= out_tolerance[t]);
             failures += !(e[t].dq <= grad_tolerance[t]) + !(e[t].dk <= grad_tolerance[t]) +
                         !(e[t].dv <= grad_tolerance[t]);
+            failures += !(e[t].dq_from_ds <= grad_tolerance[t]) + !e[t].same_dk_dv;
         }
         std::printf("\n");
     }
