@@ -5,8 +5,9 @@
 # (STEP: golden, tests, train-tests, bench-1.7b, bench-1.7b-portable, bench-1.7b-release-pool,
 # bench-1.7b-recompute, bench-1.7b-unfused-layer, bench-1.7b-composite, bench-4b, bench-8b,
 # sft-nccl, sft-4b, sft-8b-offload, kernels-sft, kernels-1.7b, kernels-1.7b-step,
-# attention-detail-1.7b, wgmma-probe; all by default; golden-keepds, tests-keepds,
-# bench-1.7b-keepds, bench-4b-keepds and sft-nccl-keepds run theirs with DICE_ATTENTION_KEEP_DS=1)
+# attention-detail-1.7b, wgmma-probe; all by default; golden-dq-recompute, tests-dq-recompute,
+# bench-1.7b-dq-recompute, bench-4b-dq-recompute and sft-nccl-dq-recompute run theirs with
+# DICE_ATTENTION_KEEP_DS=0: dQ recomputed, no dS kept)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -23,7 +24,7 @@ source bench/h200-steps.sh "$@"
 # The formula golden's forwards, SFT step (in bf16 through the fused training attention) and
 # generations on the GPU.
 run golden 120 bench golden --golden tests/data/sdar/golden/formula --device cuda --dtype bf16
-DICE_ATTENTION_KEEP_DS=1 run golden-keepds 120 bench golden --golden tests/data/sdar/golden/formula \
+DICE_ATTENTION_KEEP_DS=0 run golden-dq-recompute 120 bench golden --golden tests/data/sdar/golden/formula \
   --device cuda --dtype bf16
 # dice-model's CUDA tests (fused SFT step against the CPU's composite one) and its unit tests
 # (NVRTC builds every kernel; with --include-ignored their GPU checks run too), where their
@@ -38,11 +39,11 @@ if wanted tests && [[ -f $DATA/model-tests.xz ]]; then
   echo "model-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/model-lib-tests.txt"
 fi
 # Which order of a wgmma descriptor's two strides reads our staged tiles (wgmma.cuh).
-if wanted tests-keepds && [[ -f $DATA/model-tests.xz ]]; then
+if wanted tests-dq-recompute && [[ -f $DATA/model-tests.xz ]]; then
   [[ -x /tmp/model-tests ]] || { unxz "$DATA/model-tests.xz" /tmp/model-tests && chmod +x /tmp/model-tests; }
-  (cd crates/dice-model && DICE_ATTENTION_KEEP_DS=1 timeout 240 /tmp/model-tests cuda --test-threads 1 \
-    --nocapture) >"$OUT/model-tests-keepds.txt" 2>&1
-  echo "model-tests-keepds rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-tests-keepds.txt"
+  (cd crates/dice-model && DICE_ATTENTION_KEEP_DS=0 timeout 240 /tmp/model-tests cuda --test-threads 1 \
+    --nocapture) >"$OUT/model-tests-dq-recompute.txt" 2>&1
+  echo "model-tests-dq-recompute rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-tests-dq-recompute.txt"
 fi
 if wanted wgmma-probe && [[ -f $DATA/wgmma-probe ]]; then
   timeout 60 "$DATA/wgmma-probe" >"$OUT/wgmma-probe.txt" 2>&1
@@ -74,10 +75,10 @@ DICE_FUSED_LAYER=0 run bench-1.7b-unfused-layer 240 bench train --config "$confi
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-unfused-layer.json"
 DICE_FUSED_ATTENTION=0 run bench-1.7b-composite 240 bench train --config "$configs/sdar-1.7b.json" \
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-composite.json"
-DICE_ATTENTION_KEEP_DS=1 run bench-1.7b-keepds 240 bench train --config "$configs/sdar-1.7b.json" \
-  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-keepds.json"
-DICE_ATTENTION_KEEP_DS=1 run bench-4b-keepds 240 bench train --config "$configs/sdar-4b.json" \
-  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b-keepds.json"
+DICE_ATTENTION_KEEP_DS=0 run bench-1.7b-dq-recompute 240 bench train --config "$configs/sdar-1.7b.json" \
+  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-dq-recompute.json"
+DICE_ATTENTION_KEEP_DS=0 run bench-4b-dq-recompute 240 bench train --config "$configs/sdar-4b.json" \
+  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b-dq-recompute.json"
 run bench-4b 240 bench train --config "$configs/sdar-4b.json" --device cuda --dtype bf16 \
   --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b.json"
 run bench-8b 240 bench train --config "$configs/sdar-8b.json" --device cuda --dtype bf16 \
@@ -117,7 +118,7 @@ PY
   rm -rf "/tmp/$name" "/tmp/$name-model"
 }
 sft_run sft-nccl 240 sdar-1.7b.json 3
-DICE_ATTENTION_KEEP_DS=1 sft_run sft-nccl-keepds 240 sdar-1.7b.json 3
+DICE_ATTENTION_KEEP_DS=0 sft_run sft-nccl-dq-recompute 240 sdar-1.7b.json 3
 # The same at 4B (AdamW's f32 state beside the model: about 80 GB of the device).
 sft_run sft-4b 300 sdar-4b.json 4
 # 8B on one GPU with AdamW's state in host memory (the state beside the weights needs ~175 GB):

@@ -41,8 +41,9 @@
 //   train_attention_dkdv_*     grid (key tiles, Hkv): a warp's 16 keys over every query tile
 //                              (of every head of the group) that sees them, double-buffered:
 //                              S^T, dP^T, dV += P^T dO, dK += dS^T Q; no atomics
-// and, under DICE_ATTENTION_KEEP_DS=1 (train_attention.rs), the backward's variant that keeps dS
-// (ds, pair_index: see kept_ds_offset), in place of the dQ kernel and after its dK/dV kernel:
+// and the backward that keeps dS (ds, pair_index: see kept_ds_offset), train_attention.rs's
+// default (DICE_ATTENTION_KEEP_DS=0 takes the two above), in place of the dQ kernel and after
+// its dK/dV kernel:
 //   train_attention_dkdv_keep_ds_*  train_attention_dkdv_* that also stores every dS tile
 //   train_attention_dq_from_ds_*    grid (query tiles, Hq): dQ += dS K from the stored tiles
 
@@ -106,7 +107,7 @@ __device__ __forceinline__ int staged_offset(int row, int chunk) {
 #define DKDV_SHARED_BYTES (2 * TILE_HALVES * 2 + 2 * QUERY_BUFFER_BYTES)
 // Two K and two V tiles of the forward and dQ kernels' key pipeline.
 #define KEY_PIPELINE_SHARED_BYTES (4 * TILE_HALVES * 2)
-// Two K and two dS^T tiles of the variant's dQ kernel (train_attention_dq_from_ds).
+// Two K and two dS^T tiles of the dQ kernel from kept dS (train_attention_dq_from_ds).
 #define DQ_FROM_DS_SHARED_BYTES (2 * (TILE_HALVES + TILE * TILE) * 2)
 
 __device__ __forceinline__ bool in_range(unsigned int key, unsigned int begin, unsigned int end) {
@@ -134,7 +135,7 @@ __device__ __forceinline__ bool tile_meets(const unsigned int* __restrict__ tile
 }
 
 // Whether key tile `key_tile` meets either range of a query tile's tile_spans: the pairs of
-// tiles that the forward and dQ kernels compute and dK/dV's, and whose dS the variant keeps
+// tiles that the forward and dQ kernels compute and dK/dV's, and whose dS the backward keeps
 // (train_attention.rs numbers them alike, KeySpans::tile_pairs).
 __device__ __forceinline__ bool tile_pair_visible(const unsigned int* __restrict__ tile_span,
                                                   int key_tile, int tokens) {
@@ -603,7 +604,7 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
     store_rows(acc, factor, dq + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens);
 }
 
-// The variant that keeps dS (DICE_ATTENTION_KEEP_DS=1): the dK/dV kernel stores each dS tile it
+// The backward that keeps dS (unless DICE_ATTENTION_KEEP_DS=0): the dK/dV kernel stores each dS tile it
 // computes, rounded to the dtype as its dK product takes it, and train_attention_dq_from_ds then
 // makes dQ in one product a tile pair (dQ += dS K) instead of recomputing S and dP. ds [pairs,
 // Hq, TILE * TILE] holds, per visible (query tile, key tile) pair (numbered by pair_index
@@ -780,7 +781,7 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
     store_rows(dv_acc, dv_factor, dv + kv_offset, HEAD_DIM, key_first + warp_first, tokens);
 }
 
-// A staged dS^T tile (the variant's dQ kernel): TILE rows (keys) of TILE queries, 128 bytes a row
+// A staged dS^T tile (the dQ kernel from kept dS): TILE rows (keys) of TILE queries, 128 bytes a row
 // whose 16-byte chunks are swizzled (chunk ^ row % 8), so that the copies of 8 rows' chunks and
 // ldmatrix's 8 rows hit 8 distinct bank groups.
 __device__ __forceinline__ int staged_ds_offset(int row, int chunk) {
@@ -810,7 +811,7 @@ __device__ __forceinline__ void load_ds_rows(const unsigned short* tile,
                                                            2 * warp + (matrix & 1)));
 }
 
-// The variant's dQ (after its dK/dV kernel): per query tile and head, dQ += dS K over the
+// dQ from kept dS (after its dK/dV kernel): per query tile and head, dQ += dS K over the
 // visible key tiles, the K and stored dS tiles double-buffered, written as query_gradients
 // writes it. A single product: dS as A fragments (so that both paths share it), K as B.
 template <typename T>

@@ -6,8 +6,8 @@
 //! two-stream mask's dense form.
 //!
 //! bf16 and f16 on sm_80 and newer; f32, other GPUs and `DICE_FUSED_ATTENTION=0` keep the
-//! composite path ([`TrainAttention::plan`] gives `None`). `DICE_ATTENTION_KEEP_DS=1` selects
-//! the backward's variant that keeps dS ([`KEEP_DS_SWITCH`]). Checked on the CPU against an f64
+//! composite path ([`TrainAttention::plan`] gives `None`). The backward keeps dS for dQ unless
+//! `DICE_ATTENTION_KEEP_DS=0` ([`KEEP_DS_SWITCH`]). Checked on the CPU against an f64
 //! attention and its gradients through the CUDA emulation (tests/it/train_attention_emulated.rs)
 //! and on the GPU against the composite path (`dice bench golden`, tests/it/cuda.rs).
 
@@ -72,19 +72,23 @@ fn dq_from_ds_shared_bytes(head_dim: usize) -> usize {
     2 * (tile_halves(head_dim) + TILE * TILE) * 2
 }
 
-/// The environment variable that selects the backward's variant that keeps dS: at `1` the
-/// dK/dV kernel also stores every dS tile it computes (`train_attention_dkdv_keep_ds_*`, in a
-/// buffer of [`TilePairs::ds_elements`] allocated by each backward call) and dQ is then one
-/// product a tile pair from them (`train_attention_dq_from_ds_*`) instead of recomputing S and
-/// dP; anything else, the default kernels. Read once, when the kernels are first loaded.
+/// The environment variable that chooses how the backward makes dQ. By default the dK/dV kernel
+/// also stores every dS tile it computes (`train_attention_dkdv_keep_ds_*`, in a buffer of
+/// [`TilePairs::ds_elements`] allocated by each backward call) and dQ is then one product a tile
+/// pair from them (`train_attention_dq_from_ds_*`): on an H100 the 1.7B step's attention backward
+/// took 143.6 -> 128.7 ms, 4B's 365.3 -> 328.2 (bench/notes/train-h200.md, session 29). At `0`
+/// the dQ kernel recomputes S and dP instead (`train_attention_dq_*`, before dK/dV), which needs
+/// no dS buffer: 8 KiB a visible tile pair and query head, about 1.2 GB a layer's backward at
+/// 1.7B and 6,144-token rows, growing with the square of the row. Read once, when the kernels are
+/// first loaded.
 const KEEP_DS_SWITCH: &str = "DICE_ATTENTION_KEEP_DS";
 
 fn keep_ds() -> bool {
     static KEEP_DS: OnceLock<bool> = OnceLock::new();
-    *KEEP_DS.get_or_init(|| std::env::var(KEEP_DS_SWITCH).is_ok_and(|v| v.trim() == "1"))
+    *KEEP_DS.get_or_init(|| std::env::var(KEEP_DS_SWITCH).map_or(true, |v| v.trim() != "0"))
 }
 
-/// The four kernels of one dtype, and the variant's two where [`KEEP_DS_SWITCH`] selects it.
+/// The four kernels of one dtype, and the two that keep dS unless [`KEEP_DS_SWITCH`] turns them off.
 struct DtypeKernels {
     forward: CudaFunction,
     delta: CudaFunction,
@@ -93,7 +97,7 @@ struct DtypeKernels {
     keep_ds: Option<KeepDsKernels>,
 }
 
-/// The backward's variant that keeps dS: dK/dV storing dS, then dQ from it.
+/// The backward that keeps dS: dK/dV storing dS, then dQ from it.
 struct KeepDsKernels {
     dkdv: CudaFunction,
     dq: CudaFunction,
@@ -163,7 +167,7 @@ pub(crate) struct TrainAttention {
     spans: Tensor,
     tile_spans: Tensor,
     tile_order: Tensor,
-    /// Where the variant that keeps dS runs (its kernels loaded, some tile pair visible).
+    /// Where the backward keeps dS (its kernels loaded, some tile pair visible).
     tile_pairs: Option<TilePairs>,
     tokens: usize,
     q_heads: usize,
@@ -171,7 +175,7 @@ pub(crate) struct TrainAttention {
     head_dim: usize,
 }
 
-/// The numbered tile pairs of a sequence ([`KeySpans::tile_pairs`]), where the variant that
+/// The numbered tile pairs of a sequence ([`KeySpans::tile_pairs`]), where the backward that
 /// keeps dS stores each pair's dS.
 struct TilePairs {
     /// u32 `[T / 64, T / 64]` on the device.
@@ -463,7 +467,7 @@ impl TrainAttention {
         Ok([dq, dk, dv])
     }
 
-    /// The backward's variant that keeps dS ([`KEEP_DS_SWITCH`]): dK/dV, storing every dS tile
+    /// The backward that keeps dS ([`KEEP_DS_SWITCH`]): dK/dV, storing every dS tile
     /// in a buffer of this call, then dQ from the stored tiles and `k`. `inputs` are the default
     /// kernels'.
     fn gradients_keeping_ds(

@@ -4,7 +4,8 @@
 //! samples, GQA, partly filled tiles, skipped key tiles, queries that see nothing), in bf16 and
 //! f16, with both of its paths: per-warp mma.sync with ldmatrix, and Hopper's warpgroup wgmma
 //! reading B from 128-byte swizzled tiles through matrix descriptors (decoded by the emulation as
-//! the GPU does); and the backward's variant that keeps dS (`DICE_ATTENTION_KEEP_DS=1`). The GPU
+//! the GPU does); both backwards: dQ from kept dS (the default) and recomputed
+//! (`DICE_ATTENTION_KEEP_DS=0`). The GPU
 //! itself is checked against the composite path by `dice bench golden` and `tests/cuda.rs`.
 //!
 //! Needs a C++20 compiler (`$CXX`, else `g++`); without one the test fails.
