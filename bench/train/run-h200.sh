@@ -7,7 +7,8 @@
 # sft-nccl, sft-4b, sft-8b-offload, kernels-sft, kernels-1.7b, kernels-1.7b-step,
 # attention-detail-1.7b, wgmma-probe; all by default; golden-dq-recompute, tests-dq-recompute,
 # bench-1.7b-dq-recompute, bench-4b-dq-recompute and sft-nccl-dq-recompute run theirs with
-# DICE_ATTENTION_KEEP_DS=0: dQ recomputed, no dS kept)
+# DICE_ATTENTION_KEEP_DS=0: dQ recomputed, no dS kept; tests-dq-2-heads, bench-1.7b-dq-2-heads and
+# bench-4b-dq-2-heads with DICE_ATTENTION_DQ_HEADS=2: dQ from kept dS two query heads a CTA)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -45,6 +46,12 @@ if wanted tests-dq-recompute && [[ -f $DATA/model-tests.xz ]]; then
     --nocapture) >"$OUT/model-tests-dq-recompute.txt" 2>&1
   echo "model-tests-dq-recompute rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-tests-dq-recompute.txt"
 fi
+if wanted tests-dq-2-heads && [[ -f $DATA/model-tests.xz ]]; then
+  [[ -x /tmp/model-tests ]] || { unxz "$DATA/model-tests.xz" /tmp/model-tests && chmod +x /tmp/model-tests; }
+  (cd crates/dice-model && DICE_ATTENTION_DQ_HEADS=2 timeout 240 /tmp/model-tests cuda --test-threads 1 \
+    --nocapture) >"$OUT/model-tests-dq-2-heads.txt" 2>&1
+  echo "model-tests-dq-2-heads rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-tests-dq-2-heads.txt"
+fi
 if wanted wgmma-probe && [[ -f $DATA/wgmma-probe ]]; then
   timeout 60 "$DATA/wgmma-probe" >"$OUT/wgmma-probe.txt" 2>&1
   echo "wgmma-probe rc=$?" | tee -a "$OUT/steps.txt"; cat "$OUT/wgmma-probe.txt"
@@ -79,6 +86,10 @@ DICE_ATTENTION_KEEP_DS=0 run bench-1.7b-dq-recompute 240 bench train --config "$
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-dq-recompute.json"
 DICE_ATTENTION_KEEP_DS=0 run bench-4b-dq-recompute 240 bench train --config "$configs/sdar-4b.json" \
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b-dq-recompute.json"
+DICE_ATTENTION_DQ_HEADS=2 run bench-1.7b-dq-2-heads 240 bench train --config "$configs/sdar-1.7b.json" \
+  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-dq-2-heads.json"
+DICE_ATTENTION_DQ_HEADS=2 run bench-4b-dq-2-heads 240 bench train --config "$configs/sdar-4b.json" \
+  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b-dq-2-heads.json"
 run bench-4b 240 bench train --config "$configs/sdar-4b.json" --device cuda --dtype bf16 \
   --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b.json"
 run bench-8b 240 bench train --config "$configs/sdar-8b.json" --device cuda --dtype bf16 \

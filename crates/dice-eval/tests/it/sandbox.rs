@@ -40,7 +40,17 @@ fn evaluate(run: &Path, codes: Vec<Vec<u8>>, timeout_s: u64) -> Vec<SampleRecord
 
 /// The records of `codes` judged under `cfg` (a [`test_config`] of `run`).
 fn evaluate_with(run: &Path, cfg: EvalConfig, codes: Vec<Vec<u8>>) -> Vec<SampleRecord> {
-    let (problem, samples) = relu_problem_and_samples(RELU, codes, "sandbox test sample");
+    evaluate_problem(run, cfg, RELU, codes)
+}
+
+/// The records of `codes` judged under `cfg` as candidates of the problem `source`.
+fn evaluate_problem(
+    run: &Path,
+    cfg: EvalConfig,
+    source: &str,
+    codes: Vec<Vec<u8>>,
+) -> Vec<SampleRecord> {
+    let (problem, samples) = relu_problem_and_samples(source, codes, "sandbox test sample");
     dice_eval::evaluate(cfg, vec![problem], samples, None).unwrap();
     Store::open(&run.join("dice.db"))
         .unwrap()
@@ -430,12 +440,7 @@ fn timed_outputs_judged_by_samples_catch_what_whole_ones_do() {
         wrong_from("out.zero_()"),
         wrong_from("out[:, ::100] = -1.0"),
     ];
-    let (problem, samples) = relu_problem_and_samples(LARGE_RELU, codes, "sampled timed outputs");
-    dice_eval::evaluate(cfg, vec![problem], samples, None).unwrap();
-    let records = Store::open(&run.path().join("dice.db"))
-        .unwrap()
-        .samples()
-        .unwrap();
+    let records = evaluate_problem(run.path(), cfg, LARGE_RELU, codes);
     assert_eq!(records[0].verdict, Verdict::Correct, "{:?}", records[0]);
     assert!(records[0].flags.is_empty(), "{:?}", records[0]);
     for r in &records[1..] {

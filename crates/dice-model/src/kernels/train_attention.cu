@@ -45,7 +45,9 @@
 // default (DICE_ATTENTION_KEEP_DS=0 takes the two above), in place of the dQ kernel and after
 // its dK/dV kernel:
 //   train_attention_dkdv_keep_ds_*  train_attention_dkdv_* that also stores every dS tile
-//   train_attention_dq_from_ds_*    grid (query tiles, Hq): dQ += dS K from the stored tiles
+//   train_attention_dq_from_ds_*    grid (query tiles, Hq / heads): dQ += dS K from the stored
+//                                   tiles, for `heads` query heads of one GQA group at once
+//                                   (dq_from_ds_heads)
 
 #ifndef HEAD_DIM
 #error "compile with -DHEAD_DIM=<head dim>"
@@ -107,8 +109,19 @@ __device__ __forceinline__ int staged_offset(int row, int chunk) {
 #define DKDV_SHARED_BYTES (2 * TILE_HALVES * 2 + 2 * QUERY_BUFFER_BYTES)
 // Two K and two V tiles of the forward and dQ kernels' key pipeline.
 #define KEY_PIPELINE_SHARED_BYTES (4 * TILE_HALVES * 2)
-// Two K and two dS^T tiles of the dQ kernel from kept dS (train_attention_dq_from_ds).
-#define DQ_FROM_DS_SHARED_BYTES (2 * (TILE_HALVES + TILE * TILE) * 2)
+// Query heads of one GQA group that a CTA of the dQ kernel from kept dS takes at once, when
+// the group's size is a multiple of it (else 1; dq_from_ds_heads): their K tile, the same for
+// all, is staged once instead of once a head (the kernel is bound by its reads). Each head
+// takes a dQ accumulator (64 registers a thread at head dim 128): 2 take 196 registers on
+// sm_90a at head dim 128 against 121 for 1, no spills (2 CTAs an SM instead of 4; held to 3,
+// it spills and ptxas serializes the wgmmas). train_attention.rs sets it (1 unless
+// DICE_ATTENTION_DQ_HEADS=2) until the two are measured beside each other.
+#ifndef DQ_FROM_DS_MAX_HEADS
+#define DQ_FROM_DS_MAX_HEADS 1
+#endif
+// Two buffers of the dQ kernel from kept dS (train_attention_dq_from_ds), each a K tile and
+// DQ_FROM_DS_MAX_HEADS dS^T tiles.
+#define DQ_FROM_DS_SHARED_BYTES (2 * (TILE_HALVES + DQ_FROM_DS_MAX_HEADS * TILE * TILE) * 2)
 
 __device__ __forceinline__ bool in_range(unsigned int key, unsigned int begin, unsigned int end) {
     return key >= begin && key < end;
@@ -811,29 +824,43 @@ __device__ __forceinline__ void load_ds_rows(const unsigned short* tile,
                                                            2 * warp + (matrix & 1)));
 }
 
-// dQ from kept dS (after its dK/dV kernel): per query tile and head, dQ += dS K over the
-// visible key tiles, the K and stored dS tiles double-buffered, written as query_gradients
-// writes it. A single product: dS as A fragments (so that both paths share it), K as B.
-template <typename T>
+// Query heads a CTA of the dQ kernel from kept dS takes: DQ_FROM_DS_MAX_HEADS when the GQA
+// group's size is a multiple of it, else 1 (train_attention.rs launches Hq / heads CTAs along y).
+__device__ __forceinline__ int dq_from_ds_heads(int q_heads, int kv_heads) {
+    return q_heads / kv_heads % DQ_FROM_DS_MAX_HEADS == 0 ? DQ_FROM_DS_MAX_HEADS : 1;
+}
+
+// dQ from kept dS (after its dK/dV kernel): per query tile and `heads` query heads of one GQA
+// group (dq_from_ds_heads), dQ += dS K over the visible key tiles, the K tile (staged once for
+// the heads, which share it) and the heads' stored dS tiles double-buffered, written as
+// query_gradients writes it. A single product per head: dS as A fragments (so that both paths
+// share it), K as B. `heads` is a template argument: the accumulators are register arrays, and
+// wgmmas issued under a run-time condition make ptxas wait on each one (C7517).
+template <typename T, int heads>
 __device__ void query_gradients_from_ds(const T* __restrict__ k, const T* __restrict__ ds,
                                         const unsigned int* __restrict__ tile_spans,
                                         const unsigned int* __restrict__ tile_order,
                                         const unsigned int* __restrict__ pair_index,
                                         T* __restrict__ dq, int tokens, int q_heads,
                                         int kv_heads, float scale) {
-    const int q_tile = tile_order[blockIdx.x], head = blockIdx.y;
-    const int kv_head = head / (q_heads / kv_heads);
+    const int q_tile = tile_order[blockIdx.x], first_head = blockIdx.y * heads;
+    const int kv_head = first_head / (q_heads / kv_heads);
     const int tiles = (tokens + TILE - 1) / TILE;
     const unsigned int* tile_span = tile_spans + TILE_SPAN_WORDS * q_tile;
     const T* k_head = k + (size_t)kv_head * tokens * HEAD_DIM;
-    // Buffer b: a K tile, then a dS^T tile (on the wgmma path 1,024-byte aligned, as B is).
+    // Buffer b: a K tile, then a dS^T tile per head (on the wgmma path 1,024-byte aligned, as B
+    // is).
     const auto k_tile = [&](int buffer) {
         return reinterpret_cast<unsigned short*>(dynamic_shared_memory) +
-               buffer * (TILE_HALVES + TILE * TILE);
+               buffer * (TILE_HALVES + heads * TILE * TILE);
     };
-    const auto ds_tile = [&](int buffer) { return k_tile(buffer) + TILE_HALVES; };
-    float acc[HEAD_DIM / 8][4];
-    zero(acc);
+    const auto ds_tile = [&](int buffer, int h) {
+        return k_tile(buffer) + TILE_HALVES + h * TILE * TILE;
+    };
+    // The loops over heads unrolled, or the per-head arrays go to local memory.
+    float acc[heads][HEAD_DIM / 8][4];
+#pragma unroll
+    for (auto& head_acc : acc) zero(head_acc);
     pipelined(
         tiles,
         [&](int from) {
@@ -843,19 +870,27 @@ __device__ void query_gradients_from_ds(const T* __restrict__ k, const T* __rest
         },
         [&](int t, int buffer) {
             stage_rows(k_tile(buffer), k_head, HEAD_DIM, t * TILE, tokens - t * TILE);
-            stage_kept_ds(ds_tile(buffer),
-                          ds + kept_ds_offset(pair_index[q_tile * tiles + t], head, q_heads));
+            const unsigned int pair = pair_index[q_tile * tiles + t];
+            for (int h = 0; h < heads; ++h)
+                stage_kept_ds(ds_tile(buffer, h),
+                              ds + kept_ds_offset(pair, first_head + h, q_heads));
             cp_async_commit();
         },
         [&](int, int buffer) {
-            unsigned int dsa[TILE / 16][4];
-            load_ds_rows(ds_tile(buffer), dsa);
-            issue_accumulate_rows<T, TILE>(dsa, k_tile(buffer), acc);
+            // The heads' products in flight together, each on its own accumulator.
+            unsigned int dsa[heads][TILE / 16][4];
+#pragma unroll
+            for (int h = 0; h < heads; ++h) {
+                load_ds_rows(ds_tile(buffer, h), dsa[h]);
+                issue_accumulate_rows<T, TILE>(dsa[h], k_tile(buffer), acc[h]);
+            }
             settle<0>(acc, dsa);
         });
     const float factor[2] = {scale, scale};
-    store_rows(acc, factor, dq + (size_t)head * tokens * HEAD_DIM, HEAD_DIM,
-               q_tile * TILE + 16 * (threadIdx.x / 32), tokens);
+#pragma unroll
+    for (int h = 0; h < heads; ++h)
+        store_rows(acc[h], factor, dq + (size_t)(first_head + h) * tokens * HEAD_DIM, HEAD_DIM,
+                   q_tile * TILE + 16 * (threadIdx.x / 32), tokens);
 }
 
 #define TRAIN_ATTENTION_KERNELS(TYPE, NAME)                                                      \
@@ -899,8 +934,13 @@ __device__ void query_gradients_from_ds(const T* __restrict__ k, const T* __rest
         const TYPE* k, const TYPE* ds, const unsigned int* tile_spans,                         \
         const unsigned int* tile_order, const unsigned int* pair_index, TYPE* dq, int tokens,  \
         int q_heads, int kv_heads, float scale) {                                              \
-        query_gradients_from_ds<TYPE>(k, ds, tile_spans, tile_order, pair_index, dq, tokens,   \
-                                      q_heads, kv_heads, scale);                               \
+        if (dq_from_ds_heads(q_heads, kv_heads) == DQ_FROM_DS_MAX_HEADS)                       \
+            query_gradients_from_ds<TYPE, DQ_FROM_DS_MAX_HEADS>(                               \
+                k, ds, tile_spans, tile_order, pair_index, dq, tokens, q_heads, kv_heads,      \
+                scale);                                                                        \
+        else                                                                                   \
+            query_gradients_from_ds<TYPE, 1>(k, ds, tile_spans, tile_order, pair_index, dq,    \
+                                             tokens, q_heads, kv_heads, scale);                \
     }
 
 TRAIN_ATTENTION_KERNELS(bf16_t, bf16)

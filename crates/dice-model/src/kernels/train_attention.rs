@@ -65,11 +65,40 @@ fn key_pipeline_shared_bytes(head_dim: usize) -> usize {
     4 * tile_halves(head_dim) * 2
 }
 
-/// Dynamic shared memory of `train_attention_dq_from_ds_*` (`DQ_FROM_DS_SHARED_BYTES`): two K
-/// tiles and two 64 × 64 dS tiles, the next pair's copy in flight while the warps compute on the
-/// other.
+/// The environment variable that sets how many query heads of one GQA group a CTA of
+/// `train_attention_dq_from_ds_*` takes at once when the group's size is a multiple of it
+/// (`DQ_FROM_DS_MAX_HEADS`, compiled in): `2` shares the staged K tile between two heads (196
+/// registers instead of 121 at head dim 128 on sm_90a: 2 CTAs an SM instead of 4); anything
+/// else, 1 (the measured default) until the two are measured beside each other. Read once.
+const DQ_HEADS_SWITCH: &str = "DICE_ATTENTION_DQ_HEADS";
+
+fn dq_from_ds_max_heads() -> usize {
+    static HEADS: OnceLock<usize> = OnceLock::new();
+    *HEADS.get_or_init(|| {
+        if std::env::var(DQ_HEADS_SWITCH).is_ok_and(|v| v.trim() == "2") {
+            2
+        } else {
+            1
+        }
+    })
+}
+
+/// Query heads a CTA of `train_attention_dq_from_ds_*` takes (`dq_from_ds_heads`): its grid is
+/// (query tiles, Hq / this).
+fn dq_from_ds_heads(q_heads: usize, kv_heads: usize) -> usize {
+    let max = dq_from_ds_max_heads();
+    if (q_heads / kv_heads).is_multiple_of(max) {
+        max
+    } else {
+        1
+    }
+}
+
+/// Dynamic shared memory of `train_attention_dq_from_ds_*` (`DQ_FROM_DS_SHARED_BYTES`): two
+/// buffers of a K tile and a 64 × 64 dS tile per query head it takes at most, the next pair's
+/// copy in flight while the warps compute on the other.
 fn dq_from_ds_shared_bytes(head_dim: usize) -> usize {
-    2 * (tile_halves(head_dim) + TILE * TILE) * 2
+    2 * (tile_halves(head_dim) + dq_from_ds_max_heads() * TILE * TILE) * 2
 }
 
 /// The environment variable that chooses how the backward makes dQ. By default the dK/dV kernel
@@ -108,8 +137,11 @@ struct Loaded([DtypeKernels; 2]);
 
 static LOADED: PerDevice<usize, Loaded> = PerDevice::new();
 
-pub(super) fn compile_options(head_dim: usize) -> [String; 1] {
-    [format!("-DHEAD_DIM={head_dim}")]
+pub(super) fn compile_options(head_dim: usize) -> [String; 2] {
+    [
+        format!("-DHEAD_DIM={head_dim}"),
+        format!("-DDQ_FROM_DS_MAX_HEADS={}", dq_from_ds_max_heads()),
+    ]
 }
 
 fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
@@ -509,7 +541,10 @@ impl TrainAttention {
             self.launch(
                 &kernels.dq,
                 (
-                    (q_tiles, self.q_heads),
+                    (
+                        q_tiles,
+                        self.q_heads / dq_from_ds_heads(self.q_heads, self.kv_heads),
+                    ),
                     dq_from_ds_shared_bytes(self.head_dim),
                 ),
                 &[

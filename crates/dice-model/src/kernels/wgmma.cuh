@@ -67,6 +67,13 @@ template <int n> __device__ __forceinline__ void pin(unsigned int (&a)[n][4]) {
         for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
 }
 
+// The same for one accumulator or set of A fragments per query head (several products in
+// flight together).
+template <int heads, int n, typename Word>
+__device__ __forceinline__ void pin(Word (&per_head)[heads][n][4]) {
+    for (auto& operand : per_head) pin(operand);
+}
+
 #define WGMMA_ACC8(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 #define WGMMA_ACC32() WGMMA_ACC8(0), WGMMA_ACC8(1), WGMMA_ACC8(2), WGMMA_ACC8(3)
 #define WGMMA_ACC64() WGMMA_ACC32(), WGMMA_ACC8(4), WGMMA_ACC8(5), WGMMA_ACC8(6), WGMMA_ACC8(7)

@@ -15,13 +15,15 @@ fn train_attention_kernels_match_direct_attention_and_gradients_on_the_cpu() {
     // The portable path at the tiny golden model's head dim and the real models'; the wgmma
     // path (head dims of whole 128-byte rows) at the real models' (two swizzled atoms a row) and
     // at 64 (one atom). The emulation runs a wgmma only when a wait completes it, so a product
-    // read or changed before its wait fails here.
-    for (head_dim, wgmma) in [(16, 0), (128, 0), (128, 1), (64, 1)] {
+    // read or changed before its wait fails here. dQ from kept dS takes one query head a CTA or
+    // two of a GQA group (DICE_ATTENTION_DQ_HEADS), each on both paths.
+    for (head_dim, wgmma, dq_heads) in [(16, 0, 2), (128, 0, 1), (128, 1, 2), (64, 1, 1)] {
         crate::common::run_emulated_kernel_check(
             "check_train_attention.cpp",
             &[
                 format!("-DHEAD_DIM={head_dim}"),
                 format!("-DTRAIN_ATTENTION_WGMMA={wgmma}"),
+                format!("-DDQ_FROM_DS_MAX_HEADS={dq_heads}"),
             ],
         );
     }

@@ -6,8 +6,9 @@
 // checked: the one that recomputes S and dP for dQ (DICE_ATTENTION_KEEP_DS=0) and the default that
 // keeps dS (dK/dV storing every dS tile, then dQ from them): its dQ against the same reference,
 // its dK and dV against the other's, bit for bit.
-// Build: g++ -std=c++20 -DHEAD_DIM=<d> [-DTRAIN_ATTENTION_WGMMA=1] check_train_attention.cpp
-// (the second for the wgmma path); exits non-zero on a mismatch.
+// Build: g++ -std=c++20 -DHEAD_DIM=<d> [-DTRAIN_ATTENTION_WGMMA=1] [-DDQ_FROM_DS_MAX_HEADS=2]
+// check_train_attention.cpp (the second for the wgmma path, the third for dQ from kept dS two
+// query heads a CTA); exits non-zero on a mismatch.
 #include "cuda_emulation.h"
 #include "../../src/kernels/train_attention.cu"
 
@@ -182,7 +183,7 @@ template <typename T> Errors run(const Case& c) {
                                  lse.data(), delta.data(), pair_index.data(), kept_dk.data(),
                                  kept_dv.data(), ds.data(), N, Hq, Hkv, scale);
     });
-    launch({q_tiles, (unsigned)Hq, 1}, THREADS, [&] {
+    launch({q_tiles, (unsigned)(Hq / dq_from_ds_heads(Hq, Hkv)), 1}, THREADS, [&] {
         Kernels<T>::dq_from_ds(k.data(), ds.data(), ts, to, pair_index.data(), kept_dq.data(), N,
                                Hq, Hkv, scale);
     });
@@ -261,6 +262,7 @@ int main() {
         {4, 4, {70}, 4, 3},             // key tiles skipped, queries that see nothing
         {2, 1, {33, 20, 9}, 2, 0},      // block size 2, samples not a multiple of it
         {2, 1, {200}, 4, 0},            // key tiles every query of a tile sees (no per-key test)
+        {6, 2, {30}, 4, 0},             // GQA groups of 3: dQ from kept dS a head a CTA
     };
     // Outputs: f32 accumulation, probabilities rounded to the dtype for P V, then the output
     // (bf16 2^-8, f16 2^-11). Gradients round P and dS to the dtype as well, and sum them over
