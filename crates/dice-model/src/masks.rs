@@ -265,7 +265,7 @@ impl KeySpans {
 
     /// The numbers of the (query tile, key tile) pairs that the training attention computes,
     /// for tile bounds `bounds` ([`KeySpans::tile_bounds`]) of `tokens` queries: pairs whose key
-    /// tile meets either hull (`tile_pair_visible` of `train_attention.cu`, the last key tile
+    /// tile meets either hull (`next_visible_key_tile` of `train_attention.cu`, the last key tile
     /// ending at `tokens`), numbered query tile by query tile in key order, at
     /// `[query tile * tiles + key tile]` (`u32::MAX` for the others); and how many. The
     /// backward that keeps dS stores each pair's dS tile at its number.

@@ -147,12 +147,16 @@ __device__ __forceinline__ bool tile_meets(const unsigned int* __restrict__ tile
            ((int)tile_span[2] < end && (int)tile_span[3] > first);
 }
 
-// Whether key tile `key_tile` meets either range of a query tile's tile_spans: the pairs of
-// tiles that the forward and dQ kernels compute and dK/dV's, and whose dS the backward keeps
-// (train_attention.rs numbers them alike, KeySpans::tile_pairs).
-__device__ __forceinline__ bool tile_pair_visible(const unsigned int* __restrict__ tile_span,
-                                                  int key_tile, int tokens) {
-    return tile_meets(tile_span, key_tile * TILE, min(key_tile * TILE + TILE, tokens));
+// The first key tile from `from` on that meets either range of a query tile's tile_spans, or
+// the number of tiles: the pairs of tiles that the forward and dQ kernels compute and dK/dV's,
+// and whose dS the backward keeps (train_attention.rs numbers them alike,
+// KeySpans::tile_pairs).
+__device__ __forceinline__ int next_visible_key_tile(const unsigned int* __restrict__ tile_span,
+                                                     int from, int tokens) {
+    const int tiles = (tokens + TILE - 1) / TILE;
+    for (int t = from; t < tiles; ++t)
+        if (tile_meets(tile_span, t * TILE, min(t * TILE + TILE, tokens))) return t;
+    return tiles;
 }
 
 // Rows first..first + TILE - 1 of src (rows `row_stride` elements apart) into a staged tile by
@@ -396,11 +400,7 @@ __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __re
     const int tiles = (tokens + TILE - 1) / TILE;
     pipelined(
         tiles,
-        [&](int from) {
-            for (int t = from; t < tiles; ++t)
-                if (tile_pair_visible(tile_span, t, tokens)) return t;
-            return tiles;
-        },
+        [&](int from) { return next_visible_key_tile(tile_span, from, tokens); },
         [&](int t, int buffer) {
             const int key = t * TILE;
             stage_rows(kv + 2 * buffer * TILE_HALVES, k_head, HEAD_DIM, key, tokens - key);
@@ -749,7 +749,7 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
     pipelined(
         items,
         [&](int from) {
-            // tile_pair_visible(tile span, key_tile, tokens), the key tile's bounds computed once.
+            // next_visible_key_tile's test, the key tile's bounds computed once.
             for (int i = from; i < items; ++i)
                 if (tile_meets(tile_spans + TILE_SPAN_WORDS * (i % q_tiles), key_first, key_end))
                     return i;
@@ -863,11 +863,7 @@ __device__ void query_gradients_from_ds(const T* __restrict__ k, const T* __rest
     for (auto& head_acc : acc) zero(head_acc);
     pipelined(
         tiles,
-        [&](int from) {
-            for (int t = from; t < tiles; ++t)
-                if (tile_pair_visible(tile_span, t, tokens)) return t;
-            return tiles;
-        },
+        [&](int from) { return next_visible_key_tile(tile_span, from, tokens); },
         [&](int t, int buffer) {
             stage_rows(k_tile(buffer), k_head, HEAD_DIM, t * TILE, tokens - t * TILE);
             const unsigned int pair = pair_index[q_tile * tiles + t];
