@@ -539,78 +539,121 @@ class Unacceptable(ValueError):
     """A published file the judge will not read: the candidate's failure, never the judge's."""
 
 
-def read_published(path, limit, samples=False):
-    """The tensors of a file a candidate published (and its `Sample`s where `samples` allows
-    them), read into this process's memory;
-    Unacceptable when the path is not a regular file of its folder's owner or holds more than
-    `limit` bytes, ValueError when malformed. The writer is not trusted: the file is opened without
-    following a link and without blocking (a FIFO would hold the judge until its timeout), and read
-    once, so that a file changed or truncated meanwhile cannot crash the judge the way a mapping of
-    it would; every size is checked against the bytes read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise Unacceptable("the published output is a symbolic link") from None
-        raise Unacceptable(f"the published output cannot be opened: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Unacceptable(f"the published output is not a regular file (mode {stat.filemode(st.st_mode)})")
-        if st.st_uid != os.stat(os.path.dirname(path)).st_uid:
-            raise Unacceptable("the published output belongs to another user than the program's")
-        if st.st_size > limit:
-            raise Unacceptable(f"the published output has {st.st_size} bytes, far more than the reference's outputs")
-        data = bytearray(st.st_size)
-        view = memoryview(data)
+class PublishedFile:
+    """A file a candidate published, opened for the judge and read once, front to back: its
+    layout from the header (every size checked against the file's), then each tensor's bytes as
+    asked (`read_whole`, or `read_chunks` a part at a time, so that a judge comparing a multi-GB
+    output holds one chunk of it instead of all of it). The writer is not trusted: the file is
+    opened without following a link and without blocking (a FIFO would hold the judge until its
+    timeout), must be a regular file of its folder's owner of at most `limit` bytes, and is read
+    (never mapped), so that a file changed or truncated meanwhile cannot crash the judge; a read
+    that comes short is Unacceptable. Malformed layouts are ValueErrors; `Sample`s are accepted
+    only where `samples` allows them."""
+
+    def __init__(self, path, limit, samples=False):
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise Unacceptable("the published output is a symbolic link") from None
+            raise Unacceptable(f"the published output cannot be opened: {e.strerror}") from None
+        try:
+            st = os.fstat(self.fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise Unacceptable(f"the published output is not a regular file (mode {stat.filemode(st.st_mode)})")
+            if st.st_uid != os.stat(os.path.dirname(path)).st_uid:
+                raise Unacceptable("the published output belongs to another user than the program's")
+            if st.st_size > limit:
+                raise Unacceptable(f"the published output has {st.st_size} bytes, far more than the reference's outputs")
+            self.layout = self._read_layout(st.st_size, samples)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+    def _read_into(self, view):
         done = 0
-        while done < len(data):
-            n = os.readv(fd, [view[done:]])
+        while done < len(view):
+            n = os.readv(self.fd, [view[done:]])
             if n == 0:
                 raise Unacceptable("the published output shrank while the judge read it")
             done += n
-    finally:
-        os.close(fd)
-    return parse_published(data, samples)
 
+    def _read(self, nbytes):
+        data = bytearray(nbytes)
+        self._read_into(memoryview(data))
+        return data
 
-def parse_published(data, samples=False):
-    """The tensors of published bytes (a bytearray, which they share), and `Sample`s where
-    `samples` allows them; ValueError when malformed."""
-    size = len(data)
-    length = int.from_bytes(data[:8], "little")
-    if not 0 < length <= HEADER_BYTES_MAX or 8 + length > size:
-        raise ValueError("bad header length")
-    header = json.loads(bytes(data[8 : 8 + length]))
-    if not isinstance(header, list):
-        raise ValueError("the header is not a list")
-    layout = []
-    offset = 8 + length
-    for entry in header:
-        dtype = PUBLISHED_DTYPES.get(entry.get("dtype")) if isinstance(entry, dict) else None
-        shape = entry.get("shape") if dtype is not None else None
-        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-            raise ValueError("bad tensor entry in the header")
-        sampled = entry.get("sampled")
-        if sampled is not None and not (samples and type(sampled) is int and sampled > 0):
-            raise ValueError("a sample of an output where the whole output was asked for" if not samples else "bad sample entry in the header")
-        values = torch.Size(shape).numel() if sampled is None else sampled
-        layout.append((dtype, shape, offset, sampled))
-        offset += values * dtype.itemsize + (0 if sampled is None else sampled * 8)
-    if offset != size:
-        raise ValueError(f"the header describes {offset} bytes, the file has {size}")
+    def _read_layout(self, size, samples):
+        """[(dtype, shape, sampled)] of the header, which must describe `size` bytes in all."""
+        if size < 8:
+            raise ValueError("bad header length")
+        length = int.from_bytes(self._read(8), "little")
+        if not 0 < length <= HEADER_BYTES_MAX or 8 + length > size:
+            raise ValueError("bad header length")
+        header = json.loads(bytes(self._read(length)))
+        if not isinstance(header, list):
+            raise ValueError("the header is not a list")
+        layout = []
+        offset = 8 + length
+        for entry in header:
+            dtype = PUBLISHED_DTYPES.get(entry.get("dtype")) if isinstance(entry, dict) else None
+            shape = entry.get("shape") if dtype is not None else None
+            if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+                raise ValueError("bad tensor entry in the header")
+            sampled = entry.get("sampled")
+            if sampled is not None and not (samples and type(sampled) is int and sampled > 0):
+                raise ValueError("a sample of an output where the whole output was asked for" if not samples else "bad sample entry in the header")
+            values = torch.Size(shape).numel() if sampled is None else sampled
+            layout.append((dtype, shape, sampled))
+            offset += values * dtype.itemsize + (0 if sampled is None else sampled * 8)
+        if offset != size:
+            raise ValueError(f"the header describes {offset} bytes, the file has {size}")
+        return layout
 
-    def tensor(dtype, shape, at):
+    def _tensor(self, dtype, shape):
         nbytes = torch.Size(shape).numel() * dtype.itemsize
         if nbytes == 0:
             return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(data, dtype=torch.uint8, count=nbytes, offset=at).view(dtype).reshape(shape)
+        return torch.frombuffer(self._read(nbytes), dtype=torch.uint8).view(dtype).reshape(shape)
 
-    tensors = []
-    for dtype, shape, at, sampled in layout:
+    def read_whole(self, entry):
+        """The next entry of the layout, whole: a tensor, or a `Sample`."""
+        dtype, shape, sampled = entry
         if sampled is None:
-            tensors.append(tensor(dtype, shape, at))
-        else:
-            positions = tensor(torch.int64, [sampled], at)
-            tensors.append(Sample(shape, positions, tensor(dtype, [sampled], at + sampled * 8)))
-    return tensors
+            return self._tensor(dtype, shape)
+        positions = self._tensor(torch.int64, [sampled])
+        return Sample(shape, positions, self._tensor(dtype, [sampled]))
+
+    def read_chunks(self, entry, elements, pinned):
+        """The next entry of the layout (a tensor's, not a sample's), flat, `elements` values at a
+        time, each chunk in the same buffer (page-locked where `pinned` and CUDA allow): a chunk
+        is valid until the next is read."""
+        dtype, shape, _ = entry
+        numel = torch.Size(shape).numel()
+        step = min(elements, numel) * dtype.itemsize
+        buffer = None
+        if pinned and step:
+            try:
+                buffer = torch.empty(step, dtype=torch.uint8, pin_memory=True)
+            except Exception:  # no CUDA host allocation here: pageable then
+                buffer = None
+        if buffer is None:
+            buffer = torch.empty(step, dtype=torch.uint8)
+        view = memoryview(buffer.numpy())
+        for start in range(0, numel, elements):
+            nbytes = min(elements, numel - start) * dtype.itemsize
+            self._read_into(view[:nbytes])
+            yield buffer[:nbytes].view(dtype)
+
+
+def read_published(path, limit, samples=False):
+    """The tensors of a file a candidate published (and its `Sample`s where `samples` allows
+    them), read whole into this process's memory (`PublishedFile`)."""
+    with PublishedFile(path, limit, samples) as published:
+        return [published.read_whole(entry) for entry in published.layout]

@@ -407,7 +407,11 @@ def input_mutation(pristine, path, trial):
 
 class Judge:
     """Compares on the evaluation device, a chunk at a time: multi-GB outputs take seconds per
-    trial on the CPU, and whole-tensor float copies of them may not fit beside other processes."""
+    trial on the CPU, and whole-tensor float copies of them may not fit beside other processes.
+    The published output is read a chunk at a time too, into one page-locked buffer on a CUDA
+    device (`protocol.PublishedFile.read_chunks`): a whole 8.6 GB output read at once held as
+    much host memory again per judge, beside the expected outputs it keeps on the host, and went
+    up to the device from pageable memory (bench/notes/eval-h200.md, session 29)."""
 
     def __init__(self, expected, atol, rtol, device):
         self.expected = expected
@@ -428,37 +432,49 @@ class Judge:
         # The format's header, and slack for a candidate whose outputs are wider than the reference's.
         limit = 2 * sum(t.numel() * t.element_size() for t in expected) + (1 << 20)
         try:
-            got = protocol.read_published(path, limit, samples)
+            published = protocol.PublishedFile(path, limit, samples)
         except protocol.Unacceptable as e:
             return verdict("runtime_error", str(e))
         except Exception as e:
             return verdict("runtime_error", "unreadable published output: " + one_line(e))
-        if len(got) != len(expected):
-            return verdict("shape_mismatch", f"expected {len(expected)} output tensors, got {len(got)}")
-        worst_abs = worst_rel = 0.0
-        failure = None
-        for ref, new in zip(expected, got):
-            if tuple(ref.shape) != tuple(new.shape):
-                return verdict("shape_mismatch", f"output shape mismatch: expected {tuple(ref.shape)}, got {tuple(new.shape)}")
-            if isinstance(new, protocol.Sample):
-                ref, new = sampled_pair(ref, new)
-                if new is None:
-                    return ref
-            outcome = self.compare(ref, new)
-            worst_abs = max(worst_abs, outcome["max_abs"])
-            worst_rel = max(worst_rel, outcome["max_rel"])
-            if outcome["verdict"] != "ok" and failure is None:
-                failure = outcome
+        with published:
+            layout = published.layout
+            if len(layout) != len(expected):
+                return verdict("shape_mismatch", f"expected {len(expected)} output tensors, got {len(layout)}")
+            for ref, (_, shape, _) in zip(expected, layout):
+                if tuple(ref.shape) != tuple(shape):
+                    return verdict("shape_mismatch", f"output shape mismatch: expected {tuple(ref.shape)}, got {tuple(shape)}")
+            try:
+                outcomes = [self._compare_entry(ref, entry, published) for ref, entry in zip(expected, layout)]
+            except protocol.Unacceptable as e:
+                return verdict("runtime_error", str(e))
+        worst_abs = max((o["max_abs"] for o in outcomes), default=0.0)
+        worst_rel = max((o["max_rel"] for o in outcomes), default=0.0)
+        failure = next((o for o in outcomes if o["verdict"] != "ok"), None)
         if failure is None:
             return dict(verdict("ok", None), max_abs=worst_abs, max_rel=worst_rel)
         return dict(failure, max_abs=worst_abs, max_rel=worst_rel)
 
-    def compare(self, ref, new):
-        same_dtype = new.dtype == ref.dtype
-        ref, new = ref.reshape(-1), new.reshape(-1)
+    def _compare_entry(self, ref, entry, published):
+        """The comparison of the published file's next entry with `ref`: a tensor read and
+        compared a chunk at a time, a sample whole."""
+        if entry[2] is not None:
+            ref, values = sampled_pair(ref, published.read_whole(entry))
+            if values is None:
+                return dict(ref, max_abs=0.0, max_rel=0.0)
+            return self.compare(ref, values.dtype, lambda start, n: values[start : start + n])
+        chunks = published.read_chunks(entry, COMPARE_CHUNK, pinned=self.device.type == "cuda")
+        return self.compare(ref, entry[0], lambda start, n: next(chunks))
+
+    def compare(self, ref, dtype, chunk):
+        """`ref` against a candidate's tensor of `dtype` whose flat values `chunk(start, n)` gives,
+        COMPARE_CHUNK at a time in order."""
+        same_dtype = dtype == ref.dtype
+        ref = ref.reshape(-1)
         total = Comparison()
         for start in range(0, ref.numel(), COMPARE_CHUNK):
-            r, n = ref[start : start + COMPARE_CHUNK], new[start : start + COMPARE_CHUNK]
+            r = ref[start : start + COMPARE_CHUNK]
+            n = chunk(start, r.numel())
             try:
                 part = self._compare(r.to(self.device), n.to(self.device), same_dtype)
             except torch.OutOfMemoryError:
@@ -469,7 +485,7 @@ class Judge:
         if total.spoiled:
             return dict(verdict("nan_or_inf", f"{total.spoiled} non-finite values where the reference is finite"), **errors)
         if not same_dtype:
-            return dict(verdict("output_mismatch", f"output dtype {new.dtype}, expected {ref.dtype}"), **errors)
+            return dict(verdict("output_mismatch", f"output dtype {dtype}, expected {ref.dtype}"), **errors)
         if not total.close:
             message = f"max abs error {total.max_abs:.6g}, max rel error {total.max_rel:.6g}"
             return dict(verdict("output_mismatch", message), **errors)
