@@ -158,7 +158,11 @@ for s in "$@"; do
     q-batch) [[ -d $runs/q-batch ]] || rm -rf "$cache"
       python3 bench/eval/pairs_with_identity.py tests/data/dice/kernel_infilling_evaluation.json "$runs/pairs_identity.json"
       step q-batch 600 --pairs "$runs/pairs_identity.json" --runs-per-device 8
-      python3 bench/eval/identity_spread.py "$runs/q-batch/dice.db" | tee -a "$OUT/steps.txt" ;;
+      python3 bench/eval/identity_spread.py "$runs/q-batch/dice.db" | tee -a "$OUT/steps.txt"
+      # Outcomes per minute (UTC), over every call of the step so far: where the batch slows.
+      python3 -c 'import collections, sqlite3, sys
+m = collections.Counter(r[0][11:16] for r in sqlite3.connect(sys.argv[1]).execute("select evaluated_at from samples"))
+print("\n".join(f"{k}|{m[k]}" for k in sorted(m)))' "$runs/q-batch/dice.db" >"$OUT/q-batch-per-minute.txt" ;;
     # The identity candidates alone (no build in the batch): with 8 runs per device as a cold
     # batch runs them, the same without starting the next candidates' processes during a
     # candidate's run (look-ahead starts CUDA contexts while others are timed), and one at a time.
