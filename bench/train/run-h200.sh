@@ -27,31 +27,26 @@ source bench/h200-steps.sh "$@"
 run golden 120 bench golden --golden tests/data/sdar/golden/formula --device cuda --dtype bf16
 DICE_ATTENTION_KEEP_DS=0 run golden-dq-recompute 120 bench golden --golden tests/data/sdar/golden/formula \
   --device cuda --dtype bf16
-# dice-model's CUDA tests (fused SFT step against the CPU's composite one) and its unit tests
-# (NVRTC builds every kernel; with --include-ignored their GPU checks run too), where their
-# binaries were carried.
-if wanted tests && [[ -f $DATA/model-tests.xz ]]; then
-  unxz "$DATA/model-tests.xz" /tmp/model-tests && chmod +x /tmp/model-tests
+# dice-model's CUDA tests (fused SFT step against the CPU's composite one), where their binary was
+# carried: step NAME, output model-NAME.txt, run with the environment ENV=VALUE... given.
+model_tests() {
+  local name=$1; shift
+  wanted "$name" && [[ -f $DATA/model-tests.xz ]] || return 0
+  [[ -x /tmp/model-tests ]] || { unxz "$DATA/model-tests.xz" /tmp/model-tests && chmod +x /tmp/model-tests; }
+  (cd crates/dice-model && env "$@" timeout 240 /tmp/model-tests cuda --test-threads 1 --nocapture) \
+    >"$OUT/model-$name.txt" 2>&1
+  echo "model-$name rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-$name.txt"
+}
+model_tests tests
+model_tests tests-dq-recompute DICE_ATTENTION_KEEP_DS=0
+model_tests tests-dq-2-heads DICE_ATTENTION_DQ_HEADS=2
+# Its unit tests (NVRTC builds every kernel; with --include-ignored their GPU checks run too).
+if wanted tests && [[ -f $DATA/model-lib-tests.xz ]]; then
   unxz "$DATA/model-lib-tests.xz" /tmp/model-lib-tests && chmod +x /tmp/model-lib-tests
-  (cd crates/dice-model && timeout 240 /tmp/model-tests cuda --test-threads 1 --nocapture) \
-    >"$OUT/model-tests.txt" 2>&1
-  echo "model-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-tests.txt"
   (cd crates/dice-model && timeout 120 /tmp/model-lib-tests kernels --include-ignored) >"$OUT/model-lib-tests.txt" 2>&1
   echo "model-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/model-lib-tests.txt"
 fi
 # Which order of a wgmma descriptor's two strides reads our staged tiles (wgmma.cuh).
-if wanted tests-dq-recompute && [[ -f $DATA/model-tests.xz ]]; then
-  [[ -x /tmp/model-tests ]] || { unxz "$DATA/model-tests.xz" /tmp/model-tests && chmod +x /tmp/model-tests; }
-  (cd crates/dice-model && DICE_ATTENTION_KEEP_DS=0 timeout 240 /tmp/model-tests cuda --test-threads 1 \
-    --nocapture) >"$OUT/model-tests-dq-recompute.txt" 2>&1
-  echo "model-tests-dq-recompute rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-tests-dq-recompute.txt"
-fi
-if wanted tests-dq-2-heads && [[ -f $DATA/model-tests.xz ]]; then
-  [[ -x /tmp/model-tests ]] || { unxz "$DATA/model-tests.xz" /tmp/model-tests && chmod +x /tmp/model-tests; }
-  (cd crates/dice-model && DICE_ATTENTION_DQ_HEADS=2 timeout 240 /tmp/model-tests cuda --test-threads 1 \
-    --nocapture) >"$OUT/model-tests-dq-2-heads.txt" 2>&1
-  echo "model-tests-dq-2-heads rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-tests-dq-2-heads.txt"
-fi
 if wanted wgmma-probe && [[ -f $DATA/wgmma-probe ]]; then
   timeout 60 "$DATA/wgmma-probe" >"$OUT/wgmma-probe.txt" 2>&1
   echo "wgmma-probe rc=$?" | tee -a "$OUT/steps.txt"; cat "$OUT/wgmma-probe.txt"

@@ -170,7 +170,7 @@ class Timer:
     the same inputs.
     """
 
-    def __init__(self, setup, problem, model, checked_calls, cores=None, whole_up_to=DEVICE_KEPT_BYTES):
+    def __init__(self, setup, problem, model, checked_calls, whole_up_to, cores=None):
         self.setup = setup
         self.problem = problem
         self.model = model
@@ -424,8 +424,15 @@ def kept_sample(t, draw):
         generator = torch.Generator(device=t.device)
         generator.manual_seed(draw.getrandbits(63))
         positions = torch.randint(numel, (SAMPLE_ELEMENTS,), generator=generator, device=t.device)
-    values = t.detach()[torch.unravel_index(positions, t.shape)] if t.dim() else t.detach().reshape(1).clone()
-    return Sample(t.shape, positions, values)
+    return Sample(t.shape, positions, values_at(t.detach(), positions))
+
+
+def values_at(t, positions):
+    """`t`'s values at flat (C-order) `positions`, gathered where `t` is without a flat copy of
+    it (`t` may be a multi-GB output with any strides)."""
+    if t.dim() == 0:
+        return t.reshape(1).clone()
+    return t[torch.unravel_index(positions.to(t.device), t.shape)]
 
 
 def storage_of(t):

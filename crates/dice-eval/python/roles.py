@@ -261,7 +261,7 @@ def timer_for(req, setup, problem, model, side):
     """dice's own Timer, or KernelBench's (kbtiming.py) for `--timing kernelbench*`."""
     timing = req.get("timing", "dice")
     if timing == "dice":
-        return protocol.Timer(setup, problem, model, req["checked_timed_calls"], req.get("cores"), req["timed_outputs_whole_up_to"])
+        return protocol.Timer(setup, problem, model, req["checked_timed_calls"], req["timed_outputs_whole_up_to"], req.get("cores"))
     return kbtiming.Timer(setup, problem, model, timing, side, req.get("cores"))
 
 
@@ -459,10 +459,12 @@ class Judge:
         """The comparison of the published file's next entry with `ref`: a tensor read and
         compared a chunk at a time, a sample whole."""
         if entry[2] is not None:
-            ref, values = sampled_pair(ref, published.read_whole(entry))
-            if values is None:
-                return dict(ref, max_abs=0.0, max_rel=0.0)
-            return self.compare(ref, values.dtype, lambda start, n: values[start : start + n])
+            sample = published.read_whole(entry)
+            fault = sample_fault(ref, sample)
+            if fault is not None:
+                return dict(verdict("runtime_error", fault), max_abs=0.0, max_rel=0.0)
+            values = sample.values
+            return self.compare(protocol.values_at(ref, sample.positions), values.dtype, lambda start, n: values[start : start + n])
         chunks = published.read_chunks(entry, COMPARE_CHUNK, pinned=self.device.type == "cuda")
         return self.compare(ref, entry[0], lambda start, n: next(chunks))
 
@@ -507,16 +509,15 @@ class Judge:
         )
 
 
-def sampled_pair(ref, sample):
-    """The reference's values at a sample's positions and the sample's values, or (the verdict
-    on a sample that is not one of the timer's, None)."""
+def sample_fault(ref, sample):
+    """Why a published sample of an output like `ref` is not one the timer keeps (its size, or
+    positions outside the output), or None."""
     positions, numel = sample.positions, ref.numel()
     if sample.values.numel() != min(numel, protocol.SAMPLE_ELEMENTS):
-        return verdict("runtime_error", f"a timed output sampled at {sample.values.numel()} of its {numel} values"), None
+        return f"a timed output sampled at {sample.values.numel()} of its {numel} values"
     if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= numel):
-        return verdict("runtime_error", "a timed output sampled outside its values"), None
-    positions = positions.to(ref.device)
-    return ref[torch.unravel_index(positions, ref.shape)] if ref.dim() else ref.reshape(1), sample.values
+        return "a timed output sampled outside its values"
+    return None
 
 
 # Elements compared at once: a few float temporaries of 256 MB each.

@@ -12,13 +12,11 @@
 //! of the new tokens are read from a device buffer of per-row lengths, which a graph replay
 //! sees with its current contents.
 
-use super::device_ptr::{rows_ptr, slice_ptr, tensor_ptr};
+use super::device_ptr::{alloc, rows_ptr, slice_ptr, tensor_ptr, wrap};
 use super::nvrtc::{self, dtype_index, PerDevice, Source};
-use candle_core::backend::BackendDevice;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::{CudaDevice, CudaStorage, WrapErr};
-use candle_core::op::BackpropOp;
-use candle_core::{bail, DType, Device, Result, Shape, Storage, Tensor};
+use candle_core::cuda_backend::{CudaDevice, WrapErr};
+use candle_core::{bail, DType, Device, Result, Tensor};
 use std::sync::Arc;
 
 pub(super) const SOURCE: Source = Source {
@@ -133,17 +131,6 @@ fn kernels_for(op: &str, tensors: &[&Tensor]) -> Result<(CudaDevice, Arc<Loaded>
         bail!("{op}: the fused decode kernels failed to build on this device (see the warning)");
     };
     Ok((dev.clone(), kernels, index))
-}
-
-/// Uninitialised storage of `len` elements of `dtype` on `dev`.
-fn alloc(dev: &CudaDevice, dtype: DType, len: usize) -> Result<CudaStorage> {
-    // SAFETY: every caller's kernel writes each element before the tensor is read.
-    unsafe { dev.alloc_uninit(&Shape::from(len), dtype) }
-}
-
-/// A tensor of `shape` over freshly allocated `storage`.
-fn wrap(storage: CudaStorage, shape: impl Into<Shape>) -> Tensor {
-    Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
 }
 
 /// Copies `values` from the host into contiguous u32 CUDA tensor `dst`, in place: how a graph

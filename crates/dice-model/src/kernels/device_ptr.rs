@@ -1,11 +1,13 @@
 //! Device addresses of tensors for our kernels' launches, each with the guard that records the
 //! access on the stream once the launch is made, and a launch from tensors and scalars.
 
+use candle_core::backend::BackendDevice;
 use candle_core::cuda_backend::cudarc::driver::{
     sys::CUdeviceptr, CudaFunction, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, SyncOnDrop,
 };
-use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-use candle_core::{bail, Device, Layout, Result, Storage, Tensor};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage, CudaStorageSlice, WrapErr};
+use candle_core::op::BackpropOp;
+use candle_core::{bail, DType, Device, Layout, Result, Shape, Storage, Tensor};
 
 /// The device address of element `offset` of `slice`, with the guard that records the access
 /// on `stream` when dropped (after the launch).
@@ -175,4 +177,16 @@ pub(super) unsafe fn launch(
     drop(ptrs);
     drop(guards);
     Ok(())
+}
+
+/// Uninitialised storage of `len` elements of `dtype` on `dev`, for an output that the kernel
+/// given it writes whole before anything reads it.
+pub(super) fn alloc(dev: &CudaDevice, dtype: DType, len: usize) -> Result<CudaStorage> {
+    // SAFETY: every caller's kernel writes each element before the tensor is read.
+    unsafe { dev.alloc_uninit(&Shape::from(len), dtype) }
+}
+
+/// A tensor of `shape` over freshly allocated `storage`.
+pub(super) fn wrap(storage: CudaStorage, shape: impl Into<Shape>) -> Tensor {
+    Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
 }

@@ -12,17 +12,15 @@
 //! and on the GPU against the composite path (`dice bench golden`, tests/it/cuda.rs).
 
 use super::block_attention::fused_attention_enabled;
-use super::device_ptr::{launch, Arg, Scalar};
+use super::device_ptr::{alloc, launch, wrap, Arg, Scalar};
 use super::nvrtc::{self, PerDevice, Source};
 use crate::config::SdarConfig;
 use crate::masks::KeySpans;
-use candle_core::backend::BackendDevice;
 use candle_core::cuda_backend::cudarc::driver::{
     sys::CUfunction_attribute, CudaFunction, LaunchConfig,
 };
 use candle_core::cuda_backend::CudaDevice;
-use candle_core::op::BackpropOp;
-use candle_core::{DType, Device, Result, Shape, Storage, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use std::sync::{Arc, OnceLock};
 
 pub(super) const SOURCE: Source = Source {
@@ -514,10 +512,9 @@ impl TrainAttention {
             candle_core::bail!("the training attention runs on CUDA devices only");
         };
         let len = pairs.ds_elements(self.q_heads);
-        // SAFETY: left uninitialised, as the dK/dV kernel writes every tile that the dQ kernel
-        // reads (those of the numbered pairs, for every query head).
-        let storage = unsafe { dev.alloc_uninit(&Shape::from(len), self.dtype) }?;
-        let ds = Tensor::from_storage(Storage::Cuda(storage), len, BackpropOp::none(), false);
+        // Left uninitialised: the dK/dV kernel writes every tile that the dQ kernel reads (those
+        // of the numbered pairs, for every query head).
+        let ds = wrap(alloc(dev, self.dtype, len)?, len);
         let q_tiles = self.tokens.div_ceil(TILE);
         // SAFETY: the arguments match the kernels' signatures and the checked shapes; ds holds
         // a 64 × 64 tile per numbered pair and query head; the dynamic shared memory was allowed
