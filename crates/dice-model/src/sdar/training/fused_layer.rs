@@ -38,6 +38,8 @@ struct Stacked<'a> {
 }
 
 impl<'a> Stacked<'a> {
+    /// The stacked weights of `layer`: copies of its q/k/v and gate/up weights, unless the
+    /// layer holds them concatenated already.
     fn new(layer: &'a DecoderLayer) -> Result<Self> {
         let (qkv, gate_up) = match &layer.concatenated {
             Some(c) => (c.qkv.clone(), c.gate_up.clone()),
@@ -52,6 +54,35 @@ impl<'a> Stacked<'a> {
             gate_up,
         })
     }
+
+    /// `layer`'s stacked weights as a forward kept them ([`KeptLayer`]), or stacked anew.
+    fn kept_or_new(layer: &'a DecoderLayer, kept: Option<&KeptWeights>) -> Result<Self> {
+        match kept {
+            Some(KeptWeights { qkv, gate_up }) => Ok(Self {
+                layer,
+                qkv: qkv.clone(),
+                gate_up: gate_up.clone(),
+            }),
+            None => Self::new(layer),
+        }
+    }
+
+    /// The stacked weights alone, detached (no product with them records a graph), to be
+    /// kept from a forward to its backward.
+    fn keep(&self) -> KeptWeights {
+        KeptWeights {
+            qkv: self.qkv.detach(),
+            gate_up: self.gate_up.detach(),
+        }
+    }
+}
+
+/// A layer's stacked weights kept from its forward to its backward: the weights do not change
+/// between the two, and stacking them again copied 5 tensors a layer (half of the 7.7 ms of
+/// copies in a 1.7B step on an H100: bench/notes/train-h200.md, session 30).
+struct KeptWeights {
+    qkv: Tensor,
+    gate_up: Tensor,
 }
 
 /// `x` `[T, in]` times `w` `[out, in]` transposed: `[T, out]`.
@@ -266,10 +297,11 @@ pub(super) fn head_backward(
 }
 
 /// A layer's forward activations kept for its backward, which then recomputes nothing: every
-/// GEMM output and what the element-wise steps between them made.
+/// GEMM output and what the element-wise steps between them made, and the stacked weights.
 pub(super) struct KeptLayer {
     qkv: QkvForward,
     mlp: MlpForward,
+    weights: KeptWeights,
 }
 
 /// Device memory a backward needs besides the kept activations, as a share of the device: a
@@ -297,8 +329,9 @@ pub(super) fn layers_to_keep(
     let bytes = model.dtype().size_in_bytes();
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     let qkv_width = cfg.q_dim() + 2 * cfg.kv_dim();
-    // normed, qkv, the heads, after_attention, normed again, gate_up, gated.
-    let per_layer = tokens * (3 * h + 2 * qkv_width + 3 * i) * bytes;
+    // normed, qkv, the heads, after_attention, normed again, gate_up, gated; the stacked
+    // weights.
+    let per_layer = (tokens * (3 * h + 2 * qkv_width + 3 * i) + (qkv_width + 2 * i) * h) * bytes;
     let head = chunk_rows * cfg.vocab_size * (2 * bytes + 4) + 2 * cfg.vocab_size * h * 4;
     let reserve = model.num_parameters() * bytes
         + head
@@ -336,7 +369,11 @@ impl Layout {
             let down = times_transposed(&mlp.gated, &layer.down_proj)?;
             Ok::<_, candle_core::Error>(((&mlp.after_attention + down)?.unsqueeze(0)?, mlp))
         })?;
-        let kept = keep.then_some(KeptLayer { qkv, mlp });
+        let kept = keep.then(|| KeptLayer {
+            qkv,
+            mlp,
+            weights: w.keep(),
+        });
         Ok((attention, next, kept))
     }
 
@@ -359,19 +396,19 @@ impl Layout {
         let h = saved.input.squeeze(0)?;
         let d_out = upstream.squeeze(0)?;
         let attention = saved.attention.out.squeeze(0)?;
-        let (w, kept) = self.timed(StepPhase::RecomputeProjections, || {
-            let w = Stacked::new(layer)?;
-            let kept = match saved.kept.take() {
-                Some(kept) => kept,
+        let (w, qkv, mlp) = self.timed(StepPhase::RecomputeProjections, || {
+            let kept = saved.kept.take();
+            let w = Stacked::kept_or_new(layer, kept.as_ref().map(|kept| &kept.weights))?;
+            let (qkv, mlp) = match kept {
+                Some(KeptLayer { qkv, mlp, .. }) => (qkv, mlp),
                 None => {
                     let qkv = qkv(ops, cfg, &w, rope, &h)?;
                     let mlp = mlp(ops, cfg, &w, &h, &attention)?;
-                    KeptLayer { qkv, mlp }
+                    (qkv, mlp)
                 }
             };
-            Ok::<_, candle_core::Error>((w, kept))
+            Ok::<_, candle_core::Error>((w, qkv, mlp))
         })?;
-        let KeptLayer { qkv, mlp } = kept;
         let inter = cfg.intermediate_size;
         let (d_after_attention, d_attention, mlp_grads) =
             self.timed(StepPhase::MlpBackward, || {
