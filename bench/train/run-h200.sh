@@ -7,11 +7,7 @@
 # sft-nccl, sft-4b, sft-8b-offload, kernels-sft, kernels-1.7b, kernels-1.7b-step,
 # attention-detail-1.7b, wgmma-probe; all by default; golden-dq-recompute, tests-dq-recompute,
 # bench-1.7b-dq-recompute, bench-4b-dq-recompute and sft-nccl-dq-recompute run theirs with
-# DICE_ATTENTION_KEEP_DS=0: dQ recomputed, no dS kept; tests-dq-2-heads, bench-1.7b-dq-2-heads and
-# bench-4b-dq-2-heads with DICE_ATTENTION_DQ_HEADS=2: dQ from kept dS two query heads a CTA;
-# tests-forward-overlap, golden-forward-overlap, bench-1.7b-forward-overlap and
-# bench-4b-forward-overlap with DICE_ATTENTION_FORWARD_OVERLAP=1: the forward's next S issued with
-# this tile's P V)
+# DICE_ATTENTION_KEEP_DS=0: dQ recomputed, no dS kept)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
@@ -30,8 +26,6 @@ source bench/h200-steps.sh "$@"
 run golden 120 bench golden --golden tests/data/sdar/golden/formula --device cuda --dtype bf16
 DICE_ATTENTION_KEEP_DS=0 run golden-dq-recompute 120 bench golden --golden tests/data/sdar/golden/formula \
   --device cuda --dtype bf16
-DICE_ATTENTION_FORWARD_OVERLAP=1 run golden-forward-overlap 120 bench golden \
-  --golden tests/data/sdar/golden/formula --device cuda --dtype bf16
 # dice-model's CUDA tests (fused SFT step against the CPU's composite one), where their binary was
 # carried: step NAME, output model-NAME.txt, run with the environment ENV=VALUE... given.
 model_tests() {
@@ -44,8 +38,6 @@ model_tests() {
 }
 model_tests tests
 model_tests tests-dq-recompute DICE_ATTENTION_KEEP_DS=0
-model_tests tests-dq-2-heads DICE_ATTENTION_DQ_HEADS=2
-model_tests tests-forward-overlap DICE_ATTENTION_FORWARD_OVERLAP=1
 # Its unit tests (NVRTC builds every kernel; with --include-ignored their GPU checks run too).
 if wanted tests && [[ -f $DATA/model-lib-tests.xz ]]; then
   unxz "$DATA/model-lib-tests.xz" /tmp/model-lib-tests && chmod +x /tmp/model-lib-tests
@@ -87,16 +79,6 @@ DICE_ATTENTION_KEEP_DS=0 run bench-1.7b-dq-recompute 240 bench train --config "$
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-dq-recompute.json"
 DICE_ATTENTION_KEEP_DS=0 run bench-4b-dq-recompute 240 bench train --config "$configs/sdar-4b.json" \
   --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b-dq-recompute.json"
-DICE_ATTENTION_DQ_HEADS=2 run bench-1.7b-dq-2-heads 240 bench train --config "$configs/sdar-1.7b.json" \
-  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-1.7b-dq-2-heads.json"
-DICE_ATTENTION_DQ_HEADS=2 run bench-4b-dq-2-heads 240 bench train --config "$configs/sdar-4b.json" \
-  --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b-dq-2-heads.json"
-DICE_ATTENTION_FORWARD_OVERLAP=1 run bench-1.7b-forward-overlap 240 bench train \
-  --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile \
-  --json "$OUT/bench-1.7b-forward-overlap.json"
-DICE_ATTENTION_FORWARD_OVERLAP=1 run bench-4b-forward-overlap 240 bench train \
-  --config "$configs/sdar-4b.json" --device cuda --dtype bf16 --tokens 6144 --steps 2 --profile \
-  --json "$OUT/bench-4b-forward-overlap.json"
 run bench-4b 240 bench train --config "$configs/sdar-4b.json" --device cuda --dtype bf16 \
   --tokens 6144 --steps 2 --profile --json "$OUT/bench-4b.json"
 run bench-8b 240 bench train --config "$configs/sdar-8b.json" --device cuda --dtype bf16 \
@@ -170,16 +152,13 @@ fi
 # Why each training attention kernel runs at its speed: Nsight Compute's detailed sections
 # (throughput against peak, issue slots, occupancy, instruction mix) and its warp stall reasons for
 # the first launch of the forward, dQ and dK/dV kernels of one 1.7B step (the default backward's:
-# dK/dV keeping dS, dQ from it), and of the overlapped forward (DICE_ATTENTION_FORWARD_OVERLAP=1).
+# dK/dV keeping dS, dQ from it).
 if wanted attention-detail-1.7b; then
-  for kernel in forward dq_from_ds dkdv_keep_ds forward-overlap; do
+  for kernel in forward dq_from_ds dkdv_keep_ds; do
     (( $(left) > 40 )) || break
     t0=$(date +%s)
-    overlap=0 function=$kernel
-    [[ $kernel == forward-overlap ]] && overlap=1 function=forward
-    DICE_ATTENTION_FORWARD_OVERLAP=$overlap timeout 120 ncu --set detailed \
-      --section WarpStateStats --section SchedulerStats \
-      --kernel-name "regex:train_attention_${function}_bf16" --launch-count 1 \
+    timeout 120 ncu --set detailed --section WarpStateStats --section SchedulerStats \
+      --kernel-name "regex:train_attention_${kernel}_bf16" --launch-count 1 \
       "$bin" bench train --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 --tokens 6144 \
       --steps 1 >"$OUT/attention-detail-$kernel.txt" 2>&1
     echo "attention-detail-$kernel rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"

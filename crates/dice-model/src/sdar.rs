@@ -92,7 +92,9 @@ pub use graph::DecodeGraph;
 pub use profile::{BlockForwardShape, ComponentProfile, ForwardProfile, ProfileSettings};
 pub use stage::Stage;
 use stage::{Probe, Unprobed};
-pub use step_profile::{PhaseTime, StepPhase, StepProfile};
+pub use step_profile::{
+    PhaseOverlap, PhaseTime, StepOverlap, StepPhase, StepProfile, STARVED_LEAD_SECONDS,
+};
 pub use training::{LossGradients, MaskedSequence};
 
 /// Which implementation of the fused operations a forward uses. Inference takes candle's fused

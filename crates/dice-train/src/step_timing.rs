@@ -6,7 +6,7 @@ use anyhow::{ensure, Result};
 use candle_core::{DType, Device};
 use dice_model::init::splitmix64_mix;
 use dice_model::memory::PeakMemory;
-use dice_model::sdar::{StepProfile, QUERY_CHUNK};
+use dice_model::sdar::{StepOverlap, StepProfile, QUERY_CHUNK};
 use dice_model::{PackedRow, Sdar, SdarConfig, TwoStreamBatch};
 use std::time::Instant;
 
@@ -83,6 +83,10 @@ pub struct SftStepTiming {
     pub peak_bytes: Option<u64>,
     /// Where the time of one more step went, phase by phase, when asked for.
     pub profile: Option<StepProfile>,
+    /// With the profile, on CUDA: one more step run as unprofiled steps run (no
+    /// synchronization), each phase marked on the device and on the host: where the device
+    /// waited for the host.
+    pub overlap: Option<StepOverlap>,
 }
 
 /// Random weights of `config` in `dtype` on `device`, [`synthetic_sft_row`] of `tokens` tokens,
@@ -90,7 +94,8 @@ pub struct SftStepTiming {
 /// [`QUERY_CHUNK`]-row chunks): the loss and wall time of the last step (earlier steps are
 /// warm-up; each step's gradients are dropped before the next one starts). With `profile`, one
 /// more step runs with its phases timed apart ([`Sdar::profile_sft_step`]), after the timed
-/// one, which the profiling's synchronizations would slow.
+/// one, which the profiling's synchronizations would slow, and on CUDA one more with its phases
+/// marked without synchronizing ([`Sdar::overlap_sft_step`]).
 pub fn time_sft_step(
     config: &SdarConfig,
     dtype: DType,
@@ -112,10 +117,14 @@ pub fn time_sft_step(
     device.synchronize()?;
     let seconds = start.elapsed().as_secs_f64();
     drop(step.grads);
-    let profile = if profile {
-        Some(model.profile_sft_step(&batch, QUERY_CHUNK)?.1)
+    let (profile, overlap) = if profile {
+        let profile = model.profile_sft_step(&batch, QUERY_CHUNK)?.1;
+        let overlap = model
+            .overlap_sft_step(&batch, QUERY_CHUNK)?
+            .map(|(_, overlap)| overlap);
+        (Some(profile), overlap)
     } else {
-        None
+        (None, None)
     };
     Ok(SftStepTiming {
         loss: step.loss,
@@ -125,5 +134,6 @@ pub fn time_sft_step(
         flops: sft_step_flops(config, &[tokens], batch.selected().len()),
         peak_bytes: peak.finish(),
         profile,
+        overlap,
     })
 }

@@ -31,12 +31,10 @@
 //
 // Kernels (128 threads, 4 warps of 16 rows: one warpgroup, whose products on Hopper are wgmmas
 // of 64 rows; the forward held to 3 CTAs per SM, as it ran before its key pipeline took more
-// registers, or 2 with its overlap):
+// registers):
 //   train_attention_forward_*  grid (query tiles, Hq): a warp's 16 queries over the staged key
 //                              tiles (double-buffered: the next K/V tile's cp.async in flight
-//                              while this one is computed), online softmax, out and lse; with
-//                              FORWARD_OVERLAP (wgmmas only), the next tile's S issued with this
-//                              tile's P V over three buffers (forward_key_tiles_overlapped)
+//                              while this one is computed), online softmax, out and lse
 //   train_attention_delta_*    one warp per (query, head): delta
 //   train_attention_dq_*       grid (query tiles, Hq): recomputes P and dP = dO V^T per key
 //                              tile (double-buffered as the forward's), dQ += dS K
@@ -109,30 +107,16 @@ __device__ __forceinline__ int staged_offset(int row, int chunk) {
 #define QUERY_BUFFER_BYTES ((2 * TILE_HALVES * 2 + TILE * (4 * 4 + 4 + 4) + 1023) / 1024 * 1024)
 // The dK/dV kernel's key tile (K and V), and two query buffers.
 #define DKDV_SHARED_BYTES (2 * TILE_HALVES * 2 + 2 * QUERY_BUFFER_BYTES)
-// Two K and two V tiles of the dQ kernel's key pipeline (and the forward's without overlap).
+// Two K and two V tiles of the forward and dQ kernels' key pipeline.
 #define KEY_PIPELINE_SHARED_BYTES (4 * TILE_HALVES * 2)
 // Query heads of one GQA group that a CTA of the dQ kernel from kept dS takes at once, when
 // the group's size is a multiple of it (else 1; dq_from_ds_heads): their K tile, the same for
 // all, is staged once instead of once a head (the kernel is bound by its reads). Each head
 // takes a dQ accumulator (64 registers a thread at head dim 128): 2 take 196 registers on
 // sm_90a at head dim 128 against 121 for 1, no spills (2 CTAs an SM instead of 4; held to 3,
-// it spills and ptxas serializes the wgmmas). train_attention.rs sets it (1 unless
-// DICE_ATTENTION_DQ_HEADS=2) until the two are measured beside each other.
-#ifndef DQ_FROM_DS_MAX_HEADS
-#define DQ_FROM_DS_MAX_HEADS 1
-#endif
-// The forward's key tiles with FlashAttention-3's overlap inside a warpgroup (the wgmma path:
-// forward_key_tiles_overlapped), which takes three buffers of K and V instead of two (96 KiB at
-// head dim 128: 2 CTAs an SM instead of 3). train_attention.rs sets it (0 unless
-// DICE_ATTENTION_FORWARD_OVERLAP=1) until the two are measured beside each other.
-#ifndef FORWARD_OVERLAP
-#define FORWARD_OVERLAP 0
-#endif
-#define FORWARD_KEY_BUFFERS (TRAIN_ATTENTION_WGMMA && FORWARD_OVERLAP ? 3 : 2)
-// The forward's K and V buffers, and the CTAs an SM its registers are held to (the shared
-// memory of three buffers leaves room for 2).
-#define FORWARD_SHARED_BYTES (2 * FORWARD_KEY_BUFFERS * TILE_HALVES * 2)
-#define FORWARD_MIN_CTAS (FORWARD_KEY_BUFFERS == 3 ? 2 : 3)
+// it spills and ptxas serializes the wgmmas). On an H100, 2 took the 1.7B step's attention
+// backward 129.7 -> 125.1 ms (4B: no change; bench/notes/train-h200.md, session 30).
+#define DQ_FROM_DS_MAX_HEADS 2
 // Two buffers of the dQ kernel from kept dS (train_attention_dq_from_ds), each a K tile and
 // DQ_FROM_DS_MAX_HEADS dS^T tiles.
 #define DQ_FROM_DS_SHARED_BYTES (2 * (TILE_HALVES + DQ_FROM_DS_MAX_HEADS * TILE * TILE) * 2)
@@ -474,80 +458,6 @@ __device__ __forceinline__ void forward_keys(bool masked,
     accumulate_rows<T, keys>(s, v_rows, o);
 }
 
-#if TRAIN_ATTENTION_WGMMA && FORWARD_OVERLAP
-// The forward over the visible key tiles with FlashAttention-3's overlap inside a warpgroup: the
-// next tile's S = Q K^T is issued with this tile's O += P V, and its softmax runs while P V is
-// still in flight; O is rescaled once P V has landed. The same operations in the same order as
-// forward_keys's loop (rescale by the next tile's alpha after adding this tile's P V is the loop's
-// rescale before the next tile's P V), so the results are bit for bit. Three buffers of K and V:
-// the tile after next copies into the one this tile's predecessor left while the warps compute
-// on this tile (its V) and the next one (its K).
-template <typename T>
-__device__ __forceinline__ void forward_key_tiles_overlapped(
-    unsigned short* kv, const T* __restrict__ k_head, const T* __restrict__ v_head,
-    const unsigned int* __restrict__ tile_span, int tokens,
-    const unsigned int (&qa)[HEAD_DIM / 16][4], const unsigned int (&span)[2][4],
-    float scale_log2, float (&o)[HEAD_DIM / 8][4], float (&m)[2], float (&l)[2]) {
-    const int tiles = (tokens + TILE - 1) / TILE;
-    const auto k_rows = [&](int buffer) { return kv + 2 * buffer * TILE_HALVES; };
-    const auto v_rows = [&](int buffer) { return kv + (2 * buffer + 1) * TILE_HALVES; };
-    const auto stage = [&](int t, int buffer) {
-        stage_rows(k_rows(buffer), k_head, HEAD_DIM, t * TILE, tokens - t * TILE);
-        stage_rows(v_rows(buffer), v_head, HEAD_DIM, t * TILE, tokens - t * TILE);
-        cp_async_commit();
-    };
-    // Scores s of key tile t (settled) as probabilities: masked, scaled, the online softmax's
-    // m, l and alpha moved on.
-    float s[TILE / 8][4], alpha[2];
-    const auto softmax = [&](int t) {
-        scale_and_mask<TILE>(s, !tile_sees_all(tile_span, t * TILE), t * TILE, span, scale_log2);
-        online_softmax<TILE, true>(s, m, l, alpha);
-    };
-    int next = next_visible_key_tile(tile_span, 0, tokens);
-    if (next == tiles) return;
-    stage(next, 0);
-    int after = next_visible_key_tile(tile_span, next + 1, tokens);
-    if (after < tiles) {
-        stage(after, 1);
-        cp_async_wait<1>();
-    } else {
-        cp_async_wait<0>();
-    }
-    fence_async_shared();
-    __syncthreads();
-    zero(s);
-    issue_times_rows<T, TILE>(qa, k_rows(0), s);
-    settle<0>(s);
-    softmax(next);
-    // o is zero: nothing to rescale.
-    unsigned int pa[TILE / 16][4];
-    pack_rows<T, TILE>(s, pa);
-    // `buffer` holds the tile whose P is in pa, the next buffer the next visible tile.
-    for (int buffer = 0;; buffer = (buffer + 1) % 3) {
-        next = after;
-        if (next == tiles) {
-            issue_accumulate_rows<T, TILE>(pa, v_rows(buffer), o);
-            settle<0>(o, pa);
-            return;
-        }
-        // The next tile landed, and every warp is done with the buffer the tile after it takes.
-        cp_async_wait<0>();
-        fence_async_shared();
-        __syncthreads();
-        after = next_visible_key_tile(tile_span, next + 1, tokens);
-        if (after < tiles) stage(after, (buffer + 2) % 3);
-        zero(s);
-        issue_times_rows<T, TILE>(qa, k_rows((buffer + 1) % 3), s);
-        issue_accumulate_rows<T, TILE>(pa, v_rows(buffer), o);
-        settle<1>(s);
-        softmax(next);
-        settle<0>(o, pa);
-        rescale(o, alpha);
-        pack_rows<T, TILE>(s, pa);
-    }
-}
-#endif
-
 template <typename T>
 __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                         const unsigned int* __restrict__ spans,
@@ -570,19 +480,14 @@ __device__ void forward(const T* __restrict__ q, const T* __restrict__ k, const 
     const float scale_log2 = scale * LOG2E;
     // A step's scores take 4 registers a thread per 8 keys: as wgmmas (no B fragments held) a
     // whole tile's fit.
-    unsigned short* kv = reinterpret_cast<unsigned short*>(dynamic_shared_memory);
-#if TRAIN_ATTENTION_WGMMA && FORWARD_OVERLAP
-    forward_key_tiles_overlapped(kv, k_head, v_head, tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
-                                 qa, span, scale_log2, o, m, l);
-#else
     constexpr int keys = TRAIN_ATTENTION_WGMMA ? TILE : TILE / 2;
-    over_key_tiles<keys>(kv, k_head, v_head, tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
+    over_key_tiles<keys>(reinterpret_cast<unsigned short*>(dynamic_shared_memory), k_head, v_head,
+                         tile_spans + TILE_SPAN_WORDS * q_tile, tokens,
                          [&](const unsigned short* k_rows, const unsigned short* v_rows, int key,
                              bool masked) {
                              forward_keys<T, keys>(masked, qa, k_rows, v_rows, key, span,
                                                    scale_log2, o, m, l);
                          });
-#endif
     float inverse[2];
     for (int r = 0; r < 2; ++r) {
         l[r] = quad_sum(l[r]);
@@ -983,8 +888,7 @@ __device__ void query_gradients_from_ds(const T* __restrict__ k, const T* __rest
 }
 
 #define TRAIN_ATTENTION_KERNELS(TYPE, NAME)                                                      \
-    extern "C" __global__ void __launch_bounds__(THREADS, FORWARD_MIN_CTAS)                      \
-        train_attention_forward_##NAME(                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS, 3) train_attention_forward_##NAME(    \
         const TYPE* q, const TYPE* k, const TYPE* v, const unsigned int* spans,                \
         const unsigned int* tile_spans, const unsigned int* tile_order, TYPE* out, float* lse, \
         int tokens, int q_heads, int kv_heads, float scale) {                                  \

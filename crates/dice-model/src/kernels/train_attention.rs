@@ -56,59 +56,22 @@ fn dkdv_shared_bytes(head_dim: usize) -> usize {
     2 * tile_halves(head_dim) * 2 + 2 * query_buffer
 }
 
-/// Dynamic shared memory of `train_attention_dq_*` and of the forward without overlap
+/// Dynamic shared memory of `train_attention_forward_*` and `train_attention_dq_*`
 /// (`KEY_PIPELINE_SHARED_BYTES`): two K and two V tiles, the next pair's copy in flight while the
 /// warps compute on the other.
 fn key_pipeline_shared_bytes(head_dim: usize) -> usize {
     4 * tile_halves(head_dim) * 2
 }
 
-/// The environment variable that turns on the forward's overlap inside a warpgroup on the wgmma
-/// path (`FORWARD_OVERLAP`, compiled in: the next key tile's S = Q K^T issued with this tile's
-/// P V, three K/V buffers instead of two, 195 registers instead of 168 at head dim 128 on sm_90a,
-/// 2 CTAs an SM instead of 3): `1` turns it on; anything else, off (the measured default) until
-/// the two are measured beside each other. Read once.
-const FORWARD_OVERLAP_SWITCH: &str = "DICE_ATTENTION_FORWARD_OVERLAP";
-
-fn forward_overlap() -> bool {
-    static OVERLAP: OnceLock<bool> = OnceLock::new();
-    *OVERLAP.get_or_init(|| std::env::var(FORWARD_OVERLAP_SWITCH).is_ok_and(|v| v.trim() == "1"))
-}
-
-/// Dynamic shared memory of `train_attention_forward_*` (`FORWARD_SHARED_BYTES`): the key
-/// pipeline's, with a third K/V buffer when the forward overlaps ([`FORWARD_OVERLAP_SWITCH`]).
-fn forward_shared_bytes(head_dim: usize) -> usize {
-    if forward_overlap() {
-        6 * tile_halves(head_dim) * 2
-    } else {
-        key_pipeline_shared_bytes(head_dim)
-    }
-}
-
-/// The environment variable that sets how many query heads of one GQA group a CTA of
-/// `train_attention_dq_from_ds_*` takes at once when the group's size is a multiple of it
-/// (`DQ_FROM_DS_MAX_HEADS`, compiled in): `2` shares the staged K tile between two heads (196
-/// registers instead of 121 at head dim 128 on sm_90a: 2 CTAs an SM instead of 4); anything
-/// else, 1 (the measured default) until the two are measured beside each other. Read once.
-const DQ_HEADS_SWITCH: &str = "DICE_ATTENTION_DQ_HEADS";
-
-fn dq_from_ds_max_heads() -> usize {
-    static HEADS: OnceLock<usize> = OnceLock::new();
-    *HEADS.get_or_init(|| {
-        if std::env::var(DQ_HEADS_SWITCH).is_ok_and(|v| v.trim() == "2") {
-            2
-        } else {
-            1
-        }
-    })
-}
+/// Query heads of one GQA group that a CTA of `train_attention_dq_from_ds_*` takes at once when
+/// the group's size is a multiple of it (`DQ_FROM_DS_MAX_HEADS`): their K tile is staged once.
+const DQ_FROM_DS_MAX_HEADS: usize = 2;
 
 /// Query heads a CTA of `train_attention_dq_from_ds_*` takes (`dq_from_ds_heads`): its grid is
 /// (query tiles, Hq / this).
 fn dq_from_ds_heads(q_heads: usize, kv_heads: usize) -> usize {
-    let max = dq_from_ds_max_heads();
-    if (q_heads / kv_heads).is_multiple_of(max) {
-        max
+    if (q_heads / kv_heads).is_multiple_of(DQ_FROM_DS_MAX_HEADS) {
+        DQ_FROM_DS_MAX_HEADS
     } else {
         1
     }
@@ -118,7 +81,7 @@ fn dq_from_ds_heads(q_heads: usize, kv_heads: usize) -> usize {
 /// buffers of a K tile and a 64 × 64 dS tile per query head it takes at most, the next pair's
 /// copy in flight while the warps compute on the other.
 fn dq_from_ds_shared_bytes(head_dim: usize) -> usize {
-    2 * (tile_halves(head_dim) + dq_from_ds_max_heads() * TILE * TILE) * 2
+    2 * (tile_halves(head_dim) + DQ_FROM_DS_MAX_HEADS * TILE * TILE) * 2
 }
 
 /// The environment variable that chooses how the backward makes dQ. By default the dK/dV kernel
@@ -157,12 +120,8 @@ struct Loaded([DtypeKernels; 2]);
 
 static LOADED: PerDevice<usize, Loaded> = PerDevice::new();
 
-pub(super) fn compile_options(head_dim: usize) -> [String; 3] {
-    [
-        format!("-DHEAD_DIM={head_dim}"),
-        format!("-DDQ_FROM_DS_MAX_HEADS={}", dq_from_ds_max_heads()),
-        format!("-DFORWARD_OVERLAP={}", u8::from(forward_overlap())),
-    ]
+pub(super) fn compile_options(head_dim: usize) -> [String; 1] {
+    [format!("-DHEAD_DIM={head_dim}")]
 }
 
 fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
@@ -191,7 +150,7 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
             Ok(kernel)
         };
         Ok(DtypeKernels {
-            forward: with_shared("forward", forward_shared_bytes(head_dim))?,
+            forward: with_shared("forward", key_pipeline_shared_bytes(head_dim))?,
             delta: function("delta")?,
             dq: with_shared("dq", key_pipeline_shared_bytes(head_dim))?,
             dkdv: with_shared("dkdv", dkdv_shared_bytes(head_dim))?,
@@ -419,7 +378,7 @@ impl TrainAttention {
                 &self.kernels().forward,
                 (
                     (self.tokens.div_ceil(TILE), self.q_heads),
-                    forward_shared_bytes(self.head_dim),
+                    key_pipeline_shared_bytes(self.head_dim),
                 ),
                 &[
                     Arg::Whole(&q, "q"),

@@ -1,12 +1,19 @@
 //! Where the time of one checkpointed training step goes: [`Sdar::profile_sft_step`] runs the
 //! real step (the same code) with every phase timed on its own between two device
-//! synchronizations.
+//! synchronizations; [`Sdar::overlap_sft_step`] runs it without synchronizing, marking each
+//! phase on the device with CUDA events and on the host with the clock, to show where the
+//! device waited for the host.
 //!
 //! [`Sdar::profile_sft_step`]: super::Sdar::profile_sft_step
+//! [`Sdar::overlap_sft_step`]: super::Sdar::overlap_sft_step
 
+#[cfg(feature = "cuda")]
+use candle_core::cuda_backend::cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaStream};
 use candle_core::{Device, Result};
 use serde::Serialize;
 use std::cell::RefCell;
+#[cfg(feature = "cuda")]
+use std::sync::Arc;
 use std::time::Instant;
 
 /// One phase of a checkpointed SFT step. The phases inside the layers run once per layer.
@@ -93,36 +100,182 @@ pub struct StepProfile {
     pub step_seconds: f64,
 }
 
-/// Times the phases of one step, synchronizing the device before and after each.
+/// One phase of [`StepOverlap`].
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseOverlap {
+    pub phase: StepPhase,
+    pub name: &'static str,
+    pub runs: u64,
+    /// Seconds on the device between the events recorded at its runs' starts and ends: its
+    /// kernels, and whatever the device waited for the host inside them.
+    pub device_seconds: f64,
+    /// Seconds the host took to enqueue its runs.
+    pub host_seconds: f64,
+    /// The least, over its runs, of how far the device trailed the host when the host had
+    /// enqueued the run: near zero, the device had caught up and waited for the host.
+    pub least_lead_seconds: f64,
+    /// Runs that ended with the device less than [`STARVED_LEAD_SECONDS`] behind the host.
+    pub starved_runs: u64,
+}
+
+/// A lead under which the device is taken to have waited for the host (a launch's latency).
+pub const STARVED_LEAD_SECONDS: f64 = 50e-6;
+
+/// Result of [`super::Sdar::overlap_sft_step`]: every phase of [`StepPhase::ALL`] in order.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepOverlap {
+    pub phases: Vec<PhaseOverlap>,
+    /// Seconds on the device from the step's start to the end of its last phase.
+    pub device_seconds: f64,
+    /// Seconds on the host from the step's start until it had enqueued its last phase.
+    pub host_seconds: f64,
+}
+
+/// One run of a phase marked without synchronizing: host clock and device event at its start
+/// and end.
+#[cfg(feature = "cuda")]
+struct Mark {
+    phase: StepPhase,
+    start: (Instant, CudaEvent),
+    end: (Instant, CudaEvent),
+}
+
+/// How a [`PhaseTimer`] times: each phase between two synchronizations, or every phase marked
+/// by events on the device's stream with the device never waited for.
+enum Timing {
+    Synchronized {
+        seconds: [f64; StepPhase::ALL.len()],
+        runs: [u64; StepPhase::ALL.len()],
+    },
+    #[cfg(feature = "cuda")]
+    Overlapped {
+        stream: Arc<CudaStream>,
+        /// The step's start: the host clock and an event recorded right after a
+        /// synchronization, so that both clocks start together.
+        origin: (Instant, CudaEvent),
+        marks: Vec<Mark>,
+    },
+}
+
+/// Times the phases of one step.
 pub(super) struct PhaseTimer {
     device: Device,
-    seconds: [f64; StepPhase::ALL.len()],
-    runs: [u64; StepPhase::ALL.len()],
+    timing: Timing,
 }
 
 impl PhaseTimer {
+    /// Synchronizing the device before and after each phase.
     pub(super) fn new(device: &Device) -> Self {
         Self {
             device: device.clone(),
-            seconds: [0.0; StepPhase::ALL.len()],
-            runs: [0; StepPhase::ALL.len()],
+            timing: Timing::Synchronized {
+                seconds: [0.0; StepPhase::ALL.len()],
+                runs: [0; StepPhase::ALL.len()],
+            },
         }
     }
 
-    pub(super) fn finish(self, step_seconds: f64) -> StepProfile {
-        StepProfile {
+    /// Marking each phase with events on `device`'s stream, never synchronizing; `None` off CUDA.
+    pub(super) fn overlapped(device: &Device) -> Result<Option<Self>> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = device {
+            let stream = dev.cuda_stream();
+            device.synchronize()?;
+            let origin = (Instant::now(), timing_event(&stream)?);
+            return Ok(Some(Self {
+                device: device.clone(),
+                timing: Timing::Overlapped {
+                    stream,
+                    origin,
+                    marks: Vec::new(),
+                },
+            }));
+        }
+        let _ = device;
+        Ok(None)
+    }
+
+    /// The synchronized profile of the step that took `step_seconds`.
+    // Without CUDA, Synchronized is the only timing.
+    #[allow(irrefutable_let_patterns)]
+    pub(super) fn finish(self, step_seconds: f64) -> Result<StepProfile> {
+        let Timing::Synchronized { seconds, runs } = self.timing else {
+            candle_core::bail!("internal error: an overlapped timer finished as a synchronized one")
+        };
+        Ok(StepProfile {
             phases: StepPhase::ALL
                 .iter()
                 .map(|&phase| PhaseTime {
                     phase,
                     name: phase.name(),
-                    runs: self.runs[phase.index()],
-                    seconds: self.seconds[phase.index()],
+                    runs: runs[phase.index()],
+                    seconds: seconds[phase.index()],
                 })
                 .collect(),
             step_seconds,
-        }
+        })
     }
+
+    /// The overlapped timeline of the step, once its work is done (waits for the device).
+    pub(super) fn finish_overlapped(self) -> Result<StepOverlap> {
+        #[cfg(feature = "cuda")]
+        if let Timing::Overlapped { origin, marks, .. } = self.timing {
+            let device_at = |event: &CudaEvent| -> Result<f64> {
+                let ms = origin
+                    .1
+                    .elapsed_ms(event)
+                    .map_err(candle_core::Error::wrap)?;
+                Ok(f64::from(ms) / 1e3)
+            };
+            let host_at = |instant: &Instant| instant.duration_since(origin.0).as_secs_f64();
+            let mut phases: Vec<PhaseOverlap> = StepPhase::ALL
+                .iter()
+                .map(|&phase| PhaseOverlap {
+                    phase,
+                    name: phase.name(),
+                    runs: 0,
+                    device_seconds: 0.0,
+                    host_seconds: 0.0,
+                    least_lead_seconds: f64::INFINITY,
+                    starved_runs: 0,
+                })
+                .collect();
+            let (mut device_seconds, mut host_seconds) = (0f64, 0f64);
+            for mark in &marks {
+                let (device_start, device_end) =
+                    (device_at(&mark.start.1)?, device_at(&mark.end.1)?);
+                let (host_start, host_end) = (host_at(&mark.start.0), host_at(&mark.end.0));
+                let lead = device_end - host_end;
+                let phase = &mut phases[mark.phase.index()];
+                phase.runs += 1;
+                phase.device_seconds += device_end - device_start;
+                phase.host_seconds += host_end - host_start;
+                phase.least_lead_seconds = phase.least_lead_seconds.min(lead);
+                phase.starved_runs += u64::from(lead < STARVED_LEAD_SECONDS);
+                device_seconds = device_seconds.max(device_end);
+                host_seconds = host_seconds.max(host_end);
+            }
+            for phase in &mut phases {
+                if phase.runs == 0 {
+                    phase.least_lead_seconds = 0.0;
+                }
+            }
+            return Ok(StepOverlap {
+                phases,
+                device_seconds,
+                host_seconds,
+            });
+        }
+        candle_core::bail!("internal error: a synchronized timer finished as an overlapped one")
+    }
+}
+
+/// An event with timing, recorded now on `stream`.
+#[cfg(feature = "cuda")]
+fn timing_event(stream: &CudaStream) -> Result<CudaEvent> {
+    stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(candle_core::Error::wrap)
 }
 
 /// Runs `work` as `phase`, timed when `timer` is set.
@@ -134,14 +287,32 @@ pub(super) fn timed<R, E: From<candle_core::Error>>(
     let Some(timer) = timer else {
         return work();
     };
+    #[cfg(feature = "cuda")]
+    let stream = match &timer.borrow().timing {
+        Timing::Overlapped { stream, .. } => Some(stream.clone()),
+        Timing::Synchronized { .. } => None,
+    };
+    #[cfg(feature = "cuda")]
+    if let Some(stream) = stream {
+        let start = (Instant::now(), timing_event(&stream)?);
+        let result = work()?;
+        let end = (Instant::now(), timing_event(&stream)?);
+        if let Timing::Overlapped { marks, .. } = &mut timer.borrow_mut().timing {
+            marks.push(Mark { phase, start, end });
+        }
+        return Ok(result);
+    }
     let device = timer.borrow().device.clone();
     sync(&device)?;
     let start = Instant::now();
     let result = work()?;
     sync(&device)?;
-    let mut timer = timer.borrow_mut();
-    timer.seconds[phase.index()] += start.elapsed().as_secs_f64();
-    timer.runs[phase.index()] += 1;
+    // Without CUDA, Synchronized is the only timing.
+    #[allow(irrefutable_let_patterns)]
+    if let Timing::Synchronized { seconds, runs } = &mut timer.borrow_mut().timing {
+        seconds[phase.index()] += start.elapsed().as_secs_f64();
+        runs[phase.index()] += 1;
+    }
     Ok(result)
 }
 

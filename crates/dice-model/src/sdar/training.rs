@@ -14,7 +14,7 @@
 //! of as many layers as memory allows for an SFT step.
 
 use super::stage::Unprobed;
-use super::step_profile::{timed, PhaseTimer, StepPhase, StepProfile};
+use super::step_profile::{timed, PhaseTimer, StepOverlap, StepPhase, StepProfile};
 use super::{
     attention_rows, chunked_attention, linear, rms_norm, row_chunks, DecoderLayer, Kernels, Rope,
     Sdar, QUERY_CHUNK,
@@ -625,7 +625,35 @@ impl Sdar {
             .timer
             .take()
             .context("the profiled layout keeps its timer")?;
-        Ok((step, timer.into_inner().finish(seconds)))
+        Ok((step, timer.into_inner().finish(seconds)?))
+    }
+
+    /// [`Sdar::sft_loss_and_grads`] with every phase marked on the device by CUDA events and on
+    /// the host by the clock, never synchronizing (the step as it runs unprofiled): where the
+    /// device waited for the host. `None` off CUDA, where there is no device to wait.
+    pub fn overlap_sft_step(
+        &self,
+        batch: &TwoStreamBatch,
+        chunk_rows: usize,
+    ) -> anyhow::Result<Option<(LossGradients, StepOverlap)>> {
+        ensure!(
+            !batch.tokens().is_empty(),
+            "the SFT batch has no tokens: pass at least one non-empty packed row"
+        );
+        let Some(timer) = PhaseTimer::overlapped(self.device())? else {
+            return Ok(None);
+        };
+        let timer = RefCell::new(timer);
+        let mut layout = timed(Some(&timer), StepPhase::Setup, || {
+            Layout::sft_step(self, batch, chunk_rows)
+        })?;
+        layout.timer = Some(timer);
+        let step = self.sft_step_on(&layout, batch, chunk_rows)?;
+        let timer = layout
+            .timer
+            .take()
+            .context("the overlapped layout keeps its timer")?;
+        Ok(Some((step, timer.into_inner().finish_overlapped()?)))
     }
 
     /// Whether a [`MaskedSequence`] with key spans trains here without its mask: on CUDA in

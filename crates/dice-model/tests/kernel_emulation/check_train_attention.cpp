@@ -6,9 +6,10 @@
 // checked: the one that recomputes S and dP for dQ (DICE_ATTENTION_KEEP_DS=0) and the default that
 // keeps dS (dK/dV storing every dS tile, then dQ from them): its dQ against the same reference,
 // its dK and dV against the other's, bit for bit.
-// Build: g++ -std=c++20 -DHEAD_DIM=<d> [-DTRAIN_ATTENTION_WGMMA=1] [-DDQ_FROM_DS_MAX_HEADS=2]
-// check_train_attention.cpp (the second for the wgmma path, the third for dQ from kept dS two
-// query heads a CTA); exits non-zero on a mismatch.
+// Build: g++ -std=c++20 -DHEAD_DIM=<d> [-DTRAIN_ATTENTION_WGMMA=1] check_train_attention.cpp
+// (the second for the wgmma path); exits non-zero on a mismatch. dQ from kept dS takes two query
+// heads of a GQA group a CTA where the group's size is even and one where it is odd: the cases'
+// groups of 1, 2 and 3 run both.
 #include "cuda_emulation.h"
 #include "../../src/kernels/train_attention.cu"
 

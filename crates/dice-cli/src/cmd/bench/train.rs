@@ -6,7 +6,7 @@ use crate::cmd::args::RandomModelArgs;
 use anyhow::{Context, Result};
 use clap::Args;
 use dice_model::config::SdarConfig;
-use dice_model::sdar::StepProfile;
+use dice_model::sdar::{StepOverlap, StepProfile, STARVED_LEAD_SECONDS};
 use dice_report::targets::Targets;
 use dice_train::metrics::HOPPER_BF16_PEAK_TFLOPS;
 use dice_train::step_timing::time_sft_step;
@@ -53,7 +53,9 @@ pub(crate) struct TrainBenchArgs {
     pub peak_tflops: Option<f64>,
     /// Also run one more step with each phase timed on its own (forward projections,
     /// attention, MLP, loss head, and their backward), between device synchronizations, and
-    /// print where the step's time goes.
+    /// print where the step's time goes; on CUDA, then one more as unprofiled steps run, each
+    /// phase marked by events on the device and by the clock on the host, and print where the
+    /// device waited for the host (phases whose runs ended with the device caught up).
     #[arg(long)]
     pub profile: bool,
     /// Also write the result as JSON to this file.
@@ -92,6 +94,8 @@ struct TrainBench {
     bound_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     profile: Option<StepProfile>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    overlap: Option<StepOverlap>,
 }
 
 pub(super) fn run(args: TrainBenchArgs) -> Result<()> {
@@ -124,6 +128,7 @@ pub(super) fn run(args: TrainBenchArgs) -> Result<()> {
         peak_bytes: step.peak_bytes,
         bound_bytes: bound_gib.map(|g| (g * (1u64 << 30) as f64) as u64),
         profile: step.profile,
+        overlap: step.overlap,
     };
     let bound = match (result.peak_bytes, result.bound_bytes) {
         (None, _) => "not measured on the CPU".to_string(),
@@ -149,6 +154,9 @@ pub(super) fn run(args: TrainBenchArgs) -> Result<()> {
     );
     if let Some(profile) = &result.profile {
         print!("{}", profile_table(profile));
+    }
+    if let Some(overlap) = &result.overlap {
+        print!("{}", overlap_table(overlap));
     }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&result)?)
@@ -181,6 +189,40 @@ fn profile_table(profile: &StepProfile) -> String {
     table += &format!(
         "| between phases (host bookkeeping) | | {rest:.1} | {:.1} % |\n",
         share(rest)
+    );
+    table
+}
+
+/// The overlapped step as a Markdown table: each phase's time on the device and on the host,
+/// how far the device trailed the host at the end of its runs at least, and the runs whose end
+/// found the device caught up (it waited for the host).
+fn overlap_table(overlap: &StepOverlap) -> String {
+    let ms = |seconds: f64| 1e3 * seconds;
+    let mut table = format!(
+        "overlapped step (no synchronization; CUDA events and the host clock): {:.1} ms on the \
+         device, enqueued in {:.1} ms on the host\n\
+         | phase | runs | device ms | host ms | least lead ms | runs with the device caught up (< {:.0} µs) |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: |\n",
+        ms(overlap.device_seconds),
+        ms(overlap.host_seconds),
+        1e6 * STARVED_LEAD_SECONDS,
+    );
+    let mut inside = 0.0;
+    for phase in &overlap.phases {
+        inside += phase.device_seconds;
+        table += &format!(
+            "| {} | {} | {:.1} | {:.1} | {:.3} | {} |\n",
+            phase.name,
+            phase.runs,
+            ms(phase.device_seconds),
+            ms(phase.host_seconds),
+            ms(phase.least_lead_seconds),
+            phase.starved_runs
+        );
+    }
+    table += &format!(
+        "| between phases | | {:.1} | | | |\n",
+        ms(overlap.device_seconds - inside)
     );
     table
 }
