@@ -30,13 +30,18 @@ run() { # name, cap seconds, dice args...   (GPU utilisation sampled each second
   wanted "$name" || return 0
   local limit=$(( $(left) < cap ? $(left) : cap ))
   (( limit > 10 )) || { echo "$name skipped: no time left" | tee -a "$OUT/steps.txt"; return; }
-  nvidia-smi dmon -s um -d 1 >"$OUT/$name.dmon" 2>&1 &
+  # Power, clocks, utilisation and memory each second: a step slower than its kernels' sum may
+  # be the SM clock dropping under sustained load (the power limit), not the device waiting.
+  nvidia-smi dmon -s pucm -d 1 >"$OUT/$name.dmon" 2>&1 &
   local dmon=$! t0=$(date +%s)
   timeout "$limit" "$bin" "$@" >"$OUT/$name.txt" 2>&1
   echo "$name rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
   kill $dmon 2>/dev/null
   tail -15 "$OUT/$name.txt"
-  # Mean SM utilisation over the samples that saw any (the model's build and the start excluded).
-  awk '$1 ~ /^[0-9]+$/ && $2 > 0 {n++; s += $2} END {if (n) printf "  sm%% mean over %d busy samples: %.0f\n", n, s / n}' \
+  # Mean SM utilisation, SM clock and power over the samples that saw any (the model's build and
+  # the start excluded); columns found by the header's names.
+  awk '$1 == "#" && $2 == "gpu" {for (i = 3; i <= NF; i++) col[$i] = i - 1}
+       $1 ~ /^[0-9]+$/ && $(col["sm"]) > 0 {n++; s += $(col["sm"]); c += $(col["pclk"]); w += $(col["pwr"])}
+       END {if (n) printf "  sm%% mean over %d busy samples: %.0f, SM clock %.0f MHz, power %.0f W\n", n, s / n, c / n, w / n}' \
     "$OUT/$name.dmon" | tee -a "$OUT/steps.txt"
 }

@@ -228,45 +228,72 @@ impl PhaseTimer {
                 Ok(f64::from(ms) / 1e3)
             };
             let host_at = |instant: &Instant| instant.duration_since(origin.0).as_secs_f64();
-            let mut phases: Vec<PhaseOverlap> = StepPhase::ALL
+            let runs = marks
                 .iter()
-                .map(|&phase| PhaseOverlap {
-                    phase,
-                    name: phase.name(),
-                    runs: 0,
-                    device_seconds: 0.0,
-                    host_seconds: 0.0,
-                    least_lead_seconds: f64::INFINITY,
-                    starved_runs: 0,
+                .map(|mark| {
+                    Ok(MarkedRun {
+                        phase: mark.phase,
+                        host: [host_at(&mark.start.0), host_at(&mark.end.0)],
+                        device: [device_at(&mark.start.1)?, device_at(&mark.end.1)?],
+                    })
                 })
-                .collect();
-            let (mut device_seconds, mut host_seconds) = (0f64, 0f64);
-            for mark in &marks {
-                let (device_start, device_end) =
-                    (device_at(&mark.start.1)?, device_at(&mark.end.1)?);
-                let (host_start, host_end) = (host_at(&mark.start.0), host_at(&mark.end.0));
-                let lead = device_end - host_end;
-                let phase = &mut phases[mark.phase.index()];
-                phase.runs += 1;
-                phase.device_seconds += device_end - device_start;
-                phase.host_seconds += host_end - host_start;
-                phase.least_lead_seconds = phase.least_lead_seconds.min(lead);
-                phase.starved_runs += u64::from(lead < STARVED_LEAD_SECONDS);
-                device_seconds = device_seconds.max(device_end);
-                host_seconds = host_seconds.max(host_end);
-            }
-            for phase in &mut phases {
-                if phase.runs == 0 {
-                    phase.least_lead_seconds = 0.0;
-                }
-            }
-            return Ok(StepOverlap {
-                phases,
-                device_seconds,
-                host_seconds,
-            });
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(StepOverlap::of_runs(&runs));
         }
         candle_core::bail!("internal error: a synchronized timer finished as an overlapped one")
+    }
+}
+
+/// One run of a phase in an overlapped step: when the host began and ended enqueuing it, and
+/// when the device reached its start and end, in seconds from the step's start on each clock.
+#[derive(Debug, Clone, Copy)]
+struct MarkedRun {
+    phase: StepPhase,
+    host: [f64; 2],
+    device: [f64; 2],
+}
+
+impl StepOverlap {
+    /// The timeline of the marked runs, phase by phase. The device reaches a run's end no sooner
+    /// than the host has enqueued it, so the lead (device end less host end) is never much below
+    /// zero, and a lead near zero means the device had nothing left to run when the host got
+    /// there: it was waiting.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn of_runs(runs: &[MarkedRun]) -> Self {
+        let mut phases: Vec<PhaseOverlap> = StepPhase::ALL
+            .iter()
+            .map(|&phase| PhaseOverlap {
+                phase,
+                name: phase.name(),
+                runs: 0,
+                device_seconds: 0.0,
+                host_seconds: 0.0,
+                least_lead_seconds: f64::INFINITY,
+                starved_runs: 0,
+            })
+            .collect();
+        let (mut device_seconds, mut host_seconds) = (0f64, 0f64);
+        for run in runs {
+            let lead = run.device[1] - run.host[1];
+            let phase = &mut phases[run.phase.index()];
+            phase.runs += 1;
+            phase.device_seconds += run.device[1] - run.device[0];
+            phase.host_seconds += run.host[1] - run.host[0];
+            phase.least_lead_seconds = phase.least_lead_seconds.min(lead);
+            phase.starved_runs += u64::from(lead < STARVED_LEAD_SECONDS);
+            device_seconds = device_seconds.max(run.device[1]);
+            host_seconds = host_seconds.max(run.host[1]);
+        }
+        for phase in &mut phases {
+            if phase.runs == 0 {
+                phase.least_lead_seconds = 0.0;
+            }
+        }
+        StepOverlap {
+            phases,
+            device_seconds,
+            host_seconds,
+        }
     }
 }
 
@@ -318,4 +345,45 @@ pub(super) fn timed<R, E: From<candle_core::Error>>(
 
 fn sync(device: &Device) -> Result<()> {
     device.synchronize()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run whose end the device reached right after the host enqueued it is starved; one the
+    /// device reached long after is not; phases sum their runs, and unmarked phases read zero.
+    #[test]
+    fn runs_the_device_reached_as_the_host_enqueued_them_count_as_starved() {
+        let run = |phase, host: [f64; 2], device: [f64; 2]| MarkedRun {
+            phase,
+            host,
+            device,
+        };
+        let overlap = StepOverlap::of_runs(&[
+            // The host runs ahead: the attention ends on the device 20 ms after it was enqueued.
+            run(StepPhase::ForwardAttention, [0.000, 0.001], [0.001, 0.021]),
+            run(StepPhase::ForwardAttention, [0.001, 0.002], [0.021, 0.041]),
+            // Many small launches: the device ends 10 µs after the host's last one.
+            run(
+                StepPhase::ProjectionsBackward,
+                [0.050, 0.060],
+                [0.045, 0.06001],
+            ),
+        ]);
+        let phase = |p: StepPhase| &overlap.phases[p.index()];
+        let attention = phase(StepPhase::ForwardAttention);
+        assert_eq!(attention.runs, 2);
+        assert!((attention.device_seconds - 0.040).abs() < 1e-12);
+        assert!((attention.host_seconds - 0.002).abs() < 1e-12);
+        assert!((attention.least_lead_seconds - 0.020).abs() < 1e-12);
+        assert_eq!(attention.starved_runs, 0);
+        let projections = phase(StepPhase::ProjectionsBackward);
+        assert_eq!(projections.starved_runs, 1);
+        assert!(projections.least_lead_seconds < STARVED_LEAD_SECONDS);
+        let setup = phase(StepPhase::Setup);
+        assert_eq!((setup.runs, setup.least_lead_seconds), (0, 0.0));
+        assert!((overlap.device_seconds - 0.06001).abs() < 1e-12);
+        assert!((overlap.host_seconds - 0.060).abs() < 1e-12);
+    }
 }
