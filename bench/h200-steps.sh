@@ -6,9 +6,15 @@
 #                                       or none is), its output in OUT/NAME.txt, its wall time
 #                                       and mean SM utilisation in OUT/steps.txt
 #   wanted NAME, left, unxz FILE.xz DEST
+# ARCHIVE=FILE (outside OUT) puts every file of OUT in one archive when the script ends, also when
+# it is stopped (for a transport that brings back only a few files from the GPU machine).
 DATA=$(realpath "${DATA:?}")
 OUT=${OUT:-$(bash bench/run-folder.sh)} || exit 1
 mkdir -p "$OUT" && OUT=$(realpath "$OUT")
+if [[ -n ${ARCHIVE:-} ]]; then
+  trap 'tar -czf "$ARCHIVE" -C "$OUT" .' EXIT
+  trap 'exit 143' TERM INT
+fi
 # The binary links libnccl.so.2 and CUDA 13's libraries: torch's wheels carry both.
 nvidia=$(python3 -c 'import nvidia, os; print(nvidia.__path__[0])')
 export LD_LIBRARY_PATH=$nvidia/cu13/lib:$nvidia/nccl/lib
