@@ -608,24 +608,12 @@ impl Sdar {
         batch: &TwoStreamBatch,
         chunk_rows: usize,
     ) -> anyhow::Result<(LossGradients, StepProfile)> {
-        ensure!(
-            !batch.tokens().is_empty(),
-            "the SFT batch has no tokens: pass at least one non-empty packed row"
-        );
         let start = Instant::now();
-        let timer = RefCell::new(PhaseTimer::new(self.device()));
-        let mut layout = timed(Some(&timer), StepPhase::Setup, || {
-            Layout::sft_step(self, batch, chunk_rows)
-        })?;
-        layout.timer = Some(timer);
-        let step = self.sft_step_on(&layout, batch, chunk_rows)?;
+        let (step, timer) =
+            self.timed_sft_step(batch, chunk_rows, PhaseTimer::new(self.device()))?;
         self.device().synchronize()?;
         let seconds = start.elapsed().as_secs_f64();
-        let timer = layout
-            .timer
-            .take()
-            .context("the profiled layout keeps its timer")?;
-        Ok((step, timer.into_inner().finish(seconds)?))
+        Ok((step, timer.finish(seconds)?))
     }
 
     /// [`Sdar::sft_loss_and_grads`] with every phase marked on the device by CUDA events and on
@@ -636,13 +624,24 @@ impl Sdar {
         batch: &TwoStreamBatch,
         chunk_rows: usize,
     ) -> anyhow::Result<Option<(LossGradients, StepOverlap)>> {
+        let Some(timer) = PhaseTimer::overlapped(self.device())? else {
+            return Ok(None);
+        };
+        let (step, timer) = self.timed_sft_step(batch, chunk_rows, timer)?;
+        Ok(Some((step, timer.finish_overlapped()?)))
+    }
+
+    /// The SFT step with its phases, the layout's setup included, timed by `timer`.
+    fn timed_sft_step(
+        &self,
+        batch: &TwoStreamBatch,
+        chunk_rows: usize,
+        timer: PhaseTimer,
+    ) -> anyhow::Result<(LossGradients, PhaseTimer)> {
         ensure!(
             !batch.tokens().is_empty(),
             "the SFT batch has no tokens: pass at least one non-empty packed row"
         );
-        let Some(timer) = PhaseTimer::overlapped(self.device())? else {
-            return Ok(None);
-        };
         let timer = RefCell::new(timer);
         let mut layout = timed(Some(&timer), StepPhase::Setup, || {
             Layout::sft_step(self, batch, chunk_rows)
@@ -652,8 +651,8 @@ impl Sdar {
         let timer = layout
             .timer
             .take()
-            .context("the overlapped layout keeps its timer")?;
-        Ok(Some((step, timer.into_inner().finish_overlapped()?)))
+            .context("the timed layout keeps its timer")?;
+        Ok((step, timer.into_inner()))
     }
 
     /// Whether a [`MaskedSequence`] with key spans trains here without its mask: on CUDA in
