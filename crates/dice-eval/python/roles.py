@@ -464,19 +464,19 @@ class Judge:
             if fault is not None:
                 return dict(verdict("runtime_error", fault), max_abs=0.0, max_rel=0.0)
             values = sample.values
-            return self.compare(protocol.values_at(ref, sample.positions), values.dtype, lambda start, n: values[start : start + n])
+            chunks = (values[start : start + COMPARE_CHUNK] for start in range(0, values.numel(), COMPARE_CHUNK))
+            return self.compare(protocol.values_at(ref, sample.positions), values.dtype, chunks)
         chunks = published.read_chunks(entry, COMPARE_CHUNK, pinned=self.device.type == "cuda")
-        return self.compare(ref, entry[0], lambda start, n: next(chunks))
+        return self.compare(ref, entry[0], chunks)
 
-    def compare(self, ref, dtype, chunk):
-        """`ref` against a candidate's tensor of `dtype` whose flat values `chunk(start, n)` gives,
-        COMPARE_CHUNK at a time in order."""
+    def compare(self, ref, dtype, chunks):
+        """`ref` against a candidate's tensor of `dtype` given as its flat values, COMPARE_CHUNK at
+        a time in order (`chunks`, an iterator of as many chunks as `ref` has)."""
         same_dtype = dtype == ref.dtype
         ref = ref.reshape(-1)
         total = Comparison()
-        for start in range(0, ref.numel(), COMPARE_CHUNK):
+        for start, n in zip(range(0, ref.numel(), COMPARE_CHUNK), chunks):
             r = ref[start : start + COMPARE_CHUNK]
-            n = chunk(start, r.numel())
             try:
                 part = self._compare(r.to(self.device), n.to(self.device), same_dtype)
             except torch.OutOfMemoryError:

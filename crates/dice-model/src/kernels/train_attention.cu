@@ -615,9 +615,10 @@ __device__ void query_gradients(const T* __restrict__ q, const T* __restrict__ k
     store_rows(acc, factor, dq + (size_t)head * tokens * HEAD_DIM, HEAD_DIM, first, tokens);
 }
 
-// The backward that keeps dS (unless DICE_ATTENTION_KEEP_DS=0): the dK/dV kernel stores each dS tile it
-// computes, rounded to the dtype as its dK product takes it, and train_attention_dq_from_ds then
-// makes dQ in one product a tile pair (dQ += dS K) instead of recomputing S and dP. ds [pairs,
+// The backward that keeps dS (unless DICE_ATTENTION_KEEP_DS=0): the dK/dV kernel stores each
+// dS tile it computes, rounded to the dtype as its dK product takes it, and
+// train_attention_dq_from_ds then makes dQ in one product a tile pair (dQ += dS K) instead of
+// recomputing S and dP. ds [pairs,
 // Hq, TILE * TILE] holds, per visible (query tile, key tile) pair (numbered by pair_index
 // [T / 64, T / 64] u32, KeySpans::tile_pairs) and query head, the unscaled dS^T of the pair,
 // rows keys and columns queries, as 32-bit words of two queries in the order the dK/dV warps
@@ -792,9 +793,9 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
     store_rows(dv_acc, dv_factor, dv + kv_offset, HEAD_DIM, key_first + warp_first, tokens);
 }
 
-// A staged dS^T tile (the dQ kernel from kept dS): TILE rows (keys) of TILE queries, 128 bytes a row
-// whose 16-byte chunks are swizzled (chunk ^ row % 8), so that the copies of 8 rows' chunks and
-// ldmatrix's 8 rows hit 8 distinct bank groups.
+// A staged dS^T tile (the dQ kernel from kept dS): TILE rows (keys) of TILE queries, 128 bytes
+// a row whose 16-byte chunks are swizzled (chunk ^ row % 8), so that the copies of 8 rows'
+// chunks and ldmatrix's 8 rows hit 8 distinct bank groups.
 __device__ __forceinline__ int staged_ds_offset(int row, int chunk) {
     return row * TILE + (chunk ^ (row % 8)) * 8;
 }

@@ -64,7 +64,8 @@ fn key_pipeline_shared_bytes(head_dim: usize) -> usize {
 }
 
 /// Query heads of one GQA group that a CTA of `train_attention_dq_from_ds_*` takes at once when
-/// the group's size is a multiple of it (`DQ_FROM_DS_MAX_HEADS`): their K tile is staged once.
+/// the group's size is a multiple of it, as `train_attention.cu` defines `DQ_FROM_DS_MAX_HEADS`
+/// (the grid and the shared memory below follow it): their K tile is staged once.
 const DQ_FROM_DS_MAX_HEADS: usize = 2;
 
 /// Query heads a CTA of `train_attention_dq_from_ds_*` takes (`dq_from_ds_heads`): its grid is

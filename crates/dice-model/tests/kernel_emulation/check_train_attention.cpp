@@ -2,10 +2,10 @@
 // gradients, for bf16 and f16: packed sequences of two-stream SFT segments (masks.rs,
 // two_stream_allowed, with the spans train_attention.rs derives), GQA, a last query tile only
 // partly filled, queries that see nothing, and key tiles that every query of a tile sees (run
-// without the per-key test; the check prints how many tile pairs took that path). Both backwards are
-// checked: the one that recomputes S and dP for dQ (DICE_ATTENTION_KEEP_DS=0) and the default that
-// keeps dS (dK/dV storing every dS tile, then dQ from them): its dQ against the same reference,
-// its dK and dV against the other's, bit for bit.
+// without the per-key test; the check prints how many tile pairs took that path). Both backwards
+// are checked: the one that recomputes S and dP for dQ (DICE_ATTENTION_KEEP_DS=0) and the default
+// that keeps dS (dK/dV storing every dS tile, then dQ from them): its dQ against the same
+// reference, its dK and dV against the other's, bit for bit.
 // Build: g++ -std=c++20 -DHEAD_DIM=<d> [-DTRAIN_ATTENTION_WGMMA=1] check_train_attention.cpp
 // (the second for the wgmma path); exits non-zero on a mismatch. dQ from kept dS takes two query
 // heads of a GQA group a CTA where the group's size is even and one where it is odd: the cases'
@@ -173,8 +173,8 @@ template <typename T> Errors run(const Case& c) {
         Kernels<T>::dkdv(q.data(), k.data(), v.data(), d_out.data(), s, ts, to, lse.data(),
                          delta.data(), dk.data(), dv.data(), N, Hq, Hkv, scale);
     });
-    // The backward that keeps dS: dK/dV storing dS, then dQ from it. The buffer starts as NaNs (0xffff in both
-    // dtypes), so that a tile read but never written shows in dQ.
+    // The backward that keeps dS: dK/dV storing dS, then dQ from it. The buffer starts as NaNs
+    // (0xffff in both dtypes), so that a tile read but never written shows in dQ.
     std::vector<unsigned> pair_index;
     const unsigned pairs = tile_pairs_of(tiles, N, pair_index);
     std::vector<T> ds((size_t)pairs * Hq * TILE * TILE, T{0xffff}), kept_dq(q.size()),
