@@ -7,7 +7,8 @@
 #                                       and mean SM utilisation in OUT/steps.txt
 #   wanted NAME, left, unxz FILE.xz DEST
 # ARCHIVE=FILE (outside OUT) puts every file of OUT in one archive when the script ends, also when
-# it is stopped (for a transport that brings back only a few files from the GPU machine).
+# it is stopped (for a transport that brings back only a few files from the GPU machine); a stop
+# takes effect once the running step ends, which BUDGET_S bounds: keep it inside the call's limit.
 DATA=$(realpath "${DATA:?}")
 OUT=${OUT:-$(bash bench/run-folder.sh)} || exit 1
 mkdir -p "$OUT" && OUT=$(realpath "$OUT")
