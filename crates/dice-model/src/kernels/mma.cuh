@@ -122,23 +122,21 @@ __device__ __forceinline__ float warp_max(float x) {
 // -inf where masked; this lane's rows group and group + 8): the running max m and this lane's
 // share of the running sum l updated (the quad's shares are added at the end), s replaced by
 // exp(s - m), and alpha, the factor by which each row's earlier output must be scaled. A row
-// that has seen nothing yet keeps m = -inf, zeros and alpha 1. base2: s and m are base-2
-// exponents (scores scaled by log2(e)), exponentials are exp2.
-template <int keys, bool base2 = false>
+// that has seen nothing yet keeps m = -inf, zeros and alpha 1.
+template <int keys>
 __device__ __forceinline__ void online_softmax(float (&s)[keys / 8][4], float (&m)[2],
                                                float (&l)[2], float (&alpha)[2]) {
-    const auto exp = [](float x) { return base2 ? exp2_approx(x) : expf(x); };
     for (int r = 0; r < 2; ++r) {
         float tile_max = NEG_INF;
         for (int nt = 0; nt < keys / 8; ++nt)
             tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
         const float m_new = fmaxf(m[r], quad_max(tile_max));
         const bool empty = m_new == NEG_INF;
-        alpha[r] = empty ? 1.f : exp(m[r] - m_new);
+        alpha[r] = empty ? 1.f : expf(m[r] - m_new);
         float sum = 0.f;
         for (int nt = 0; nt < keys / 8; ++nt)
             for (int e = 2 * r; e < 2 * r + 2; ++e) {
-                s[nt][e] = empty ? 0.f : exp(s[nt][e] - m_new);
+                s[nt][e] = empty ? 0.f : expf(s[nt][e] - m_new);
                 sum += s[nt][e];
             }
         l[r] = l[r] * alpha[r] + sum;

@@ -159,16 +159,25 @@ __device__ __forceinline__ int next_visible_key_tile(const unsigned int* __restr
 
 // Rows first..first + TILE - 1 of src (rows `row_stride` elements apart) into a staged tile by
 // cp.async; rows from `count` on are zeros. The caller commits and waits. A warp copies whole
-// rows (whole 128-byte lines of memory), each line's 8 lanes into one 128-byte stretch.
+// rows (whole 128-byte lines of memory), each line's 8 lanes into one 128-byte stretch. A thread
+// copies the same 16-byte chunk of every ROWS_A_PASS-th row: its addresses are computed once and
+// step by constants (a multiple of 8 rows keeps the swizzle's row % 8), instead of a division
+// per copy.
 template <typename T>
 __device__ __forceinline__ void stage_rows(unsigned short* tile, const T* __restrict__ src,
                                            size_t row_stride, int first, int count) {
-    constexpr int CHUNKS = HEAD_DIM / 8;
-    for (int u = threadIdx.x; u < TILE * CHUNKS; u += THREADS) {
-        const int row = u / CHUNKS, c = u % CHUNKS;
-        const bool valid = row < count;
-        cp_async_16(tile + staged_offset(row, c),
-                    src + (size_t)(first + (valid ? row : 0)) * row_stride + 8 * c, valid);
+    constexpr int CHUNKS = HEAD_DIM / 8, ROWS_A_PASS = THREADS / CHUNKS;
+    static_assert(THREADS % CHUNKS == 0 && ROWS_A_PASS % 8 == 0 && TILE % ROWS_A_PASS == 0,
+                  "a pass copies whole rows, a multiple of 8 of them");
+    const int row = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+    unsigned short* to = tile + staged_offset(row, c);
+    const T* from = src + (size_t)(first + row) * row_stride + 8 * c;
+    const T* first_row = src + (size_t)first * row_stride + 8 * c;
+#pragma unroll
+    for (int pass = 0; pass < TILE / ROWS_A_PASS; ++pass) {
+        const bool valid = row + pass * ROWS_A_PASS < count;
+        cp_async_16(to + staged_offset(pass * ROWS_A_PASS, 0),
+                    valid ? from + (size_t)pass * ROWS_A_PASS * row_stride : first_row, valid);
     }
 }
 
@@ -415,18 +424,42 @@ __device__ __forceinline__ void over_key_tiles(unsigned short* kv, const T* __re
         });
 }
 
-// Scores s of `keys` keys base.. scaled by scale_log2 = scale * log2(e), masked by the rows'
-// spans unless every row sees every key.
+// Entries of a warp's accumulator tile x (16 rows by n columns) that visible(nt, e) rejects set
+// to `value`: -inf for scores, 0 for probabilities. Called only for the tiles that not every row
+// sees whole (a few per query tile: most of a long sequence's tiles skip the per-key test).
+template <int n, typename Visible>
+__device__ __forceinline__ void mask_tile(float (&x)[n / 8][4], float value, Visible visible) {
+    for (int nt = 0; nt < n / 8; ++nt)
+        for (int e = 0; e < 4; ++e)
+            if (!visible(nt, e)) x[nt][e] = value;
+}
+
+// The online softmax's step (mma.cuh's online_softmax) over a warp's raw scores s (16 rows x
+// `keys`, -inf where masked) with the scale folded into each exponential: base 2, scale_log2 =
+// scale * log2(e), m in base-2 units of scaled scores (the max is taken on raw scores: scaling
+// by a positive factor keeps it), so that a probability costs one FMA and one ex2. A row that
+// has seen nothing yet keeps m = -inf and alpha 1; its scores, -inf, give exponentials of 0.
 template <int keys>
-__device__ __forceinline__ void scale_and_mask(float (&s)[keys / 8][4], bool masked, int base,
-                                               const unsigned int (&span)[2][4],
-                                               float scale_log2) {
-    const int quad_lane = threadIdx.x % 4;
-    for (int nt = 0; nt < keys / 8; ++nt)
-        for (int e = 0; e < 4; ++e) {
-            const int key = base + 8 * nt + 2 * quad_lane + (e & 1);
-            s[nt][e] = !masked || sees(span[e / 2], key) ? s[nt][e] * scale_log2 : NEG_INF;
-        }
+__device__ __forceinline__ void online_softmax_scaled(float (&s)[keys / 8][4], float scale_log2,
+                                                      float (&m)[2], float (&l)[2],
+                                                      float (&alpha)[2]) {
+    for (int r = 0; r < 2; ++r) {
+        float tile_max = NEG_INF;
+        for (int nt = 0; nt < keys / 8; ++nt)
+            tile_max = fmaxf(tile_max, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        const float m_new = fmaxf(m[r], quad_max(tile_max) * scale_log2);
+        const bool empty = m_new == NEG_INF;
+        const float subtracted = empty ? 0.f : m_new;
+        alpha[r] = empty ? 1.f : exp2_approx(m[r] - m_new);
+        float sum = 0.f;
+        for (int nt = 0; nt < keys / 8; ++nt)
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                s[nt][e] = exp2_approx(fmaf(s[nt][e], scale_log2, -subtracted));
+                sum += s[nt][e];
+            }
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = m_new;
+    }
 }
 
 // The output rescaled by the online softmax's alpha, skipped when no row of the warp moved its
@@ -438,8 +471,8 @@ __device__ __forceinline__ void rescale(float (&o)[HEAD_DIM / 8][4], const float
 }
 
 // One warp's forward step over `keys` staged keys base..: S = Q K^T, masked by the rows' spans
-// (unless every row sees every key), scaled by scale_log2 = scale * log2(e); the online
-// softmax's max m and sum l (base 2, this lane's columns) and the output o rescaled; O += P V.
+// (unless every row sees every key); the online softmax (scale_log2 = scale * log2(e)): its max
+// m and sum l (base 2, this lane's columns) and the output o rescaled; O += P V.
 template <typename T, int keys>
 __device__ __forceinline__ void forward_keys(bool masked,
                                              const unsigned int (&qa)[HEAD_DIM / 16][4],
@@ -451,9 +484,14 @@ __device__ __forceinline__ void forward_keys(bool masked,
     float s[keys / 8][4];
     zero(s);
     times_rows<T, keys>(qa, k_rows, s);
-    scale_and_mask<keys>(s, masked, base, span, scale_log2);
+    if (masked) {
+        const int quad_lane = threadIdx.x % 4;
+        mask_tile<keys>(s, NEG_INF, [&](int nt, int e) {
+            return sees(span[e / 2], base + 8 * nt + 2 * quad_lane + (e & 1));
+        });
+    }
     float alpha[2];
-    online_softmax<keys, true>(s, m, l, alpha);
+    online_softmax_scaled<keys>(s, scale_log2, m, l, alpha);
     rescale(o, alpha);
     accumulate_rows<T, keys>(s, v_rows, o);
 }
@@ -540,10 +578,10 @@ __device__ __forceinline__ void scores_and_their_gradients(const A& a, const uns
 }
 
 // A probability recomputed from its score and its query's saved log-sum-exp (base 2: lse_log2 =
-// lse * log2(e), scale_log2 = scale * log2(e)); 0 where the query does not see the key.
-__device__ __forceinline__ float recomputed_p(bool visible, float score, float scale_log2,
-                                              float lse_log2) {
-    return visible ? exp2_approx(fmaf(score, scale_log2, -lse_log2)) : 0.f;
+// lse * log2(e), scale_log2 = scale * log2(e)); masked tiles then zero the keys not seen
+// (mask_tile).
+__device__ __forceinline__ float recomputed_p(float score, float scale_log2, float lse_log2) {
+    return exp2_approx(fmaf(score, scale_log2, -lse_log2));
 }
 
 // One warp's dQ step over `keys` staged keys base..: S = Q K^T and dP = dO V^T, P from the
@@ -562,11 +600,11 @@ __device__ __forceinline__ void dq_keys(bool masked,
     float s[keys / 8][4], dp[keys / 8][4];
     scores_and_their_gradients<T, keys>(qa, k_rows, doa, v_rows, s, dp);
     for (int nt = 0; nt < keys / 8; ++nt)
-        for (int e = 0; e < 4; ++e) {
-            const int key = base + 8 * nt + 2 * quad_lane + (e & 1);
-            s[nt][e] = recomputed_p(!masked || sees(span[e / 2], key), s[nt][e], scale_log2,
-                                    lse_log2[e / 2]);
-        }
+        for (int e = 0; e < 4; ++e) s[nt][e] = recomputed_p(s[nt][e], scale_log2, lse_log2[e / 2]);
+    if (masked)
+        mask_tile<keys>(s, 0.f, [&](int nt, int e) {
+            return sees(span[e / 2], base + 8 * nt + 2 * quad_lane + (e & 1));
+        });
     settle<0>(dp);
     for (int nt = 0; nt < keys / 8; ++nt)
         for (int e = 0; e < 4; ++e) s[nt][e] *= dp[nt][e] - delta[e / 2];
@@ -678,12 +716,14 @@ __device__ __forceinline__ void dkdv_queries(bool masked, const unsigned short* 
     scores_and_their_gradients<T, queries>(ka, q_rows, va, do_rows, st, dpt);
 #endif
     for (int nt = 0; nt < queries / 8; ++nt)
-        for (int e = 0; e < 4; ++e) {
-            const int query = 8 * nt + 2 * quad_lane + (e & 1);
-            const unsigned int key = key0 + group + 8 * (e / 2);
-            st[nt][e] = recomputed_p(!masked || sees(q_spans + 4 * query, key), st[nt][e],
-                                     scale_log2, q_lse[query] * LOG2E);
-        }
+        for (int e = 0; e < 4; ++e)
+            st[nt][e] =
+                recomputed_p(st[nt][e], scale_log2, q_lse[8 * nt + 2 * quad_lane + (e & 1)] * LOG2E);
+    if (masked)
+        mask_tile<queries>(st, 0.f, [&](int nt, int e) {
+            return sees(q_spans + 4 * (8 * nt + 2 * quad_lane + (e & 1)),
+                        key0 + group + 8 * (e / 2));
+        });
     // dV += P^T dO runs while dS^T is computed.
     unsigned int pa[queries / 16][4], dsa[queries / 16][4];
     pack_rows<T, queries>(st, pa);
@@ -763,7 +803,8 @@ __device__ void key_gradients(const T* __restrict__ q, const T* __restrict__ k,
                        (size_t)q_heads * HEAD_DIM, first, count);
             // Rows past the sequence are zeros: spans that see nothing (masked tiles), and in a
             // tile every row sees, zero Q and dO rows whose dV and dK terms are zero.
-            for (int r = threadIdx.x; r < TILE; r += THREADS) {
+            static_assert(THREADS >= TILE, "a thread copies one query's spans, lse and delta");
+            if (const int r = threadIdx.x; r < TILE) {
                 const bool valid = r < count;
                 const size_t row = first + (valid ? r : 0);
                 cp_async_16(q_spans(buffer) + 4 * r, spans + 4 * row, valid);
@@ -805,11 +846,14 @@ __device__ __forceinline__ int staged_ds_offset(int row, int chunk) {
 // is row group c % 8 of register r of warp w's step s (store_ds).
 template <typename T>
 __device__ __forceinline__ void stage_kept_ds(unsigned short* tile, const T* __restrict__ src) {
-    for (int c = threadIdx.x; c < TILE * TILE / 8; c += THREADS) {
-        const int group = c % 8, r = c / 8 % 4, s = c / 32 % (TILE / 16), w = c / 32 / (TILE / 16);
-        cp_async_16(tile + staged_ds_offset(16 * w + group + 8 * (r & 1), 2 * s + (r >> 1)),
-                    src + 8 * c, true);
-    }
+    // Thread t copies chunks t + THREADS p: the same group, register and step, warp p (THREADS
+    // = 4 warps' 32 chunks of a step), so its row steps by 16 and its column stays.
+    static_assert(THREADS == 32 * (TILE / 16), "a pass of the threads copies one warp's steps");
+    const int c = threadIdx.x, group = c % 8, r = c / 8 % 4, s = c / 32;
+    const int offset = staged_ds_offset(group + 8 * (r & 1), 2 * s + (r >> 1));
+#pragma unroll
+    for (int w = 0; w < TILE / 16; ++w)
+        cp_async_16(tile + offset + 16 * w * TILE, src + 8 * (c + THREADS * w), true);
 }
 
 // This warp's A fragments of dS (its 16 queries by the tile's keys) from a staged dS^T tile,
