@@ -547,14 +547,21 @@ __device__ __forceinline__ void merge_warps(const Tile& tile, const float (&o)[H
 template <typename T>
 __device__ __forceinline__ void stage_kv(const T* __restrict__ k_rows, const T* __restrict__ v_rows,
                                          int base, int key_end, unsigned short* stage) {
-    constexpr int pieces = MMA_STAGE_KEYS * HEAD_DIM / 8;
-    for (int u = threadIdx.x; u < pieces; u += THREADS) {
-        const int key = u / (HEAD_DIM / 8), c = u % (HEAD_DIM / 8);
-        const bool valid = base + key < key_end;
-        const size_t offset = valid ? (size_t)(base + key) * HEAD_DIM + 8 * c : 0;
-        unsigned short* dst = stage + key * MMA_STRIDE + 8 * c;
-        cp_async_16(dst, k_rows + offset, valid);
-        cp_async_16(dst + MMA_STAGE_KEYS * MMA_STRIDE, v_rows + offset, valid);
+    // A thread copies the same 16-byte chunk of every KEYS_A_PASS-th key: its addresses are
+    // computed once and step by constants, instead of a division per copy.
+    constexpr int CHUNKS = HEAD_DIM / 8, KEYS_A_PASS = THREADS / CHUNKS;
+    static_assert(THREADS % CHUNKS == 0 && MMA_STAGE_KEYS % KEYS_A_PASS == 0,
+                  "a pass copies whole keys");
+    const int key = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+    unsigned short* dst = stage + key * MMA_STRIDE + 8 * c;
+    const size_t first = (size_t)(base + key) * HEAD_DIM + 8 * c;
+#pragma unroll
+    for (int pass = 0; pass < MMA_STAGE_KEYS / KEYS_A_PASS; ++pass) {
+        const bool valid = base + key + pass * KEYS_A_PASS < key_end;
+        const size_t offset = valid ? first + (size_t)pass * KEYS_A_PASS * HEAD_DIM : 0;
+        unsigned short* to = dst + pass * KEYS_A_PASS * MMA_STRIDE;
+        cp_async_16(to, k_rows + offset, valid);
+        cp_async_16(to + MMA_STAGE_KEYS * MMA_STRIDE, v_rows + offset, valid);
     }
 }
 

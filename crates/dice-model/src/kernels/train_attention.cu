@@ -246,19 +246,25 @@ __device__ __forceinline__ void settle(Operands&... operands) {
 #endif
 }
 
-// Issues acc (+)= A B over the staged rows: A from registers (this warp's 16 rows) or, as
-// wgmmas only, 64 staged rows (K-major as B), B^T the n staged rows (K or V as stored: k along
-// their HEAD_DIM columns), `n` columns. As wgmmas, the warpgroup's 64 rows at once, every warp
-// calling.
+template <int n> __device__ __forceinline__ void zero(float (&acc)[n][4]) {
+    for (int i = 0; i < n; ++i)
+        for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+}
+
+// Issues acc = A B over the staged rows: A from registers (this warp's 16 rows) or, as wgmmas
+// only, 64 staged rows (K-major as B), B^T the n staged rows (K or V as stored: k along their
+// HEAD_DIM columns), `n` columns. As wgmmas, the warpgroup's 64 rows at once, every warp
+// calling; the first k step does not accumulate (wgmma's scale-d), so acc needs no zeroing.
 template <typename T, int n, typename A>
 __device__ __forceinline__ void issue_times_rows(const A& a, const unsigned short* rows,
                                                  float (&acc)[n / 8][4]) {
 #if TRAIN_ATTENTION_WGMMA
     wgmma_begin(acc);
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
-        wgmma_m64k16<T, false, n>(acc, k_step(a, ks), k_step(rows, ks));
+        wgmma_m64k16<T, false, n>(acc, k_step(a, ks), k_step(rows, ks), ks > 0);
     wgmma_commit();
 #else
+    zero(acc);
     const int lane = threadIdx.x % 32, matrix = lane / 8, matrix_row = lane % 8;
     for (int ks = 0; ks < HEAD_DIM / 16; ++ks)
         for (int np = 0; np < n / 16; ++np) {
@@ -270,7 +276,7 @@ __device__ __forceinline__ void issue_times_rows(const A& a, const unsigned shor
 #endif
 }
 
-// acc (+)= A B (issue_times_rows's product), waited for.
+// acc = A B (issue_times_rows's product), waited for.
 template <typename T, int n, typename A>
 __device__ __forceinline__ void times_rows(const A& a, const unsigned short* rows,
                                            float (&acc)[n / 8][4]) {
@@ -331,11 +337,6 @@ __device__ __forceinline__ void accumulate_rows(const float (&p)[k / 8][4],
     pack_rows<T, k>(p, pa);
     issue_accumulate_rows<T, k>(pa, rows, acc);
     settle<0>(acc, pa);
-}
-
-template <int n> __device__ __forceinline__ void zero(float (&acc)[n][4]) {
-    for (int i = 0; i < n; ++i)
-        for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
 }
 
 // Writes a warp's 16 x HEAD_DIM accumulator times `factor` to rows first.. of dst (rows
@@ -482,7 +483,6 @@ __device__ __forceinline__ void forward_keys(bool masked,
                                              float (&o)[HEAD_DIM / 8][4], float (&m)[2],
                                              float (&l)[2]) {
     float s[keys / 8][4];
-    zero(s);
     times_rows<T, keys>(qa, k_rows, s);
     if (masked) {
         const int quad_lane = threadIdx.x % 4;
@@ -566,12 +566,6 @@ __device__ __forceinline__ void scores_and_their_gradients(const A& a, const uns
                                                            const unsigned short* d_rows,
                                                            float (&s)[n / 8][4],
                                                            float (&dp)[n / 8][4]) {
-    zero(s);
-    zero(dp);
-#if TRAIN_ATTENTION_WGMMA
-    // Both zeroed before the first product is in flight (ptxas otherwise waits for it).
-    pin(dp);
-#endif
     issue_times_rows<T, n>(a, rows, s);
     issue_times_rows<T, n>(da, d_rows, dp);
     settle<1>(s);

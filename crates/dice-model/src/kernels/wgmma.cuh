@@ -82,32 +82,34 @@ __device__ __forceinline__ void pin(Word (&per_head)[heads][n][4]) {
     WGMMA_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, " \
                  "%31"
 
-// acc += A B for one k16 step, B by descriptor (`transposed`: MN-major), A either this warp's
-// m16k16 fragment or, by descriptor, the warpgroup's 64 rows (K-major). Specialised per N (the
-// accumulator's registers are operands); after the accumulators come A's operand(s), then the
-// descriptor(s), the accumulate flag (1) and the transpose immediate.
+// acc += A B for one k16 step (acc = A B where `accumulate` is false: the accumulator's values are
+// not read, so it needs no zeroing first), B by descriptor (`transposed`: MN-major), A either
+// this warp's m16k16 fragment or, by descriptor, the warpgroup's 64 rows (K-major). Specialised
+// per N (the accumulator's registers are operands); after the accumulators come A's operand(s),
+// then the descriptor(s), the accumulate flag (wgmma's scale-d) and the transpose immediate.
 template <typename T, int n, bool transposed> struct Wgmma;
 
 #define WGMMA_SPECIALISATION(N, TYPE, NAME, REGS, ACC, X0, X1, X2, X3, X4, X5, X6)             \
     template <bool transposed> struct Wgmma<TYPE, N, transposed> {                           \
         static __device__ __forceinline__ void run(float (&d)[N / 8][4],                       \
                                                    const unsigned int (&a)[4],                 \
-                                                   unsigned long long b) {                     \
+                                                   unsigned long long b, bool accumulate) {    \
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" X5 ", 0;\n"                    \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." NAME "." NAME " {" \
                          REGS "}, {%" X0 ", %" X1 ", %" X2 ", %" X3 "}, %" X4 ", p, 1, 1, %" X6  \
                          ";\n}"                                                                \
                          : ACC()                                                               \
-                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1),         \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b),                 \
+                           "r"((int)accumulate),                                               \
                            "n"(transposed ? 1 : 0));                                           \
         }                                                                                      \
         static __device__ __forceinline__ void run(float (&d)[N / 8][4], unsigned long long a, \
-                                                   unsigned long long b) {                     \
+                                                   unsigned long long b, bool accumulate) {    \
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" X2 ", 0;\n"                    \
                          "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." NAME "." NAME " {" \
                          REGS "}, %" X0 ", %" X1 ", p, 1, 1, 0, %" X3 ";\n}"                   \
                          : ACC()                                                               \
-                         : "l"(a), "l"(b), "r"(1), "n"(transposed ? 1 : 0));                   \
+                         : "l"(a), "l"(b), "r"((int)accumulate), "n"(transposed ? 1 : 0));     \
         }                                                                                      \
     };
 
@@ -121,15 +123,15 @@ WGMMA_TYPES(64, WGMMA_REGS32, WGMMA_ACC64, "32", "33", "34", "35", "36", "37", "
 // A from this warp's registers.
 template <typename T, bool transposed, int n>
 __device__ __forceinline__ void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4],
-                                             unsigned long long b) {
-    Wgmma<T, n, transposed>::run(acc, a, b);
+                                             unsigned long long b, bool accumulate = true) {
+    Wgmma<T, n, transposed>::run(acc, a, b, accumulate);
 }
 
 // A from shared memory (K-major, 128-byte swizzled as B).
 template <typename T, bool transposed, int n>
 __device__ __forceinline__ void wgmma_m64k16(float (&acc)[n / 8][4], unsigned long long a,
-                                             unsigned long long b) {
-    Wgmma<T, n, transposed>::run(acc, a, b);
+                                             unsigned long long b, bool accumulate = true) {
+    Wgmma<T, n, transposed>::run(acc, a, b, accumulate);
 }
 
 #endif

@@ -290,20 +290,32 @@ void wgmma_m64k16_now(float (&acc)[n / 8][4], unsigned long long a, unsigned lon
     wgmma_m64k16_now<T, transposed, n>(acc, fragment, b);
 }
 
+// A wgmma that does not accumulate (scale-d false) writes its product over whatever the
+// accumulator held.
+template <int n> void overwritten(float (&acc)[n][4]) {
+    for (auto& tile : acc)
+        for (float& x : tile) x = 0.f;
+}
+
 // The wgmmas a kernel issues: queued in the thread's open group.
 template <typename T, bool transposed, int n>
-void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4], unsigned long long b) {
+void wgmma_m64k16(float (&acc)[n / 8][4], const unsigned int (&a)[4], unsigned long long b,
+                  bool accumulate = true) {
     const std::array<unsigned int, 4> issued = {a[0], a[1], a[2], a[3]};
-    wgmma_queues[threadIdx.x].open.push_back([&acc, issued, b] {
+    wgmma_queues[threadIdx.x].open.push_back([&acc, issued, b, accumulate] {
         const unsigned int fragment[4] = {issued[0], issued[1], issued[2], issued[3]};
+        if (!accumulate) overwritten(acc);
         wgmma_m64k16_now<T, transposed, n>(acc, fragment, b);
     });
 }
 
 template <typename T, bool transposed, int n>
-void wgmma_m64k16(float (&acc)[n / 8][4], unsigned long long a, unsigned long long b) {
-    wgmma_queues[threadIdx.x].open.push_back(
-        [&acc, a, b] { wgmma_m64k16_now<T, transposed, n>(acc, a, b); });
+void wgmma_m64k16(float (&acc)[n / 8][4], unsigned long long a, unsigned long long b,
+                  bool accumulate = true) {
+    wgmma_queues[threadIdx.x].open.push_back([&acc, a, b, accumulate] {
+        if (!accumulate) overwritten(acc);
+        wgmma_m64k16_now<T, transposed, n>(acc, a, b);
+    });
 }
 
 // cp.async (global to shared, 16 or 4 bytes, zero-filled when !valid): the copy is made when it is
