@@ -200,7 +200,9 @@ impl Drop for Hog {
 /// Calls of 40 ms under a 0.2 s budget: the correctness trials already show the candidate's
 /// calls that slow, so every round of the 20 calls planned in 5 makes one call from the first
 /// (before the trials sized the plan, the first round made 4 and spent 0.16 s), on both sides
-/// alike, in every measurement; the speedup still rests on both sides' calls.
+/// alike, in every measurement; the speedup still rests on both sides' calls: the slow
+/// candidate is judged slower than the baseline (not by how much: on the suite's loaded 2
+/// cores the baseline's 0.2 ms matmul once measured a median of 27 ms, a speedup of 0.73).
 #[test]
 fn slow_calls_are_timed_within_the_budget() {
     let run = tempfile::tempdir().unwrap();
@@ -214,7 +216,7 @@ fn slow_calls_are_timed_within_the_budget() {
     let calls = 5 * (1 + r.timing_remeasures);
     assert_eq!(r.candidate_timing.as_ref().unwrap().trials, calls, "{r:#?}");
     assert_eq!(r.baseline_timing.as_ref().unwrap().trials, calls, "{r:#?}");
-    assert!(r.speedup.unwrap() < 0.5, "{r:#?}");
+    assert!(r.speedup.unwrap() < 1.0, "{r:#?}");
 }
 
 /// Honest C++ candidates timed with every core busy: rounds are slowed unevenly, none of them
