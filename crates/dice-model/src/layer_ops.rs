@@ -55,6 +55,12 @@ pub(crate) trait LayerOps {
         d_rows: &Tensor,
         column: usize,
     ) -> Result<Option<Tensor>>;
+    /// A contiguous buffer of `like`'s shape and dtype for `d_rows` of
+    /// [`LayerOps::heads_backward`] when its calls write every column: zeros by default; the
+    /// CUDA kernels leave it uninitialised (zeroing it would be a pass over it of its own).
+    fn heads_gradient_rows(&self, like: &Tensor) -> Result<Tensor> {
+        like.zeros_like()
+    }
     /// SwiGLU of `gate_up` `[T, 2 I]` (gate in the first I columns): `T(T(silu(gate)) * up)`.
     fn swiglu(&self, gate_up: &Tensor) -> Result<Tensor>;
     /// The backward of [`LayerOps::swiglu`]: d gate_up `[T, 2 I]` from d act `[T, I]`.

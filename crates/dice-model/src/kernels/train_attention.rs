@@ -12,7 +12,7 @@
 //! and on the GPU against the composite path (`dice bench golden`, tests/it/cuda.rs).
 
 use super::block_attention::fused_attention_enabled;
-use super::device_ptr::{alloc, launch, wrap, Arg, Scalar};
+use super::device_ptr::{alloc, launch, output, output_like, wrap, Arg, Scalar};
 use super::nvrtc::{self, PerDevice, Source};
 use crate::config::SdarConfig;
 use crate::masks::KeySpans;
@@ -366,12 +366,12 @@ impl TrainAttention {
     pub(crate) fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let [q, k, v] = self.check_qkv([q, k, v])?;
         let device = q.device();
-        let out = Tensor::zeros(
+        let out = output(
             (1, self.tokens, self.q_heads * self.head_dim),
             self.dtype,
             device,
         )?;
-        let lse = Tensor::zeros((self.q_heads, self.tokens), DType::F32, device)?;
+        let lse = output((self.q_heads, self.tokens), DType::F32, device)?;
         // SAFETY: q, k, v, out and lse have the planned shapes (checked above) and are
         // contiguous, spans cover the T queries; the dynamic shared memory was allowed at load.
         unsafe {
@@ -422,8 +422,8 @@ impl TrainAttention {
             );
         }
         let device = q.device();
-        let delta = Tensor::zeros((self.q_heads, self.tokens), DType::F32, device)?;
-        let (dq, dk, dv) = (q.zeros_like()?, k.zeros_like()?, v.zeros_like()?);
+        let delta = output((self.q_heads, self.tokens), DType::F32, device)?;
+        let (dq, dk, dv) = (output_like(&q)?, output_like(&k)?, output_like(&v)?);
         let lse = lse.contiguous()?;
         let kernels = self.kernels();
         let q_tiles = self.tokens.div_ceil(TILE);

@@ -10,7 +10,7 @@
 //! (tests/it/train_layer_emulated.rs) and on the GPU against the composite step
 //! (tests/it/cuda.rs, `dice bench golden`).
 
-use super::device_ptr::{launch, Arg, Scalar};
+use super::device_ptr::{launch, output, output_like, Arg, Scalar};
 use super::nvrtc::{self, dtype_index, PerDevice, Source};
 use crate::config::SdarConfig;
 use crate::layer_ops::{LayerOps, TokenGroups};
@@ -186,9 +186,9 @@ impl TrainLayer {
         if w.dims() != [n] || b.is_some_and(|b| b.dims() != a.dims()) {
             bail!("RMSNorm of [{rows}, {n}] rows takes a weight of [{n}] and a residual like them");
         }
-        let y = a.zeros_like()?;
-        let rstd = Tensor::zeros(rows, DType::F32, a.device())?;
-        let sum = b.map(|_| a.zeros_like()).transpose()?;
+        let y = output_like(a)?;
+        let rstd = output(rows, DType::F32, a.device())?;
+        let sum = b.map(|_| output_like(a)).transpose()?;
         let (b_arg, sum_arg) = match (b, &sum) {
             (Some(b), Some(sum)) => (Arg::Whole(b, "the residual"), Arg::Whole(sum, "the sum")),
             _ => (Arg::Null, Arg::Null),
@@ -281,7 +281,7 @@ impl LayerOps for TrainLayer {
         if dy.dims() != x.dims() || rstd.dims() != [rows] || w.dims() != [n] {
             bail!("the RMSNorm backward of [{rows}, {n}] rows got mismatched shapes");
         }
-        let dx = x.zeros_like()?;
+        let dx = output_like(x)?;
         let residual = match d_residual {
             Some(d) if d.dims() == x.dims() => Arg::Whole(d, "the residual gradient"),
             Some(_) => bail!("the residual gradient must be [{rows}, {n}]"),
@@ -301,7 +301,7 @@ impl LayerOps for TrainLayer {
             &[Scalar::int(rows), Scalar::int(n)],
         )?;
         let chunks = rows.div_ceil(NORM_GRAD_CHUNK_ROWS);
-        let partial = Tensor::zeros((chunks, n), DType::F32, x.device())?;
+        let partial = output((chunks, n), DType::F32, x.device())?;
         self.launch(
             &self.kernels().norm_weight_grad,
             ((n.div_ceil(FLAT_THREADS), chunks), FLAT_THREADS),
@@ -330,10 +330,10 @@ impl LayerOps for TrainLayer {
         let (tokens, width) = self.rows(src, "the projection's rows")?;
         let head_dim = width / heads;
         let ld = self.row_stride(src)?;
-        let out = Tensor::zeros((1, heads, tokens, head_dim), self.dtype, src.device())?;
+        let out = output((1, heads, tokens, head_dim), self.dtype, src.device())?;
         let rows = tokens * heads;
         let rstd = norm
-            .map(|_| Tensor::zeros(rows, DType::F32, src.device()))
+            .map(|_| output(rows, DType::F32, src.device()))
             .transpose()?;
         let (w, cos, sin, rstd_arg) = match (norm, &rstd) {
             (Some((w, [cos, sin])), Some(rstd)) => {
@@ -367,6 +367,10 @@ impl LayerOps for TrainLayer {
             ],
         )?;
         Ok((out, rstd))
+    }
+
+    fn heads_gradient_rows(&self, like: &Tensor) -> Result<Tensor> {
+        output_like(like)
     }
 
     fn heads_backward(
@@ -445,7 +449,7 @@ impl LayerOps for TrainLayer {
     fn swiglu(&self, gate_up: &Tensor) -> Result<Tensor> {
         let (rows, width) = self.rows(gate_up, "the gate and up rows")?;
         let inter = width / 2;
-        let act = Tensor::zeros((rows, inter), self.dtype, gate_up.device())?;
+        let act = output((rows, inter), self.dtype, gate_up.device())?;
         self.launch(
             &self.kernels().swiglu_forward,
             Self::row_pack_grid(rows, inter),
@@ -464,7 +468,7 @@ impl LayerOps for TrainLayer {
         if d_act.dims() != [rows, inter] || d_act.dim(D::Minus1)? * 2 != width {
             bail!("the SwiGLU backward takes a gradient of [{rows}, {inter}]");
         }
-        let d_gate_up = gate_up.zeros_like()?;
+        let d_gate_up = output_like(gate_up)?;
         self.launch(
             &self.kernels().swiglu_backward,
             Self::row_pack_grid(rows, inter),
@@ -483,8 +487,8 @@ impl LayerOps for TrainLayer {
         if labels.dims() != [rows] || labels.dtype() != DType::U32 {
             bail!("the label log-softmax of {rows} rows takes u32 labels of [{rows}]");
         }
-        let lse = Tensor::zeros(rows, DType::F32, logits.device())?;
-        let log_prob = lse.zeros_like()?;
+        let lse = output(rows, DType::F32, logits.device())?;
+        let log_prob = output_like(&lse)?;
         self.launch(
             &self.kernels().label_log_softmax,
             ((rows, 1), HEAD_THREADS),

@@ -454,8 +454,9 @@ impl Layout {
         let (d_input, early_grads) = self.timed(StepPhase::ProjectionsBackward, || {
             let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
             let columns = |start: usize, len: usize| qkv.qkv.narrow(1, start, len);
-            // The three heads' gradients go straight into their columns of one buffer.
-            let d_qkv = qkv.qkv.zeros_like()?;
+            // The three heads' gradients go straight into their columns of one buffer, which
+            // they fill.
+            let d_qkv = ops.heads_gradient_rows(&qkv.qkv)?;
             let d_q_norm = ops.heads_backward(
                 &dq,
                 &columns(0, q_dim)?,
