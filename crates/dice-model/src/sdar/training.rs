@@ -24,6 +24,7 @@ use crate::sft::TwoStreamBatch;
 use anyhow::{ensure, Context};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var, D};
+use fused_layer::LayerInput;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -788,31 +789,34 @@ impl Sdar {
         chunk_rows: usize,
         mut saved: Option<&mut Vec<SavedLayer>>,
     ) -> Result<Tensor> {
-        let mut h = layout.timed(StepPhase::ForwardProjections, || {
+        let embedded = layout.timed(StepPhase::ForwardProjections, || {
             let tokens = Tensor::new(tokens, self.device())?;
             self.embed_tokens
                 .detach()
                 .index_select(&tokens, 0)?
                 .unsqueeze(0)
         })?;
+        let mut h = LayerInput::Rows(embedded);
         for (l, layer) in self.layers.iter().enumerate() {
             let frozen = layer.map(|t| Ok(t.detach()))?;
             let keep = saved.is_some() && l < layout.keep_layers;
-            let (attention, out, kept) = match &layout.layer {
+            let (input, attention, out, kept) = match &layout.layer {
                 Some(ops) => layout.fused_layer_forward(
                     ops.as_ref(),
                     &self.config,
                     &frozen,
-                    &h,
+                    h,
                     chunk_rows,
                     keep,
                 )?,
                 None => {
-                    let (attention, out) = layout.layer_forward(self, &frozen, &h, chunk_rows)?;
-                    (attention, out, None)
+                    let input = h.rows()?;
+                    let (attention, out) =
+                        layout.layer_forward(self, &frozen, &input, chunk_rows)?;
+                    (input, attention, LayerInput::Rows(out), None)
                 }
             };
-            let input = std::mem::replace(&mut h, out);
+            h = out;
             if let Some(saved) = saved.as_deref_mut() {
                 saved.push(SavedLayer {
                     input,
@@ -821,7 +825,7 @@ impl Sdar {
                 });
             }
         }
-        Ok(h)
+        h.rows()
     }
 
     /// The checkpointed loss and gradients of [`Sdar::sft_loss_and_grads`] for any layout and

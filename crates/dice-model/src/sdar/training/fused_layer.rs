@@ -109,16 +109,53 @@ struct MlpForward {
     gated: Tensor,
 }
 
-/// Input norm, the q/k/v GEMM, head norms and RoPE: q, k, v in head-major order.
+/// A fused layer's input: its rows `[1, T, H]`, or the previous layer's residual and MLP output
+/// `[T, H]` not yet added (the add is fused into this layer's input norm, `add_rms_norm`,
+/// instead of a pass of its own over both and the sum).
+pub(super) enum LayerInput {
+    Rows(Tensor),
+    Sum(Tensor, Tensor),
+}
+
+impl LayerInput {
+    /// The input rows `[1, T, H]` (a `Sum` added).
+    pub(super) fn rows(self) -> Result<Tensor> {
+        match self {
+            LayerInput::Rows(h) => Ok(h),
+            LayerInput::Sum(a, b) => (a + b)?.unsqueeze(0),
+        }
+    }
+}
+
+/// The layer's input rows `[T, H]` (a `Sum` added by the norm's kernel), the input norm's
+/// output and its reciprocal RMS.
+fn input_norm(
+    ops: &dyn LayerOps,
+    cfg: &SdarConfig,
+    w: &Stacked,
+    input: LayerInput,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (weight, eps) = (&w.layer.input_layernorm, cfg.rms_norm_eps);
+    match input {
+        LayerInput::Rows(h) => {
+            let h = h.squeeze(0)?;
+            let (normed, rstd) = ops.rms_norm(&h, weight, eps)?;
+            Ok((h, normed, rstd))
+        }
+        LayerInput::Sum(a, b) => ops.add_rms_norm(&a, &b, weight, eps),
+    }
+}
+
+/// The q/k/v GEMM of the input norm's output `normed` (`rstd` its reciprocal RMS), head norms
+/// and RoPE: q, k, v in head-major order.
 fn qkv(
     ops: &dyn LayerOps,
     cfg: &SdarConfig,
     w: &Stacked,
     rope: [&Tensor; 2],
-    h: &Tensor,
+    (normed, rstd): (Tensor, Tensor),
 ) -> Result<QkvForward> {
     let eps = cfg.rms_norm_eps;
-    let (normed, rstd) = ops.rms_norm(h, &w.layer.input_layernorm, eps)?;
     let qkv = times_transposed(&normed, &w.qkv)?;
     let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
     let (q, q_rstd) = ops.heads_forward(
@@ -342,23 +379,25 @@ pub(super) fn layers_to_keep(
 }
 
 impl Layout {
-    /// One decoder layer through the fused layer: `h` `[1, T, H]`; its attention output, its
-    /// output `[1, T, H]`, and with `keep` its activations for the backward.
+    /// One decoder layer through the fused layer: its input rows `[1, T, H]` (which the
+    /// backward starts from), its attention output, its output (the residual and the MLP's
+    /// output, added by the next layer's input norm or [`LayerInput::rows`]), and with `keep`
+    /// its activations for the backward.
     pub(super) fn fused_layer_forward(
         &self,
         ops: &dyn LayerOps,
         cfg: &SdarConfig,
         layer: &DecoderLayer,
-        h: &Tensor,
+        input: LayerInput,
         rows: usize,
         keep: bool,
-    ) -> Result<(AttentionOutput, Tensor, Option<KeptLayer>)> {
+    ) -> Result<(Tensor, AttentionOutput, LayerInput, Option<KeptLayer>)> {
         let rope = [&self.rope.cos, &self.rope.sin];
-        let h = h.squeeze(0)?;
-        let (w, qkv) = self.timed(StepPhase::ForwardProjections, || {
+        let (w, h, qkv) = self.timed(StepPhase::ForwardProjections, || {
             let w = Stacked::new(layer)?;
-            let qkv = qkv(ops, cfg, &w, rope, &h)?;
-            Ok::<_, candle_core::Error>((w, qkv))
+            let (h, normed, rstd) = input_norm(ops, cfg, &w, input)?;
+            let qkv = qkv(ops, cfg, &w, rope, (normed, rstd))?;
+            Ok::<_, candle_core::Error>((w, h, qkv))
         })?;
         let [q, k, v] = &qkv.heads;
         let attention = self.timed(StepPhase::ForwardAttention, || {
@@ -367,14 +406,15 @@ impl Layout {
         let (next, mlp) = self.timed(StepPhase::ForwardMlp, || {
             let mlp = mlp(ops, cfg, &w, &h, &attention.out.squeeze(0)?)?;
             let down = times_transposed(&mlp.gated, &layer.down_proj)?;
-            Ok::<_, candle_core::Error>(((&mlp.after_attention + down)?.unsqueeze(0)?, mlp))
+            let next = LayerInput::Sum(mlp.after_attention.clone(), down);
+            Ok::<_, candle_core::Error>((next, mlp))
         })?;
         let kept = keep.then(|| KeptLayer {
             qkv,
             mlp,
             weights: w.keep(),
         });
-        Ok((attention, next, kept))
+        Ok((h.unsqueeze(0)?, attention, next, kept))
     }
 
     /// [`Sdar`]'s checkpointed layer backward through the fused layer: the layer recomputed
@@ -402,7 +442,9 @@ impl Layout {
             let (qkv, mlp) = match kept {
                 Some(KeptLayer { qkv, mlp, .. }) => (qkv, mlp),
                 None => {
-                    let qkv = qkv(ops, cfg, &w, rope, &h)?;
+                    let input = LayerInput::Rows(saved.input.clone());
+                    let (_, normed, rstd) = input_norm(ops, cfg, &w, input)?;
+                    let qkv = qkv(ops, cfg, &w, rope, (normed, rstd))?;
                     let mlp = mlp(ops, cfg, &w, &h, &attention)?;
                     (qkv, mlp)
                 }
