@@ -12,7 +12,7 @@
 //! and on the GPU against the composite path (`dice bench golden`, tests/it/cuda.rs).
 
 use super::block_attention::fused_attention_enabled;
-use super::device_ptr::{alloc, launch, output, output_like, wrap, Arg, Scalar};
+use super::device_ptr::{launch, output, output_like, Arg, Scalar};
 use super::nvrtc::{self, PerDevice, Source};
 use crate::config::SdarConfig;
 use crate::masks::KeySpans;
@@ -491,13 +491,10 @@ impl TrainAttention {
         k: &Tensor,
         [dq, dk, dv]: [&Tensor; 3],
     ) -> Result<()> {
-        let Device::Cuda(dev) = dq.device() else {
-            candle_core::bail!("the training attention runs on CUDA devices only");
-        };
         let len = pairs.ds_elements(self.q_heads);
         // Left uninitialised: the dK/dV kernel writes every tile that the dQ kernel reads (those
         // of the numbered pairs, for every query head).
-        let ds = wrap(alloc(dev, self.dtype, len)?, len);
+        let ds = output(len, self.dtype, dq.device())?;
         let q_tiles = self.tokens.div_ceil(TILE);
         // SAFETY: the arguments match the kernels' signatures and the checked shapes; ds holds
         // a 64 × 64 tile per numbered pair and query head; the dynamic shared memory was allowed

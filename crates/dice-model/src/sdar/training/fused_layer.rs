@@ -442,9 +442,8 @@ impl Layout {
             let (qkv, mlp) = match kept {
                 Some(KeptLayer { qkv, mlp, .. }) => (qkv, mlp),
                 None => {
-                    let input = LayerInput::Rows(saved.input.clone());
-                    let (_, normed, rstd) = input_norm(ops, cfg, &w, input)?;
-                    let qkv = qkv(ops, cfg, &w, rope, (normed, rstd))?;
+                    let normed = ops.rms_norm(&h, &layer.input_layernorm, cfg.rms_norm_eps)?;
+                    let qkv = qkv(ops, cfg, &w, rope, normed)?;
                     let mlp = mlp(ops, cfg, &w, &h, &attention)?;
                     (qkv, mlp)
                 }
