@@ -5,15 +5,20 @@
 #   run NAME CAP_SECONDS DICE_ARGS...   one step (skipped unless named in the script's arguments,
 #                                       or none is), its output in OUT/NAME.txt, its wall time
 #                                       and mean SM utilisation in OUT/steps.txt
-#   wanted NAME, left, unxz FILE.xz DEST
-# ARCHIVE=FILE (outside OUT) puts every file of OUT in one archive when the script ends, also when
-# it is stopped (for a transport that brings back only a few files from the GPU machine); a stop
+#   wanted NAME, left, unxz FILE.xz DEST, archive (after a step the scripts run themselves)
+# ARCHIVE=FILE (outside OUT) puts every file of OUT in one archive after every step and when the
+# script ends, also when it is stopped (for a transport that brings back only a few files from the
+# GPU machine): a call killed at its limit mid-step still brings back the steps that ended. A stop
 # takes effect once the running step ends, which BUDGET_S bounds: keep it inside the call's limit.
 DATA=$(realpath "${DATA:?}")
 OUT=${OUT:-$(bash bench/run-folder.sh)} || exit 1
 mkdir -p "$OUT" && OUT=$(realpath "$OUT")
+# Written beside and renamed: a kill mid-write leaves the last whole archive.
+archive() {
+  [[ -z ${ARCHIVE:-} ]] || { tar -czf "$ARCHIVE.part" -C "$OUT" . && mv "$ARCHIVE.part" "$ARCHIVE"; }
+}
 if [[ -n ${ARCHIVE:-} ]]; then
-  trap 'tar -czf "$ARCHIVE" -C "$OUT" .' EXIT
+  trap archive EXIT
   trap 'exit 143' TERM INT
 fi
 # The binary links libnccl.so.2 and CUDA 13's libraries: torch's wheels carry both.
@@ -51,4 +56,5 @@ run() { # name, cap seconds, dice args...   (GPU utilisation sampled each second
        $1 ~ /^[0-9]+$/ && $(col["sm"]) > 0 {n++; s += $(col["sm"]); c += $(col["pclk"]); w += $(col["pwr"])}
        END {if (n) printf "  sm%% mean over %d busy samples: %.0f, SM clock %.0f MHz, power %.0f W\n", n, s / n, c / n, w / n}' \
     "$OUT/$name.dmon" | tee -a "$OUT/steps.txt"
+  archive
 }

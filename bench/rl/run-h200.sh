@@ -53,6 +53,7 @@ rl_run() {
   [[ -f $OUT/metrics.html ]] && mv "$OUT/metrics.html" "$OUT/$name-metrics.html"
   du -sh "/tmp/$name"/* >"$OUT/$name-disk.txt" 2>&1
   rm -rf "/tmp/$name"
+  archive
 }
 rl_run rl-rollout 300 16 8 256 128 1 --reward-token 16
 # The engine at the rollout's shape above (128 sequences, 256 new tokens, prompts as ragged as
@@ -114,4 +115,5 @@ if wanted bench-rl; then
       >"$OUT/bench-rl-$name-judge.md" 2>&1
   done
   rm -rf /tmp/bench-rl-work
+  archive
 fi

@@ -12,8 +12,11 @@
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
 #   model-tests.xz, model-lib-tests.xz (optional, for the step `tests`) dice-model's integration
-#               and unit test binaries built the same way (`cargo test --release --features cuda
-#               -p dice-model --no-run` in build-cuda.sh's environment)
+#               and unit test binaries built the same way (`cargo test --release -p dice-model
+#               -p dice-cli --features dice-model/cuda,dice-cli/cuda --no-run --target-dir
+#               target/cuda` in build-cuda.sh's environment: with dice-cli selected the features
+#               resolve as for the binary and no dependency is built again; -p dice-model alone
+#               builds candle and its kernels a second time, ~20 min on 2 cores)
 #   train-lib-tests.xz (optional, for the step `train-tests`) dice-train's unit tests, built the same
 #               way (`-p dice-train --lib`): the optimizer's GPU checks
 #   wgmma-probe (optional, for the step `wgmma-probe`) bench/train/wgmma_probe.cu built by nvcc
@@ -35,6 +38,7 @@ model_tests() {
   (cd crates/dice-model && env "$@" timeout 240 /tmp/model-tests cuda --test-threads 1 --nocapture) \
     >"$OUT/model-$name.txt" 2>&1
   echo "model-$name rc=$?" | tee -a "$OUT/steps.txt"; tail -25 "$OUT/model-$name.txt"
+  archive
 }
 model_tests tests
 model_tests tests-dq-recompute DICE_ATTENTION_KEEP_DS=0
@@ -43,17 +47,20 @@ if wanted tests && [[ -f $DATA/model-lib-tests.xz ]]; then
   unxz "$DATA/model-lib-tests.xz" /tmp/model-lib-tests && chmod +x /tmp/model-lib-tests
   (cd crates/dice-model && timeout 120 /tmp/model-lib-tests kernels --include-ignored) >"$OUT/model-lib-tests.txt" 2>&1
   echo "model-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/model-lib-tests.txt"
+  archive
 fi
 # Which order of a wgmma descriptor's two strides reads our staged tiles (wgmma.cuh).
 if wanted wgmma-probe && [[ -f $DATA/wgmma-probe ]]; then
   timeout 60 "$DATA/wgmma-probe" >"$OUT/wgmma-probe.txt" 2>&1
   echo "wgmma-probe rc=$?" | tee -a "$OUT/steps.txt"; cat "$OUT/wgmma-probe.txt"
+  archive
 fi
 if wanted train-tests && [[ -f $DATA/train-lib-tests.xz ]]; then
   unxz "$DATA/train-lib-tests.xz" /tmp/train-lib-tests && chmod +x /tmp/train-lib-tests
   (cd crates/dice-train && timeout 120 /tmp/train-lib-tests optim --include-ignored) \
     >"$OUT/train-lib-tests.txt" 2>&1
   echo "train-lib-tests rc=$?" | tee -a "$OUT/steps.txt"; tail -8 "$OUT/train-lib-tests.txt"
+  archive
 fi
 # DICE trains on 6,144-token packed rows; the bench packs one synthetic row (p = 0.5 noise). The
 # fused training layer and attention (layers keeping their activations as memory allows); the
@@ -116,6 +123,7 @@ PY
   fi
   cp "/tmp/$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
   rm -rf "/tmp/$name" "/tmp/$name-model"
+  archive
 }
 sft_run sft-nccl 240 sdar-1.7b.json 3
 DICE_ATTENTION_KEEP_DS=0 sft_run sft-nccl-dq-recompute 240 sdar-1.7b.json 3
@@ -136,6 +144,7 @@ if wanted kernels-1.7b && (( $(left) > 30 )); then
     --device cuda --dtype bf16 --tokens 6144 --steps 1 >"$OUT/kernels-1.7b.csv" 2>"$OUT/kernels-1.7b.err"
   echo "kernels-1.7b rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
   python3 bench/ncu_kernels.py "$OUT/kernels-1.7b.csv" | tee "$OUT/kernels-1.7b.txt"
+  archive
 fi
 # The second step's kernels alone (a run of two steps less the run of one: the model's random
 # weights and the warm-up left out), to hold against the step's wall time in bench-1.7b: what
@@ -148,6 +157,7 @@ if wanted kernels-1.7b-step && [[ -f $OUT/kernels-1.7b.csv ]] && (( $(left) > 40
   echo "kernels-1.7b-step rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
   python3 bench/ncu_kernels.py "$OUT/kernels-1.7b-2.csv" --minus "$OUT/kernels-1.7b.csv" \
     | tee "$OUT/kernels-1.7b-step.txt"
+  archive
 fi
 # Why each training attention kernel runs at its speed: Nsight Compute's detailed sections
 # (throughput against peak, issue slots, occupancy, instruction mix) and its warp stall reasons for
@@ -162,5 +172,6 @@ if wanted attention-detail-1.7b; then
       "$bin" bench train --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 --tokens 6144 \
       --steps 1 >"$OUT/attention-detail-$kernel.txt" 2>&1
     echo "attention-detail-$kernel rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
+    archive
   done
 fi
