@@ -5,7 +5,7 @@
 # (STEP: golden, tests, train-tests, bench-1.7b, bench-1.7b-portable, bench-1.7b-release-pool,
 # bench-1.7b-recompute, bench-1.7b-unfused-layer, bench-1.7b-composite, bench-4b, bench-8b,
 # sft-nccl, sft-4b, sft-8b-offload, kernels-sft, kernels-1.7b, kernels-1.7b-step,
-# attention-detail-1.7b, wgmma-probe; all by default; golden-dq-recompute, tests-dq-recompute,
+# attention-detail-1.7b, elementwise-detail-1.7b, wgmma-probe; all by default; golden-dq-recompute, tests-dq-recompute,
 # bench-1.7b-dq-recompute, bench-4b-dq-recompute and sft-nccl-dq-recompute run theirs with
 # DICE_ATTENTION_KEEP_DS=0: dQ recomputed, no dS kept)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
@@ -159,19 +159,28 @@ if wanted kernels-1.7b-step && [[ -f $OUT/kernels-1.7b.csv ]] && (( $(left) > 40
     | tee "$OUT/kernels-1.7b-step.txt"
   archive
 fi
-# Why each training attention kernel runs at its speed: Nsight Compute's detailed sections
-# (throughput against peak, issue slots, occupancy, instruction mix) and its warp stall reasons for
-# the first launch of the forward, dQ and dK/dV kernels of one 1.7B step (the default backward's:
-# dK/dV keeping dS, dQ from it).
-if wanted attention-detail-1.7b; then
-  for kernel in forward dq_from_ds dkdv_keep_ds; do
+# Why a kernel runs at its speed: Nsight Compute's detailed sections (throughput against peak,
+# issue slots, occupancy, instruction mix, memory traffic) and its warp stall reasons for the first
+# launch of each kernel named, in one 1.7B step. STEP KERNEL... (output STEP-KERNEL.txt)
+kernel_detail() {
+  local name=$1 kernel; shift
+  wanted "$name" || return 0
+  for kernel in "$@"; do
     (( $(left) > 40 )) || break
-    t0=$(date +%s)
+    local t0=$(date +%s)
     timeout 120 ncu --set detailed --section WarpStateStats --section SchedulerStats \
-      --kernel-name "regex:train_attention_${kernel}_bf16" --launch-count 1 \
+      --kernel-name "regex:${kernel}_bf16" --launch-count 1 \
       "$bin" bench train --config "$configs/sdar-1.7b.json" --device cuda --dtype bf16 --tokens 6144 \
-      --steps 1 >"$OUT/attention-detail-$kernel.txt" 2>&1
-    echo "attention-detail-$kernel rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
+      --steps 1 >"$OUT/$name-$kernel.txt" 2>&1
+    echo "$name-$kernel rc=$? wall_s=$(( $(date +%s) - t0 ))" | tee -a "$OUT/steps.txt"
     archive
   done
-fi
+}
+# The attention kernels of the default backward (dK/dV keeping dS, dQ from it): issue-bound in
+# session 30.
+kernel_detail attention-detail-1.7b train_attention_forward train_attention_dq_from_ds \
+  train_attention_dkdv_keep_ds
+# The element-wise kernels, at 30-50 % of the memory's rate in session 30's step profile (rms_norm
+# 59 launches 4.0 + 6.1 ms, swiglu 4.5 + 7.0 ms, heads 4.7 + 6.0 ms): what holds them.
+kernel_detail elementwise-detail-1.7b rms_norm_forward rms_norm_backward swiglu_forward \
+  swiglu_backward heads_forward heads_backward
