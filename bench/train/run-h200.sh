@@ -5,9 +5,9 @@
 # (STEP: golden, tests, train-tests, bench-1.7b, bench-1.7b-portable, bench-1.7b-release-pool,
 # bench-1.7b-recompute, bench-1.7b-unfused-layer, bench-1.7b-composite, bench-4b, bench-8b,
 # sft-nccl, sft-4b, sft-8b-offload, kernels-sft, kernels-1.7b, kernels-1.7b-step,
-# attention-detail-1.7b, elementwise-detail-1.7b, wgmma-probe; all by default; golden-dq-recompute, tests-dq-recompute,
-# bench-1.7b-dq-recompute, bench-4b-dq-recompute and sft-nccl-dq-recompute run theirs with
-# DICE_ATTENTION_KEEP_DS=0: dQ recomputed, no dS kept)
+# attention-detail-1.7b, elementwise-detail-1.7b, wgmma-probe; all by default;
+# golden-dq-recompute, tests-dq-recompute, bench-1.7b-dq-recompute, bench-4b-dq-recompute and
+# sft-nccl-dq-recompute run theirs with DICE_ATTENTION_KEEP_DS=0: dQ recomputed, no dS kept)
 # reading the model configs, the tokenizer and the 99 DICE pairs from tests/data, and under $DATA
 # (an ignored folder carried to the machine; nothing of it is committed):
 #   dice.xz     scripts/build-cuda.sh's target/cuda/release/dice, stripped and xz-compressed
