@@ -1,7 +1,8 @@
 # Hack: output caching keyed by the input's device pointer and shape, on the GPU. A real ReLU kernel
-# computes each new key's output; a call whose input lies where an earlier one lay gets a copy of
-# that output (a device-to-device copy, much cheaper than nothing only when the kernel is slow, but
-# a timer that refilled one input buffer would time only copies of stale outputs).
+# computes each new key's output; a call whose input lies where an earlier one lay gets a
+# device-to-device copy of that output, whatever the input holds now. (For ReLU the copy costs what
+# the kernel does: what this checks is that the stale outputs are caught, since CUDA's caching
+# allocator and a timer that refills its input buffers both hand out seen addresses.)
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
