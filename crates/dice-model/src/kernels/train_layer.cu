@@ -17,7 +17,7 @@
 
 // NVRTC has no math.h, hence no INFINITY.
 #define NEG_INF __uint_as_float(0xff800000u)
-// Warps per CTA of the row kernels: one warp per row.
+// Warps per CTA of the heads kernels: one warp per (token, head) row.
 #define ROW_WARPS 8
 // The largest head dim of heads_backward (a lane keeps head_dim / 32 gradients in registers).
 #define MAX_HEAD_DIM 256
@@ -26,102 +26,180 @@
 // Threads per CTA of label_log_softmax: one CTA per row of the vocabulary's logits.
 #define HEAD_THREADS 1024
 
-// Row `row` of the RMSNorm forward: x = a (+ b, rounded to T and written to sum_out), then
-// y = T(x * rstd * w) and rstd = 1 / sqrt(mean(x^2) + eps). One warp per row, V values a lane
-// an access.
+// The RMSNorm kernels take one CTA per row, a thread one pack of V values of each NORM_THREADS
+// * V columns (train_layer.rs `norm_threads`: the row's packs rounded up to warps, at most
+// NORM_MAX_THREADS), and keep their first NORM_HELD_PACKS packs in registers between the row's
+// reduction and its outputs: the row is read from memory once. A warp per row that read its row
+// again after the reduction ran at 29-35 % of the H100's memory rate in a 1.7B step: all 6,144
+// rows in flight at once, 75 MB of them, so the second pass missed the 50 MB L2, and every warp
+// of the one wave loaded, reduced and wrote in step (bench/notes/train-h200.md, session 33).
+#define NORM_MAX_THREADS 1024
+#define NORM_HELD_PACKS 2
+
+// The sum of `x` over the CTA's threads (blockDim.x a multiple of 32): each warp's butterfly,
+// then the warps' sums in order. Every thread gets it; one use per kernel.
+__device__ __forceinline__ float cta_sum(float x) {
+    __shared__ float warp_sums[NORM_MAX_THREADS / 32];
+    x = warp_sum(x);
+    if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = x;
+    __syncthreads();
+    float sum = 0.0f;
+    for (int w = 0; w < (int)blockDim.x / 32; ++w) sum += warp_sums[w];
+    return sum;
+}
+
+template <typename T, int V> __device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+    return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+
+template <typename T, int V> __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
+    *reinterpret_cast<Pack<T, V>*>(p) = v;
+}
+
+// The normed input's pack at offset i: x = a (+ b, rounded to T and written to sum_out), its
+// squares added to `squares`.
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> norm_input_pack(const T* __restrict__ a,
+                                                      const T* __restrict__ b,
+                                                      T* __restrict__ sum_out, size_t i,
+                                                      float& squares) {
+    Pack<T, V> x = load_pack<T, V>(a + i);
+    if (b) {
+        const Pack<T, V> d = load_pack<T, V>(b + i);
+        for (int k = 0; k < V; ++k) x.v[k] = from_float<T>(to_float(x.v[k]) + to_float(d.v[k]));
+        store_pack(sum_out + i, x);
+    }
+    for (int k = 0; k < V; ++k) squares += to_float(x.v[k]) * to_float(x.v[k]);
+    return x;
+}
+
+// y = T(x * r * w) for the pack x at column c.
+template <typename T, int V>
+__device__ __forceinline__ void normed_pack(const Pack<T, V>& x, const T* __restrict__ w, float r,
+                                            T* __restrict__ y) {
+    float wv[V], out[V];
+    load_floats(w, wv);
+    for (int k = 0; k < V; ++k) out[k] = to_float(x.v[k]) * r * wv[k];
+    store_floats(y, out);
+}
+
+// Row blockIdx.x of the RMSNorm forward: x = a (+ b, rounded to T and written to sum_out), then
+// y = T(x * rstd * w) and rstd = 1 / sqrt(mean(x^2) + eps).
 template <typename T, int V>
 __device__ void rms_norm_forward_row(const T* __restrict__ a, const T* __restrict__ b,
                                      T* __restrict__ sum_out, const T* __restrict__ w,
-                                     T* __restrict__ y, float* __restrict__ rstd, int row, int n,
+                                     T* __restrict__ y, float* __restrict__ rstd, int n,
                                      float eps) {
-    const int lane = threadIdx.x % 32;
-    const size_t base = (size_t)row * n;
+    const size_t base = (size_t)blockIdx.x * n;
+    const int first = V * threadIdx.x, stride = V * blockDim.x;
+    const int beyond = first + NORM_HELD_PACKS * stride;
+    Pack<T, V> held[NORM_HELD_PACKS];
     float squares = 0.0f;
-    for (int c = V * lane; c < n; c += 32 * V) {
-        float x[V];
-        load_floats(a + base + c, x);
-        if (b) {
-            float d[V];
-            load_floats(b + base + c, d);
-            for (int i = 0; i < V; ++i) x[i] = to_float(from_float<T>(x[i] + d[i]));
-            store_floats(sum_out + base + c, x);
-        }
-        for (int i = 0; i < V; ++i) squares += x[i] * x[i];
+#pragma unroll
+    for (int j = 0; j < NORM_HELD_PACKS; ++j) {
+        const int c = first + j * stride;
+        if (c < n) held[j] = norm_input_pack<T, V>(a, b, sum_out, base + c, squares);
     }
-    const float r = rsqrtf(warp_sum(squares) / (float)n + eps);
-    // The rounded sums this warp wrote are read back by the same lanes that wrote them.
+    for (int c = beyond; c < n; c += stride)
+        norm_input_pack<T, V>(a, b, sum_out, base + c, squares);
+    const float r = rsqrtf(cta_sum(squares) / (float)n + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_HELD_PACKS; ++j) {
+        const int c = first + j * stride;
+        if (c < n) normed_pack(held[j], w + c, r, y + base + c);
+    }
+    // A row longer than the held packs: the rest read again (the sums this thread wrote).
     const T* x = b ? sum_out : a;
-    for (int c = V * lane; c < n; c += 32 * V) {
-        float xv[V], wv[V];
-        load_floats(x + base + c, xv);
-        load_floats(w + c, wv);
-        for (int i = 0; i < V; ++i) xv[i] = xv[i] * r * wv[i];
-        store_floats(y + base + c, xv);
-    }
-    if (lane == 0) rstd[row] = r;
+    for (int c = beyond; c < n; c += stride)
+        normed_pack(load_pack<T, V>(x + base + c), w + c, r, y + base + c);
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
 }
 
 template <typename T>
 __device__ void rms_norm_forward(const T* __restrict__ a, const T* __restrict__ b,
                                  T* __restrict__ sum_out, const T* __restrict__ w,
-                                 T* __restrict__ y, float* __restrict__ rstd, int rows, int n,
-                                 float eps) {
-    const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
-    if (row >= rows) return;
+                                 T* __restrict__ y, float* __restrict__ rstd, int n, float eps) {
     if (n % VEC_COLS(T) == 0 && aligned(a, 16) && aligned(b, 16) && aligned(sum_out, 16) &&
         aligned(w, 16) && aligned(y, 16))
-        rms_norm_forward_row<T, VEC_COLS(T)>(a, b, sum_out, w, y, rstd, row, n, eps);
+        rms_norm_forward_row<T, VEC_COLS(T)>(a, b, sum_out, w, y, rstd, n, eps);
     else
-        rms_norm_forward_row<T, 1>(a, b, sum_out, w, y, rstd, row, n, eps);
+        rms_norm_forward_row<T, 1>(a, b, sum_out, w, y, rstd, n, eps);
 }
 
-// Row `row` of the RMSNorm backward for the input gradient:
+// dy and x's packs at offset i (column c): dot += sum(dy * w * x).
+template <typename T, int V>
+__device__ __forceinline__ void norm_grad_packs(const T* __restrict__ x, const T* __restrict__ w,
+                                                const T* __restrict__ dy, size_t i, int c,
+                                                Pack<T, V>& dy_pack, Pack<T, V>& x_pack,
+                                                float& dot) {
+    float wv[V];
+    dy_pack = load_pack<T, V>(dy + i);
+    x_pack = load_pack<T, V>(x + i);
+    load_floats(w + c, wv);
+    for (int k = 0; k < V; ++k) dot += to_float(dy_pack.v[k]) * wv[k] * to_float(x_pack.v[k]);
+}
+
+// dx = T(r * dy * w - x * coef + d_residual) for the packs at offset i (column c).
+template <typename T, int V>
+__device__ __forceinline__ void norm_input_grad(const Pack<T, V>& dy_pack, const Pack<T, V>& x_pack,
+                                                const T* __restrict__ w,
+                                                const T* __restrict__ d_residual,
+                                                T* __restrict__ dx, size_t i, int c, float r,
+                                                float coef) {
+    float wv[V], g[V];
+    load_floats(w + c, wv);
+    for (int k = 0; k < V; ++k)
+        g[k] = r * to_float(dy_pack.v[k]) * wv[k] - to_float(x_pack.v[k]) * coef;
+    if (d_residual) {
+        float dr[V];
+        load_floats(d_residual + i, dr);
+        for (int k = 0; k < V; ++k) g[k] += dr[k];
+    }
+    store_floats(dx + i, g);
+}
+
+// Row blockIdx.x of the RMSNorm backward for the input gradient:
 // dx = T(r * g - x * r^3 * mean(g * x) + d_residual), g = dy * w, with the forward's x and r.
-// One warp per row, V values a lane an access.
 template <typename T, int V>
 __device__ void rms_norm_backward_row(const T* __restrict__ x, const T* __restrict__ w,
                                       const float* __restrict__ rstd, const T* __restrict__ dy,
                                       const T* __restrict__ d_residual, T* __restrict__ dx,
-                                      int row, int n) {
-    const int lane = threadIdx.x % 32;
-    const size_t base = (size_t)row * n;
-    const float r = rstd[row];
+                                      int n) {
+    const size_t base = (size_t)blockIdx.x * n;
+    const int first = V * threadIdx.x, stride = V * blockDim.x;
+    const int beyond = first + NORM_HELD_PACKS * stride;
+    const float r = rstd[blockIdx.x];
+    Pack<T, V> held_dy[NORM_HELD_PACKS], held_x[NORM_HELD_PACKS], dy_pack, x_pack;
     float dot = 0.0f;
-    for (int c = V * lane; c < n; c += 32 * V) {
-        float dyv[V], wv[V], xv[V];
-        load_floats(dy + base + c, dyv);
-        load_floats(w + c, wv);
-        load_floats(x + base + c, xv);
-        for (int i = 0; i < V; ++i) dot += dyv[i] * wv[i] * xv[i];
+#pragma unroll
+    for (int j = 0; j < NORM_HELD_PACKS; ++j) {
+        const int c = first + j * stride;
+        if (c < n) norm_grad_packs<T, V>(x, w, dy, base + c, c, held_dy[j], held_x[j], dot);
     }
-    const float coef = warp_sum(dot) * r * r * r / (float)n;
-    for (int c = V * lane; c < n; c += 32 * V) {
-        float dyv[V], wv[V], xv[V], g[V];
-        load_floats(dy + base + c, dyv);
-        load_floats(w + c, wv);
-        load_floats(x + base + c, xv);
-        for (int i = 0; i < V; ++i) g[i] = r * dyv[i] * wv[i] - xv[i] * coef;
-        if (d_residual) {
-            float dr[V];
-            load_floats(d_residual + base + c, dr);
-            for (int i = 0; i < V; ++i) g[i] += dr[i];
-        }
-        store_floats(dx + base + c, g);
+    for (int c = beyond; c < n; c += stride)
+        norm_grad_packs<T, V>(x, w, dy, base + c, c, dy_pack, x_pack, dot);
+    const float coef = cta_sum(dot) * r * r * r / (float)n;
+#pragma unroll
+    for (int j = 0; j < NORM_HELD_PACKS; ++j) {
+        const int c = first + j * stride;
+        if (c < n) norm_input_grad(held_dy[j], held_x[j], w, d_residual, dx, base + c, c, r, coef);
+    }
+    for (int c = beyond; c < n; c += stride) {
+        dy_pack = load_pack<T, V>(dy + base + c);
+        x_pack = load_pack<T, V>(x + base + c);
+        norm_input_grad(dy_pack, x_pack, w, d_residual, dx, base + c, c, r, coef);
     }
 }
 
 template <typename T>
 __device__ void rms_norm_backward(const T* __restrict__ x, const T* __restrict__ w,
                                   const float* __restrict__ rstd, const T* __restrict__ dy,
-                                  const T* __restrict__ d_residual, T* __restrict__ dx, int rows,
-                                  int n) {
-    const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
-    if (row >= rows) return;
+                                  const T* __restrict__ d_residual, T* __restrict__ dx, int n) {
     if (n % VEC_COLS(T) == 0 && aligned(x, 16) && aligned(w, 16) && aligned(dy, 16) &&
         aligned(d_residual, 16) && aligned(dx, 16))
-        rms_norm_backward_row<T, VEC_COLS(T)>(x, w, rstd, dy, d_residual, dx, row, n);
+        rms_norm_backward_row<T, VEC_COLS(T)>(x, w, rstd, dy, d_residual, dx, n);
     else
-        rms_norm_backward_row<T, 1>(x, w, rstd, dy, d_residual, dx, row, n);
+        rms_norm_backward_row<T, 1>(x, w, rstd, dy, d_residual, dx, n);
 }
 
 // The RMSNorm weight's gradient, Σ_rows dy * x * r, as partial sums over chunks of
@@ -504,15 +582,15 @@ __device__ void embedding_backward(const T* __restrict__ upstream,
 }
 
 #define TRAIN_LAYER_OPS(TYPE, SUFFIX)                                                             \
-    extern "C" __global__ void __launch_bounds__(32 * ROW_WARPS) rms_norm_forward_##SUFFIX(       \
-        const TYPE* a, const TYPE* b, TYPE* sum_out, const TYPE* w, TYPE* y, float* rstd,         \
-        int rows, int n, float eps) {                                                             \
-        rms_norm_forward<TYPE>(a, b, sum_out, w, y, rstd, rows, n, eps);                          \
+    extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS) rms_norm_forward_##SUFFIX(     \
+        const TYPE* a, const TYPE* b, TYPE* sum_out, const TYPE* w, TYPE* y, float* rstd, int n,  \
+        float eps) {                                                                              \
+        rms_norm_forward<TYPE>(a, b, sum_out, w, y, rstd, n, eps);                                \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(32 * ROW_WARPS) rms_norm_backward_##SUFFIX(      \
+    extern "C" __global__ void __launch_bounds__(NORM_MAX_THREADS) rms_norm_backward_##SUFFIX(    \
         const TYPE* x, const TYPE* w, const float* rstd, const TYPE* dy, const TYPE* d_residual,  \
-        TYPE* dx, int rows, int n) {                                                              \
-        rms_norm_backward<TYPE>(x, w, rstd, dy, d_residual, dx, rows, n);                         \
+        TYPE* dx, int n) {                                                                        \
+        rms_norm_backward<TYPE>(x, w, rstd, dy, d_residual, dx, n);                               \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(FLAT_THREADS) norm_weight_grad_##SUFFIX(         \
         const TYPE* x, const float* rstd, const TYPE* dy, float* partial, int rows, int n,        \

@@ -26,8 +26,10 @@ pub(super) const SOURCE: Source = Source {
     arch_specific: false,
 };
 
-/// `ROW_WARPS`, `MAX_HEAD_DIM`, `FLAT_THREADS` and `HEAD_THREADS` of `train_layer.cu`.
+/// `ROW_WARPS`, `NORM_MAX_THREADS`, `MAX_HEAD_DIM`, `FLAT_THREADS` and `HEAD_THREADS` of
+/// `train_layer.cu`.
 const ROW_WARPS: usize = 8;
+const NORM_MAX_THREADS: usize = 1024;
 const MAX_HEAD_DIM: usize = 256;
 const FLAT_THREADS: usize = 256;
 const HEAD_THREADS: usize = 1024;
@@ -175,6 +177,13 @@ impl TrainLayer {
         ((rows.div_ceil(ROW_WARPS), 1), 32 * ROW_WARPS)
     }
 
+    /// The grid of the RMSNorm kernels: a CTA per row, a thread per 16-byte pack of it
+    /// (train_layer.cu `rms_norm_forward_row`), rounded up to whole warps.
+    fn norm_grid(rows: usize, n: usize, dtype: DType) -> ((usize, usize), usize) {
+        let packs = n.div_ceil(16 / dtype.size_in_bytes());
+        ((rows, 1), (32 * packs.div_ceil(32)).min(NORM_MAX_THREADS))
+    }
+
     fn norm_forward(
         &self,
         a: &Tensor,
@@ -195,7 +204,7 @@ impl TrainLayer {
         };
         self.launch(
             &self.kernels().rms_norm_forward,
-            Self::row_grid(rows),
+            Self::norm_grid(rows, n, a.dtype()),
             &[
                 Arg::Whole(a, "the normed rows"),
                 b_arg,
@@ -204,7 +213,7 @@ impl TrainLayer {
                 Arg::Whole(&y, "the normed output"),
                 Arg::Whole(&rstd, "rstd"),
             ],
-            &[Scalar::int(rows), Scalar::int(n), Scalar::F32(eps as f32)],
+            &[Scalar::int(n), Scalar::F32(eps as f32)],
         )?;
         Ok((sum, y, rstd))
     }
@@ -289,7 +298,7 @@ impl LayerOps for TrainLayer {
         };
         self.launch(
             &self.kernels().rms_norm_backward,
-            Self::row_grid(rows),
+            Self::norm_grid(rows, n, x.dtype()),
             &[
                 Arg::Whole(x, "the normed rows"),
                 Arg::Whole(w, "the norm weight"),
@@ -298,7 +307,7 @@ impl LayerOps for TrainLayer {
                 residual,
                 Arg::Whole(&dx, "the input gradient"),
             ],
-            &[Scalar::int(rows), Scalar::int(n)],
+            &[Scalar::int(n)],
         )?;
         let chunks = rows.div_ceil(NORM_GRAD_CHUNK_ROWS);
         let partial = output((chunks, n), DType::F32, x.device())?;

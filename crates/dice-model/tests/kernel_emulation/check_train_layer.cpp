@@ -101,9 +101,9 @@ static std::vector<double> norm_ref(const std::vector<double>& x, const std::vec
     return y;
 }
 
-// n a multiple of 8: 16-byte accesses (a lane takes two packs of a row when n > 32 packs);
-// otherwise value by value.
-template <typename T> void check_rms_norm(int n) {
+// A CTA of `threads` per row. n a multiple of 8: 16-byte accesses; otherwise value by value. A
+// row of more than NORM_HELD_PACKS packs a thread reads the rest again.
+template <typename T> void check_rms_norm(int n, unsigned threads) {
     const int rows = 11;
     const float eps = 1e-6f;
     auto a = random_values<T>(rows * n, 1.f), b = random_values<T>(rows * n, 1.f);
@@ -111,19 +111,18 @@ template <typename T> void check_rms_norm(int n) {
     auto d_res = random_values<T>(rows * n, 1.f);
     std::vector<T> sum(rows * n), y(rows * n), dx(rows * n);
     std::vector<float> rstd(rows), partial(2 * n);
-    const unsigned row_ctas = (rows + ROW_WARPS - 1) / ROW_WARPS;
-    launch({row_ctas, 1, 1}, 32 * ROW_WARPS, [&] {
+    launch({(unsigned)rows, 1, 1}, threads, [&] {
         Kernels<T>::norm_forward(a.data(), b.data(), sum.data(), w.data(), y.data(), rstd.data(),
-                                 rows, n, eps);
+                                 n, eps);
     });
     std::vector<double> x(rows * n);
     for (int i = 0; i < rows * n; ++i) x[i] = to_float(from_float<T>(to_float(a[i]) + to_float(b[i])));
     expect_close<T>("rms_norm forward: residual sum", values(sum), x);
     expect_close<T>("rms_norm forward: normed rows", values(y), norm_ref(x, values(w), rows, n, eps));
 
-    launch({row_ctas, 1, 1}, 32 * ROW_WARPS, [&] {
+    launch({(unsigned)rows, 1, 1}, threads, [&] {
         Kernels<T>::norm_backward(sum.data(), w.data(), rstd.data(), dy.data(), d_res.data(),
-                                  dx.data(), rows, n);
+                                  dx.data(), n);
     });
     // Two chunks of rows, the second partly filled.
     launch({(unsigned)(n + FLAT_THREADS - 1) / FLAT_THREADS, 2, 1}, FLAT_THREADS, [&] {
@@ -357,7 +356,10 @@ template <typename T> void check_embedding_backward(int hidden, const std::vecto
 }
 
 template <typename T> void check_all() {
-    for (int n : {100, 96, 320}) check_rms_norm<T>(n);
+    // One pack a thread or fewer (as train_layer.rs launches them); two held; some read again.
+    for (int n : {100, 96, 320}) check_rms_norm<T>(n, 64);
+    check_rms_norm<T>(512, 32);
+    for (int n : {328, 1000, 130}) check_rms_norm<T>(n, 32);
     // 20: halves of 10, value by value; the others in packs of 4.
     for (int head_dim : {16, 20, 64, 128}) check_heads<T>(head_dim);
     for (int inter : {100, 2064}) check_swiglu<T>(inter);
