@@ -138,6 +138,8 @@ class NoResetTimer(protocol.Timer):
         self.l2.reset = lambda: None
 
 
+WHOLE_UP_TO = 1 << 30
+
 TIMERS = {"dice": protocol.Timer, "noreset": NoResetTimer, "queued": QueuedTimer}
 
 
@@ -145,8 +147,9 @@ def identity_pair(setup, problem, timer_class, rounds, calls):
     """Alternating rounds of A and B (order flipped each round), as the evaluator times."""
     model_a = setup.build_model(problem, problem.Model)
     model_b = setup.build_model(problem, problem.Model)
-    a = timer_class(setup, problem, model_a, 3)
-    b = timer_class(setup, problem, model_b, 3)
+    # The evaluator's defaults (config.rs): 3 timed calls checked, outputs up to 1 GiB kept whole.
+    a = timer_class(setup, problem, model_a, 3, WHOLE_UP_TO)
+    b = timer_class(setup, problem, model_b, 3, WHOLE_UP_TO)
     if timer_class is QueuedTimer:
         # Calibrate the spin from the host's launch time of a call: twice it, at least 50 us.
         for t in (a, b):
