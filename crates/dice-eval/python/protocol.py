@@ -37,6 +37,16 @@ SAMPLE_ELEMENTS = 1 << 20
 # The most input bytes the CPU's timer makes ahead of the calls that take them (Timer
 # `_timed_premade`): a round of small inputs is made at once, large ones a few calls at a time.
 CPU_PREMADE_INPUT_BYTES = 256 << 20
+# dice's own timings (`--timing`): the others are KernelBench's (kbtiming.py).
+DICE_TIMINGS = ("dice", "dice-queued")
+# Under `--timing dice-queued` a timed call starts behind a spin on the device as long as the
+# baseline's enqueue of one call (its least over the warm-ups) times HOLD_FACTOR plus HOLD_EXTRA_MS:
+# both sides' launches are queued before the start event runs, so the events time the device's
+# work alone, and a candidate's host time beyond the baseline's margin still counts.
+HOLD_FACTOR = 1.5
+HOLD_EXTRA_MS = 0.02
+# The spin measured once per process to turn a hold into the device's clock cycles.
+SPIN_CALIBRATION_CYCLES = 1 << 21
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -106,7 +116,7 @@ class Setup:
         # One GPU per worker (CUDA_VISIBLE_DEVICES), so always index 0.
         self.device = torch.device("cuda", 0) if req["device"] == "cuda" else torch.device("cpu")
         self.dtype = DTYPES.get(req.get("precision"))
-        self.seeds = Seeds(req["seed"], req.get("timing", "dice") != "dice")
+        self.seeds = Seeds(req["seed"], req.get("timing", "dice") not in DICE_TIMINGS)
         if self.device.type == "cuda":
             # The CUDA context now, with the process's start-up and outside any device pass: made
             # lazily by the model's construction it held the pass for up to a second under load,
@@ -168,9 +178,15 @@ class Timer:
     in the j-th set (`_timed_premade`). A uniform sample of the timed calls keeps copies of its
     outputs (`CheckedCalls`), which the evaluator has judged against the reference's output on
     the same inputs.
+
+    `queued` (`--timing dice-queued`, on the device): every timed call starts behind a spin of
+    `hold_ms` (HOLD_FACTOR), so the host's launches, and any stall of the host between them,
+    fall before the start event runs. The baseline's process sets the hold from its own
+    warm-ups; the evaluator hands it to the candidate's rounds (which come after the baseline's
+    first).
     """
 
-    def __init__(self, setup, problem, model, checked_calls, whole_up_to, cores=None):
+    def __init__(self, setup, problem, model, checked_calls, whole_up_to, cores=None, queued=False):
         self.setup = setup
         self.problem = problem
         self.model = model
@@ -188,6 +204,8 @@ class Timer:
         self.flush = None
         self.events = None
         self.host = []  # the last round's `HostSide` of each timed call on the device
+        self.queued = queued and setup.device.type == "cuda"
+        self.hold_ms = None  # the spin before each timed call, when queued
         if setup.device.type == "cuda":
             self.flush = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=setup.device)
             # One pair of events for every timed call, made here (torch makes a CUDA event at its
@@ -199,16 +217,20 @@ class Timer:
             for event in self.events:
                 event.record()
             self.events[1].synchronize()
+            if self.queued:
+                self.cycles_per_ms = spin_cycles_per_ms(self.events)
         self.l2 = persisting_l2.Guard(setup.device)
         # The input buffers on the device now, under the untimed pass the timer is made in (and
         # in the reference's footprint): the first warm-up's inputs.
         self._prepare(-1)
         self.held = []
 
-    def run(self, n, first_call, round_key):
+    def run(self, n, first_call, round_key, hold_ms=None):
         """Times calls first_call .. first_call + n - 1 on the inputs of `round_key`
         (`Seeds.timed_call`); a timing starts at call 0 (the reference's process times the
-        baseline for one candidate after another)."""
+        baseline for one candidate after another). `hold_ms`: the spin before each timed call
+        when queued, the baseline's; None in the baseline's process, which sets it from its
+        warm-ups."""
         self.round_key = round_key
         if first_call == 0:
             self.checked = CheckedCalls(self.checked_calls, self.whole_up_to)
@@ -227,8 +249,12 @@ class Timer:
             with torch.no_grad():
                 self.untimed_calls = 0 if self.warmed else WARMUP_CALLS
                 self.warmed = True
-                for warmup in range(self.untimed_calls):
-                    self._call(-1 - warmup)
+                enqueued_ms = [self._call(-1 - warmup) for warmup in range(self.untimed_calls)]
+                if self.queued:
+                    if hold_ms is not None:
+                        self.hold_ms = hold_ms
+                    elif enqueued_ms:
+                        self.hold_ms = HOLD_FACTOR * min(enqueued_ms) + HOLD_EXTRA_MS
                 calls = range(first_call, first_call + n)
                 if self.setup.device.type == "cpu":
                     return self._timed_premade(calls)
@@ -278,10 +304,14 @@ class Timer:
         return args
 
     def _call(self, call):
+        """An untimed call; the host's time in ms to make it (to enqueue it, on the device)."""
         args = self._prepare(call)
+        started = perf_counter_ns()
         self.model(*args)
+        enqueued_ms = (perf_counter_ns() - started) / 1e6
         self.setup.sync()
         self.held = []
+        return enqueued_ms
 
     def _timed_premade(self, calls):
         """Times `calls` on the CPU, their inputs made before the first of them (in groups of at
@@ -317,6 +347,8 @@ class Timer:
         else:
             self.l2.reset()
             self.flush.fill_(42)
+            if self.hold_ms:
+                torch.cuda._sleep(int(self.hold_ms * self.cycles_per_ms))
             start, end = self.events
             host = HostSide()
             start.record()
@@ -331,6 +363,18 @@ class Timer:
     def checked_outputs(self):
         """(call, copies of its outputs) of each timed call to judge."""
         return self.checked.kept
+
+
+def spin_cycles_per_ms(events):
+    """The device's clock cycles per ms of `torch.cuda._sleep`'s spin, timed by `events` once
+    warm."""
+    start, end = events
+    torch.cuda._sleep(SPIN_CALIBRATION_CYCLES)
+    start.record()
+    torch.cuda._sleep(SPIN_CALIBRATION_CYCLES)
+    end.record()
+    end.synchronize()
+    return SPIN_CALIBRATION_CYCLES / max(start.elapsed_time(end), 1e-3)
 
 
 class HostSide:

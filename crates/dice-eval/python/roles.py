@@ -230,7 +230,9 @@ def serve_timing(channel, ops, job_dir, make_timer, profiled):
             channel.send(event="timing_ready")
         elif op["op"] == "time":
             try:
-                ms = timer.run(op["n"], op["first_call"], op["round_key"])
+                # The baseline's hold comes with the rounds of `--timing dice-queued` alone.
+                held = [op["hold_ms"]] if "hold_ms" in op else []
+                ms = timer.run(op["n"], op["first_call"], op["round_key"], *held)
             except BaseException as e:  # noqa: B036
                 fail(channel, *classify(e), "timing")
                 return
@@ -260,8 +262,8 @@ def serve_timing(channel, ops, job_dir, make_timer, profiled):
 def timer_for(req, setup, problem, model, side):
     """dice's own Timer, or KernelBench's (kbtiming.py) for `--timing kernelbench*`."""
     timing = req.get("timing", "dice")
-    if timing == "dice":
-        return protocol.Timer(setup, problem, model, req["checked_timed_calls"], req["timed_outputs_whole_up_to"], req.get("cores"))
+    if timing in protocol.DICE_TIMINGS:
+        return protocol.Timer(setup, problem, model, req["checked_timed_calls"], req["timed_outputs_whole_up_to"], req.get("cores"), timing == "dice-queued")
     return kbtiming.Timer(setup, problem, model, timing, side, req.get("cores"))
 
 
@@ -323,7 +325,7 @@ def reference(channel, req):
                 return
             # Trusted to say how many untimed calls its round made (the candidate is not: the
             # evaluator counts those itself), which the clock check leaves out of the overhead.
-            channel.send(event="times", ms=ms, untimed=timer.untimed_calls, persisting_l2=timer.l2.found, host=timer.host)
+            channel.send(event="times", ms=ms, untimed=timer.untimed_calls, persisting_l2=timer.l2.found, host=timer.host, hold_ms=getattr(timer, "hold_ms", None))
         elif op["op"] == "quit":
             return
 

@@ -71,6 +71,14 @@ pub enum Timing {
     /// copied into fixed buffers, a sample of the timed calls judged, the L2 flushed before
     /// every call, garbage collection paused.
     Dice,
+    /// dice's, with every timed call on the device starting behind a spin as long as the
+    /// baseline's enqueue of a call with a margin (python/protocol.py `HOLD_FACTOR`): both
+    /// sides' launches are queued before the start event runs, so the events time the device's
+    /// work alone, not the host's launch path and its stalls (bench/notes/eval-h200.md, session
+    /// 34: per-call CV 0.05 where dice's was 0.29 on the same host). A candidate's host time
+    /// beyond the baseline's margin still counts. The baseline's rounds come first, to set the
+    /// hold.
+    DiceQueued,
     /// KernelBench HEAD's `cuda_event` harness (KB spec §3): the candidate's calls, then the
     /// baseline's as `measure_ref_program_time` makes them; one input set; means to 3
     /// significant digits.
@@ -84,6 +92,7 @@ impl Timing {
     pub fn as_str(self) -> &'static str {
         match self {
             Timing::Dice => "dice",
+            Timing::DiceQueued => "dice-queued",
             Timing::KernelBench => "kernelbench",
             Timing::KernelBenchV01 => "kernelbench-v0.1",
         }
@@ -92,19 +101,24 @@ impl Timing {
     /// Whether the candidate's and the baseline's rounds alternate; KernelBench's methods time
     /// all of the candidate's calls, then all of the baseline's.
     pub fn interleaves(self) -> bool {
-        self == Timing::Dice
+        matches!(self, Timing::Dice | Timing::DiceQueued)
     }
 
     /// Whether dispersed calls are measured again; KernelBench's harness measures once.
     pub fn remeasures(self) -> bool {
-        self == Timing::Dice
+        self.interleaves()
+    }
+
+    /// Whether timed calls start behind the baseline's hold (`DiceQueued`).
+    pub fn queues_launches(self) -> bool {
+        self == Timing::DiceQueued
     }
 
     /// Calls the candidate's timer makes before its first timed one: the warm-ups, and the
     /// trial KernelBench HEAD discards.
     pub fn untimed_first_calls(self) -> u32 {
         match self {
-            Timing::Dice | Timing::KernelBenchV01 => 3,
+            Timing::Dice | Timing::DiceQueued | Timing::KernelBenchV01 => 3,
             Timing::KernelBench => 4,
         }
     }
@@ -114,7 +128,7 @@ impl Timing {
     /// KernelBench's last.
     pub fn checked_timed_calls(self) -> u64 {
         match self {
-            Timing::Dice => 3,
+            Timing::Dice | Timing::DiceQueued => 3,
             Timing::KernelBench | Timing::KernelBenchV01 => 1,
         }
     }

@@ -54,6 +54,9 @@ pub(crate) struct Reference {
     /// environment (the trusted process ran no candidate code), so the same kind found in a
     /// candidate's process is not its doing.
     pub(crate) environment_l2: BTreeSet<String>,
+    /// The spin before each timed call of the queued timing, as the baseline's warm-ups set it
+    /// (python/protocol.py `Timer`), once its first round has run on the device.
+    pub(crate) hold_ms: Option<f64>,
 }
 
 /// What a reference process holds on its GPU once all its expected outputs are computed, and
@@ -136,6 +139,7 @@ impl Reference {
                 footprint: None,
                 lost: None,
                 environment_l2: BTreeSet::new(),
+                hold_ms: None,
             },
         })
     }
@@ -291,6 +295,9 @@ impl Reference {
         log_long_calls(self.child.dir(), "baseline", &reply);
         self.environment_l2
             .extend(persisting_l2_of(&reply).into_keys());
+        self.hold_ms = reply["hold_ms"]
+            .as_f64()
+            .filter(|ms| ms.is_finite() && *ms >= 0.0);
         Ok(TimedRound {
             reported_ms: times_of(&reply),
             wall_ms: started.elapsed().as_secs_f64() * 1e3,

@@ -78,7 +78,8 @@ enum Side {
 }
 
 /// The rounds of `total` calls per side, in order. dice's timing alternates the sides (the
-/// order flips each round), so a change of the machine's speed weighs on both alike;
+/// order flips each round), so a change of the machine's speed weighs on both alike, the
+/// candidate first, or the baseline where its first round sets the hold of the queued timing;
 /// KernelBench's times all of the candidate's calls, then all of the baseline's.
 fn schedule(timing: Timing, total: u32, rounds: u32) -> Vec<(Side, u32)> {
     let calls = |round: u32| total / rounds + u32::from(round < total % rounds);
@@ -88,7 +89,7 @@ fn schedule(timing: Timing, total: u32, rounds: u32) -> Vec<(Side, u32)> {
     }
     let mut order = Vec::new();
     for round in 0..rounds {
-        let (first, second) = if round % 2 == 0 {
+        let (first, second) = if (round % 2 == 0) != timing.queues_launches() {
             (Side::Candidate, Side::Baseline)
         } else {
             (Side::Baseline, Side::Candidate)
@@ -301,7 +302,19 @@ fn measure(
         if side == Side::Candidate {
             let round_key = keys.of_round(candidate_call, n);
             let started = Instant::now();
-            let timed = match time_candidate(ctx, child, n, candidate_call, round_key) {
+            // The queued timing's hold, which the baseline's first round has set.
+            let hold_ms = ctx
+                .cfg
+                .timing
+                .queues_launches()
+                .then(|| reference.hold_ms.unwrap_or(0.0));
+            let round = CandidateRound {
+                n,
+                first_call: candidate_call,
+                round_key,
+                hold_ms,
+            };
+            let timed = match time_candidate(ctx, child, round) {
                 Ok(timed) => timed,
                 Err(failure) => return Ok(Err(failure)),
             };
@@ -469,16 +482,31 @@ struct Timed {
     persisting_l2: BTreeMap<String, String>,
 }
 
-/// Timings of `n` calls of the candidate, from call `first_call` of its timing, on the inputs
-/// of `round_key`.
-fn time_candidate(
-    ctx: &JobContext,
-    child: &mut Child,
+/// A round of the candidate's timed calls: `n` calls from call `first_call` of its timing, on
+/// the inputs of `round_key`, behind the baseline's hold under the queued timing.
+struct CandidateRound {
     n: u32,
     first_call: u64,
     round_key: u64,
+    hold_ms: Option<f64>,
+}
+
+/// Timings of the candidate's calls of `round`.
+fn time_candidate(
+    ctx: &JobContext,
+    child: &mut Child,
+    round: CandidateRound,
 ) -> Result<Timed, (Verdict, String)> {
-    let op = json!({"op": "time", "n": n, "first_call": first_call, "round_key": round_key});
+    let CandidateRound {
+        n,
+        first_call,
+        round_key,
+        hold_ms,
+    } = round;
+    let mut op = json!({"op": "time", "n": n, "first_call": first_call, "round_key": round_key});
+    if let Some(hold_ms) = hold_ms {
+        op["hold_ms"] = json!(hold_ms);
+    }
     let msg = request_candidate(ctx, child, op, "times")?;
     log_long_calls(child.dir(), "candidate", &msg);
     let ms = times_of(&msg);
@@ -626,6 +654,7 @@ mod tests {
             (names, calls)
         };
         assert_eq!(sides(Timing::Dice), ("cbbccb".to_string(), 20));
+        assert_eq!(sides(Timing::DiceQueued), ("bccbbc".to_string(), 20));
         assert_eq!(sides(Timing::KernelBench), ("cccbbb".to_string(), 20));
         assert_eq!(sides(Timing::KernelBenchV01), ("cccbbb".to_string(), 20));
     }

@@ -8,7 +8,7 @@ use dice_store::{SpeedupInterval, TimingStats};
 /// speedups divide those rounded means.
 pub(crate) fn reported_stats(timing: Timing, ms: &[f64]) -> Option<TimingStats> {
     let stats = timing_stats(ms)?;
-    if timing == Timing::Dice {
+    if timing.interleaves() {
         return Some(stats);
     }
     Some(TimingStats {

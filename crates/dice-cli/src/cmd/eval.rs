@@ -160,7 +160,10 @@ pub(crate) struct JudgeArgs {
     pub baseline: BaselineArg,
     /// How the timed calls are made. dice: candidate and baseline rounds interleaved, every call
     /// on inputs no call saw before (a sample of the timed outputs judged), L2 flushed before
-    /// every call. kernelbench: KernelBench's harness call for
+    /// every call. dice-queued: the same, with every call on the GPU starting behind a spin as
+    /// long as the baseline's enqueue of a call (times 1.5, plus 20 us), so that the time is
+    /// the device's work, not the host's launch path and its stalls (a program's host time
+    /// beyond that still counts). kernelbench: KernelBench's harness call for
     /// call (3 warm-ups, L2 flush and synchronisation before each of 100 calls, the first
     /// discarded, one input set, the candidate's calls then the baseline's, means to 3
     /// significant digits); kernelbench-v0.1: its form in DICE's paper (no flush, no
@@ -216,6 +219,7 @@ pub(crate) enum PrecisionArg {
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub(crate) enum TimingArg {
     Dice,
+    DiceQueued,
     Kernelbench,
     #[value(name = "kernelbench-v0.1")]
     KernelbenchV01,
@@ -376,6 +380,7 @@ impl JudgeArgs {
         };
         cfg.timing = match self.timing {
             TimingArg::Dice => Timing::Dice,
+            TimingArg::DiceQueued => Timing::DiceQueued,
             TimingArg::Kernelbench => Timing::KernelBench,
             TimingArg::KernelbenchV01 => Timing::KernelBenchV01,
         };

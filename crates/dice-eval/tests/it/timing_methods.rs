@@ -31,6 +31,27 @@ fn kernelbench_methods_time_the_cpp_example() {
     }
 }
 
+/// `--timing dice-queued` through the evaluator on the CPU, where there is no device to hold:
+/// dice's rounds (the baseline's first), a speedup, the run stored under its name.
+#[test]
+fn the_queued_timing_judges_the_cpp_example_with_dice_rounds() {
+    let _machine = machine_shared();
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = test_config(run.path());
+    cfg.timing = Timing::DiceQueued;
+    let trials = cfg.perf_trials;
+    let summary = dice_eval::evaluate(cfg, example_problems(), vec![example(1, 0)], None).unwrap();
+    let record = &summary.records[0];
+    assert_eq!(record.verdict, Verdict::Correct, "{record:?}");
+    for stats in [&record.candidate_timing, &record.baseline_timing] {
+        let stats = stats.as_ref().unwrap();
+        assert!(stats.trials >= trials, "{stats:?}");
+    }
+    assert!(record.speedup.is_some_and(|s| s > 0.0), "{record:?}");
+    let store = Store::open(&run.path().join("dice.db")).unwrap();
+    assert_eq!(store.run_info().unwrap().unwrap().timing, "dice-queued");
+}
+
 /// `scale` and `batch` are the problem's globals; KernelBench's harness gives them to the
 /// program, dice by default does not.
 const SCALE: &str = "
