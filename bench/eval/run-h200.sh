@@ -49,14 +49,18 @@ publish() { # step name: its reports, or (PACK=1) every store, log and report in
   if [[ ${PACK:-} == 1 ]]; then tar -C /tmp -czf "$OUT/eval-runs.tgz" dice-runs
   else cp "$runs/$1.md" "$runs/$1.json" "$OUT/"; store_copy "$runs/$1/dice.db" "$OUT/$1.db"; fi
 }
+# TIMING=METHOD: the evaluation steps judge with `--timing METHOD`, their runs named STEP-METHOD
+# (TIMING=dice-queued bash bench/eval/run-h200.sh id-nolook q-batch: the queued timing beside
+# the default's runs; not for q-kb, which names its own).
+suffix=${TIMING:+-$TIMING}
 step() { # name, cap seconds, dice eval args...
-  local name=$1 cap=$2; shift 2
+  local name=$1$suffix cap=$2; shift 2
   local limit=$(( $(left) < cap ? $(left) : cap ))
   (( limit > 10 )) || { echo "$name skipped: no time left" | tee -a "$OUT/steps.txt"; return; }
   local t0=$(date +%s%N) c0
   c0=$(cpu_ticks)
-  timeout "$limit" "$bin/dice" eval "$@" --run "$runs/$name" --device cuda --build-cache "$cache" \
-    --jobs "${JOBS:-16}" >"$runs/$name.log" 2>&1
+  timeout "$limit" "$bin/dice" eval "$@" ${TIMING:+--timing "$TIMING"} --run "$runs/$name" \
+    --device cuda --build-cache "$cache" --jobs "${JOBS:-16}" >"$runs/$name.log" 2>&1
   local rc=$?
   # Whether the machine's cores were the limit: busy share of all cores over the step.
   local busy=$(echo "$c0 $(cpu_ticks)" | awk '{printf "%.0f", 100 * ($3 - $1) / ($4 - $2)}')
@@ -155,14 +159,14 @@ for s in "$@"; do
     # in a plain script on the fixed 32; then the figures of the acceptance.
     # Cold on its first call; a later call resumes it (its store still in /tmp on the same warm
     # machine, or carried back in under DATA/runs) with whatever builds the cache still holds.
-    q-batch) [[ -d $runs/q-batch ]] || rm -rf "$cache"
+    q-batch) [[ -d $runs/q-batch$suffix ]] || rm -rf "$cache"
       python3 bench/eval/pairs_with_identity.py tests/data/dice/kernel_infilling_evaluation.json "$runs/pairs_identity.json"
       step q-batch 600 --pairs "$runs/pairs_identity.json" --runs-per-device 8
-      python3 bench/eval/identity_spread.py "$runs/q-batch/dice.db" | tee -a "$OUT/steps.txt"
+      python3 bench/eval/identity_spread.py "$runs/q-batch$suffix/dice.db" | tee -a "$OUT/steps.txt"
       # Outcomes per minute (UTC), over every call of the step so far: where the batch slows.
       python3 -c 'import collections, sqlite3, sys
 m = collections.Counter(r[0][11:16] for r in sqlite3.connect(sys.argv[1]).execute("select evaluated_at from samples"))
-print("\n".join(f"{k}|{m[k]}" for k in sorted(m)))' "$runs/q-batch/dice.db" >"$OUT/q-batch-per-minute.txt" ;;
+print("\n".join(f"{k}|{m[k]}" for k in sorted(m)))' "$runs/q-batch$suffix/dice.db" >"$OUT/q-batch$suffix-per-minute.txt" ;;
     # The identity candidates alone (no build in the batch): with 8 runs per device as a cold
     # batch runs them, the same without starting the next candidates' processes during a
     # candidate's run (look-ahead starts CUDA contexts while others are timed), and one at a time.
@@ -173,7 +177,7 @@ print("\n".join(f"{k}|{m[k]}" for k in sorted(m)))' "$runs/q-batch/dice.db" >"$O
         id-nolook) step id-nolook 300 --pairs "$runs/identities.json" --runs-per-device 8 --no-look-ahead ;;
         id-quiet) JOBS=4 step id-quiet 300 --pairs "$runs/identities.json" --runs-per-device 1 --no-look-ahead ;;
       esac
-      python3 bench/eval/identity_spread.py "$runs/$s/dice.db" | tee -a "$OUT/steps.txt" ;;
+      python3 bench/eval/identity_spread.py "$runs/$s$suffix/dice.db" | tee -a "$OUT/steps.txt" ;;
     q-quiet) JOBS=4 step q-quiet 420 --pairs tests/data/dice/kernel_infilling_evaluation.json --runs-per-device 1 ;;
     q-kb) JOBS=4 step q-kb 300 --pairs "$DATA/pairs32.json" --runs-per-device 1 --timing kernelbench ;;
     kb-script) kb_script ;;
