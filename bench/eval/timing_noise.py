@@ -23,8 +23,9 @@ does not use, the way a cold batch disturbs it:
 and three ways to time a call:
   dice    protocol.Timer as the evaluator runs it (persisting-L2 reset, flush, events)
   noreset the same without the persisting-L2 reset
-  queued  the same, with a spin kernel after the flush long enough for the host to enqueue the
-          whole call before the start event runs: the device's time alone, without launch gaps
+  queued  protocol.Timer as `--timing dice-queued` runs it: a spin after the flush as long as
+          A's enqueue of a call (1.5x its least warm-up + 20 us; B gets A's, as a candidate gets
+          the baseline's): the device's time alone, without launch gaps
 Prints one line per (disturbance, timer, problem) and a summary per (disturbance, timer):
 per-call coefficient of variation, and |B/A - 1| of the identity's speedup by five statistics of
 the calls (mean, median, minimum, 5th and 10th percentile). --out keeps every call's time.
@@ -70,8 +71,6 @@ SPIN = {
         "    cuda.cuCtxDestroy_v2(ctx)\n"
     ),
 }
-# H100's and H200's highest SM clock: at a lower clock the spin only lasts longer.
-MAX_CLOCK_HZ = 1.98e9
 COUNT = {"idle": 8, "spawn": 4, "ctx": 4, "trickle": 1, "teardown": 2, "profiler": 1}
 # Seconds a disturbance gets to start (torch's import) before the timing begins.
 SETTLE_S = {"idle": 8, "spawn": 8, "trickle": 6, "teardown": 8, "profiler": 8}
@@ -109,29 +108,6 @@ def disturb(kind, spare, smt):
     return procs
 
 
-class QueuedTimer(protocol.Timer):
-    """The device's time of a call alone: a spin kernel holds the stream until the host has
-    enqueued the whole call, so no launch gap of the host falls between the two events."""
-
-    spin_cycles = 0
-
-    def _timed(self, call, args):
-        self.l2.reset()
-        self.flush.fill_(42)
-        torch.cuda._sleep(self.spin_cycles)
-        start, end = self.events
-        start.record()
-        t0 = time.perf_counter()
-        out = self.model(*args)
-        host = time.perf_counter() - t0
-        end.record()
-        torch.cuda.synchronize()
-        ms = start.elapsed_time(end)
-        self.host_s = max(getattr(self, "host_s", 0.0), host)
-        self.checked.offer(call, out)
-        return ms
-
-
 class NoResetTimer(protocol.Timer):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
@@ -140,7 +116,11 @@ class NoResetTimer(protocol.Timer):
 
 WHOLE_UP_TO = 1 << 30
 
-TIMERS = {"dice": protocol.Timer, "noreset": NoResetTimer, "queued": QueuedTimer}
+def queued_timer(*args):
+    return protocol.Timer(*args, queued=True)
+
+
+TIMERS = {"dice": protocol.Timer, "noreset": NoResetTimer, "queued": queued_timer}
 
 
 def identity_pair(setup, problem, timer_class, rounds, calls):
@@ -150,21 +130,15 @@ def identity_pair(setup, problem, timer_class, rounds, calls):
     # The evaluator's defaults (config.rs): 3 timed calls checked, outputs up to 1 GiB kept whole.
     a = timer_class(setup, problem, model_a, 3, WHOLE_UP_TO)
     b = timer_class(setup, problem, model_b, 3, WHOLE_UP_TO)
-    if timer_class is QueuedTimer:
-        # Calibrate the spin from the host's launch time of a call: twice it, at least 50 us.
-        for t in (a, b):
-            t.spin_cycles = 0
-            t.run(3, 0, 1)
-        host = max(a.host_s, b.host_s)
-        cycles = int(max(2 * host, 50e-6) * MAX_CLOCK_HZ)
-        a.spin_cycles = b.spin_cycles = cycles
     ta, tb = [], []
     for r in range(rounds):
         key = int.from_bytes(os.urandom(8), "little")
         first = r * calls
         order = [(a, ta), (b, tb)] if r % 2 == 0 else [(b, tb), (a, ta)]
         for timer, times in order:
-            times += timer.run(calls, first, key)
+            # A's first run (round 0 begins with it) sets the queued timer's hold, which B is
+            # handed as a candidate is the baseline's; None for the other timers.
+            times += timer.run(calls, first, key, a.hold_ms if timer is b else None)
     return ta, tb
 
 

@@ -75,7 +75,8 @@ pub enum Timing {
     /// baseline's enqueue of a call with a margin (python/protocol.py `HOLD_FACTOR`): both
     /// sides' launches are queued before the start event runs, so the events time the device's
     /// work alone, not the host's launch path and its stalls (bench/notes/eval-h200.md, session
-    /// 34: per-call CV 0.05 where dice's was 0.29 on the same host). A candidate's host time
+    /// 34: such a spin outside the evaluator, per-call CV 0.05 where dice's was 0.29 on the same
+    /// host). A candidate's host time
     /// beyond the baseline's margin still counts. The baseline's rounds come first, to set the
     /// hold.
     DiceQueued,

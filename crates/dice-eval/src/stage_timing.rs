@@ -308,13 +308,7 @@ fn measure(
                 .timing
                 .queues_launches()
                 .then(|| reference.hold_ms.unwrap_or(0.0));
-            let round = CandidateRound {
-                n,
-                first_call: candidate_call,
-                round_key,
-                hold_ms,
-            };
-            let timed = match time_candidate(ctx, child, round) {
+            let timed = match time_candidate(ctx, child, n, candidate_call, round_key, hold_ms) {
                 Ok(timed) => timed,
                 Err(failure) => return Ok(Err(failure)),
             };
@@ -482,27 +476,16 @@ struct Timed {
     persisting_l2: BTreeMap<String, String>,
 }
 
-/// A round of the candidate's timed calls: `n` calls from call `first_call` of its timing, on
-/// the inputs of `round_key`, behind the baseline's hold under the queued timing.
-struct CandidateRound {
+/// Timings of `n` calls of the candidate, from call `first_call` of its timing, on the inputs
+/// of `round_key`, behind the baseline's hold `hold_ms` under the queued timing.
+fn time_candidate(
+    ctx: &JobContext,
+    child: &mut Child,
     n: u32,
     first_call: u64,
     round_key: u64,
     hold_ms: Option<f64>,
-}
-
-/// Timings of the candidate's calls of `round`.
-fn time_candidate(
-    ctx: &JobContext,
-    child: &mut Child,
-    round: CandidateRound,
 ) -> Result<Timed, (Verdict, String)> {
-    let CandidateRound {
-        n,
-        first_call,
-        round_key,
-        hold_ms,
-    } = round;
     let mut op = json!({"op": "time", "n": n, "first_call": first_call, "round_key": round_key});
     if let Some(hold_ms) = hold_ms {
         op["hold_ms"] = json!(hold_ms);

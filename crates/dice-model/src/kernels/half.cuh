@@ -111,16 +111,26 @@ __device__ __forceinline__ bool aligned(const void* p, size_t bytes) {
     return ((size_t)p & (bytes - 1)) == 0;
 }
 
+// p[0..V) in one access, bits unchanged.
+template <typename T, int V> __device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
+    return *reinterpret_cast<const Pack<T, V>*>(p);
+}
+
+// v into p[0..V) in one access.
+template <typename T, int V> __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
+    *reinterpret_cast<Pack<T, V>*>(p) = v;
+}
+
 // Values p[0..V) as f32, in one access.
 template <typename T, int V>
 __device__ __forceinline__ void load_floats(const T* p, float (&f)[V]) {
-    const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(p);
+    const Pack<T, V> pack = load_pack<T, V>(p);
     for (int i = 0; i < V; ++i) f[i] = to_float(pack.v[i]);
 }
 
 // p[0..V) to q[0..V), bits unchanged, in one access each.
 template <typename T, int V> __device__ __forceinline__ void copy_pack(T* q, const T* p) {
-    *reinterpret_cast<Pack<T, V>*>(q) = *reinterpret_cast<const Pack<T, V>*>(p);
+    store_pack(q, load_pack<T, V>(p));
 }
 
 // f rounded to T into p[0..V), in one access.
@@ -128,5 +138,5 @@ template <typename T, int V>
 __device__ __forceinline__ void store_floats(T* p, const float (&f)[V]) {
     Pack<T, V> pack;
     for (int i = 0; i < V; ++i) pack.v[i] = from_float<T>(f[i]);
-    *reinterpret_cast<Pack<T, V>*>(p) = pack;
+    store_pack(p, pack);
 }

@@ -26,10 +26,10 @@
 // Threads per CTA of label_log_softmax: one CTA per row of the vocabulary's logits.
 #define HEAD_THREADS 1024
 
-// The RMSNorm kernels take one CTA per row, a thread one pack of V values of each NORM_THREADS
-// * V columns (train_layer.rs `norm_threads`: the row's packs rounded up to warps, at most
-// NORM_MAX_THREADS), and keep their first NORM_HELD_PACKS packs in registers between the row's
-// reduction and its outputs: the row is read from memory once. A warp per row that read its row
+// The RMSNorm kernels take one CTA per row, thread t the packs of V values t, t + blockDim.x, …
+// (train_layer.rs `norm_grid`: the row's 16-byte packs rounded up to warps, at most
+// NORM_MAX_THREADS threads), and keep their first NORM_HELD_PACKS packs in registers between the
+// row's reduction and its outputs: the row is read from memory once. A warp per row that read its row
 // again after the reduction ran at 29-35 % of the H100's memory rate in a 1.7B step: all 6,144
 // rows in flight at once, 75 MB of them, so the second pass missed the 50 MB L2, and every warp
 // of the one wave loaded, reduced and wrote in step (bench/notes/train-h200.md, session 33).
@@ -46,14 +46,6 @@ __device__ __forceinline__ float cta_sum(float x) {
     float sum = 0.0f;
     for (int w = 0; w < (int)blockDim.x / 32; ++w) sum += warp_sums[w];
     return sum;
-}
-
-template <typename T, int V> __device__ __forceinline__ Pack<T, V> load_pack(const T* p) {
-    return *reinterpret_cast<const Pack<T, V>*>(p);
-}
-
-template <typename T, int V> __device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& v) {
-    *reinterpret_cast<Pack<T, V>*>(p) = v;
 }
 
 // The normed input's pack at offset i: x = a (+ b, rounded to T and written to sum_out), its
