@@ -77,8 +77,9 @@ def fail(channel, verdict, message, phase):
 def device_setup(channel, req, verdict):
     """The process's device (protocol.Setup, which makes the CUDA context), or None after reporting
     why it could not be made. No program code has run yet, so it is never the program's doing:
-    out of device memory beside the other processes of a batch, the evaluator runs the sample again
-    with the device to itself (run_slot.rs)."""
+    crowded out of device memory by the other processes of a batch, the sample goes back to the
+    evaluator's queue, and runs with the device to itself only if that happens again and again
+    (run_slot.rs)."""
     try:
         return protocol.Setup(req)
     except BaseException as e:  # noqa: B036

@@ -169,4 +169,18 @@ pub(crate) struct RunItem {
     pub compiled: Compiled,
     /// To run with the device to itself: it ran out of device memory beside others.
     pub alone: bool,
+    /// Times one of its processes could not make its CUDA context beside the others in flight
+    /// (run_slot.rs `MemoryShortage::AtSetup`).
+    pub crowded_out: u32,
+}
+
+impl RunItem {
+    pub(crate) fn new(sample: usize, compiled: Compiled) -> Self {
+        RunItem {
+            sample,
+            compiled,
+            alone: false,
+            crowded_out: 0,
+        }
+    }
 }

@@ -6,9 +6,11 @@
 //! beside the others waits, in the order of asking, with its reference closed; one larger than the
 //! device waits until nothing else is reserved. Slots give their reservation back with their
 //! reference, and give it back early (at their next sample) while someone waits, so a large
-//! problem is never starved by a stream of small ones.
+//! problem is never starved by a stream of small ones. What a problem's program needed is
+//! remembered: its next reference (another sample's, on any slot) reserves before it touches the
+//! device instead of after.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex};
 
 /// Share of the device's memory that reservations may take: CUDA contexts, cuBLAS workspaces and
@@ -28,6 +30,8 @@ struct State {
     reserved: u64,
     next_ticket: u64,
     waiting: VecDeque<u64>,
+    /// The reservation a reference of each program (by its source's hash) needed.
+    needs: HashMap<String, u64>,
 }
 
 impl State {
@@ -43,6 +47,12 @@ impl State {
 pub(crate) struct Reservation<'a> {
     memory: &'a DeviceMemory,
     bytes: u64,
+}
+
+impl Reservation<'_> {
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
 }
 
 impl Drop for Reservation<'_> {
@@ -101,6 +111,16 @@ impl DeviceMemory {
             memory: self,
             bytes,
         }
+    }
+
+    /// Records what a reference of `program` (its source's hash) needs.
+    pub(crate) fn remember_need(&self, program: &str, bytes: u64) {
+        self.lock().needs.insert(program.to_string(), bytes);
+    }
+
+    /// What a reference of `program` needed when one last ran on this device.
+    pub(crate) fn known_need(&self, program: &str) -> Option<u64> {
+        self.lock().needs.get(program).copied()
     }
 
     /// Whether someone waits for memory: holders give theirs back at their next sample.
@@ -163,5 +183,23 @@ mod tests {
         });
         assert!(granted.load(Ordering::SeqCst));
         assert!(memory.try_reserve(GB).is_some());
+    }
+
+    /// What a program's reference needed is what its next reference reserves ahead; another
+    /// program's is not known, and a later measure replaces an earlier one.
+    #[test]
+    fn a_programs_need_is_known_to_its_next_reference() {
+        let memory = DeviceMemory::default();
+        assert_eq!(memory.known_need("a"), None);
+        memory.remember_need("a", 35 * GB);
+        memory.remember_need("b", 3 * GB);
+        assert_eq!(memory.known_need("a"), Some(35 * GB));
+        memory.remember_need("a", 36 * GB);
+        assert_eq!(memory.known_need("a"), Some(36 * GB));
+        assert_eq!(memory.known_need("c"), None);
+        let r = memory
+            .try_reserve(36 * GB)
+            .expect("an empty device takes anything");
+        assert_eq!(r.bytes(), 36 * GB);
     }
 }

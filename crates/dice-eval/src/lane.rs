@@ -72,11 +72,7 @@ mod tests {
         let zygote = Arc::new(ZygoteSlot::for_device(&[], None));
         let lane = Lane::new(zygote, 3, DeviceGate::default());
         let ahead = |sample| Ahead {
-            item: RunItem {
-                sample,
-                compiled: Compiled::default(),
-                alone: false,
-            },
+            item: RunItem::new(sample, Compiled::default()),
             started: None,
         };
         *lane.ahead(2) = Some(ahead(7));

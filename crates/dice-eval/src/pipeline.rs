@@ -380,26 +380,12 @@ fn start_builders<'scope>(
                         }
                         if !stage_build::may_build(code) {
                             let compiled = Compiled::default();
-                            run_tx.push(
-                                key,
-                                RunItem {
-                                    sample: i,
-                                    compiled,
-                                    alone: false,
-                                },
-                            );
+                            run_tx.push(key, RunItem::new(i, compiled));
                             continue;
                         }
                         let z = zygote.get(shared.rt)?;
                         match stage_build::build(shared.ctx, &z, &sample, code)? {
-                            Built::Ready(compiled) => run_tx.push(
-                                key,
-                                RunItem {
-                                    sample: i,
-                                    compiled,
-                                    alone: false,
-                                },
-                            ),
+                            Built::Ready(compiled) => run_tx.push(key, RunItem::new(i, compiled)),
                             Built::Failed(outcome) => {
                                 let _ = report_tx.send(Report::Sample(i, outcome));
                             }

@@ -10,6 +10,7 @@ use crate::device_memory::Reservation;
 use crate::gate::Access;
 use crate::job::Compiled;
 use crate::lane::{Ahead, Lane, Started};
+use crate::outcome::sha256_hex;
 use crate::run_queue::{ProblemKey, RunQueue};
 use crate::stage_reference::{Reference, ReferenceFailed, RunError, StartedReference};
 use crate::stage_run::{self, Unsettled};
@@ -47,15 +48,26 @@ pub(crate) fn run_slot(
     })
 }
 
-fn out_of_device_memory(result: &Result<Unsettled, RunError>) -> bool {
+/// How a sample's process ran out of device memory.
+#[derive(Debug, PartialEq)]
+enum MemoryShortage {
+    /// It could not make its CUDA context (python/roles.py device_setup): nothing of the
+    /// program had run; another process filled the device meanwhile (typically a reference
+    /// building large outputs before its footprint was known and reserved).
+    AtSetup,
+    /// Its own allocations failed.
+    InItsWork,
+}
+
+fn out_of_device_memory(result: &Result<Unsettled, RunError>) -> Option<MemoryShortage> {
     let message = match result {
         Ok(u) if matches!(u.outcome.verdict, Verdict::RuntimeError | Verdict::Crashed) => {
             u.outcome.message.as_deref().unwrap_or_default()
         }
         Err(RunError::Reference(failed)) => &failed.0,
-        _ => return false,
+        _ => return None,
     };
-    [
+    let out_of_memory = [
         // torch's caching allocator (torch.OutOfMemoryError)
         "CUDA out of memory",
         // the CUDA runtime's cudaErrorMemoryAllocation as torch words it (a context made on a
@@ -65,8 +77,19 @@ fn out_of_device_memory(result: &Result<Unsettled, RunError>) -> bool {
         "cudaErrorMemoryAllocation",
     ]
     .iter()
-    .any(|m| message.contains(m))
+    .any(|m| message.contains(m));
+    out_of_memory.then(|| {
+        if message.contains("setting up the device: ") {
+            MemoryShortage::AtSetup
+        } else {
+            MemoryShortage::InItsWork
+        }
+    })
 }
+
+/// Times a sample crowded out at its device setup goes back to the queue like any other before
+/// it runs alone.
+const CROWDED_OUT_RETRIES: u32 = 2;
 
 /// One candidate in flight on a device, the reference process of the problem it is on, and the
 /// device memory promised to both; (with `look_ahead`) the slot's next sample, its processes
@@ -115,28 +138,48 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             }
             // Device memory may have run out because of the others in flight: not the
             // candidate's fault (nor the reference's) until it happens with the device to itself.
-            // It runs again alone behind the samples queued now: holding the device for its
-            // whole evaluation, it would hold all of theirs too (a program of 8 GB outputs held
-            // every other sample of a batch for its last 90 s: bench/notes/eval-h200.md,
-            // session 27).
-            if !item.alone && shared.ctx.cfg.runs_per_device > 1 && out_of_device_memory(&result) {
-                tracing::info!(
-                    "{}: out of device memory beside others; again alone, after the samples \
-                     queued now",
-                    sample.origin
-                );
+            let shortage = (!item.alone && shared.ctx.cfg.runs_per_device > 1)
+                .then(|| out_of_device_memory(&result))
+                .flatten();
+            if let Some(shortage) = shortage {
+                // Crowded out before anything of it ran, it goes back to the queue as it was: the
+                // memory that crowded it out is usually given back long before its turn comes
+                // again. Out of memory in its own work, it runs again alone behind the samples
+                // queued now: holding the device for its whole evaluation, it would hold all of
+                // theirs too (a program of 8 GB outputs held every other sample of a batch for
+                // its last 90 s: bench/notes/eval-h200.md, session 27). Alone, it also stops every
+                // sample asking for memory after it until the device is empty, so a sample that
+                // was only crowded out does not go alone until it was crowded out again and
+                // again (eight of them held a batch's end for two minutes: session 35).
+                let again = if shortage == MemoryShortage::AtSetup
+                    && item.crowded_out < CROWDED_OUT_RETRIES
+                {
+                    tracing::info!(
+                        "{}: crowded out of device memory at its setup; again after the samples \
+                         queued now",
+                        sample.origin
+                    );
+                    RunItem {
+                        crowded_out: item.crowded_out + 1,
+                        ..item
+                    }
+                } else {
+                    tracing::info!(
+                        "{}: out of device memory beside others; again alone, after the samples \
+                         queued now",
+                        sample.origin
+                    );
+                    RunItem {
+                        alone: true,
+                        ..item
+                    }
+                };
                 if let Ok(failed) = result {
                     failed.settle();
                 }
                 self.forget_failed_reference();
                 let (key, _, _) = shared.problem_and_code(sample);
-                self.queue.requeue(
-                    key,
-                    RunItem {
-                        alone: true,
-                        ..item
-                    },
-                );
+                self.queue.requeue(key, again);
                 continue;
             }
             match result {
@@ -305,8 +348,13 @@ impl<'a, 'e> RunSlot<'a, 'e> {
     }
 
     /// Starts the reference of `problem` and, on a GPU, reserves device memory for it and one
-    /// candidate (unless the slot already holds the whole device). When that does not fit beside
-    /// the problems in flight, the reference is closed while the slot waits, then started again.
+    /// candidate (unless the slot already holds the whole device). Where a reference of the same
+    /// program ran on the device before, what it needed is reserved before this one touches the
+    /// device: a reference building gigabytes of outputs unreserved crowded out the processes
+    /// starting beside it (bench/notes/eval-h200.md, session 35). Otherwise, and where it needs
+    /// more than was reserved, the reservation follows its construction: when that does not fit
+    /// beside the problems in flight, the reference is closed while the slot waits, then started
+    /// again.
     fn start_reference(
         &mut self,
         zygote: &Zygote,
@@ -315,35 +363,64 @@ impl<'a, 'e> RunSlot<'a, 'e> {
         mut started: Option<StartedReference>,
     ) -> Result<Result<Reference, ReferenceFailed>, RunError> {
         let ctx = self.shared.ctx;
+        let memory = &self.lane.memory;
+        let program = sha256_hex(&problem.source);
+        // The whole device, reserved for a sample run alone, is kept whatever happens here.
+        let held_before = self.reservation.is_some();
         loop {
+            if self.reservation.is_none() {
+                if let Some(need) = memory.known_need(&program) {
+                    self.reservation = Some(self.reserve(problem, need));
+                }
+            }
             let started = match started.take() {
                 Some(s) => s,
                 None => Reference::spawn(ctx, zygote, problem)?,
             };
             let reference = match started.construct(ctx, problem, access) {
                 Ok(r) => r,
-                Err(RunError::Reference(failed)) => return Ok(Err(failed)),
-                Err(e) => return Err(e),
+                Err(e) => {
+                    if !held_before {
+                        self.reservation = None;
+                    }
+                    return match e {
+                        RunError::Reference(failed) => Ok(Err(failed)),
+                        e => Err(e),
+                    };
+                }
             };
-            let Some(footprint) = reference.footprint().filter(|_| self.reservation.is_none())
-            else {
+            let Some(footprint) = reference.footprint() else {
                 return Ok(Ok(reference));
             };
-            let memory = &self.lane.memory;
             memory.set_device_total(footprint.device_total);
             let need = 2 * (footprint.bytes + PROCESS_OVERHEAD_BYTES);
+            memory.remember_need(&program, need);
+            if self.reservation.as_ref().is_some_and(|r| r.bytes() >= need) {
+                return Ok(Ok(reference));
+            }
+            // The smaller promise goes back before the larger is asked for.
+            self.reservation = None;
             if let Some(reservation) = memory.try_reserve(need) {
                 self.reservation = Some(reservation);
                 return Ok(Ok(reference));
             }
+            reference.close();
+            self.reservation = Some(self.reserve(problem, need));
+        }
+    }
+
+    /// `need` bytes of the device's memory for `problem`, waiting (said in the log) while earlier
+    /// askers are served or it does not fit.
+    fn reserve(&self, problem: &EvalProblem, need: u64) -> Reservation<'a> {
+        let memory = &self.lane.memory;
+        memory.try_reserve(need).unwrap_or_else(|| {
             tracing::info!(
                 "{}: waits for {:.1} GiB of device memory",
                 problem.name,
                 need as f64 / f64::from(1 << 30)
             );
-            reference.close();
-            self.reservation = Some(memory.reserve(need));
-        }
+            memory.reserve(need)
+        })
     }
 
     /// With `look_ahead`, takes the slot's next sample now (of the `current` problem if one is
@@ -384,20 +461,27 @@ mod tests {
     use super::*;
 
     /// A process that could not make its CUDA context on a device full of the batch's other
-    /// processes (python/roles.py device_setup), or whose allocations failed, ran out of device
-    /// memory: its sample runs again alone. An exit that says nothing of memory is no such case.
+    /// processes (python/roles.py device_setup) was crowded out; one whose allocations failed ran
+    /// out of device memory in its own work (its sample runs again alone). An exit that says
+    /// nothing of memory is neither.
     #[test]
     fn a_device_too_full_for_a_process_is_out_of_device_memory() {
         let failed = |why: &str| Err(RunError::Reference(ReferenceFailed(why.to_string())));
-        for why in [
-            "importing the problem: setting up the device: AcceleratorError: CUDA error: out of \
-             memory",
-            "running the reference: OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 \
-             GiB",
+        for (why, shortage) in [
+            (
+                "importing the problem: setting up the device: AcceleratorError: CUDA error: out \
+                 of memory",
+                MemoryShortage::AtSetup,
+            ),
+            (
+                "running the reference: OutOfMemoryError: CUDA out of memory. Tried to allocate \
+                 8.00 GiB",
+                MemoryShortage::InItsWork,
+            ),
         ] {
-            assert!(out_of_device_memory(&failed(why)), "{why}");
+            assert_eq!(out_of_device_memory(&failed(why)), Some(shortage), "{why}");
         }
         let exited = "importing the problem: the reference exited with status 70";
-        assert!(!out_of_device_memory(&failed(exited)));
+        assert_eq!(out_of_device_memory(&failed(exited)), None);
     }
 }
