@@ -19,8 +19,6 @@
 #define NEG_INF __uint_as_float(0xff800000u)
 // Warps per CTA of the heads kernels: one warp per (token, head) row.
 #define ROW_WARPS 8
-// The largest head dim of heads_backward (a lane keeps head_dim / 32 gradients in registers).
-#define MAX_HEAD_DIM 256
 // Threads per CTA of the column and element-wise kernels.
 #define FLAT_THREADS 256
 // Threads per CTA of label_log_softmax: one CTA per row of the vocabulary's logits.
@@ -287,6 +285,45 @@ __device__ void heads_forward_row(const T* __restrict__ src, const T* __restrict
     if (lane == 0) rstd[row] = r;
 }
 
+// Where a head row is one pack a lane (head_dim == 32 V, the models' 128 at HEAD_PACK): lane l
+// holds elements V l .. V l + V - 1, and RoPE's partner pack (e +- head_dim / 2) is lane l ^ 16's,
+// taken by a shuffle instead of loaded again. Every load is issued before the row's reduction.
+// The general kernels above read each row twice and both packs of a pair, at 29-32 % of the
+// H100's memory rate (bench/notes/train-h200.md, session 34).
+template <typename T, int V>
+__device__ void heads_forward_one_pack(const T* __restrict__ src, const T* __restrict__ norm_w,
+                                       const T* __restrict__ cos, const T* __restrict__ sin,
+                                       T* __restrict__ out, float* __restrict__ rstd, int ld,
+                                       int tokens, int heads, float eps, int row) {
+    constexpr int head_dim = 32 * V, half = 16 * V;
+    const int lane = threadIdx.x % 32, e = V * lane;
+    const int t = row / heads, h = row % heads;
+    const T* x = src + (size_t)t * ld + (size_t)h * head_dim;
+    T* o = out + ((size_t)h * tokens + t) * head_dim;
+    if (!norm_w) {
+        copy_pack<T, V>(o + e, x + e);
+        return;
+    }
+    const bool low = lane < 16;
+    const int angle = low ? e : e - half;
+    float xv[V], wv[V], c[V], sn[V];
+    load_floats(x + e, xv);
+    load_floats(norm_w + e, wv);
+    load_floats(cos + (size_t)t * half + angle, c);
+    load_floats(sin + (size_t)t * half + angle, sn);
+    float squares = 0.0f;
+    for (int i = 0; i < V; ++i) squares += xv[i] * xv[i];
+    const float r = rsqrtf(warp_sum(squares) / (float)head_dim + eps);
+    float rotated[V];
+    for (int i = 0; i < V; ++i) {
+        const float mine = to_float(from_float<T>(xv[i] * r * wv[i]));
+        const float other = __shfl_xor_sync(0xffffffffu, mine, 16);
+        rotated[i] = low ? mine * c[i] - other * sn[i] : mine * c[i] + other * sn[i];
+    }
+    store_floats(o + e, rotated);
+    if (lane == 0) rstd[row] = r;
+}
+
 template <typename T>
 __device__ void heads_forward(const T* __restrict__ src, const T* __restrict__ norm_w,
                               const T* __restrict__ cos, const T* __restrict__ sin,
@@ -294,7 +331,12 @@ __device__ void heads_forward(const T* __restrict__ src, const T* __restrict__ n
                               int heads, int head_dim, float eps) {
     const int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
     if (row >= tokens * heads) return;
-    if (heads_packable<T>(head_dim, ld, head_dim, {src, norm_w, cos, sin, out, nullptr}))
+    const bool packable =
+        heads_packable<T>(head_dim, ld, head_dim, {src, norm_w, cos, sin, out, nullptr});
+    if (packable && head_dim == 32 * HEAD_PACK)
+        heads_forward_one_pack<T, HEAD_PACK>(src, norm_w, cos, sin, out, rstd, ld, tokens, heads,
+                                             eps, row);
+    else if (packable)
         heads_forward_row<T, HEAD_PACK>(src, norm_w, cos, sin, out, rstd, ld, tokens, heads,
                                         head_dim, eps, row);
     else
@@ -305,20 +347,20 @@ __device__ void heads_forward(const T* __restrict__ src, const T* __restrict__ n
 // The backward of heads_forward: d_heads [heads, tokens, head_dim] back into d_src's rows
 // (`d_ld` apart; src's are `ld` apart). With norm_w: RoPE undone (its transpose), then the
 // RMSNorm backward with the forward's src and rstd, and the norm weight's gradient summed per
-// warp over the rows it takes, dw_partial[(blockIdx.x * ROW_WARPS + warp) * head_dim + e]. Warps
-// stride over the rows; a lane holds the gradients of elements V lane + 32 V j + i.
+// warp over the rows it takes, into dw_partial[(blockIdx.x * ROW_WARPS + warp) * head_dim + e]
+// (zeroed by the caller; each warp's row its own). Warps stride over the rows. A row is read
+// twice, its RoPE'd gradient made again in the second pass: nothing of a row is held in
+// registers, so any head dim fits, and the kernel that also holds heads_backward_one_pack (the
+// models' head dim) keeps that path's few registers.
 template <typename T, int V>
 __device__ void heads_backward_rows(const T* __restrict__ d_heads, const T* __restrict__ src,
                                     const T* __restrict__ norm_w, const float* __restrict__ rstd,
                                     const T* __restrict__ cos, const T* __restrict__ sin,
                                     T* __restrict__ d_src, float* __restrict__ dw_partial, int ld,
                                     int d_ld, int tokens, int heads, int head_dim) {
-    constexpr int J = MAX_HEAD_DIM / (32 * V);
     const int lane = threadIdx.x % 32, first = blockIdx.x * ROW_WARPS + threadIdx.x / 32;
     const int stride = gridDim.x * ROW_WARPS, half = head_dim / 2;
-    float dw[J][V], d_normed[J][V];
-    for (int j = 0; j < J; ++j)
-        for (int i = 0; i < V; ++i) dw[j][i] = 0.0f;
+    float* partial = dw_partial ? dw_partial + (size_t)first * head_dim : nullptr;
     for (int row = first; row < tokens * heads; row += stride) {
         const int t = row / heads, h = row % heads;
         const T* d = d_heads + ((size_t)h * tokens + t) * head_dim;
@@ -331,46 +373,87 @@ __device__ void heads_backward_rows(const T* __restrict__ d_heads, const T* __re
         const T* c_row = cos + (size_t)t * half;
         const T* s_row = sin + (size_t)t * half;
         const float r = rstd[row];
+        // RoPE's transpose (the rotation by -angle) of pack e, with the norm weight's and the
+        // input's pack there.
+        const auto unrotated = [&](int e, float (&dn)[V], float (&wv)[V], float (&xv)[V]) {
+            float dv[V], dp[V], c[V], sn[V];
+            const bool low = rope_pack(d, c_row, s_row, e, half, dv, dp, c, sn);
+            load_floats(norm_w + e, wv);
+            load_floats(x + e, xv);
+            for (int i = 0; i < V; ++i)
+                dn[i] = low ? dv[i] * c[i] + dp[i] * sn[i] : dv[i] * c[i] - dp[i] * sn[i];
+        };
         float dot = 0.0f;
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int e = V * lane + 32 * V * j;
-            if (e < head_dim) {
-                // RoPE's transpose: the rotation by -angle.
-                float dv[V], dp[V], c[V], sn[V], wv[V], xv[V];
-                const bool low = rope_pack(d, c_row, s_row, e, half, dv, dp, c, sn);
-                load_floats(norm_w + e, wv);
-                load_floats(x + e, xv);
-                for (int i = 0; i < V; ++i) {
-                    d_normed[j][i] = low ? dv[i] * c[i] + dp[i] * sn[i] : dv[i] * c[i] - dp[i] * sn[i];
-                    dot += d_normed[j][i] * wv[i] * xv[i];
-                }
-            }
+        for (int e = V * lane; e < head_dim; e += 32 * V) {
+            float dn[V], wv[V], xv[V];
+            unrotated(e, dn, wv, xv);
+            for (int i = 0; i < V; ++i) dot += dn[i] * wv[i] * xv[i];
         }
         const float coef = warp_sum(dot) * r * r * r / (float)head_dim;
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int e = V * lane + 32 * V * j;
-            if (e < head_dim) {
-                float wv[V], xv[V], g[V];
-                load_floats(norm_w + e, wv);
-                load_floats(x + e, xv);
-                for (int i = 0; i < V; ++i) {
-                    g[i] = r * d_normed[j][i] * wv[i] - xv[i] * coef;
-                    dw[j][i] += d_normed[j][i] * xv[i] * r;
-                }
-                store_floats(dx + e, g);
+        for (int e = V * lane; e < head_dim; e += 32 * V) {
+            float dn[V], wv[V], xv[V], g[V];
+            unrotated(e, dn, wv, xv);
+            for (int i = 0; i < V; ++i) {
+                g[i] = r * dn[i] * wv[i] - xv[i] * coef;
+                partial[e + i] += dn[i] * xv[i] * r;
             }
+            store_floats(dx + e, g);
         }
+    }
+}
+
+// heads_backward_rows where a head row is one pack a lane (heads_forward_one_pack): the norm
+// weight's pack loaded once per warp, each row's values once, the partner's gradient by a shuffle;
+// a lane's registers hold one pack of each (the general kernel held a 256-wide row's gradients:
+// 112 registers, 24 % occupancy on the H100, session 34), and the partial sums stay in registers
+// until the warp's last row.
+template <typename T, int V>
+__device__ void heads_backward_one_pack(const T* __restrict__ d_heads, const T* __restrict__ src,
+                                        const T* __restrict__ norm_w,
+                                        const float* __restrict__ rstd,
+                                        const T* __restrict__ cos, const T* __restrict__ sin,
+                                        T* __restrict__ d_src, float* __restrict__ dw_partial,
+                                        int ld, int d_ld, int tokens, int heads) {
+    constexpr int head_dim = 32 * V, half = 16 * V;
+    const int lane = threadIdx.x % 32, e = V * lane;
+    const int first = blockIdx.x * ROW_WARPS + threadIdx.x / 32, stride = gridDim.x * ROW_WARPS;
+    const bool low = lane < 16;
+    const int angle = low ? e : e - half;
+    float wv[V], dw[V];
+    if (norm_w) load_floats(norm_w + e, wv);
+    for (int i = 0; i < V; ++i) dw[i] = 0.0f;
+    for (int row = first; row < tokens * heads; row += stride) {
+        const int t = row / heads, h = row % heads;
+        const T* d = d_heads + ((size_t)h * tokens + t) * head_dim;
+        T* dx = d_src + (size_t)t * d_ld + (size_t)h * head_dim;
+        if (!norm_w) {
+            copy_pack<T, V>(dx + e, d + e);
+            continue;
+        }
+        float dv[V], xv[V], c[V], sn[V];
+        load_floats(d + e, dv);
+        load_floats(src + (size_t)t * ld + (size_t)h * head_dim + e, xv);
+        load_floats(cos + (size_t)t * half + angle, c);
+        load_floats(sin + (size_t)t * half + angle, sn);
+        const float r = rstd[row];
+        // RoPE's transpose (the rotation by -angle), then the norm's backward.
+        float d_normed[V], dot = 0.0f;
+        for (int i = 0; i < V; ++i) {
+            const float dp = __shfl_xor_sync(0xffffffffu, dv[i], 16);
+            d_normed[i] = low ? dv[i] * c[i] + dp * sn[i] : dv[i] * c[i] - dp * sn[i];
+            dot += d_normed[i] * wv[i] * xv[i];
+        }
+        const float coef = warp_sum(dot) * r * r * r / (float)head_dim;
+        float g[V];
+        for (int i = 0; i < V; ++i) {
+            g[i] = r * d_normed[i] * wv[i] - xv[i] * coef;
+            dw[i] += d_normed[i] * xv[i] * r;
+        }
+        store_floats(dx + e, g);
     }
     if (!norm_w) return;
     float* partial = dw_partial + (size_t)first * head_dim;
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int e = V * lane + 32 * V * j;
-        if (e < head_dim)
-            for (int i = 0; i < V; ++i) partial[e + i] = dw[j][i];
-    }
+    for (int i = 0; i < V; ++i) partial[e + i] = dw[i];
 }
 
 template <typename T>
@@ -379,7 +462,12 @@ __device__ void heads_backward(const T* __restrict__ d_heads, const T* __restric
                                const T* __restrict__ cos, const T* __restrict__ sin,
                                T* __restrict__ d_src, float* __restrict__ dw_partial, int ld,
                                int d_ld, int tokens, int heads, int head_dim) {
-    if (heads_packable<T>(head_dim, ld, d_ld, {d_heads, src, norm_w, cos, sin, d_src}))
+    const bool packable =
+        heads_packable<T>(head_dim, ld, d_ld, {d_heads, src, norm_w, cos, sin, d_src});
+    if (packable && head_dim == 32 * HEAD_PACK)
+        heads_backward_one_pack<T, HEAD_PACK>(d_heads, src, norm_w, rstd, cos, sin, d_src,
+                                              dw_partial, ld, d_ld, tokens, heads);
+    else if (packable)
         heads_backward_rows<T, HEAD_PACK>(d_heads, src, norm_w, rstd, cos, sin, d_src,
                                           dw_partial, ld, d_ld, tokens, heads, head_dim);
     else

@@ -26,11 +26,10 @@ pub(super) const SOURCE: Source = Source {
     arch_specific: false,
 };
 
-/// `ROW_WARPS`, `NORM_MAX_THREADS`, `MAX_HEAD_DIM`, `FLAT_THREADS` and `HEAD_THREADS` of
+/// `ROW_WARPS`, `NORM_MAX_THREADS`, `FLAT_THREADS` and `HEAD_THREADS` of
 /// `train_layer.cu`.
 const ROW_WARPS: usize = 8;
 const NORM_MAX_THREADS: usize = 1024;
-const MAX_HEAD_DIM: usize = 256;
 const FLAT_THREADS: usize = 256;
 const HEAD_THREADS: usize = 1024;
 /// CTAs of the strided kernels (heads_backward, the log-softmax backward): enough to fill any current GPU a few
@@ -97,7 +96,7 @@ pub(crate) struct TrainLayer {
 
 impl TrainLayer {
     /// The kernels for `dtype` on `device`, or `None` where layers keep the composite path
-    /// (not CUDA, a head dim the heads kernels do not take, kernels that failed to build,
+    /// (not CUDA, an odd head dim, kernels that failed to build,
     /// `DICE_FUSED_LAYER=0`).
     pub(crate) fn plan(
         device: &Device,
@@ -110,8 +109,8 @@ impl TrainLayer {
         let Some(slot) = dtype_index(dtype) else {
             return Ok(None);
         };
-        let head_dim_fits = cfg.head_dim <= MAX_HEAD_DIM && cfg.head_dim.is_multiple_of(2);
-        if !head_dim_fits || !fused_layer_enabled() {
+        // RoPE pairs the halves of a head.
+        if !cfg.head_dim.is_multiple_of(2) || !fused_layer_enabled() {
             return Ok(None);
         }
         let Some(kernels) = LOADED.get(

@@ -361,7 +361,7 @@ template <typename T> void check_all() {
     check_rms_norm<T>(512, 32);
     for (int n : {328, 1000, 130}) check_rms_norm<T>(n, 32);
     // 20: halves of 10, value by value; the others in packs of 4.
-    for (int head_dim : {16, 20, 64, 128}) check_heads<T>(head_dim);
+    for (int head_dim : {16, 20, 64, 128, 192}) check_heads<T>(head_dim);
     for (int inter : {100, 2064}) check_swiglu<T>(inter);
     check_label_log_softmax<T>();
     const std::vector<unsigned> few = {7, 3, 7, 9, 3, 7, 0, 11, 7};
