@@ -6,7 +6,8 @@
 #   dice.xz                      `cargo build --release -p dice-cli` (stripped, xz): evaluation
 #                                needs no CUDA build of dice, only torch on the machine
 #   adversarial_eval.xz          `cargo test --release -p dice-cli --test adversarial_eval --no-run`
-#   pairs32.json                 the first 32 pairs: the fixed throughput subset
+#   pairs32.json (optional)      the fixed throughput subset; where absent, the first 32 pairs of
+#                                tests/data/dice/kernel_infilling_evaluation.json are written in its place
 #   identity.jsonl               `dice bench identity --kernelbench tests/data/kernelbench`: Model
 #                                renamed ModelNew, the first 20 of levels 1-3 whose inputs fit 8 GiB
 # Steps: c-cold (32 pairs, empty build cache), c-warm (the same 32 in a new run, cache filled),
@@ -40,6 +41,12 @@ mkdir -p "$runs" "$bin"
 [[ -d $DATA/runs ]] && cp -a "$DATA/runs/." "$runs/"   # earlier calls' stores, to resume
 unxz() { python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2" && chmod +x "$2"; }
 unxz "$DATA/dice.xz" "$bin/dice"
+pairs32=$DATA/pairs32.json
+if [[ ! -f $pairs32 ]]; then
+  pairs32=$runs/pairs32.json
+  python3 -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))[:32], open(sys.argv[2], "w"))' \
+    tests/data/dice/kernel_infilling_evaluation.json "$pairs32"
+fi
 left() { echo $(( budget - ($(date +%s) - start) )); }
 cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/stat; }
 # A store's consistent copy in one file: its write-ahead log (where a cut run's latest results
@@ -103,11 +110,11 @@ kb_script() {
   # time in one process, as the spec describes.
   local t0=$(date +%s%N) dir=/tmp/kb-builds
   for shard in $(seq 0 15); do
-    python3 bench/eval/kernelbench_timing.py --pairs "$DATA/pairs32.json" --build-dir "$dir" \
+    python3 bench/eval/kernelbench_timing.py --pairs "$pairs32" --build-dir "$dir" \
       --build-only --shard "$shard/16" >"$runs/kb-build-$shard.log" 2>&1 &
   done
   wait
-  timeout "$(left)" python3 bench/eval/kernelbench_timing.py --pairs "$DATA/pairs32.json" --build-dir "$dir" \
+  timeout "$(left)" python3 bench/eval/kernelbench_timing.py --pairs "$pairs32" --build-dir "$dir" \
     --out "$OUT/kb-script.jsonl" >"$runs/kb-script.log" 2>&1
   echo "kb-script rc=$? wall_ms=$(( ($(date +%s%N) - t0) / 1000000 ))" | tee -a "$OUT/steps.txt"
 }
@@ -147,9 +154,9 @@ python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_devic
 nproc | sed 's/^/cores /' | tee -a "$OUT/steps.txt"
 for s in "$@"; do
   case $s in
-    c-cold) rm -rf "$cache"; step c-cold 330 --pairs "$DATA/pairs32.json" --runs-per-device 8 ;;
-    c-warm) step c-warm 120 --pairs "$DATA/pairs32.json" --runs-per-device 8 ;;
-    c-warm16) step c-warm16 120 --pairs "$DATA/pairs32.json" --runs-per-device 16 ;;
+    c-cold) rm -rf "$cache"; step c-cold 330 --pairs "$pairs32" --runs-per-device 8 ;;
+    c-warm) step c-warm 120 --pairs "$pairs32" --runs-per-device 8 ;;
+    c-warm16) step c-warm16 120 --pairs "$pairs32" --runs-per-device 16 ;;
     a-pairs) step a-pairs 600 --pairs tests/data/dice/kernel_infilling_evaluation.json --runs-per-device 8 ;;
     b-identity) step b-identity 600 "$DATA/identity.jsonl" --kernelbench tests/data/kernelbench --runs-per-device 4 ;;
     adversarial) adversarial ;;
@@ -179,7 +186,7 @@ print("\n".join(f"{k}|{m[k]}" for k in sorted(m)))' "$runs/q-batch$suffix/dice.d
       esac
       python3 bench/eval/identity_spread.py "$runs/$s$suffix/dice.db" | tee -a "$OUT/steps.txt" ;;
     q-quiet) JOBS=4 step q-quiet 420 --pairs tests/data/dice/kernel_infilling_evaluation.json --runs-per-device 1 ;;
-    q-kb) JOBS=4 step q-kb 300 --pairs "$DATA/pairs32.json" --runs-per-device 1 --timing kernelbench ;;
+    q-kb) JOBS=4 step q-kb 300 --pairs "$pairs32" --runs-per-device 1 --timing kernelbench ;;
     kb-script) kb_script ;;
     q-compare) q_compare ;;
     timing-noise) timing_noise ;;
