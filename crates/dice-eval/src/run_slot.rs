@@ -138,9 +138,11 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             }
             // Device memory may have run out because of the others in flight: not the
             // candidate's fault (nor the reference's) until it happens with the device to itself.
-            let shortage = (!item.alone && shared.ctx.cfg.runs_per_device > 1)
-                .then(|| out_of_device_memory(&result))
-                .flatten();
+            let shortage = if !item.alone && shared.ctx.cfg.runs_per_device > 1 {
+                out_of_device_memory(&result)
+            } else {
+                None
+            };
             if let Some(shortage) = shortage {
                 // Crowded out before anything of it ran, it goes back to the queue as it was: the
                 // memory that crowded it out is usually given back long before its turn comes

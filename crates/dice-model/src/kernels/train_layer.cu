@@ -226,6 +226,18 @@ __device__ __forceinline__ bool heads_packable(int head_dim, int ld, int other_l
     return packable;
 }
 
+// Rotate-half RoPE of one element: `mine` in the head's first half (`low`) pairs with `partner`
+// half a head later, and the other way round.
+__device__ __forceinline__ float rope(bool low, float mine, float partner, float c, float s) {
+    return low ? mine * c - partner * s : mine * c + partner * s;
+}
+
+// RoPE's transpose (the rotation by -angle), which takes the backward's gradients back.
+__device__ __forceinline__ float rope_transposed(bool low, float mine, float partner, float c,
+                                                 float s) {
+    return rope(!low, mine, partner, c, s);
+}
+
 // Pack e of a head row (`row`) and RoPE's partner pack (e +- head_dim / 2) as f32, and the cos
 // and sin of their angles; whether e is in the first half.
 template <typename T, int V>
@@ -278,7 +290,7 @@ __device__ void heads_forward_row(const T* __restrict__ src, const T* __restrict
         for (int i = 0; i < V; ++i) {
             const float mine = to_float(from_float<T>(xv[i] * r * wv[i]));
             const float other = to_float(from_float<T>(xp[i] * r * wp[i]));
-            rotated[i] = low ? mine * c[i] - other * sn[i] : mine * c[i] + other * sn[i];
+            rotated[i] = rope(low, mine, other, c[i], sn[i]);
         }
         store_floats(o + e, rotated);
     }
@@ -318,7 +330,7 @@ __device__ void heads_forward_one_pack(const T* __restrict__ src, const T* __res
     for (int i = 0; i < V; ++i) {
         const float mine = to_float(from_float<T>(xv[i] * r * wv[i]));
         const float other = __shfl_xor_sync(0xffffffffu, mine, 16);
-        rotated[i] = low ? mine * c[i] - other * sn[i] : mine * c[i] + other * sn[i];
+        rotated[i] = rope(low, mine, other, c[i], sn[i]);
     }
     store_floats(o + e, rotated);
     if (lane == 0) rstd[row] = r;
@@ -373,15 +385,13 @@ __device__ void heads_backward_rows(const T* __restrict__ d_heads, const T* __re
         const T* c_row = cos + (size_t)t * half;
         const T* s_row = sin + (size_t)t * half;
         const float r = rstd[row];
-        // RoPE's transpose (the rotation by -angle) of pack e, with the norm weight's and the
-        // input's pack there.
+        // RoPE's transpose of pack e, with the norm weight's and the input's pack there.
         const auto unrotated = [&](int e, float (&dn)[V], float (&wv)[V], float (&xv)[V]) {
             float dv[V], dp[V], c[V], sn[V];
             const bool low = rope_pack(d, c_row, s_row, e, half, dv, dp, c, sn);
             load_floats(norm_w + e, wv);
             load_floats(x + e, xv);
-            for (int i = 0; i < V; ++i)
-                dn[i] = low ? dv[i] * c[i] + dp[i] * sn[i] : dv[i] * c[i] - dp[i] * sn[i];
+            for (int i = 0; i < V; ++i) dn[i] = rope_transposed(low, dv[i], dp[i], c[i], sn[i]);
         };
         float dot = 0.0f;
         for (int e = V * lane; e < head_dim; e += 32 * V) {
@@ -436,11 +446,11 @@ __device__ void heads_backward_one_pack(const T* __restrict__ d_heads, const T* 
         load_floats(cos + (size_t)t * half + angle, c);
         load_floats(sin + (size_t)t * half + angle, sn);
         const float r = rstd[row];
-        // RoPE's transpose (the rotation by -angle), then the norm's backward.
+        // RoPE's transpose, then the norm's backward.
         float d_normed[V], dot = 0.0f;
         for (int i = 0; i < V; ++i) {
             const float dp = __shfl_xor_sync(0xffffffffu, dv[i], 16);
-            d_normed[i] = low ? dv[i] * c[i] + dp * sn[i] : dv[i] * c[i] - dp * sn[i];
+            d_normed[i] = rope_transposed(low, dv[i], dp, c[i], sn[i]);
             dot += d_normed[i] * wv[i] * xv[i];
         }
         const float coef = warp_sum(dot) * r * r * r / (float)head_dim;
