@@ -145,8 +145,10 @@ timing_noise() {
 # of session 21 (bench/notes/eval-h200.md).
 NOISE_IDS=${NOISE_IDS:-7498,4537,4212,2968,1833,7773,1596,429,426,2009,6850,444}
 q_compare() {
-  { echo "== batch vs quiet (mean-based speedup)"; python3 bench/eval/compare_runs.py "$runs/q-batch.json" "$runs/q-quiet.json"
-    echo "== batch vs quiet (median speedup)"; python3 bench/eval/compare_runs.py "$runs/q-batch.json" "$runs/q-quiet.json" --field median_speedup
+  # The batch and the quiet run of one timing (TIMING's suffix); q-kb names its own.
+  local batch=$runs/q-batch$suffix.json quiet=$runs/q-quiet$suffix.json
+  { echo "== batch vs quiet (mean-based speedup)"; python3 bench/eval/compare_runs.py "$batch" "$quiet"
+    echo "== batch vs quiet (median speedup)"; python3 bench/eval/compare_runs.py "$batch" "$quiet" --field median_speedup
     echo "== dice --timing kernelbench vs the plain script"; python3 bench/eval/compare_runs.py "$runs/q-kb.json" "$OUT/kb-script.jsonl"
   } 2>&1 | tee "$OUT/q-compare.txt"
 }

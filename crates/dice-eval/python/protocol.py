@@ -45,6 +45,11 @@ DICE_TIMINGS = ("dice", "dice-queued")
 # work alone, and a candidate's host time beyond the baseline's margin still counts.
 HOLD_FACTOR = 1.5
 HOLD_EXTRA_MS = 0.02
+# After each of its timed rounds the baseline's process sets the hold from that round's
+# enqueues (Timer `_adapt_hold`): the HOLD_QUANTILE of them with the same margin, never below the
+# warm-ups' hold, nor above HOLD_MAX_MS (the device spins that long before every timed call).
+HOLD_QUANTILE = 0.9
+HOLD_MAX_MS = 1.0
 # The spin measured once per process to turn a hold into the device's clock cycles.
 SPIN_CALIBRATION_CYCLES = 1 << 21
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -182,8 +187,8 @@ class Timer:
     `queued` (`--timing dice-queued`, on the device): every timed call starts behind a spin of
     `hold_ms` (HOLD_FACTOR), so the host's launches, and any stall of the host between them,
     fall before the start event runs. The baseline's process sets the hold from its own
-    warm-ups; the evaluator hands it to the candidate's rounds (which come after the baseline's
-    first).
+    warm-ups, then from each of its timed rounds (`_adapt_hold`); the evaluator hands it to the
+    candidate's rounds (which come after the baseline's first).
     """
 
     def __init__(self, setup, problem, model, checked_calls, whole_up_to, cores=None, queued=False):
@@ -206,6 +211,7 @@ class Timer:
         self.host = []  # the last round's `HostSide` of each timed call on the device
         self.queued = queued and setup.device.type == "cuda"
         self.hold_ms = None  # the spin before each timed call, when queued
+        self.warm_hold_ms = None  # the baseline's hold from its warm-ups
         if setup.device.type == "cuda":
             self.flush = torch.empty(L2_FLUSH_BYTES // 8, dtype=torch.int64, device=setup.device)
             # One pair of events for every timed call, made here (torch makes a CUDA event at its
@@ -255,15 +261,35 @@ class Timer:
                         self.hold_ms = hold_ms
                     elif enqueued_ms:
                         self.hold_ms = HOLD_FACTOR * min(enqueued_ms) + HOLD_EXTRA_MS
+                        self.warm_hold_ms = self.hold_ms
                 calls = range(first_call, first_call + n)
                 if self.setup.device.type == "cpu":
                     return self._timed_premade(calls)
-                return [self._timed(call, self._prepare(call)) for call in calls]
+                times = [self._timed(call, self._prepare(call)) for call in calls]
+                if self.queued and hold_ms is None:
+                    self._adapt_hold()
+                return times
         finally:
             if collecting:
                 gc.enable()
             if self.cores:
                 os.sched_setaffinity(0, self.cores["untimed"])
+
+    def _adapt_hold(self):
+        """The baseline's hold for the rounds after this one, both sides': from what its own
+        calls of this round took to enqueue (`host`, trusted: the baseline's process). The
+        warm-ups' least enqueue is the host at its best; in a cold batch most calls took longer
+        (16 builds and 16 Python processes on 16 cores), the device waited on the host, and
+        programs of a few microseconds were timed at up to three times their device time by
+        their median call (bench/notes/eval-h200.md, session 36). A longer hold changes no
+        measured time; it only spins the device longer before each call. Rare stalls longer than
+        the quantile still count, on both sides alike."""
+        walls = sorted(host[0] for host in self.host)
+        if not walls or self.warm_hold_ms is None:
+            return
+        typical = walls[int(HOLD_QUANTILE * (len(walls) - 1))]
+        hold = HOLD_FACTOR * typical + HOLD_EXTRA_MS
+        self.hold_ms = min(max(hold, self.warm_hold_ms), max(HOLD_MAX_MS, self.warm_hold_ms))
 
     def _seed(self, call):
         return self.setup.seeds.timed_call(call, self.round_key if call >= 0 else None)

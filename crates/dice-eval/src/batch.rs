@@ -167,8 +167,13 @@ pub(crate) enum Report {
 pub(crate) struct RunItem {
     pub sample: usize,
     pub compiled: Compiled,
-    /// To run with the device to itself: it ran out of device memory beside others.
+    /// To run with the device to itself: it ran out of device memory beside others even with
+    /// `device_memory` reserved.
     pub alone: bool,
+    /// Device memory its problem is to have reserved (its reference and it): it ran out of memory
+    /// in its own work beside others with less reserved; what its process held and asked for, as
+    /// torch's message said (run_slot.rs `retry_reservation`).
+    pub device_memory: Option<u64>,
     /// Times one of its processes could not make its CUDA context beside the others in flight
     /// (run_slot.rs `MemoryShortage::AtSetup`).
     pub crowded_out: u32,
@@ -180,6 +185,7 @@ impl RunItem {
             sample,
             compiled,
             alone: false,
+            device_memory: None,
             crowded_out: 0,
         }
     }

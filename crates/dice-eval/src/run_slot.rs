@@ -8,7 +8,6 @@ use crate::candidate::spawn_candidate;
 use crate::config::{EvalProblem, EvalSample};
 use crate::device_memory::Reservation;
 use crate::gate::Access;
-use crate::job::Compiled;
 use crate::lane::{Ahead, Lane, Started};
 use crate::outcome::sha256_hex;
 use crate::run_queue::{ProblemKey, RunQueue};
@@ -55,16 +54,89 @@ enum MemoryShortage {
     /// program had run; another process filled the device meanwhile (typically a reference
     /// building large outputs before its footprint was known and reserved).
     AtSetup,
-    /// Its own allocations failed.
-    InItsWork,
+    /// Its own allocations failed: the reference's process (`of_reference`) or the candidate's,
+    /// which wanted `demand` where torch's message says how much.
+    InItsWork {
+        of_reference: bool,
+        demand: Option<ProcessDemand>,
+    },
+}
+
+/// What a process that ran out of device memory held and asked for, from torch's
+/// `OutOfMemoryError` ("Tried to allocate 8.00 GiB. … this process has 20.01 GiB memory in
+/// use."); the second is missing where the message was cut (it lists every other process first).
+#[derive(Debug, PartialEq, Clone, Copy)]
+struct ProcessDemand {
+    tried: u64,
+    in_use: Option<u64>,
+}
+
+impl ProcessDemand {
+    fn from_message(message: &str) -> Option<Self> {
+        Some(ProcessDemand {
+            tried: size_after(message, "Tried to allocate ")?,
+            in_use: size_after(message, "this process has "),
+        })
+    }
+}
+
+impl std::fmt::Display for MemoryShortage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (of_reference, demand) = match self {
+            MemoryShortage::AtSetup => return f.write_str("at its CUDA context"),
+            MemoryShortage::InItsWork {
+                of_reference,
+                demand,
+            } => (*of_reference, demand),
+        };
+        f.write_str(if of_reference {
+            "the reference"
+        } else {
+            "the candidate"
+        })?;
+        match demand {
+            Some(ProcessDemand {
+                tried,
+                in_use: Some(in_use),
+            }) => write!(
+                f,
+                " held {:.1} GiB and asked for {:.1} GiB more",
+                gib(*in_use),
+                gib(*tried)
+            ),
+            Some(ProcessDemand {
+                tried,
+                in_use: None,
+            }) => {
+                write!(f, " asked for {:.1} GiB", gib(*tried))
+            }
+            None => f.write_str(" ran out"),
+        }
+    }
+}
+
+/// The size torch's allocator wrote right after `marker` ("8.00 GiB", "512.00 MiB", "0 bytes").
+fn size_after(message: &str, marker: &str) -> Option<u64> {
+    let rest = &message[message.find(marker)? + marker.len()..];
+    let mut words = rest.split_whitespace();
+    let number: f64 = words.next()?.parse().ok()?;
+    let unit = match words.next()?.trim_end_matches(['.', ',', ';']) {
+        "bytes" | "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    Some((number * unit) as u64)
 }
 
 fn out_of_device_memory(result: &Result<Unsettled, RunError>) -> Option<MemoryShortage> {
-    let message = match result {
+    let (message, of_reference) = match result {
         Ok(u) if matches!(u.outcome.verdict, Verdict::RuntimeError | Verdict::Crashed) => {
-            u.outcome.message.as_deref().unwrap_or_default()
+            (u.outcome.message.as_deref().unwrap_or_default(), false)
         }
-        Err(RunError::Reference(failed)) => &failed.0,
+        Err(RunError::Reference(failed)) => (failed.0.as_str(), true),
         _ => return None,
     };
     let out_of_memory = [
@@ -82,9 +154,35 @@ fn out_of_device_memory(result: &Result<Unsettled, RunError>) -> Option<MemorySh
         if message.contains("setting up the device: ") {
             MemoryShortage::AtSetup
         } else {
-            MemoryShortage::InItsWork
+            MemoryShortage::InItsWork {
+                of_reference,
+                demand: ProcessDemand::from_message(message),
+            }
         }
     })
+}
+
+/// The device memory to reserve for a problem whose reference or candidate ran out of memory
+/// in its own work beside others while `held` was reserved for both: the process that failed
+/// as large as it held plus what it asked for, a quarter more for what it would have asked for
+/// next, beside the other process's share (the reference's half of `held`; a reference that
+/// failed stands for both). None where the message did not say what the process wanted.
+fn retry_reservation(held: u64, shortage: &MemoryShortage) -> Option<u64> {
+    let MemoryShortage::InItsWork {
+        of_reference,
+        demand: Some(demand),
+    } = shortage
+    else {
+        return None;
+    };
+    let process = demand.in_use.unwrap_or(held / 2) + demand.tried;
+    let process = process + process / 4;
+    let other = if *of_reference || held == 0 {
+        process
+    } else {
+        held / 2
+    };
+    Some((other + process).max(held))
 }
 
 /// Times a sample crowded out at its device setup goes back to the queue like any other before
@@ -109,6 +207,10 @@ struct RunSlot<'a, 'e> {
     index: usize,
 }
 
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1 << 30)
+}
+
 /// Device memory of one process beyond what torch's allocator reports: CUDA context, cuBLAS
 /// workspaces.
 const PROCESS_OVERHEAD_BYTES: u64 = 1 << 30;
@@ -130,11 +232,11 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             let sample = shared.sample(item.sample);
             let sample = &*sample;
             // One retry with a fresh fork server when the evaluator itself failed.
-            let mut result = self.run(sample, item.compiled.clone(), item.alone, started);
+            let mut result = self.run(sample, &item, started);
             if let Err(RunError::Evaluator(e)) = &result {
                 tracing::warn!("{}: restarting the worker after: {e:#}", sample.origin);
                 self.reset();
-                result = self.run(sample, item.compiled.clone(), item.alone, None);
+                result = self.run(sample, &item, None);
             }
             // Device memory may have run out because of the others in flight: not the
             // candidate's fault (nor the reference's) until it happens with the device to itself.
@@ -146,13 +248,23 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             if let Some(shortage) = shortage {
                 // Crowded out before anything of it ran, it goes back to the queue as it was: the
                 // memory that crowded it out is usually given back long before its turn comes
-                // again. Out of memory in its own work, it runs again alone behind the samples
-                // queued now: holding the device for its whole evaluation, it would hold all of
-                // theirs too (a program of 8 GB outputs held every other sample of a batch for
-                // its last 90 s: bench/notes/eval-h200.md, session 27). Alone, it also stops every
-                // sample asking for memory after it until the device is empty, so a sample that
-                // was only crowded out does not go alone until it was crowded out again and
-                // again (eight of them held a batch's end for two minutes: session 35).
+                // again. Out of memory in its own work, it goes back with what it wanted
+                // reserved for its problem: the reservation, from its reference's footprint,
+                // counts a candidate as large as the reference, and a candidate with large
+                // intermediates outgrows it. Where torch did not say what it wanted, or it ran out
+                // again, it runs again alone behind the samples queued now: holding the device
+                // for its whole evaluation, it holds all of theirs too (a program of 8 GB outputs
+                // held every other sample of a batch for 85 s: bench/notes/eval-h200.md,
+                // sessions 27 and 36). Alone, it also stops every sample asking for memory after
+                // it until the device is empty, so a sample that was only crowded out does not go
+                // alone until it was crowded out again and again (eight of them held a batch's
+                // end for two minutes: session 35).
+                let held = self.reservation.as_ref().map_or(0, Reservation::bytes);
+                let larger = item
+                    .device_memory
+                    .is_none()
+                    .then(|| retry_reservation(held, &shortage))
+                    .flatten();
                 let again = if shortage == MemoryShortage::AtSetup
                     && item.crowded_out < CROWDED_OUT_RETRIES
                 {
@@ -165,10 +277,23 @@ impl<'a, 'e> RunSlot<'a, 'e> {
                         crowded_out: item.crowded_out + 1,
                         ..item
                     }
+                } else if let Some(bytes) = larger {
+                    tracing::info!(
+                        "{}: out of device memory beside others ({shortage}, {:.1} GiB reserved \
+                         for both); again with {:.1} GiB reserved, after the samples \
+                         queued now",
+                        sample.origin,
+                        gib(held),
+                        gib(bytes)
+                    );
+                    RunItem {
+                        device_memory: Some(bytes),
+                        ..item
+                    }
                 } else {
                     tracing::info!(
-                        "{}: out of device memory beside others; again alone, after the samples \
-                         queued now",
+                        "{}: out of device memory beside others ({shortage}); again alone, \
+                         after the samples queued now",
                         sample.origin
                     );
                     RunItem {
@@ -262,15 +387,16 @@ impl<'a, 'e> RunSlot<'a, 'e> {
         }
     }
 
-    /// Evaluates `sample`, with the processes `early` started ahead for it if any; with
-    /// `exclusive`, nothing else runs on the device meanwhile.
+    /// Evaluates `sample` (`item`'s), with the processes `early` started ahead for it if any;
+    /// with `item.alone`, nothing else runs on the device meanwhile.
     fn run(
         &mut self,
         sample: &EvalSample,
-        compiled: Compiled,
-        exclusive: bool,
+        item: &RunItem,
         early: Option<Started>,
     ) -> Result<Unsettled, RunError> {
+        let exclusive = item.alone;
+        let floor = item.device_memory.unwrap_or(0);
         let ctx = self.shared.ctx;
         let zygote = self
             .lane
@@ -310,12 +436,16 @@ impl<'a, 'e> RunSlot<'a, 'e> {
         let job = candidate.child.dir().display();
         tracing::info!(target: "dice_eval::stages", "{job}: {}", sample.origin);
         let mut reference_s = None;
-        if self.reference.as_ref().is_none_or(|(k, _)| *k != key) {
+        // A reference kept with less memory reserved than this sample needs starts again (after
+        // the larger reservation is granted).
+        let held = self.reservation.as_ref().map_or(0, Reservation::bytes);
+        if self.reference.as_ref().is_none_or(|(k, _)| *k != key) || held < floor {
             if !exclusive {
                 self.close_reference();
             }
             let started = Instant::now();
-            let result = self.start_reference(&zygote, &problem, &access, started_reference)?;
+            let result =
+                self.start_reference(&zygote, &problem, &access, started_reference, floor)?;
             reference_s = Some(started.elapsed().as_secs_f64());
             if result.is_ok() {
                 let _ = self.reports.send(Report::ReferenceOk(key));
@@ -329,7 +459,8 @@ impl<'a, 'e> RunSlot<'a, 'e> {
         let Some((_, Ok(reference))) = &mut self.reference else {
             unreachable!("set above, and not a failure")
         };
-        let result = stage_run::run_candidate(ctx, &access, reference, candidate, compiled);
+        let result =
+            stage_run::run_candidate(ctx, &access, reference, candidate, item.compiled.clone());
         if let Err(RunError::Reference(failed)) = &result {
             self.close_reference();
             self.reference = Some((key, Err(failed.clone())));
@@ -356,13 +487,14 @@ impl<'a, 'e> RunSlot<'a, 'e> {
     /// starting beside it (bench/notes/eval-h200.md, session 35). Otherwise, and where it needs
     /// more than was reserved, the reservation follows its construction: when that does not fit
     /// beside the problems in flight, the reference is closed while the slot waits, then started
-    /// again.
+    /// again. At least `floor` bytes are reserved (a sample that outgrew its problem's share).
     fn start_reference(
         &mut self,
         zygote: &Zygote,
         problem: &EvalProblem,
         access: &Access<'_>,
         mut started: Option<StartedReference>,
+        floor: u64,
     ) -> Result<Result<Reference, ReferenceFailed>, RunError> {
         let ctx = self.shared.ctx;
         let memory = &self.lane.memory;
@@ -371,7 +503,8 @@ impl<'a, 'e> RunSlot<'a, 'e> {
         let held_before = self.reservation.is_some();
         loop {
             if self.reservation.is_none() {
-                if let Some(need) = memory.known_need(&program) {
+                let need = memory.known_need(&program).unwrap_or(0).max(floor);
+                if need > 0 {
                     self.reservation = Some(self.reserve(problem, need));
                 }
             }
@@ -397,6 +530,7 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             memory.set_device_total(footprint.device_total);
             let need = 2 * (footprint.bytes + PROCESS_OVERHEAD_BYTES);
             memory.remember_need(&program, need);
+            let need = need.max(floor);
             if self.reservation.as_ref().is_some_and(|r| r.bytes() >= need) {
                 return Ok(Ok(reference));
             }
@@ -419,7 +553,7 @@ impl<'a, 'e> RunSlot<'a, 'e> {
             tracing::info!(
                 "{}: waits for {:.1} GiB of device memory",
                 problem.name,
-                need as f64 / f64::from(1 << 30)
+                gib(need)
             );
             memory.reserve(need)
         })
@@ -462,9 +596,12 @@ impl<'a, 'e> RunSlot<'a, 'e> {
 mod tests {
     use super::*;
 
+    const GIB: u64 = 1 << 30;
+
     /// A process that could not make its CUDA context on a device full of the batch's other
     /// processes (python/roles.py device_setup) was crowded out; one whose allocations failed ran
-    /// out of device memory in its own work (its sample runs again alone). An exit that says
+    /// out of device memory in its own work, with what it held and asked for where torch's
+    /// message says so (cut before "this process has", only the request). An exit that says
     /// nothing of memory is neither.
     #[test]
     fn a_device_too_full_for_a_process_is_out_of_device_memory() {
@@ -477,13 +614,86 @@ mod tests {
             ),
             (
                 "running the reference: OutOfMemoryError: CUDA out of memory. Tried to allocate \
-                 8.00 GiB",
-                MemoryShortage::InItsWork,
+                 8.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 2.06 GiB is free. \
+                 Process 4242 has 3.10 GiB memory in use. Including non-PyTorch memory, this \
+                 process has 20.50 GiB memory in use. Of the allocated memory 18.00 GiB is \
+                 allocated by PyTorch, and 1.2 GiB is reserved by PyTorch but unallocated.",
+                MemoryShortage::InItsWork {
+                    of_reference: true,
+                    demand: Some(ProcessDemand {
+                        tried: 8 * GIB,
+                        in_use: Some(20 * GIB + GIB / 2),
+                    }),
+                },
+            ),
+            (
+                "running the reference: OutOfMemoryError: CUDA out of memory. Tried to allocate \
+                 512.00 MiB. GPU 0 has a total capacity of 79.19 GiB of which 0 bytes is free. \
+                 Process 4242 has 3.10 GiB memory in use. Process 4243 has",
+                MemoryShortage::InItsWork {
+                    of_reference: true,
+                    demand: Some(ProcessDemand {
+                        tried: GIB / 2,
+                        in_use: None,
+                    }),
+                },
+            ),
+            (
+                "running the reference: RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED",
+                MemoryShortage::InItsWork {
+                    of_reference: true,
+                    demand: None,
+                },
             ),
         ] {
             assert_eq!(out_of_device_memory(&failed(why)), Some(shortage), "{why}");
         }
         let exited = "importing the problem: the reference exited with status 70";
         assert_eq!(out_of_device_memory(&failed(exited)), None);
+    }
+
+    /// A candidate that outgrew its half of the problem's reservation gets the reference's half
+    /// beside what it held and asked for, a quarter more; a reference that ran out stands for
+    /// both processes; never less than was held. Without torch's figures, or crowded out at its
+    /// setup, no larger reservation is known (the sample runs alone, or is only requeued).
+    #[test]
+    fn a_sample_out_of_memory_in_its_work_asks_for_what_it_wanted() {
+        let candidate = |tried, in_use| MemoryShortage::InItsWork {
+            of_reference: false,
+            demand: Some(ProcessDemand { tried, in_use }),
+        };
+        // The 8 GiB outputs' program of session 36: 35 GiB reserved from its reference.
+        assert_eq!(
+            retry_reservation(36 * GIB, &candidate(8 * GIB, Some(20 * GIB))),
+            Some(18 * GIB + 35 * GIB)
+        );
+        // Its share of what was held stands in for what it held, where the message was cut.
+        assert_eq!(
+            retry_reservation(36 * GIB, &candidate(12 * GIB, None)),
+            Some(18 * GIB + 37 * GIB + GIB / 2)
+        );
+        assert_eq!(
+            retry_reservation(40 * GIB, &candidate(GIB, Some(GIB))),
+            Some(40 * GIB),
+            "others filled the device: at least as much again"
+        );
+        let reference = MemoryShortage::InItsWork {
+            of_reference: true,
+            demand: Some(ProcessDemand {
+                tried: 4 * GIB,
+                in_use: Some(4 * GIB),
+            }),
+        };
+        assert_eq!(retry_reservation(0, &reference), Some(20 * GIB));
+        let unsaid = MemoryShortage::InItsWork {
+            of_reference: false,
+            demand: None,
+        };
+        assert_eq!(retry_reservation(36 * GIB, &unsaid), None);
+        assert_eq!(retry_reservation(36 * GIB, &MemoryShortage::AtSetup), None);
+        assert_eq!(
+            candidate(8 * GIB, Some(20 * GIB)).to_string(),
+            "the candidate held 20.0 GiB and asked for 8.0 GiB more"
+        );
     }
 }

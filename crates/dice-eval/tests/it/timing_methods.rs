@@ -154,3 +154,37 @@ fn the_kernelbench_namespace_gives_programs_the_problem_globals() {
         assert_eq!(record.verdict, Verdict::Correct, "{record:?}");
     }
 }
+
+/// The queued timing's hold after a round of the baseline (python/protocol.py `_adapt_hold`):
+/// the 90th percentile of the round's enqueues with the margin, where the host was slower than in
+/// its warm-ups; never below the warm-ups' hold nor above the cap; none without warm-ups.
+#[test]
+fn the_queued_timings_hold_follows_the_baselines_enqueues() {
+    let runtime = dice_eval::python::Runtime::new(None).unwrap();
+    let script = r#"
+import protocol
+def hold(walls, warm):
+    timer = protocol.Timer.__new__(protocol.Timer)
+    timer.host = [[w, w, 0, 0] for w in walls]
+    timer.hold_ms = timer.warm_hold_ms = warm
+    timer._adapt_hold()
+    return round(timer.hold_ms, 6) if timer.hold_ms is not None else None
+slow = [0.05] * 5 + [0.1] * 4 + [0.4]
+print(hold(slow, 0.065), hold([0.01] * 10, 0.065), hold([3.0] * 10, 0.065),
+      hold([3.0] * 10, 2.0), hold(slow, None), hold([], 0.065))
+"#;
+    let out = std::process::Command::new(&runtime.python)
+        .current_dir(runtime.dir.path())
+        .args(["-c", script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0.17 0.065 1.0 2.0 None 0.065"
+    );
+}
