@@ -2,8 +2,9 @@
 # The training issue's GPU evidence (SFT speed, memory, NCCL at one rank), run on the H200 machine
 # from the repository root:
 #   DATA=DIR [BUDGET_S=SECONDS] bash bench/train/run-h200.sh [STEP...]
-# (STEP: golden, tests, train-tests, bench-1.7b, bench-1.7b-portable, bench-1.7b-release-pool,
-# bench-1.7b-recompute, bench-1.7b-unfused-layer, bench-1.7b-composite, bench-4b, bench-8b,
+# (STEP: golden, golden-f32, tests, train-tests, bench-1.7b, bench-1.7b-portable,
+# bench-1.7b-release-pool, bench-1.7b-recompute, bench-1.7b-unfused-layer, bench-1.7b-composite,
+# bench-4b, bench-8b,
 # sft-nccl, sft-4b, sft-8b-offload, kernels-sft, kernels-1.7b, kernels-1.7b-step,
 # attention-detail-1.7b, elementwise-detail-1.7b, wgmma-probe; all by default;
 # golden-dq-recompute, tests-dq-recompute, bench-1.7b-dq-recompute, bench-4b-dq-recompute and
@@ -27,6 +28,9 @@ source bench/h200-steps.sh "$@"
 # The formula golden's forwards, SFT step (in bf16 through the fused training attention) and
 # generations on the GPU.
 run golden 120 bench golden --golden tests/data/sdar/golden/formula --device cuda --dtype bf16
+# The same in f32, through the fused path too (its attention kernels without tensor cores), against
+# the golden README's f32 tolerances.
+run golden-f32 120 bench golden --golden tests/data/sdar/golden/formula --device cuda --dtype f32
 DICE_ATTENTION_KEEP_DS=0 run golden-dq-recompute 120 bench golden --golden tests/data/sdar/golden/formula \
   --device cuda --dtype bf16
 # dice-model's CUDA tests (fused SFT step against the CPU's composite one), where their binary was

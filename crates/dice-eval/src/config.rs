@@ -76,9 +76,9 @@ pub enum Timing {
     /// sides' launches are queued before the start event runs, so the events time the device's
     /// work alone, not the host's launch path and its stalls (bench/notes/eval-h200.md, session
     /// 34: such a spin outside the evaluator, per-call CV 0.05 where dice's was 0.29 on the same
-    /// host). A candidate's host time
-    /// beyond the baseline's margin still counts. The baseline's rounds come first, to set the
-    /// hold.
+    /// host). The hold follows the baseline's enqueues round by round (`_adapt_hold`). A
+    /// candidate's host time beyond the baseline's margin still counts. The baseline's rounds
+    /// come first, to set the hold.
     DiceQueued,
     /// KernelBench HEAD's `cuda_event` harness (KB spec §3): the candidate's calls, then the
     /// baseline's as `measure_ref_program_time` makes them; one input set; means to 3

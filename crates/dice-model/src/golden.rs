@@ -27,6 +27,9 @@ const SUMSQ_REL_TOL: f64 = 1e-5;
 const SFT_TOL: f64 = 1e-4;
 /// Each parameter's gradient norm, relative.
 const GRAD_NORM_REL_TOL: f64 = 1e-3;
+/// Rows of a query or loss-head chunk in the trainer's step the golden measures: several chunks
+/// of each of its samples (as the CPU test's smallest), so chunking is checked too.
+const SFT_STEP_CHUNK_ROWS: usize = 4;
 /// Largest logits compared per row.
 const TOP: usize = 32;
 
@@ -367,7 +370,9 @@ impl FormulaGolden {
     }
 
     /// Measures the checkpoint of `dir` (the golden's formula weights) in `dtype` on `device`:
-    /// the prefill logits, the decode step over that cache, the SFT loss and every gradient.
+    /// the prefill logits, the decode step over that cache, the SFT loss and every gradient
+    /// through the single graph (`sft/…`), and again through the trainer's step (`sft-step/…`:
+    /// checkpointed, and on a GPU the fused attention, layer and loss head the trainer runs).
     pub fn measure_checkpoint(
         &self,
         dir: &Path,
@@ -376,11 +381,17 @@ impl FormulaGolden {
     ) -> Result<Vec<Measurement>> {
         let model = Sdar::load(dir, dtype, device)?;
         let (prefill, decode) = self.forward_logits(&model)?;
-        drop(model);
         let mut measurements = self.measure_logits(LogitsCase::Prefill, &prefill)?;
         measurements.extend(self.measure_logits(LogitsCase::Decode, &decode)?);
+        let step = model.sft_loss_and_grads(&self.sft_batch()?, SFT_STEP_CHUNK_ROWS)?;
+        drop(model);
         let (loss, grads) = self.sft_loss_and_grads(dir, dtype, device)?;
         measurements.extend(self.measure_sft(loss, &grads)?);
+        let trainer = self.measure_sft(f64::from(step.loss), &step.grads)?;
+        measurements.extend(trainer.into_iter().map(|m| Measurement {
+            name: m.name.replacen("sft/", "sft-step/", 1),
+            ..m
+        }));
         Ok(measurements)
     }
 

@@ -6,7 +6,8 @@
 // two_stream_allowed) and any mask whose rows see at most two ranges of keys fit it.
 //
 // Compiled at run time with NVRTC, with -DHEAD_DIM=<head dim>; bf16 and f16 (raw 16-bit values,
-// half.cuh) on sm_80 and newer.
+// half.cuh) on sm_80 and newer, and f32 (without tensor cores: the `_f32` kernels at the end,
+// for the fused path at f32's precision).
 //
 // Layouts (contiguous; one packed sequence of `tokens` positions, every segment in it):
 //   q, dq       [Hq, T, D]      queries after RoPE, and their gradient
@@ -978,5 +979,123 @@ __device__ void query_gradients_from_ds(const T* __restrict__ k, const T* __rest
 
 TRAIN_ATTENTION_KERNELS(bf16_t, bf16)
 TRAIN_ATTENTION_KERNELS(f16_t, f16)
+
+// f32: the forward, delta, dQ and dK/dV kernels with the signatures and grids above, without
+// tensor cores, for the fused training path at f32's precision (the formula golden's f32 rule
+// on the GPU, the step in f32) rather than for speed. A thread takes one row of its CTA's tile
+// (a query for the forward and dQ; a key for dK/dV, whose CTA's two halves make dK and dV) and
+// works alone, with no shuffle or barrier; every product sums in f32 with nothing rounded between
+// (no rounding of P or dS to a 16-bit type), the softmax online as above but base e. dK/dV visits
+// the query tiles whose hulls meet the key and tests each query's spans, summing the GQA group's
+// heads in order: no atomics, the results do not depend on scheduling. The launch's dynamic
+// shared memory goes unused.
+
+__device__ __forceinline__ float dot_rows(const float* __restrict__ a, const float* __restrict__ b) {
+    float sum = 0.f;
+    for (int e = 0; e < HEAD_DIM; ++e) sum += a[e] * b[e];
+    return sum;
+}
+
+__device__ __forceinline__ void add_scaled_row(float (&acc)[HEAD_DIM], float w,
+                                               const float* __restrict__ row) {
+    for (int e = 0; e < HEAD_DIM; ++e) acc[e] += w * row[e];
+}
+
+__device__ __forceinline__ void store_row(float* __restrict__ row, const float (&acc)[HEAD_DIM],
+                                          float factor) {
+    for (int e = 0; e < HEAD_DIM; ++e) row[e] = acc[e] * factor;
+}
+
+// Calls visit(key) for every key a query of spans `span` sees, in key order within each range;
+// a key of the second range inside the first is visited once.
+template <typename Visit>
+__device__ __forceinline__ void for_each_visible_key(const unsigned int* span, Visit visit) {
+    for (unsigned int j = span[0]; j < span[1]; ++j) visit(j);
+    for (unsigned int j = span[2]; j < span[3]; ++j)
+        if (!in_range(j, span[0], span[1])) visit(j);
+}
+
+// This thread's row of its CTA's tile of TILE rows (the tile `tile_order` gives the CTA; both
+// halves of the CTA take the same rows), or -1 past the sequence.
+__device__ __forceinline__ int thread_row(const unsigned int* tile_order, int tokens) {
+    const int row = (int)tile_order[blockIdx.x] * TILE + threadIdx.x % TILE;
+    return row < tokens ? row : -1;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) train_attention_forward_f32(
+    const float* q, const float* k, const float* v, const unsigned int* spans,
+    const unsigned int* tile_spans, const unsigned int* tile_order, float* out, float* lse,
+    int tokens, int q_heads, int kv_heads, float scale) {
+    const int i = thread_row(tile_order, tokens), h = blockIdx.y, g = h / (q_heads / kv_heads);
+    if (i < 0 || threadIdx.x >= TILE) return;
+    const float* qi = q + ((size_t)h * tokens + i) * HEAD_DIM;
+    float acc[HEAD_DIM] = {};
+    float max_score = NEG_INF, sum = 0.f;
+    for_each_visible_key(spans + 4 * (size_t)i, [&](unsigned int j) {
+        const size_t key = ((size_t)g * tokens + j) * HEAD_DIM;
+        const float s = dot_rows(qi, k + key) * scale;
+        const float new_max = fmaxf(max_score, s);
+        const float rescale = expf(max_score - new_max), p = expf(s - new_max);
+        sum = sum * rescale + p;
+        for (int e = 0; e < HEAD_DIM; ++e) acc[e] *= rescale;
+        add_scaled_row(acc, p, v + key);
+        max_score = new_max;
+    });
+    // A query that sees nothing: output 0, lse +inf (its probabilities are then all 0).
+    store_row(out + ((size_t)i * q_heads + h) * HEAD_DIM, acc, sum > 0.f ? 1.f / sum : 0.f);
+    lse[(size_t)h * tokens + i] = sum > 0.f ? max_score + logf(sum) : POS_INF;
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) train_attention_delta_f32(
+    const float* out, const float* d_out, float* delta, int tokens, int q_heads) {
+    row_deltas<float>(out, d_out, delta, tokens, q_heads);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) train_attention_dq_f32(
+    const float* q, const float* k, const float* v, const float* d_out, const unsigned int* spans,
+    const unsigned int* tile_spans, const unsigned int* tile_order, const float* lse,
+    const float* delta, float* dq, int tokens, int q_heads, int kv_heads, float scale) {
+    const int i = thread_row(tile_order, tokens), h = blockIdx.y, g = h / (q_heads / kv_heads);
+    if (i < 0 || threadIdx.x >= TILE) return;
+    const size_t row = (size_t)h * tokens + i;
+    const float *qi = q + row * HEAD_DIM, *doi = d_out + ((size_t)i * q_heads + h) * HEAD_DIM;
+    const float row_lse = lse[row], row_delta = delta[row];
+    float acc[HEAD_DIM] = {};
+    for_each_visible_key(spans + 4 * (size_t)i, [&](unsigned int j) {
+        const size_t key = ((size_t)g * tokens + j) * HEAD_DIM;
+        const float p = expf(dot_rows(qi, k + key) * scale - row_lse);
+        add_scaled_row(acc, p * (dot_rows(doi, v + key) - row_delta), k + key);
+    });
+    store_row(dq + row * HEAD_DIM, acc, scale);
+}
+
+// The first TILE threads make dK of their key row, the others dV.
+extern "C" __global__ void __launch_bounds__(THREADS) train_attention_dkdv_f32(
+    const float* q, const float* k, const float* v, const float* d_out, const unsigned int* spans,
+    const unsigned int* tile_spans, const unsigned int* tile_order, const float* lse,
+    const float* delta, float* dk, float* dv, int tokens, int q_heads, int kv_heads, float scale) {
+    const int q_tiles = gridDim.x, g = blockIdx.y, group = q_heads / kv_heads;
+    const int j = thread_row(tile_order + q_tiles, tokens);
+    if (j < 0) return;
+    const bool makes_dk = threadIdx.x < TILE;
+    const size_t key = ((size_t)g * tokens + j) * HEAD_DIM;
+    float acc[HEAD_DIM] = {};
+    for (int h = g * group; h < (g + 1) * group; ++h)
+        for (int t = 0; t < q_tiles; ++t) {
+            if (!tile_meets(tile_spans + TILE_SPAN_WORDS * t, j, j + 1)) continue;
+            for (int i = t * TILE; i < min(t * TILE + TILE, tokens); ++i) {
+                if (!sees(spans + 4 * (size_t)i, j)) continue;
+                const size_t row = (size_t)h * tokens + i;
+                const float *qi = q + row * HEAD_DIM,
+                            *doi = d_out + ((size_t)i * q_heads + h) * HEAD_DIM;
+                const float p = expf(dot_rows(k + key, qi) * scale - lse[row]);
+                if (makes_dk)
+                    add_scaled_row(acc, p * (dot_rows(v + key, doi) - delta[row]), qi);
+                else
+                    add_scaled_row(acc, p, doi);
+            }
+        }
+    store_row((makes_dk ? dk : dv) + key, acc, makes_dk ? scale : 1.f);
+}
 
 #endif

@@ -5,8 +5,10 @@
 //! memory, and key tiles that no query of a tile sees are skipped, which halves the work of the
 //! two-stream mask's dense form.
 //!
-//! bf16 and f16 on sm_80 and newer; f32, other GPUs and `DICE_FUSED_ATTENTION=0` keep the
-//! composite path ([`TrainAttention::plan`] gives `None`). The backward keeps dS for dQ unless
+//! bf16 and f16 on sm_80 and newer, and f32 there by kernels without tensor cores (for the
+//! fused path at f32's precision, not for speed: the formula golden's f32 rule on the GPU);
+//! other GPUs and `DICE_FUSED_ATTENTION=0` keep the composite path ([`TrainAttention::plan`]
+//! gives `None`). The backward keeps dS for dQ unless
 //! `DICE_ATTENTION_KEEP_DS=0` ([`KEEP_DS_SWITCH`]). Checked on the CPU against an f64
 //! attention and its gradients through the CUDA emulation (tests/it/train_attention_emulated.rs)
 //! and on the GPU against the composite path (`dice bench golden`, tests/it/cuda.rs).
@@ -101,7 +103,8 @@ fn keep_ds() -> bool {
     *KEEP_DS.get_or_init(|| std::env::var(KEEP_DS_SWITCH).map_or(true, |v| v.trim() != "0"))
 }
 
-/// The four kernels of one dtype, and the two that keep dS unless [`KEEP_DS_SWITCH`] turns them off.
+/// The four kernels of one dtype, and the two that keep dS unless [`KEEP_DS_SWITCH`] turns them
+/// off (bf16 and f16; f32 has none).
 struct DtypeKernels {
     forward: CudaFunction,
     delta: CudaFunction,
@@ -116,8 +119,8 @@ struct KeepDsKernels {
     dq: CudaFunction,
 }
 
-/// The kernels of one head dim on one device: bf16, then f16.
-struct Loaded([DtypeKernels; 2]);
+/// The kernels of one head dim on one device: bf16, f16, then f32.
+struct Loaded([DtypeKernels; 3]);
 
 static LOADED: PerDevice<usize, Loaded> = PerDevice::new();
 
@@ -134,7 +137,9 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
         .context()
         .bind_to_thread()
         .map_err(&driver)?;
-    let kernels = |dtype: &str| -> anyhow::Result<DtypeKernels> {
+    // f32's kernels take the launches' dynamic shared memory as the others do, and leave it
+    // unused.
+    let kernels = |dtype: &str, keeps_ds: bool| -> anyhow::Result<DtypeKernels> {
         let function = |name: &str| {
             module
                 .load_function(&format!("train_attention_{name}_{dtype}"))
@@ -155,7 +160,7 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
             delta: function("delta")?,
             dq: with_shared("dq", key_pipeline_shared_bytes(head_dim))?,
             dkdv: with_shared("dkdv", dkdv_shared_bytes(head_dim))?,
-            keep_ds: if keep_ds() {
+            keep_ds: if keeps_ds && keep_ds() {
                 Some(KeepDsKernels {
                     dkdv: with_shared("dkdv_keep_ds", dkdv_shared_bytes(head_dim))?,
                     dq: with_shared("dq_from_ds", dq_from_ds_shared_bytes(head_dim))?,
@@ -165,14 +170,18 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
             },
         })
     };
-    Ok(Loaded([kernels("bf16")?, kernels("f16")?]))
+    Ok(Loaded([
+        kernels("bf16", true)?,
+        kernels("f16", true)?,
+        kernels("f32", false)?,
+    ]))
 }
 
 /// The fused training attention of one packed sequence: its spans on the device and the
 /// kernels of its dtype, shared by every layer.
 pub(crate) struct TrainAttention {
     kernels: Arc<Loaded>,
-    /// 0 for bf16, 1 for f16.
+    /// 0 for bf16, 1 for f16, 2 for f32.
     dtype_slot: usize,
     dtype: DType,
     /// u32 `[T, 4]`, `[T / 64, 8]` (`KeySpans::tile_bounds`) and `[2, T / 64]`
@@ -219,7 +228,7 @@ impl TilePairs {
 
 impl TrainAttention {
     /// The fused kernels for a sequence of `spans` in `dtype` on `device`, or `None` where
-    /// attention keeps the composite path (not CUDA, f32, a GPU before sm_80, an unsupported
+    /// attention keeps the composite path (not CUDA, a GPU before sm_80, an unsupported
     /// head dim, kernels that failed to build, `DICE_FUSED_ATTENTION=0`).
     pub(crate) fn plan(
         device: &Device,
@@ -281,6 +290,7 @@ impl TrainAttention {
         let dtype_slot = match dtype {
             DType::BF16 => 0,
             DType::F16 => 1,
+            DType::F32 => 2,
             _ => return Ok(None),
         };
         let supported = HEAD_DIMS.contains(&cfg.head_dim)

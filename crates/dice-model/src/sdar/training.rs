@@ -8,8 +8,9 @@
 //! piece of the model is backpropagated on its own through the surrogate scalar
 //! Σ ⟨output, upstream⟩ (detached upstream): its gradient with respect to the output is exactly
 //! the upstream gradient, so `backward()` on it yields the vector-Jacobian product of the piece.
-//! That composite path is the CPU's (and f32's, and `DICE_FUSED_LAYER=0`'s); on CUDA in bf16/f16
-//! the checkpointed step runs the fused attention and the hand-written layer and head of
+//! That composite path is the CPU's (and `DICE_FUSED_LAYER=0`'s); on CUDA (bf16, f16, and f32
+//! through attention kernels without tensor cores) the checkpointed step runs the fused
+//! attention and the hand-written layer and head of
 //! [`fused_layer`] instead (no autograd but the loss closure's), keeping the forward activations
 //! of as many layers as memory allows for an SFT step.
 
@@ -66,8 +67,8 @@ pub struct MaskedSequence {
     /// need not build.
     pub mask: Option<Tensor>,
     /// The same visibility as key ranges ([`KeySpans::from_predicate`]), where every row's
-    /// visible keys form at most two ranges: on CUDA in bf16/f16 attention then runs the fused
-    /// kernels, and `mask` is not read.
+    /// visible keys form at most two ranges: on CUDA (sm_80 and newer) attention then runs the
+    /// fused kernels, and `mask` is not read.
     pub spans: Option<KeySpans>,
     /// Rows whose logits are scored, each against the label of the same index.
     pub rows: Vec<u32>,
@@ -268,8 +269,9 @@ impl Layout {
         let mask = sequence.mask.as_ref().with_context(|| {
             format!(
                 "this {n}-token masked sequence has key spans but no mask, and the model's \
-                 attention here is the composite one (CPU, f32, or DICE_FUSED_ATTENTION=0), \
-                 which needs the mask: build it where Sdar::trains_on_key_spans is false"
+                 attention here is the composite one (CPU, a GPU before sm_80, or \
+                 DICE_FUSED_ATTENTION=0), which needs the mask: build it where \
+                 Sdar::trains_on_key_spans is false"
             )
         })?;
         Ok(Self {
@@ -656,8 +658,8 @@ impl Sdar {
         Ok((step, timer.into_inner()))
     }
 
-    /// Whether a [`MaskedSequence`] with key spans trains here without its mask: on CUDA in
-    /// bf16/f16 where the fused training attention is available (its kernels are built on first
+    /// Whether a [`MaskedSequence`] with key spans trains here without its mask: on CUDA
+    /// where the fused training attention is available (its kernels are built on first
     /// use). Elsewhere the composite attention reads the mask.
     pub fn trains_on_key_spans(&self) -> anyhow::Result<bool> {
         #[cfg(feature = "cuda")]

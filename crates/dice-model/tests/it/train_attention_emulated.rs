@@ -1,12 +1,12 @@
 //! The fused training attention (`src/kernels/train_attention.cu`: forward with its
 //! log-sum-exp, dQ, dK and dV) run on the CPU through the CUDA emulation (`kernel_emulation/`),
 //! against a direct f64 attention and its gradients on packed two-stream SFT sequences (several
-//! samples, GQA, partly filled tiles, skipped key tiles, queries that see nothing), in bf16 and
-//! f16, with both of its paths: per-warp mma.sync with ldmatrix, and Hopper's warpgroup wgmma
+//! samples, GQA, partly filled tiles, skipped key tiles, queries that see nothing): in bf16 and
+//! f16 with both of its paths, per-warp mma.sync with ldmatrix and Hopper's warpgroup wgmma
 //! reading B from 128-byte swizzled tiles through matrix descriptors (decoded by the emulation as
-//! the GPU does); both backwards: dQ from kept dS (the default) and recomputed
-//! (`DICE_ATTENTION_KEEP_DS=0`). The GPU
-//! itself is checked against the composite path by `dice bench golden` and `tests/cuda.rs`.
+//! the GPU does), and both backwards, dQ from kept dS (the default) and recomputed
+//! (`DICE_ATTENTION_KEEP_DS=0`); in f32 (kernels without tensor cores) at f32's precision. The
+//! GPU itself is checked against the composite path by `dice bench golden` and `tests/cuda.rs`.
 //!
 //! Needs a C++20 compiler (`$CXX`, else `g++`); without one the test fails.
 

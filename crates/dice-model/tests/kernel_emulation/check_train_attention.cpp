@@ -1,11 +1,12 @@
 // Runs train_attention.cu on the CPU (cuda_emulation.h) against a direct f64 attention and its
-// gradients, for bf16 and f16: packed sequences of two-stream SFT segments (masks.rs,
+// gradients, for bf16, f16 and f32 (the f32 kernels without tensor cores, at f32's precision): packed sequences of two-stream SFT segments (masks.rs,
 // two_stream_allowed, with the spans train_attention.rs derives), GQA, a last query tile only
 // partly filled, queries that see nothing, and key tiles that every query of a tile sees (run
 // without the per-key test; the check prints how many tile pairs took that path). Both backwards
 // are checked: the one that recomputes S and dP for dQ (DICE_ATTENTION_KEEP_DS=0) and the default
 // that keeps dS (dK/dV storing every dS tile, then dQ from them): its dQ against the same
-// reference, its dK and dV against the other's, bit for bit.
+// reference, its dK and dV against the other's, bit for bit (bf16 and f16; f32 has only the
+// first).
 // Build: g++ -std=c++20 -DHEAD_DIM=<d> [-DTRAIN_ATTENTION_WGMMA=1] check_train_attention.cpp
 // (the second for the wgmma path); exits non-zero on a mismatch. dQ from kept dS takes two query
 // heads of a GQA group a CTA where the group's size is even and one where it is odd: the cases'
@@ -23,6 +24,7 @@ static std::mt19937 rng(11);
 
 template <typename T> struct Kernels;
 template <> struct Kernels<bf16_t> {
+    static constexpr bool keeps_ds = true;
     static constexpr auto forward = train_attention_forward_bf16;
     static constexpr auto delta = train_attention_delta_bf16;
     static constexpr auto dq = train_attention_dq_bf16;
@@ -31,12 +33,20 @@ template <> struct Kernels<bf16_t> {
     static constexpr auto dq_from_ds = train_attention_dq_from_ds_bf16;
 };
 template <> struct Kernels<f16_t> {
+    static constexpr bool keeps_ds = true;
     static constexpr auto forward = train_attention_forward_f16;
     static constexpr auto delta = train_attention_delta_f16;
     static constexpr auto dq = train_attention_dq_f16;
     static constexpr auto dkdv = train_attention_dkdv_f16;
     static constexpr auto dkdv_keep_ds = train_attention_dkdv_keep_ds_f16;
     static constexpr auto dq_from_ds = train_attention_dq_from_ds_f16;
+};
+template <> struct Kernels<float> {
+    static constexpr bool keeps_ds = false;
+    static constexpr auto forward = train_attention_forward_f32;
+    static constexpr auto delta = train_attention_delta_f32;
+    static constexpr auto dq = train_attention_dq_f32;
+    static constexpr auto dkdv = train_attention_dkdv_f32;
 };
 
 using Span = std::array<unsigned, 4>;
@@ -174,25 +184,31 @@ template <typename T> Errors run(const Case& c) {
                          delta.data(), dk.data(), dv.data(), N, Hq, Hkv, scale);
     });
     // The backward that keeps dS: dK/dV storing dS, then dQ from it. The buffer starts as NaNs
-    // (0xffff in both dtypes), so that a tile read but never written shows in dQ.
-    std::vector<unsigned> pair_index;
-    const unsigned pairs = tile_pairs_of(tiles, N, pair_index);
-    std::vector<T> ds((size_t)pairs * Hq * TILE * TILE, T{0xffff}), kept_dq(q.size()),
-        kept_dk(k.size()), kept_dv(v.size());
-    launch({q_tiles, (unsigned)Hkv, 1}, THREADS, [&] {
-        Kernels<T>::dkdv_keep_ds(q.data(), k.data(), v.data(), d_out.data(), s, ts, to,
-                                 lse.data(), delta.data(), pair_index.data(), kept_dk.data(),
-                                 kept_dv.data(), ds.data(), N, Hq, Hkv, scale);
-    });
-    launch({q_tiles, (unsigned)(Hq / dq_from_ds_heads(Hq, Hkv)), 1}, THREADS, [&] {
-        Kernels<T>::dq_from_ds(k.data(), ds.data(), ts, to, pair_index.data(), kept_dq.data(), N,
-                               Hq, Hkv, scale);
-    });
+    // (0xffff in both dtypes), so that a tile read but never written shows in dQ. f32 has none:
+    // its dQ is checked once more as the recomputing one's.
+    std::vector<T> kept_dq(q.size()), kept_dk(k.size()), kept_dv(v.size());
+    bool same_dk_dv = true;
+    if constexpr (Kernels<T>::keeps_ds) {
+        std::vector<unsigned> pair_index;
+        const unsigned pairs = tile_pairs_of(tiles, N, pair_index);
+        std::vector<T> ds((size_t)pairs * Hq * TILE * TILE, T{0xffff});
+        launch({q_tiles, (unsigned)Hkv, 1}, THREADS, [&] {
+            Kernels<T>::dkdv_keep_ds(q.data(), k.data(), v.data(), d_out.data(), s, ts, to,
+                                     lse.data(), delta.data(), pair_index.data(), kept_dk.data(),
+                                     kept_dv.data(), ds.data(), N, Hq, Hkv, scale);
+        });
+        launch({q_tiles, (unsigned)(Hq / dq_from_ds_heads(Hq, Hkv)), 1}, THREADS, [&] {
+            Kernels<T>::dq_from_ds(k.data(), ds.data(), ts, to, pair_index.data(), kept_dq.data(),
+                                   N, Hq, Hkv, scale);
+        });
+        for (size_t i = 0; i < k.size(); ++i)
+            same_dk_dv &= kept_dk[i].bits == dk[i].bits && kept_dv[i].bits == dv[i].bits;
+    } else {
+        kept_dq = dq;
+    }
 
     auto at = [](const std::vector<T>& xs, size_t i) { return (double)to_float(xs[i]); };
-    Errors worst = {0, 0, 0, 0, 0, 0, true, 0};
-    for (size_t i = 0; i < k.size(); ++i)
-        worst.same_dk_dv &= kept_dk[i].bits == dk[i].bits && kept_dv[i].bits == dv[i].bits;
+    Errors worst = {0, 0, 0, 0, 0, 0, same_dk_dv, 0};
     for (unsigned t = 0; t < q_tiles; ++t)
         for (unsigned first = 0; first < (unsigned)N; first += TILE)
             worst.all_seen_tiles += tile_sees_all(tiles[t].data(), first);
@@ -267,16 +283,17 @@ int main() {
     };
     // Outputs: f32 accumulation, probabilities rounded to the dtype for P V, then the output
     // (bf16 2^-8, f16 2^-11). Gradients round P and dS to the dtype as well, and sum them over
-    // more terms.
-    const double out_tolerance[2] = {1.6e-2, 2e-3}, grad_tolerance[2] = {4e-2, 6e-3};
+    // more terms. f32 rounds nothing to a narrower type: its own sums of up to a few hundred
+    // keys of D products (2.6e-6 at D=128).
+    const double out_tolerance[3] = {1.6e-2, 2e-3, 1e-5}, grad_tolerance[3] = {4e-2, 6e-3, 2e-5};
     int failures = 0;
     for (const Case& c : cases) {
-        const Errors e[2] = {run<bf16_t>(c), run<f16_t>(c)};
+        const Errors e[3] = {run<bf16_t>(c), run<f16_t>(c), run<float>(c)};
         std::printf("D=%d Hq=%d Hkv=%d block=%u samples", HEAD_DIM, c.q_heads, c.kv_heads, c.block);
         for (unsigned n : c.samples) std::printf(" %u", n);
         std::printf(" blind %d (all-seen tiles %d):", c.blind_rows, e[0].all_seen_tiles);
-        const char* names[2] = {"bf16", "f16"};
-        for (int t = 0; t < 2; ++t) {
+        const char* names[3] = {"bf16", "f16", "f32"};
+        for (int t = 0; t < 3; ++t) {
             std::printf(" | %s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e, kept dS: dq %.2e%s",
                         names[t], e[t].out, e[t].lse, e[t].dq, e[t].dk, e[t].dv, e[t].dq_from_ds,
                         e[t].same_dk_dv ? "" : " (dk/dv differ)");

@@ -21,7 +21,9 @@ Checks, on the chosen device and dtype, as the golden's README says: the block-c
 and one cached decode step (store_kv=false) against each row's stored logsumexp, sum and sum of
 squares, the logits at the reference's top-32 indices, our own 32 largest values, the logits at
 512 fixed columns and the argmax; the four greedy generations (token for token); the two-stream
-SFT loss, the stored gradient rows and every gradient norm; and 64 tokens drawn from the whole
+SFT loss, the stored gradient rows and every gradient norm, through one autograd graph (sft/…)
+and through the trainer's step (sft-step/…: checkpointed, in query and head chunks of 4 rows,
+and on CUDA the fused training attention, layer and loss head); and 64 tokens drawn from the whole
 distribution of random logits over a 151,936-token vocabulary as the engine draws them on the
 device (one kernel on CUDA), each where the f64 running sum of its row's weights crosses the
 uniform number (all required), its probability and the entropy within 1e-4 of the host's
