@@ -8,6 +8,7 @@
 
 pub mod data;
 pub mod dist;
+pub mod golden;
 mod host_step;
 pub mod metrics;
 pub mod noise;
