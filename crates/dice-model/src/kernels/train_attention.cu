@@ -987,8 +987,8 @@ TRAIN_ATTENTION_KERNELS(f16_t, f16)
 // works alone, with no shuffle or barrier; every product sums in f32 with nothing rounded between
 // (no rounding of P or dS to a 16-bit type), the softmax online as above but base e. dK/dV visits
 // the query tiles whose hulls meet the key and tests each query's spans, summing the GQA group's
-// heads in order: no atomics, the results do not depend on scheduling. The launch's dynamic
-// shared memory goes unused.
+// heads in order: no atomics, the results do not depend on scheduling. No shared memory
+// (train_attention.rs launches them with none).
 
 __device__ __forceinline__ float dot_rows(const float* __restrict__ a, const float* __restrict__ b) {
     float sum = 0.f;

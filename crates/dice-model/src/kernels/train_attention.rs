@@ -8,10 +8,10 @@
 //! bf16 and f16 on sm_80 and newer, and f32 there by kernels without tensor cores (for the
 //! fused path at f32's precision, not for speed: the formula golden's f32 rule on the GPU);
 //! other GPUs and `DICE_FUSED_ATTENTION=0` keep the composite path ([`TrainAttention::plan`]
-//! gives `None`). The backward keeps dS for dQ unless
-//! `DICE_ATTENTION_KEEP_DS=0` ([`KEEP_DS_SWITCH`]). Checked on the CPU against an f64
-//! attention and its gradients through the CUDA emulation (tests/it/train_attention_emulated.rs)
-//! and on the GPU against the composite path (`dice bench golden`, tests/it/cuda.rs).
+//! gives `None`). The backward keeps dS for dQ unless `DICE_ATTENTION_KEEP_DS=0`
+//! ([`KEEP_DS_SWITCH`]). Checked on the CPU against an f64 attention and its gradients through
+//! the CUDA emulation (tests/it/train_attention_emulated.rs) and on the GPU against the golden
+//! and the composite path (`dice bench golden`'s `sft-step/…`, tests/it/cuda.rs).
 
 use super::block_attention::fused_attention_enabled;
 use super::device_ptr::{launch, output, output_like, Arg, Scalar};
@@ -137,8 +137,8 @@ fn load(dev: &CudaDevice, head_dim: usize) -> anyhow::Result<Loaded> {
         .context()
         .bind_to_thread()
         .map_err(&driver)?;
-    // f32's kernels take the launches' dynamic shared memory as the others do, and leave it
-    // unused.
+    // f32's kernels are loaded as the others (their allowance of dynamic shared memory goes
+    // unused: `TrainAttention::launch` gives them none).
     let kernels = |dtype: &str, keeps_ds: bool| -> anyhow::Result<DtypeKernels> {
         let function = |name: &str| {
             module
@@ -361,6 +361,13 @@ impl TrainAttention {
         tensors: &[Arg],
         scalars: &[Scalar],
     ) -> Result<()> {
+        // f32's kernels use no shared memory: reserving the tensor-core kernels' for them would
+        // only cut how many of their CTAs an SM holds.
+        let shared_mem_bytes = if self.dtype == DType::F32 {
+            0
+        } else {
+            shared_mem_bytes
+        };
         let config = LaunchConfig {
             grid_dim: (grid.0 as u32, grid.1 as u32, 1),
             block_dim: (THREADS, 1, 1),

@@ -1,12 +1,12 @@
 // Runs train_attention.cu on the CPU (cuda_emulation.h) against a direct f64 attention and its
-// gradients, for bf16, f16 and f32 (the f32 kernels without tensor cores, at f32's precision): packed sequences of two-stream SFT segments (masks.rs,
-// two_stream_allowed, with the spans train_attention.rs derives), GQA, a last query tile only
-// partly filled, queries that see nothing, and key tiles that every query of a tile sees (run
-// without the per-key test; the check prints how many tile pairs took that path). Both backwards
-// are checked: the one that recomputes S and dP for dQ (DICE_ATTENTION_KEEP_DS=0) and the default
-// that keeps dS (dK/dV storing every dS tile, then dQ from them): its dQ against the same
-// reference, its dK and dV against the other's, bit for bit (bf16 and f16; f32 has only the
-// first).
+// gradients, for bf16, f16 and f32 (the f32 kernels without tensor cores, at f32's precision):
+// packed sequences of two-stream SFT segments (masks.rs, two_stream_allowed, with the spans
+// train_attention.rs derives), GQA, a last query tile only partly filled, queries that see
+// nothing, and key tiles that every query of a tile sees (run without the per-key test; the
+// check prints how many tile pairs took that path). Both backwards are checked: the one that
+// recomputes S and dP for dQ (DICE_ATTENTION_KEEP_DS=0) and the default that keeps dS (dK/dV
+// storing every dS tile, then dQ from them): its dQ against the same reference, its dK and dV
+// against the other's, bit for bit (bf16 and f16; f32 has only the first).
 // Build: g++ -std=c++20 -DHEAD_DIM=<d> [-DTRAIN_ATTENTION_WGMMA=1] check_train_attention.cpp
 // (the second for the wgmma path); exits non-zero on a mismatch. dQ from kept dS takes two query
 // heads of a GQA group a CTA where the group's size is even and one where it is odd: the cases'

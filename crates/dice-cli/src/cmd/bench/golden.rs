@@ -29,15 +29,15 @@ and on CUDA the fused training attention, layer and loss head); in f32, the trai
 (two clipped AdamW steps through the trainer's step and optimizer, at weight decay 0.01 and 0:
 losses, gradient norms and updated weights, its margins printed below the table); and 64 tokens
 drawn from the whole distribution of random logits over a 151,936-token vocabulary as the engine
-draws them on the device (one kernel on CUDA), each where the f64 running sum of its row's weights crosses the
-uniform number (all required), its probability and the entropy within 1e-4 of the host's
-arithmetic (both beyond what the host's f32 total of the weights itself rounds). Prints each check's largest
-difference beside its f32 tolerance (README: 1e-4 on logits, loss and gradients, 1e-2 on a
-row's sum, 1e-5 relative on its sum of squares, 1e-3 relative on gradient norms, argmax and
-generations exact). Exits non-zero when a check fails: in f32 its tolerance; in bf16/fp16 the
-difference relative to the reference's magnitude must stay within --low-precision-tol, while
-argmax and generations are reported, not required (a near-tie may legitimately flip under
-rounding).
+draws them on the device (one kernel on CUDA), each where the f64 running sum of its row's
+weights crosses the uniform number (all required), its probability and the entropy within 1e-4
+of the host's arithmetic (both beyond what the host's f32 total of the weights itself rounds).
+Prints each check's largest difference beside its f32 tolerance (README: 1e-4 on logits, loss
+and gradients, 1e-2 on a row's sum, 1e-5 relative on its sum of squares, 1e-3 relative on
+gradient norms, argmax and generations exact). Exits non-zero when a check fails: in f32 its
+tolerance; in bf16/fp16 the difference relative to the reference's magnitude must stay within
+--low-precision-tol, while argmax and generations are reported, not required (a near-tie may
+legitimately flip under rounding).
 
 Examples:
   dice bench golden --golden tests/data/sdar/golden/formula
