@@ -8,9 +8,16 @@
 //! every sample was taken. A worker holds only
 //! as many samples as it can work on (builds and run slots, with one taken ahead each), so that
 //! a worker joining later gets its share.
+//!
+//! Samples that build and samples that go straight to a run slot are claimed apart, each class
+//! within its own limit ([`Class`]): claimed from one queue by the builders, the run-only samples
+//! (identity candidates, programs without an extension) waited for a free builder, so while every
+//! builder compiled, the run slots ran nothing (the first minute of a cold batch of the 99 pairs
+//! with their identities: bench/notes/eval-h200.md, session 37).
 
 use anyhow::Result;
 use dice_store::{SampleExtras, SampleKey, SampleRecord, Store, WorkerId};
+use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -23,11 +30,29 @@ const HEARTBEAT: Duration = Duration::from_secs(10);
 /// How often samples other workers hold are asked for again.
 const POLL: Duration = Duration::from_secs(1);
 
+/// What a sample needs before it runs, which says who claims it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// An extension built by the compile stage.
+    Build,
+    /// Nothing: it goes to a run slot (or straight to the store) as claimed.
+    RunOnly,
+}
+
+impl Class {
+    fn index(self) -> usize {
+        match self {
+            Class::Build => 0,
+            Class::RunOnly => 1,
+        }
+    }
+}
+
 pub(crate) struct Claims<'s> {
     store: Mutex<&'s mut Store>,
     worker: WorkerId,
-    /// Claimed samples without an outcome yet, at most.
-    in_flight: usize,
+    /// Claimed samples without an outcome yet, at most, of each class ([`Class::index`]).
+    in_flight: [usize; 2],
     queue: Mutex<Queue>,
     /// Signalled when a claimed sample gets its outcome, or the intake stops.
     room: Condvar,
@@ -35,9 +60,10 @@ pub(crate) struct Claims<'s> {
 
 struct Queue {
     /// Samples not claimed yet, by index (`BatchContext::sample`), in the order they came.
-    unclaimed: Vec<(usize, SampleKey)>,
-    /// Claimed samples without an outcome yet.
-    in_hand: usize,
+    unclaimed: Vec<(usize, SampleKey, Class)>,
+    /// Claimed samples without an outcome yet, and how many of each class.
+    in_hand: HashMap<SampleKey, Class>,
+    in_hand_of: [usize; 2],
     /// Samples another worker judged during the batch.
     judged_elsewhere: usize,
     /// Those of them not yet handed to [`Claims::take_judged_elsewhere`].
@@ -49,12 +75,19 @@ struct Queue {
 }
 
 impl<'s> Claims<'s> {
-    /// Claims as `worker`, with at most `in_flight` claimed samples awaiting their outcome; for
-    /// samples [`Claims::add`]ed until [`Claims::close`].
-    pub(crate) fn new(store: &'s mut Store, worker: WorkerId, in_flight: usize) -> Self {
+    /// Claims as `worker`, with at most `builds` claimed samples of [`Class::Build`] and
+    /// `run_only` of [`Class::RunOnly`] awaiting their outcome; for samples [`Claims::add`]ed
+    /// until [`Claims::close`].
+    pub(crate) fn new(
+        store: &'s mut Store,
+        worker: WorkerId,
+        builds: usize,
+        run_only: usize,
+    ) -> Self {
         let queue = Queue {
             unclaimed: Vec::new(),
-            in_hand: 0,
+            in_hand: HashMap::new(),
+            in_hand_of: [0; 2],
             judged_elsewhere: 0,
             judged_elsewhere_new: Vec::new(),
             closed: false,
@@ -63,7 +96,7 @@ impl<'s> Claims<'s> {
         Claims {
             store: Mutex::new(store),
             worker,
-            in_flight: in_flight.max(1),
+            in_flight: [builds.max(1), run_only.max(1)],
             queue: Mutex::new(queue),
             room: Condvar::new(),
         }
@@ -83,7 +116,7 @@ impl<'s> Claims<'s> {
     }
 
     /// Samples to claim, by index, after those added before.
-    pub(crate) fn add(&self, samples: impl IntoIterator<Item = (usize, SampleKey)>) {
+    pub(crate) fn add(&self, samples: impl IntoIterator<Item = (usize, SampleKey, Class)>) {
         self.queue().unclaimed.extend(samples);
         self.room.notify_all();
     }
@@ -94,30 +127,39 @@ impl<'s> Claims<'s> {
         self.room.notify_all();
     }
 
-    /// The next sample this worker claimed, by index; None once the intake is closed and every
-    /// sample added is claimed here or judged, or the intake stopped. Waits while this worker
-    /// has its hands full, while no sample is left to claim, and while all that are left are
-    /// held by other workers.
-    pub(crate) fn next(&self) -> Result<Option<usize>> {
+    /// The next sample of `class` this worker claimed, by index; None once the intake is closed
+    /// and every sample of the class added is claimed here or judged, or the intake stopped.
+    /// Waits while this worker has its hands full of the class, while no sample of it is left to
+    /// claim, and while all that are left are held by other workers.
+    pub(crate) fn next(&self, class: Class) -> Result<Option<usize>> {
+        let left = |queue: &Queue| queue.unclaimed.iter().any(|&(_, _, c)| c == class);
         loop {
             {
                 let mut queue = self.queue();
                 while !queue.stopped
-                    && (queue.in_hand >= self.in_flight
-                        || (queue.unclaimed.is_empty() && !queue.closed))
+                    && if left(&queue) {
+                        queue.in_hand_of[class.index()] >= self.in_flight[class.index()]
+                    } else {
+                        !queue.closed
+                    }
                 {
                     queue = self
                         .room
                         .wait(queue)
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
-                if queue.stopped || queue.unclaimed.is_empty() {
+                if queue.stopped || !left(&queue) {
                     return Ok(None);
                 }
-                let wanted: Vec<SampleKey> = queue.unclaimed.iter().map(|&(_, key)| key).collect();
+                let wanted: Vec<SampleKey> = queue
+                    .unclaimed
+                    .iter()
+                    .filter(|&&(_, _, c)| c == class)
+                    .map(|&(_, key, _)| key)
+                    .collect();
                 let claimed = self.store().claim(&self.worker, &wanted, 1, LEASE)?;
                 let queue = &mut *queue;
-                queue.unclaimed.retain(|&(i, key)| {
+                queue.unclaimed.retain(|&(i, key, _)| {
                     let elsewhere = claimed.finished.contains(&key);
                     if elsewhere {
                         queue.judged_elsewhere += 1;
@@ -138,12 +180,13 @@ impl<'s> Claims<'s> {
                     let at = queue
                         .unclaimed
                         .iter()
-                        .position(|&(_, k)| k == key)
+                        .position(|&(_, k, _)| k == key)
                         .expect("a claimed sample was asked for");
-                    queue.in_hand += 1;
+                    queue.in_hand.insert(key, class);
+                    queue.in_hand_of[class.index()] += 1;
                     return Ok(Some(queue.unclaimed.remove(at).0));
                 }
-                if queue.unclaimed.is_empty() {
+                if !left(queue) {
                     continue;
                 }
             }
@@ -162,7 +205,7 @@ impl<'s> Claims<'s> {
         let stored = self
             .store()
             .put_claimed_sample(&self.worker, record, extras);
-        self.outcome_given();
+        self.outcome_given((record.level, record.problem_id, record.sample_id));
         stored
     }
 
@@ -170,13 +213,17 @@ impl<'s> Claims<'s> {
     /// failed), for a later run or another worker to judge.
     pub(crate) fn release(&self, key: SampleKey) -> Result<()> {
         let released = self.store().release_claims(&self.worker, Some(key));
-        self.outcome_given();
+        self.outcome_given(key);
         released
     }
 
-    fn outcome_given(&self) {
-        self.queue().in_hand -= 1;
-        self.room.notify_one();
+    fn outcome_given(&self, key: SampleKey) {
+        let mut queue = self.queue();
+        if let Some(class) = queue.in_hand.remove(&key) {
+            queue.in_hand_of[class.index()] -= 1;
+        }
+        // Claimers of both classes wait on `room`.
+        self.room.notify_all();
     }
 
     /// No more claims: a stage failed, so the samples it held may never get their outcome.
@@ -212,5 +259,43 @@ impl<'s> Claims<'s> {
     /// Samples another worker judged while this batch ran.
     pub(crate) fn judged_elsewhere(&self) -> usize {
         self.queue().judged_elsewhere
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each class is claimed within its own limit, a run-only sample past the builds queued
+    /// before it, and the intake of one class ends while the other still has samples.
+    #[test]
+    fn samples_that_build_and_run_only_ones_are_claimed_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("dice.db")).unwrap();
+        let claims = Claims::new(&mut store, WorkerId::new(), 1, 1);
+        let key = |sample_id| (1, 1, sample_id);
+        claims.add([
+            (0, key(0), Class::Build),
+            (1, key(1), Class::Build),
+            (2, key(2), Class::RunOnly),
+            (3, key(3), Class::RunOnly),
+        ]);
+        claims.close();
+        assert_eq!(claims.next(Class::Build).unwrap(), Some(0));
+        assert_eq!(
+            claims.next(Class::RunOnly).unwrap(),
+            Some(2),
+            "behind a full class"
+        );
+        std::thread::scope(|scope| {
+            let waiting = scope.spawn(|| claims.next(Class::RunOnly).unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!waiting.is_finished(), "claimed past its class's limit");
+            claims.release(key(2)).unwrap();
+            assert_eq!(waiting.join().unwrap(), Some(3));
+        });
+        assert_eq!(claims.next(Class::RunOnly).unwrap(), None);
+        claims.release(key(0)).unwrap();
+        assert_eq!(claims.next(Class::Build).unwrap(), Some(1));
     }
 }

@@ -7,6 +7,14 @@
 //! (a trial and its judgement are two steps, so a timer waits for one of them): timing waits at
 //! most for the steps already running. std's RwLock on Linux blocks new readers while a writer
 //! waits, so timing never starves.
+//!
+//! Timers take their turns one at a time, and the steps of an evaluation whose steps hold the
+//! device long (multi-GB outputs: [`LONG_STEP`]) take theirs between timers: such a step waits
+//! for the timer holding the device, not for every timer queued behind it. Queued all at once,
+//! seven timers of a second or two each kept every such step of a cold batch waiting 5-17 s,
+//! about 95 s of each of its largest programs (bench/notes/eval-h200.md, session 36); in turns,
+//! a timer waits for the long steps that asked before the last timer went, and a long step for
+//! the timer holding the device and at most one more.
 //! Other processes evaluating the same run share the device through its file lock
 //! (device_lock.rs), taken after this one.
 //! Process start-up, imports and extension loads run outside any pass. The gate records its
@@ -45,13 +53,22 @@ struct Record {
     turns: Turns,
 }
 
-/// Long steps and timers waiting for their turn, in their order of asking, and the long steps
-/// running.
+/// Long steps and timers waiting for their turn, in their order of asking, the long steps
+/// running, and how many timers have had their turn.
 #[derive(Default)]
 struct Turns {
     next_ticket: u64,
-    waiting: VecDeque<(u64, Turn)>,
+    waiting: VecDeque<Waiting>,
     long_steps: u32,
+    timers_gone: u64,
+}
+
+struct Waiting {
+    ticket: u64,
+    turn: Turn,
+    /// Timers gone, not counting those still past their turn, when it asked: a long step may
+    /// go before the timers waiting once a timer went after it asked.
+    timers_gone_before: u64,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -61,29 +78,52 @@ enum Turn {
 }
 
 impl Turns {
-    fn ask(&mut self, turn: Turn) -> u64 {
+    /// A ticket for `turn`, asked with `timers` past their turn.
+    fn ask(&mut self, turn: Turn, timers: u32) -> u64 {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        self.waiting.push_back((ticket, turn));
+        let timers_gone_before = self.timers_gone.saturating_sub(u64::from(timers));
+        self.waiting.push_back(Waiting {
+            ticket,
+            turn,
+            timers_gone_before,
+        });
         ticket
     }
 
+    /// Whether a waiting long step has had a timer go since it asked, so that no later timer
+    /// goes before it.
+    fn is_due(&self, waiting: &Waiting) -> bool {
+        waiting.turn == Turn::LongStep && self.timers_gone > waiting.timers_gone_before
+    }
+
     /// Whether `ticket` may go, with `timers` past their turn (closing the gate or holding it):
-    /// a long step when none is and no timer asked before it, a timer when nothing asked before
-    /// it and no long step runs.
+    /// a long step once no timer is and either only long steps asked before it or a timer went
+    /// since it asked; a timer once no timer is, no long step runs or is due, and no timer asked
+    /// before it.
     fn may_go(&self, ticket: u64, timers: u32) -> bool {
-        let mut before = self.waiting.iter().take_while(|(t, _)| *t != ticket);
-        match self.waiting.iter().find(|(t, _)| *t == ticket) {
-            Some((_, Turn::LongStep)) => {
-                timers == 0 && before.all(|(_, turn)| *turn == Turn::LongStep)
+        let Some(asking) = self.waiting.iter().find(|w| w.ticket == ticket) else {
+            return true;
+        };
+        let mut before = self.waiting.iter().take_while(|w| w.ticket != ticket);
+        match asking.turn {
+            Turn::LongStep => {
+                timers == 0 && (self.is_due(asking) || before.all(|w| w.turn == Turn::LongStep))
             }
-            Some((_, Turn::Timer)) => before.next().is_none() && self.long_steps == 0,
-            None => true,
+            Turn::Timer => {
+                timers == 0
+                    && self.long_steps == 0
+                    && !self.waiting.iter().any(|w| self.is_due(w))
+                    && before.all(|w| w.turn == Turn::LongStep)
+            }
         }
     }
 
-    fn leave(&mut self, ticket: u64) {
-        self.waiting.retain(|(t, _)| *t != ticket);
+    fn leave(&mut self, ticket: u64, turn: Turn) {
+        self.waiting.retain(|w| w.ticket != ticket);
+        if turn == Turn::Timer {
+            self.timers_gone += 1;
+        }
     }
 }
 
@@ -174,7 +214,8 @@ impl DeviceGate {
     /// long it waited for others' turns.
     fn take_turn(&self, turn: Turn) -> (MutexGuard<'_, Record>, Duration) {
         let mut r = self.lock_record();
-        let ticket = r.turns.ask(turn);
+        let timers = r.wanted;
+        let ticket = r.turns.ask(turn, timers);
         let mut waited = Duration::ZERO;
         while !r.turns.may_go(ticket, r.wanted) {
             let asleep = Instant::now();
@@ -184,7 +225,7 @@ impl DeviceGate {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             waited += asleep.elapsed();
         }
-        r.turns.leave(ticket);
+        r.turns.leave(ticket, turn);
         // Those behind may go now too (long steps behind a long step).
         self.turn.notify_all();
         (r, waited)
@@ -342,7 +383,7 @@ impl<'a> Access<'a> {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     /// While one evaluation times, no other holds any pass; untimed steps overlap; an evaluation
@@ -439,6 +480,53 @@ mod tests {
         assert_eq!(gate.lock_record().turns.long_steps, 0);
     }
 
+    /// A long step asking while a timer holds the device goes when that timer ends, before the
+    /// timers queued behind it; a long step asking while it runs goes after the next timer.
+    #[test]
+    fn long_steps_wait_for_one_timer_not_the_whole_queue() {
+        let gate = Arc::new(DeviceGate::default());
+        let slow = StepHistory::default();
+        slow.held(LONG_STEP);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let record = |order: &Mutex<Vec<&'static str>>, what| order.lock().unwrap().push(what);
+        let first_timer = Access::new(&gate, false).timed();
+        let spawn = |what: &'static str, long: bool| {
+            let (gate, order, slow) = (gate.clone(), order.clone(), slow.clone());
+            std::thread::spawn(move || {
+                let access = Access::new(&gate, false);
+                if long {
+                    let _step = access.untimed_step(&slow);
+                    record(&order, what);
+                    std::thread::sleep(Duration::from_millis(30));
+                } else {
+                    let _alone = access.timed();
+                    record(&order, what);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })
+        };
+        let queued_timer = spawn("queued timer", false);
+        wait_until_queued(&gate, Turn::Timer);
+        let long_step = spawn("long step", true);
+        wait_until_queued(&gate, Turn::LongStep);
+        drop(first_timer);
+        // The long step runs before the queued timer; a long step asking now waits for it.
+        while order.lock().unwrap().is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let later_long_step = spawn("later long step", true);
+        for t in [queued_timer, long_step, later_long_step] {
+            t.join().unwrap();
+        }
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["long step", "queued timer", "later long step"]
+        );
+        let r = gate.lock_record();
+        assert_eq!((r.turns.long_steps, r.turns.timers_gone), (0, 2));
+        assert!(r.turns.waiting.is_empty());
+    }
+
     /// Returns once a `turn` waits at `gate`.
     fn wait_until_queued(gate: &DeviceGate, turn: Turn) {
         while !gate
@@ -446,7 +534,7 @@ mod tests {
             .turns
             .waiting
             .iter()
-            .any(|(_, t)| *t == turn)
+            .any(|w| w.turn == turn)
         {
             std::thread::sleep(Duration::from_millis(1));
         }

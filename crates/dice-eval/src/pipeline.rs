@@ -2,9 +2,10 @@
 //! store writer; on fork servers that outlive the pipeline.
 //!
 //! Threads: an intake adds each submitted batch's samples while the others work (a judge's batch
-//! is the only one; an evaluator's arrive until it finishes); `jobs` builders claim samples
-//! (claims.rs: other processes may judge the same run), share one fork server with CUDA hidden
-//! and feed the run queue in the order builds finish; each device (the CPU, or each visible GPU)
+//! is the only one; an evaluator's arrive until it finishes); `jobs` builders claim the samples
+//! that build (claims.rs: other processes may judge the same run), share one fork server with
+//! CUDA hidden and feed the run queue in the order builds finish, beside one claimer that feeds
+//! it the samples that need no build; each device (the CPU, or each visible GPU)
 //! has one fork server and `runs_per_device` run slots (run_slot.rs), each with a candidate in
 //! flight and the reference process of its problem; their untimed stages overlap, while timing
 //! holds the device alone (gate.rs). A writer thread commits each finished sample in its own
@@ -12,7 +13,7 @@
 
 use crate::audit;
 use crate::batch::{Batch, BatchContext, Report, RunItem, Submission, Ticket};
-use crate::claims::Claims;
+use crate::claims::{Claims, Class};
 use crate::config::{Audit, Device};
 use crate::device_lock::DeviceLock;
 use crate::gate::{DeviceGate, GateUse};
@@ -96,9 +97,10 @@ impl Workers {
             })
             .collect::<Result<Vec<Lane>>>()?;
         let shared = BatchContext::new(&self.ctx, &self.rt, started);
-        // Builds, and run slots with a sample taken ahead each.
-        let in_flight = cfg.jobs + 2 * lanes.iter().map(Lane::slots).sum::<usize>();
-        let claims = Claims::new(store, WorkerId::new(), in_flight);
+        // Builds, and run slots with a sample taken ahead each; built samples wait for the run
+        // slots as run-only ones do.
+        let ahead = 2 * lanes.iter().map(Lane::slots).sum::<usize>();
+        let claims = Claims::new(store, WorkerId::new(), cfg.jobs + ahead, ahead);
         let (report_tx, report_rx) = mpsc::channel();
         let (run_queue, run_tx) = RunQueue::new();
         let bar = progress_bar(cfg.progress, 0);
@@ -118,7 +120,7 @@ impl Workers {
                 write_reports(claims, shared, same, report_rx, audit, bar, results)
                     .inspect_err(|_| claims.stop())
             });
-            let builders = start_builders(
+            let claimers = start_claimers(
                 scope,
                 shared,
                 claims,
@@ -140,8 +142,8 @@ impl Workers {
             drop(report_tx);
             let mut failures = Vec::new();
             let already_done = intake.join().expect("intake thread panicked");
-            for b in builders {
-                if let Err(e) = b.join().expect("builder thread panicked") {
+            for c in claimers {
+                if let Err(e) = c.join().expect("claimer thread panicked") {
                     failures.push(e);
                 }
             }
@@ -242,7 +244,11 @@ impl Workers {
                 let _ = reports.send(Report::AlreadyStored(i));
             }
             bar.inc_length(pending.len() as u64);
-            claims.add(pending);
+            claims.add(pending.into_iter().map(|(i, key)| {
+                let code = shared.sample(i).code.clone();
+                let builds = code.as_deref().is_some_and(stage_build::may_build);
+                (i, key, if builds { Class::Build } else { Class::RunOnly })
+            }));
         }
         claims.close();
         Ok(already_done)
@@ -309,12 +315,12 @@ fn device_name(device: Device, index: usize) -> String {
     format!("cuda-{id}")
 }
 
-/// `jobs` threads that claim the batch's samples one at a time and send each where it goes:
-/// samples without a run stage to the store writer (no code; under `--strict`, programs a static
-/// rule rejects whatever they run), repeats of a program to wait for its judgement
-/// (same_program.rs), the others through the compile stage (when they build an extension) to the
-/// run queue.
-fn start_builders<'scope>(
+/// `jobs` builders and one claimer of run-only samples ([`Class`]), which claim the batch's
+/// samples one at a time and send each where it goes: samples without a run stage to the store
+/// writer (no code; under `--strict`, programs a static rule rejects whatever they run), repeats
+/// of a program to wait for its judgement (same_program.rs), the others through the compile
+/// stage (when they build an extension) to the run queue.
+fn start_claimers<'scope>(
     scope: &'scope Scope<'scope, '_>,
     shared: &'scope BatchContext<'_>,
     claims: &'scope Claims<'_>,
@@ -323,13 +329,15 @@ fn start_builders<'scope>(
     run_tx: Producer<RunItem>,
     report_tx: Sender<Report>,
 ) -> Vec<ScopedJoinHandle<'scope, Result<()>>> {
-    (0..shared.ctx.cfg.jobs.max(1))
-        .map(|_| {
+    let builders = std::iter::repeat_n(Class::Build, shared.ctx.cfg.jobs.max(1));
+    builders
+        .chain([Class::RunOnly])
+        .map(|class| {
             let (run_tx, report_tx) = (run_tx.clone(), report_tx.clone());
             scope.spawn(move || -> Result<()> {
                 let intake = || -> Result<()> {
                     loop {
-                        let next = claims.next()?;
+                        let next = claims.next(class)?;
                         for i in claims.take_judged_elsewhere() {
                             let _ = report_tx.send(Report::JudgedElsewhere(i));
                         }
