@@ -138,7 +138,9 @@ def identity_pair(setup, problem, timer_class, rounds, calls):
         for timer, times in order:
             # A's first run (round 0 begins with it) sets the queued timer's hold, which B is
             # handed as a candidate is the baseline's; None for the other timers.
-            times += timer.run(calls, first, key, a.hold_ms if timer is b else None)
+            # Both sides' call c on the same inputs, as the evaluator hands out a call's key.
+            keys = lambda first, count: [key + c for c in range(first, first + count)]  # noqa: E731
+            times += timer.run(calls, first, keys, a.hold_ms if timer is b else None)
     return ta, tb
 
 

@@ -66,9 +66,9 @@ class Timer:
         self.cuda = setup.device.type == "cuda"
         self.l2 = persisting_l2.Guard(setup.device)
 
-    def run(self, n, first_call, round_key):
-        """Times calls first_call .. first_call + n - 1, all on the one input set (the round's
-        key is not used: KernelBench times one input set)."""
+    def run(self, n, first_call, call_keys):
+        """Times calls first_call .. first_call + n - 1, all on the one input set (no call's key
+        is asked for: KernelBench times one input set)."""
         if self.cores:
             os.sched_setaffinity(0, self.cores["timed"])
         self.l2.reset()

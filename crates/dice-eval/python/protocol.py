@@ -84,18 +84,19 @@ class Seeds:
         generator = torch.Generator().manual_seed(self.run_seed)
         return [int(torch.randint(0, 2**32 - 1, (1,), generator=generator).item()) for _ in range(n)]
 
-    def timed_call(self, call, round_key=None):
+    def timed_call(self, call, key=None):
         """The seed of the inputs of timing call `call` (numbered from 0 in a candidate's timing;
-        negative for warm-ups). 64 bits from a hash of the run seed, the call and the key of the
-        call's round: distinct for every call, never a trial's (those are below 2**32 but for a
-        2**-32 chance), and the same in both processes, so the baseline's call `call` gets the
-        same inputs. The evaluator draws a round's key when it asks for the round: the run seed
-        is in this process from its start, so without the key a program could make every timed
-        call's inputs itself, untimed (at its construction), and compute their outputs ahead.
-        Warm-ups (no key) are neither timed nor judged."""
+        negative for warm-ups). 64 bits from a hash of the run seed, the call and the call's key:
+        distinct for every call, never a trial's (those are below 2**32 but for a 2**-32 chance),
+        and the same in both processes, so the baseline's call `call` gets the same inputs. The
+        evaluator draws each call's key and hands it over only when the timer asks for it, right
+        before the call's inputs are made (`Timer.run`): the run seed is in this process from its
+        start, so with keys known ahead a program could make the coming calls' inputs itself and
+        compute their outputs ahead, or all at once in one batched call. Warm-ups (no key) are
+        neither timed nor judged."""
         if self.kernelbench_timing:
             return SEED
-        salt = f"{self.run_seed}:{call}" if round_key is None else f"{self.run_seed}:{call}:{round_key}"
+        salt = f"{self.run_seed}:{call}" if key is None else f"{self.run_seed}:{call}:{key}"
         digest = hashlib.blake2b(salt.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little")
 
@@ -200,7 +201,7 @@ class Timer:
         self.held = []  # inputs made, until their calls returned (`_fill`)
         self.warmed = False
         self.untimed_calls = 0  # made by the last run before its timed ones: the warm-ups
-        self.round_key = None  # of the round being timed
+        self.keys = {}  # of the round's timed calls, by call, as the evaluator handed them
         # A program wrong on a share w of its timed calls passes with probability
         # (1 - w) ** checked_calls.
         self.checked_calls = checked_calls
@@ -231,13 +232,17 @@ class Timer:
         self._prepare(-1)
         self.held = []
 
-    def run(self, n, first_call, round_key, hold_ms=None):
-        """Times calls first_call .. first_call + n - 1 on the inputs of `round_key`
-        (`Seeds.timed_call`); a timing starts at call 0 (the reference's process times the
-        baseline for one candidate after another). `hold_ms`: the spin before each timed call
-        when queued, the baseline's; None in the baseline's process, which sets it from its
-        warm-ups."""
-        self.round_key = round_key
+    def run(self, n, first_call, call_keys, hold_ms=None):
+        """Times calls first_call .. first_call + n - 1, each on the inputs of its key
+        (`Seeds.timed_call`), which `call_keys(first, count)` asks the evaluator for: on the
+        device one call's right before its inputs are made, so no call's inputs are known before
+        the calls ahead of it have run; on the CPU, whose round makes its inputs before its first
+        call (`_timed_premade`), the round's at once. A timing starts at call 0 (the reference's
+        process times the baseline for one candidate after another). `hold_ms`: the spin before
+        each timed call when queued, the baseline's; None in the baseline's process, which sets
+        it from its warm-ups."""
+        self.call_keys = call_keys
+        self.keys = {}
         if first_call == 0:
             self.checked = CheckedCalls(self.checked_calls, self.whole_up_to)
         self.host = []
@@ -264,6 +269,7 @@ class Timer:
                         self.warm_hold_ms = self.hold_ms
                 calls = range(first_call, first_call + n)
                 if self.setup.device.type == "cpu":
+                    self.keys = dict(zip(calls, call_keys(first_call, n)))
                     return self._timed_premade(calls)
                 times = [self._timed(call, self._prepare(call)) for call in calls]
                 if self.queued and hold_ms is None:
@@ -292,7 +298,11 @@ class Timer:
         self.hold_ms = min(max(hold, self.warm_hold_ms), max(HOLD_MAX_MS, self.warm_hold_ms))
 
     def _seed(self, call):
-        return self.setup.seeds.timed_call(call, self.round_key if call >= 0 else None)
+        if call < 0:
+            return self.setup.seeds.timed_call(call)
+        if call not in self.keys:
+            self.keys[call] = self.call_keys(call, 1)[0]
+        return self.setup.seeds.timed_call(call, self.keys[call])
 
     def _fill(self, slot, fresh):
         """The arguments of a call on inputs `fresh`: copied into the buffers of set `slot`."""

@@ -217,6 +217,21 @@ class Profiled:
         self.channel.send(event="profiled", path=self.path)
 
 
+def key_source(channel, ops):
+    """`call_keys(first, count)` of a `Timer.run`: the keys of timed calls first .. first +
+    count - 1, asked of the evaluator when the timer needs them (`Seeds.timed_call`)."""
+
+    def call_keys(first, count):
+        channel.send(event="keys", first=first, n=count)
+        op = next(ops, None)
+        keys = op.get("keys") if op is not None and op.get("op") == "keys" else None
+        if not isinstance(keys, list) or len(keys) != count:
+            raise RuntimeError(f"the evaluator sent no keys for timed calls {first}..{first + count - 1}")
+        return [int(k) for k in keys]
+
+    return call_keys
+
+
 def serve_timing(channel, ops, job_dir, make_timer, profiled):
     timer = None  # held here alone, and freed before the profiled trial
     for op in ops:
@@ -233,7 +248,7 @@ def serve_timing(channel, ops, job_dir, make_timer, profiled):
             try:
                 # The baseline's hold comes with the rounds of `--timing dice-queued` alone.
                 held = [op["hold_ms"]] if "hold_ms" in op else []
-                ms = timer.run(op["n"], op["first_call"], op["round_key"], *held)
+                ms = timer.run(op["n"], op["first_call"], key_source(channel, ops), *held)
             except BaseException as e:  # noqa: B036
                 fail(channel, *classify(e), "timing")
                 return
@@ -304,7 +319,7 @@ def reference(channel, req):
                 if timed_call is None:
                     reference_outputs = expected[op["trial"]]
                 else:
-                    reference_outputs = expected.timed_call(timed_call, op["round_key"])
+                    reference_outputs = expected.timed_call(timed_call, op["key"])
                 pristine = expected.inputs(op["trial"]) if op.get("inputs") else None
             except BaseException as e:  # noqa: B036
                 fail(channel, "reference_error", one_line(e), "reference")
@@ -320,7 +335,7 @@ def reference(channel, req):
             channel.send(event="judged", **judged)
         elif op["op"] == "time":
             try:
-                ms = timer.run(op["n"], op["first_call"], op["round_key"])
+                ms = timer.run(op["n"], op["first_call"], key_source(channel, ops))
             except BaseException as e:  # noqa: B036
                 fail(channel, "reference_error", one_line(e), "timing")
                 return
@@ -368,10 +383,10 @@ class Expected:
         made = self.setup.inputs(self.problem, self.seeds[index])
         return [v.cpu() if isinstance(v, torch.Tensor) else v for v in made]
 
-    def timed_call(self, call, round_key):
-        """The output of timing call `call` of the round of `round_key`, on the inputs the
-        candidate's call got."""
-        seed = self.setup.seeds.timed_call(call, round_key)
+    def timed_call(self, call, key):
+        """The output of timing call `call`, whose key was `key`, on the inputs the candidate's
+        call got."""
+        seed = self.setup.seeds.timed_call(call, key)
         return protocol.as_tensor_list(self.setup.run_trial(self.problem, self.model, seed))
 
     def __getitem__(self, index):

@@ -68,16 +68,17 @@ pub(crate) fn request_candidate(
     op: Value,
     reply: &str,
 ) -> Result<Value, (Verdict, String)> {
-    request_candidate_with(ctx, child, op, reply, |_| {})
+    request_candidate_with(ctx, child, op, reply, |_, _| Ok(()))
 }
 
-/// [`request_candidate`], handing every other event to `other`.
+/// [`request_candidate`], handing every other event to `other` (with the process, to answer
+/// it), which may decide against the candidate.
 pub(crate) fn request_candidate_with(
     ctx: &JobContext,
     child: &mut Child,
     op: Value,
     reply: &str,
-    mut other: impl FnMut(&Value),
+    mut other: impl FnMut(&Child, &Value) -> Result<(), (Verdict, String)>,
 ) -> Result<Value, (Verdict, String)> {
     if !child.send(&op) {
         return Err((
@@ -97,7 +98,7 @@ pub(crate) fn request_candidate_with(
             }
             Some(Event::Msg(msg)) if msg["event"] == reply => return Ok(msg),
             Some(Event::Msg(msg)) if msg["event"] == "failed" => return Err(failure_of(&msg)),
-            Some(Event::Msg(msg)) => other(&msg),
+            Some(Event::Msg(msg)) => other(child, &msg)?,
         }
     }
 }

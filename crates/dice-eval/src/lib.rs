@@ -74,6 +74,7 @@
 mod audit;
 mod batch;
 mod build_cache;
+mod call_keys;
 mod candidate;
 mod child;
 mod claims;

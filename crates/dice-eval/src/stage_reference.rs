@@ -2,6 +2,7 @@
 //! the problem's candidates. It computes the expected outputs, judges the outputs candidates
 //! publish (as plain tensors, never running candidate code) and times the baseline.
 
+use crate::call_keys::{CallKeys, RoundAsks};
 use crate::child::{describe_exit, Child, Deadline, Event};
 use crate::clock::StageClock;
 use crate::config::EvalProblem;
@@ -20,9 +21,9 @@ use std::time::Instant;
 pub(crate) enum ExpectedOutput {
     /// Correctness trial `0..`.
     Trial(u32),
-    /// Call `0..` of a candidate's timing, on the inputs that call got in the round of
-    /// `round_key` (python/protocol.py `Seeds.timed_call`).
-    TimedCall { call: u64, round_key: u64 },
+    /// Call `0..` of a candidate's timing, on the inputs that call got from its `key`
+    /// (python/protocol.py `Seeds.timed_call`).
+    TimedCall { call: u64, key: u64 },
 }
 
 /// The reference of a problem failed: a problem error, never blamed on the candidate.
@@ -160,6 +161,16 @@ impl Reference {
         event: &str,
         doing: &str,
     ) -> Result<Value, ReferenceFailed> {
+        self.wait_for_any(ctx, &[event], doing)
+    }
+
+    /// The next of the process's messages whose event is one of `events`.
+    fn wait_for_any(
+        &mut self,
+        ctx: &JobContext,
+        events: &[&str],
+        doing: &str,
+    ) -> Result<Value, ReferenceFailed> {
         let mut deadline = Deadline::new(ctx.cfg.timeout, ctx.cfg.compile_timeout);
         loop {
             match self.child.next_within(&mut deadline) {
@@ -175,7 +186,9 @@ impl Reference {
                         describe_exit(exit)
                     )))
                 }
-                Some(Event::Msg(msg)) if msg["event"] == event => return Ok(msg),
+                Some(Event::Msg(msg)) if events.iter().any(|e| msg["event"] == *e) => {
+                    return Ok(msg)
+                }
                 Some(Event::Msg(msg)) if msg["event"] == "failed" => {
                     let why = msg["message"].as_str().unwrap_or("unknown error");
                     return Err(ReferenceFailed(format!("{doing}: {why}")));
@@ -256,9 +269,9 @@ impl Reference {
             });
             match expected {
                 ExpectedOutput::Trial(trial) => op["trial"] = json!(trial),
-                ExpectedOutput::TimedCall { call, round_key } => {
+                ExpectedOutput::TimedCall { call, key } => {
                     op["timed_call"] = json!(call);
-                    op["round_key"] = json!(round_key);
+                    op["key"] = json!(key.to_string());
                 }
             }
             self.request(ctx, op, "judging", "computing an expected output")?;
@@ -275,23 +288,41 @@ impl Reference {
     }
 
     /// A round of `n` timed calls from call `first_call` of a candidate's timing, on the inputs
-    /// of `round_key` (those the candidate's calls of those numbers get): their times in ms as
-    /// the reference reported them, the evaluator-side wall time of the round, and the untimed
-    /// warm-up calls it made first.
+    /// those calls of the candidate get (their keys handed out as the timer asks, `asks`): their
+    /// times in ms as the reference reported them, the evaluator-side wall time of the round, and
+    /// the untimed warm-up calls it made first.
     pub(crate) fn time(
         &mut self,
         ctx: &JobContext,
         n: u32,
         first_call: u64,
-        round_key: u64,
+        mut asks: RoundAsks,
+        keys: &mut CallKeys,
     ) -> Result<TimedRound, ReferenceFailed> {
         let started = Instant::now();
-        let reply = self.request(
-            ctx,
-            json!({"op": "time", "n": n, "first_call": first_call, "round_key": round_key}),
-            "times",
-            "timing the baseline",
-        )?;
+        let doing = "timing the baseline";
+        if !self
+            .child
+            .send(&json!({"op": "time", "n": n, "first_call": first_call}))
+        {
+            return Err(ReferenceFailed(format!(
+                "{doing}: the reference process is gone"
+            )));
+        }
+        let reply = loop {
+            let msg = self.wait_for_any(ctx, &["times", "keys"], doing)?;
+            if msg["event"] == "times" {
+                break msg;
+            }
+            let answered = asks
+                .answer(&msg, keys)
+                .is_some_and(|reply| self.child.send(&reply));
+            if !answered {
+                return Err(ReferenceFailed(format!(
+                    "{doing}: the reference's timer asked for the keys of calls out of turn"
+                )));
+            }
+        };
         log_long_calls(self.child.dir(), "baseline", &reply);
         self.environment_l2
             .extend(persisting_l2_of(&reply).into_keys());

@@ -2,6 +2,7 @@
 //! the reference's baseline, the device to itself; its timed outputs judged and its clock checked
 //! after; on CUDA, correctness trial 1 once more under the profiler.
 
+use crate::call_keys::{CallKeys, RoundAsks};
 use crate::candidate::{request_candidate, request_candidate_with, Evidence};
 use crate::child::Child;
 use crate::clock::StageClock;
@@ -16,7 +17,6 @@ use dice_audit::Rule;
 use dice_store::Verdict;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
 /// A timed candidate's rounds and its baseline's, every measurement's, as they reported them and
@@ -142,7 +142,7 @@ pub(crate) fn time_side_by_side(
     // again adds its calls to the earlier ones' (the same estimate from three times the calls),
     // and the more rounds, the likelier one of them is quiet enough to clear an honest
     // candidate's clock.
-    let mut keys = RoundKeys::default();
+    let mut keys = CallKeys::default();
     let mismatch = loop {
         let calls_made = calls_ms(&t.candidate).len() as u64;
         let (candidate, baseline) = match measure(
@@ -200,7 +200,7 @@ pub(crate) fn time_side_by_side(
         t.trusted_candidate_ms = Some(mismatch.trusted_mean_ms);
     }
     let calls_made = calls_ms(&t.candidate).len() as u64;
-    let judged = judge_timing_outputs(ctx, access, clock, child, reference, calls_made, &keys)?;
+    let judged = judge_timing_outputs(ctx, access, clock, child, reference, calls_made, &mut keys)?;
     clock.lap("judge timing outputs");
     if let Err(failure) = judged {
         evidence.findings.push(Finding::error(
@@ -222,40 +222,6 @@ fn own_persisting_l2<'a>(
         .iter()
         .find(|(kind, _)| !environment.contains(*kind))
         .map(|(_, why)| why)
-}
-
-/// The key of every round of timed calls (python/protocol.py `Seeds.timed_call`), drawn by the
-/// evaluator when it asks for the round: the candidate's process holds the run seed, so without
-/// a key it could make the inputs of every timed call itself, untimed, and compute their
-/// outputs ahead. The baseline's round of the same calls gets the same key, hence the same
-/// inputs.
-#[derive(Default)]
-struct RoundKeys {
-    /// By the round's first call: its number of calls and its key.
-    rounds: BTreeMap<u64, (u32, u64)>,
-}
-
-impl RoundKeys {
-    /// The key of the round of `n` calls from `first_call`, drawn at its first use.
-    fn of_round(&mut self, first_call: u64, n: u32) -> u64 {
-        self.rounds
-            .entry(first_call)
-            .or_insert_with(|| {
-                // SipHash under the keys std draws from the operating system per process (and
-                // steps for every `RandomState`): unpredictable outside this process.
-                let key = std::collections::hash_map::RandomState::new()
-                    .build_hasher()
-                    .finish();
-                (n, key)
-            })
-            .1
-    }
-
-    /// The key of the round that made call `call`.
-    fn of_call(&self, call: u64) -> Option<u64> {
-        let (first, (n, key)) = self.rounds.range(..=call).next_back()?;
-        (call < first + u64::from(*n)).then_some(*key)
-    }
 }
 
 /// What the candidate's timed calls showed, over all measurements.
@@ -284,7 +250,7 @@ fn measure(
     reference: &mut Reference,
     mut plan: Vec<(Side, u32)>,
     calls_made: u64,
-    keys: &mut RoundKeys,
+    keys: &mut CallKeys,
     found: &mut Found,
 ) -> Result<Result<Measurement, (Verdict, String)>, ReferenceFailed> {
     let (mut candidate, mut baseline) = (Vec::new(), Vec::new());
@@ -299,8 +265,16 @@ fn measure(
             budget = None;
         }
         let (side, n) = plan[step];
+        let asks = RoundAsks::new(
+            if side == Side::Candidate {
+                candidate_call
+            } else {
+                baseline_call
+            },
+            n,
+            ctx.cfg.device == Device::Cuda,
+        );
         if side == Side::Candidate {
-            let round_key = keys.of_round(candidate_call, n);
             let started = Instant::now();
             // The queued timing's hold, which the baseline's first round has set.
             let hold_ms = ctx
@@ -308,7 +282,12 @@ fn measure(
                 .timing
                 .queues_launches()
                 .then(|| reference.hold_ms.unwrap_or(0.0));
-            let timed = match time_candidate(ctx, child, n, candidate_call, round_key, hold_ms) {
+            let round = CandidateRound {
+                n,
+                first_call: candidate_call,
+                hold_ms,
+            };
+            let timed = match time_candidate(ctx, child, round, asks, keys) {
                 Ok(timed) => timed,
                 Err(failure) => return Ok(Err(failure)),
             };
@@ -327,8 +306,7 @@ fn measure(
                 warmup_calls,
             });
         } else {
-            let round_key = keys.of_round(baseline_call, n);
-            baseline.push(reference.time(ctx, n, baseline_call, round_key)?);
+            baseline.push(reference.time(ctx, n, baseline_call, asks, keys)?);
             baseline_call += u64::from(n);
         }
     }
@@ -414,7 +392,7 @@ fn judge_timing_outputs(
     child: &mut Child,
     reference: &mut Reference,
     calls_made: u64,
-    keys: &RoundKeys,
+    keys: &mut CallKeys,
 ) -> Result<Result<(), (Verdict, String)>, ReferenceFailed> {
     let published = {
         let _step = clock.untimed(access);
@@ -438,10 +416,9 @@ fn judge_timing_outputs(
     };
     for (k, call) in calls.into_iter().enumerate() {
         let path = child.dir().join(format!("timing_{k}.bin"));
-        let round_key = keys
-            .of_call(call)
-            .ok_or_else(|| ReferenceFailed(format!("no round made timed call {call}")))?;
-        let expected = ExpectedOutput::TimedCall { call, round_key };
+        // A call whose key was never asked for gets one now, which its output cannot match.
+        let key = keys.of_call(call);
+        let expected = ExpectedOutput::TimedCall { call, key };
         let judged = reference.judge(ctx, access, clock, expected, &path)?;
         if let Some((verdict, message)) = judged_failure(&judged) {
             let message = format!(
@@ -476,21 +453,48 @@ struct Timed {
     persisting_l2: BTreeMap<String, String>,
 }
 
-/// Timings of `n` calls of the candidate, from call `first_call` of its timing, on the inputs
-/// of `round_key`, behind the baseline's hold `hold_ms` under the queued timing.
+/// One round of the candidate's timed calls: `n` calls from call `first_call` of its timing,
+/// behind the baseline's hold `hold_ms` under the queued timing.
+struct CandidateRound {
+    n: u32,
+    first_call: u64,
+    hold_ms: Option<f64>,
+}
+
+/// Timings of the candidate's `round`, its calls' keys handed out as its timer asks (`asks`).
 fn time_candidate(
     ctx: &JobContext,
     child: &mut Child,
-    n: u32,
-    first_call: u64,
-    round_key: u64,
-    hold_ms: Option<f64>,
+    round: CandidateRound,
+    mut asks: RoundAsks,
+    keys: &mut CallKeys,
 ) -> Result<Timed, (Verdict, String)> {
-    let mut op = json!({"op": "time", "n": n, "first_call": first_call, "round_key": round_key});
+    let CandidateRound {
+        n,
+        first_call,
+        hold_ms,
+    } = round;
+    let mut op = json!({"op": "time", "n": n, "first_call": first_call});
     if let Some(hold_ms) = hold_ms {
         op["hold_ms"] = json!(hold_ms);
     }
-    let msg = request_candidate(ctx, child, op, "times")?;
+    let msg = request_candidate_with(ctx, child, op, "times", |child, msg| {
+        if msg["event"] != "keys" {
+            return Ok(());
+        }
+        match asks.answer(msg, keys) {
+            Some(reply) if child.send(&reply) => Ok(()),
+            Some(_) => Err((
+                Verdict::Crashed,
+                "the candidate stopped listening while timed".into(),
+            )),
+            None => Err((
+                Verdict::RuntimeError,
+                "the program broke the evaluation protocol (asked for timed calls' inputs out of turn)"
+                    .into(),
+            )),
+        }
+    })?;
     log_long_calls(child.dir(), "candidate", &msg);
     let ms = times_of(&msg);
     if ms.len() != n as usize || ms.iter().any(|x| !x.is_finite() || *x < 0.0) {
@@ -526,13 +530,16 @@ pub(crate) fn profile_candidate(
         return Ok(Ok(()));
     }
     let mut kernels = None;
-    let mut on_event = |msg: &Value| match msg["event"].as_str() {
-        Some("kernels") => kernels = Some(msg.clone()),
-        Some("profile_unavailable") => tracing::warn!(
-            "no kernel profile: {}",
-            msg["message"].as_str().unwrap_or("unknown error")
-        ),
-        _ => {}
+    let mut on_event = |_: &Child, msg: &Value| {
+        match msg["event"].as_str() {
+            Some("kernels") => kernels = Some(msg.clone()),
+            Some("profile_unavailable") => tracing::warn!(
+                "no kernel profile: {}",
+                msg["message"].as_str().unwrap_or("unknown error")
+            ),
+            _ => {}
+        }
+        Ok(())
     };
     // Under the pass from here: starting CUPTI and freeing timing's memory go to the driver and
     // the device, where another evaluation's timed calls would wait for them (timing_noise.py's
@@ -581,21 +588,6 @@ pub(crate) fn profile_candidate(
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_round_key_is_drawn_once_and_found_for_each_of_its_calls() {
-        let mut keys = super::RoundKeys::default();
-        let first = keys.of_round(0, 5);
-        let second = keys.of_round(5, 5);
-        // The baseline's round of the same calls gets the candidate's key.
-        assert_eq!(keys.of_round(0, 5), first);
-        assert_ne!(first, second, "two rounds drew one key");
-        assert_eq!(keys.of_call(0), Some(first));
-        assert_eq!(keys.of_call(4), Some(first));
-        assert_eq!(keys.of_call(5), Some(second));
-        assert_eq!(keys.of_call(9), Some(second));
-        assert_eq!(keys.of_call(10), None, "no round made call 10");
-    }
-
     #[test]
     fn persisting_l2_of_the_environment_is_not_the_candidates() {
         use super::{own_persisting_l2, persisting_l2_of};
