@@ -9,11 +9,13 @@
 //! as many samples as it can work on (builds and run slots, with one taken ahead each), so that
 //! a worker joining later gets its share.
 //!
-//! Samples that build and samples that go straight to a run slot are claimed apart, each class
-//! within its own limit ([`Class`]): claimed from one queue by the builders, the run-only samples
-//! (identity candidates, programs without an extension) waited for a free builder, so while every
-//! builder compiled, the run slots ran nothing (the first minute of a cold batch of the 99 pairs
-//! with their identities: bench/notes/eval-h200.md, session 37).
+//! Samples that build and samples that go straight to a run slot are claimed apart ([`Class`]),
+//! by the builders and by a claimer of their own, within the worker's one limit: claimed from one
+//! queue by the builders, the run-only samples (identity candidates, programs without an
+//! extension) waited for a free builder, so while every builder compiled, the run slots ran
+//! nothing (the first minute of a cold batch of the 99 pairs with their identities:
+//! bench/notes/eval-h200.md, session 37). Run-only samples take at most two a run slot, and only
+//! room no builder is waiting for: builds are a cold batch's long pole.
 
 use anyhow::Result;
 use dice_store::{SampleExtras, SampleKey, SampleRecord, Store, WorkerId};
@@ -51,8 +53,9 @@ impl Class {
 pub(crate) struct Claims<'s> {
     store: Mutex<&'s mut Store>,
     worker: WorkerId,
-    /// Claimed samples without an outcome yet, at most, of each class ([`Class::index`]).
-    in_flight: [usize; 2],
+    /// Claimed samples without an outcome yet, at most, and of them run-only ones.
+    in_flight: usize,
+    run_only: usize,
     queue: Mutex<Queue>,
     /// Signalled when a claimed sample gets its outcome, or the intake stops.
     room: Condvar,
@@ -64,6 +67,9 @@ struct Queue {
     /// Claimed samples without an outcome yet, and how many of each class.
     in_hand: HashMap<SampleKey, Class>,
     in_hand_of: [usize; 2],
+    /// Builders waiting for room while samples to build are left: room that comes free is
+    /// theirs before the run-only claimer's.
+    builders_waiting: usize,
     /// Samples another worker judged during the batch.
     judged_elsewhere: usize,
     /// Those of them not yet handed to [`Claims::take_judged_elsewhere`].
@@ -75,19 +81,20 @@ struct Queue {
 }
 
 impl<'s> Claims<'s> {
-    /// Claims as `worker`, with at most `builds` claimed samples of [`Class::Build`] and
-    /// `run_only` of [`Class::RunOnly`] awaiting their outcome; for samples [`Claims::add`]ed
-    /// until [`Claims::close`].
+    /// Claims as `worker`, with at most `in_flight` claimed samples awaiting their outcome, of
+    /// them at most `run_only` of [`Class::RunOnly`]; for samples [`Claims::add`]ed until
+    /// [`Claims::close`].
     pub(crate) fn new(
         store: &'s mut Store,
         worker: WorkerId,
-        builds: usize,
+        in_flight: usize,
         run_only: usize,
     ) -> Self {
         let queue = Queue {
             unclaimed: Vec::new(),
             in_hand: HashMap::new(),
             in_hand_of: [0; 2],
+            builders_waiting: 0,
             judged_elsewhere: 0,
             judged_elsewhere_new: Vec::new(),
             closed: false,
@@ -96,7 +103,8 @@ impl<'s> Claims<'s> {
         Claims {
             store: Mutex::new(store),
             worker,
-            in_flight: [builds.max(1), run_only.max(1)],
+            in_flight: in_flight.max(1),
+            run_only: run_only.clamp(1, in_flight.max(1)),
             queue: Mutex::new(queue),
             room: Condvar::new(),
         }
@@ -138,15 +146,18 @@ impl<'s> Claims<'s> {
                 let mut queue = self.queue();
                 while !queue.stopped
                     && if left(&queue) {
-                        queue.in_hand_of[class.index()] >= self.in_flight[class.index()]
+                        !self.has_room(&queue, class)
                     } else {
                         !queue.closed
                     }
                 {
+                    let for_room = class == Class::Build && left(&queue);
+                    queue.builders_waiting += usize::from(for_room);
                     queue = self
                         .room
                         .wait(queue)
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    queue.builders_waiting -= usize::from(for_room);
                 }
                 if queue.stopped || !left(&queue) {
                     return Ok(None);
@@ -191,6 +202,18 @@ impl<'s> Claims<'s> {
                 }
             }
             std::thread::sleep(POLL);
+        }
+    }
+
+    /// Whether this worker may claim one more sample of `class` now.
+    fn has_room(&self, queue: &Queue, class: Class) -> bool {
+        let in_hand = queue.in_hand.len();
+        match class {
+            Class::Build => in_hand < self.in_flight,
+            Class::RunOnly => {
+                queue.in_hand_of[Class::RunOnly.index()] < self.run_only
+                    && in_hand + queue.builders_waiting < self.in_flight
+            }
         }
     }
 
@@ -266,14 +289,8 @@ impl<'s> Claims<'s> {
 mod tests {
     use super::*;
 
-    /// Each class is claimed within its own limit, a run-only sample past the builds queued
-    /// before it, and the intake of one class ends while the other still has samples.
-    #[test]
-    fn samples_that_build_and_run_only_ones_are_claimed_apart() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("dice.db")).unwrap();
-        let claims = Claims::new(&mut store, WorkerId::new(), 1, 1);
-        let key = |sample_id| (1, 1, sample_id);
+    fn claims_of(store: &mut Store, in_flight: usize, run_only: usize) -> Claims<'_> {
+        let claims = Claims::new(store, WorkerId::new(), in_flight, run_only);
         claims.add([
             (0, key(0), Class::Build),
             (1, key(1), Class::Build),
@@ -281,11 +298,25 @@ mod tests {
             (3, key(3), Class::RunOnly),
         ]);
         claims.close();
+        claims
+    }
+
+    fn key(sample_id: u32) -> SampleKey {
+        (1, 1, sample_id)
+    }
+
+    /// A run-only sample is claimed past the builds queued before it, within the worker's limit
+    /// and its class's, and the intake of one class ends while the other still has samples.
+    #[test]
+    fn samples_that_build_and_run_only_ones_are_claimed_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("dice.db")).unwrap();
+        let claims = claims_of(&mut store, 3, 1);
         assert_eq!(claims.next(Class::Build).unwrap(), Some(0));
         assert_eq!(
             claims.next(Class::RunOnly).unwrap(),
             Some(2),
-            "behind a full class"
+            "behind a build"
         );
         std::thread::scope(|scope| {
             let waiting = scope.spawn(|| claims.next(Class::RunOnly).unwrap());
@@ -295,7 +326,30 @@ mod tests {
             assert_eq!(waiting.join().unwrap(), Some(3));
         });
         assert_eq!(claims.next(Class::RunOnly).unwrap(), None);
-        claims.release(key(0)).unwrap();
         assert_eq!(claims.next(Class::Build).unwrap(), Some(1));
+        assert_eq!(claims.queue().in_hand.len(), 3);
+    }
+
+    /// Room that comes free goes to a builder waiting for it, not to the run-only claimer.
+    #[test]
+    fn a_waiting_builder_gets_the_room_before_run_only_samples() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("dice.db")).unwrap();
+        let claims = claims_of(&mut store, 2, 2);
+        assert_eq!(claims.next(Class::Build).unwrap(), Some(0));
+        assert_eq!(claims.next(Class::RunOnly).unwrap(), Some(2));
+        std::thread::scope(|scope| {
+            let builder = scope.spawn(|| claims.next(Class::Build).unwrap());
+            while claims.queue().builders_waiting == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let run_only = scope.spawn(|| claims.next(Class::RunOnly).unwrap());
+            claims.release(key(2)).unwrap();
+            assert_eq!(builder.join().unwrap(), Some(1));
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!run_only.is_finished(), "past the worker's limit");
+            claims.release(key(0)).unwrap();
+            assert_eq!(run_only.join().unwrap(), Some(3));
+        });
     }
 }

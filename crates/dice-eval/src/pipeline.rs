@@ -97,8 +97,7 @@ impl Workers {
             })
             .collect::<Result<Vec<Lane>>>()?;
         let shared = BatchContext::new(&self.ctx, &self.rt, started);
-        // Builds, and run slots with a sample taken ahead each; built samples wait for the run
-        // slots as run-only ones do.
+        // Builds, and run slots with a sample taken ahead each.
         let ahead = 2 * lanes.iter().map(Lane::slots).sum::<usize>();
         let claims = Claims::new(store, WorkerId::new(), cfg.jobs + ahead, ahead);
         let (report_tx, report_rx) = mpsc::channel();
