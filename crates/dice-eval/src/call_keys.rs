@@ -63,9 +63,7 @@ impl RoundAsks {
             return None;
         }
         self.next = end;
-        let keys: Vec<String> = (first..end)
-            .map(|call| keys.of_call(call).to_string())
-            .collect();
+        let keys: Vec<u64> = (first..end).map(|call| keys.of_call(call)).collect();
         Some(json!({"op": "keys", "keys": keys}))
     }
 }
@@ -78,7 +76,7 @@ mod tests {
         json!({"event": "keys", "first": first, "n": n})
     }
 
-    fn keys_of(reply: Option<Value>) -> Vec<String> {
+    fn keys_of(reply: Option<Value>) -> Vec<u64> {
         serde_json::from_value(reply.expect("answered")["keys"].clone()).unwrap()
     }
 
@@ -115,6 +113,6 @@ mod tests {
         let all = keys_of(cpu.answer(&ask(10, 3), &mut keys));
         assert_eq!((all.len(), &all[..1]), (3, &first[..]));
         assert!(cpu.answer(&json!({"event": "keys"}), &mut keys).is_none());
-        assert_eq!(keys.of_call(11).to_string(), second[0]);
+        assert_eq!(keys.of_call(11), second[0]);
     }
 }

@@ -41,15 +41,6 @@ pub(crate) enum Class {
     RunOnly,
 }
 
-impl Class {
-    fn index(self) -> usize {
-        match self {
-            Class::Build => 0,
-            Class::RunOnly => 1,
-        }
-    }
-}
-
 pub(crate) struct Claims<'s> {
     store: Mutex<&'s mut Store>,
     worker: WorkerId,
@@ -64,9 +55,9 @@ pub(crate) struct Claims<'s> {
 struct Queue {
     /// Samples not claimed yet, by index (`BatchContext::sample`), in the order they came.
     unclaimed: Vec<(usize, SampleKey, Class)>,
-    /// Claimed samples without an outcome yet, and how many of each class.
+    /// Claimed samples without an outcome yet, and how many of them are run-only.
     in_hand: HashMap<SampleKey, Class>,
-    in_hand_of: [usize; 2],
+    run_only_in_hand: usize,
     /// Builders waiting for room while samples to build are left: room that comes free is
     /// theirs before the run-only claimer's.
     builders_waiting: usize,
@@ -93,7 +84,7 @@ impl<'s> Claims<'s> {
         let queue = Queue {
             unclaimed: Vec::new(),
             in_hand: HashMap::new(),
-            in_hand_of: [0; 2],
+            run_only_in_hand: 0,
             builders_waiting: 0,
             judged_elsewhere: 0,
             judged_elsewhere_new: Vec::new(),
@@ -194,7 +185,7 @@ impl<'s> Claims<'s> {
                         .position(|&(_, k, _)| k == key)
                         .expect("a claimed sample was asked for");
                     queue.in_hand.insert(key, class);
-                    queue.in_hand_of[class.index()] += 1;
+                    queue.run_only_in_hand += usize::from(class == Class::RunOnly);
                     return Ok(Some(queue.unclaimed.remove(at).0));
                 }
                 if !left(queue) {
@@ -211,7 +202,7 @@ impl<'s> Claims<'s> {
         match class {
             Class::Build => in_hand < self.in_flight,
             Class::RunOnly => {
-                queue.in_hand_of[Class::RunOnly.index()] < self.run_only
+                queue.run_only_in_hand < self.run_only
                     && in_hand + queue.builders_waiting < self.in_flight
             }
         }
@@ -242,8 +233,8 @@ impl<'s> Claims<'s> {
 
     fn outcome_given(&self, key: SampleKey) {
         let mut queue = self.queue();
-        if let Some(class) = queue.in_hand.remove(&key) {
-            queue.in_hand_of[class.index()] -= 1;
+        if queue.in_hand.remove(&key) == Some(Class::RunOnly) {
+            queue.run_only_in_hand -= 1;
         }
         // Claimers of both classes wait on `room`.
         self.room.notify_all();
@@ -289,6 +280,13 @@ impl<'s> Claims<'s> {
 mod tests {
     use super::*;
 
+    /// A store in a folder of its own (kept beside it).
+    fn open_store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("dice.db")).unwrap();
+        (dir, store)
+    }
+
     fn claims_of(store: &mut Store, in_flight: usize, run_only: usize) -> Claims<'_> {
         let claims = Claims::new(store, WorkerId::new(), in_flight, run_only);
         claims.add([
@@ -309,8 +307,7 @@ mod tests {
     /// and its class's, and the intake of one class ends while the other still has samples.
     #[test]
     fn samples_that_build_and_run_only_ones_are_claimed_apart() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("dice.db")).unwrap();
+        let (_dir, mut store) = open_store();
         let claims = claims_of(&mut store, 3, 1);
         assert_eq!(claims.next(Class::Build).unwrap(), Some(0));
         assert_eq!(
@@ -333,8 +330,7 @@ mod tests {
     /// Room that comes free goes to a builder waiting for it, not to the run-only claimer.
     #[test]
     fn a_waiting_builder_gets_the_room_before_run_only_samples() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::open(&dir.path().join("dice.db")).unwrap();
+        let (_dir, mut store) = open_store();
         let claims = claims_of(&mut store, 2, 2);
         assert_eq!(claims.next(Class::Build).unwrap(), Some(0));
         assert_eq!(claims.next(Class::RunOnly).unwrap(), Some(2));

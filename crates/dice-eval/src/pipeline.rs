@@ -244,8 +244,8 @@ impl Workers {
             }
             bar.inc_length(pending.len() as u64);
             claims.add(pending.into_iter().map(|(i, key)| {
-                let code = shared.sample(i).code.clone();
-                let builds = code.as_deref().is_some_and(stage_build::may_build);
+                let sample = shared.sample(i);
+                let builds = sample.code.as_deref().is_some_and(stage_build::may_build);
                 (i, key, if builds { Class::Build } else { Class::RunOnly })
             }));
         }

@@ -205,12 +205,18 @@ impl Reference {
         reply: &str,
         doing: &str,
     ) -> Result<Value, ReferenceFailed> {
-        if !self.child.send(&op) {
-            return Err(ReferenceFailed(format!(
-                "{doing}: the reference process is gone"
-            )));
-        }
+        self.send(&op, doing)?;
         self.wait_for(ctx, reply, doing)
+    }
+
+    fn send(&self, op: &Value, doing: &str) -> Result<(), ReferenceFailed> {
+        if self.child.send(op) {
+            Ok(())
+        } else {
+            Err(ReferenceFailed(format!(
+                "{doing}: the reference process is gone"
+            )))
+        }
     }
 
     /// Judges the output the candidate published at `path` against `expected`,
@@ -271,7 +277,7 @@ impl Reference {
                 ExpectedOutput::Trial(trial) => op["trial"] = json!(trial),
                 ExpectedOutput::TimedCall { call, key } => {
                     op["timed_call"] = json!(call);
-                    op["key"] = json!(key.to_string());
+                    op["key"] = json!(key);
                 }
             }
             self.request(ctx, op, "judging", "computing an expected output")?;
@@ -301,27 +307,21 @@ impl Reference {
     ) -> Result<TimedRound, ReferenceFailed> {
         let started = Instant::now();
         let doing = "timing the baseline";
-        if !self
-            .child
-            .send(&json!({"op": "time", "n": n, "first_call": first_call}))
-        {
-            return Err(ReferenceFailed(format!(
-                "{doing}: the reference process is gone"
-            )));
-        }
+        self.send(
+            &json!({"op": "time", "n": n, "first_call": first_call}),
+            doing,
+        )?;
         let reply = loop {
             let msg = self.wait_for_any(ctx, &["times", "keys"], doing)?;
             if msg["event"] == "times" {
                 break msg;
             }
-            let answered = asks
-                .answer(&msg, keys)
-                .is_some_and(|reply| self.child.send(&reply));
-            if !answered {
+            let Some(answer) = asks.answer(&msg, keys) else {
                 return Err(ReferenceFailed(format!(
                     "{doing}: the reference's timer asked for the keys of calls out of turn"
                 )));
-            }
+            };
+            self.send(&answer, doing)?;
         };
         log_long_calls(self.child.dir(), "baseline", &reply);
         self.environment_l2

@@ -256,6 +256,9 @@ fn measure(
     let (mut candidate, mut baseline) = (Vec::new(), Vec::new());
     let (mut candidate_call, mut baseline_call) = (calls_made, calls_made);
     let mut budget = timing_budget(ctx);
+    // A GPU's timer makes each call's inputs right before the call, so it asks for one key at a
+    // time (call_keys.rs).
+    let one_call_at_a_time = ctx.cfg.device == Device::Cuda;
     for step in 0..plan.len() {
         // Once both sides' first rounds are done (interleaved: the later rounds pair up).
         if let (Some(b), [first_candidate, ..], [first_baseline, ..]) =
@@ -265,16 +268,8 @@ fn measure(
             budget = None;
         }
         let (side, n) = plan[step];
-        let asks = RoundAsks::new(
-            if side == Side::Candidate {
-                candidate_call
-            } else {
-                baseline_call
-            },
-            n,
-            ctx.cfg.device == Device::Cuda,
-        );
         if side == Side::Candidate {
+            let asks = RoundAsks::new(candidate_call, n, one_call_at_a_time);
             let started = Instant::now();
             // The queued timing's hold, which the baseline's first round has set.
             let hold_ms = ctx
@@ -282,12 +277,7 @@ fn measure(
                 .timing
                 .queues_launches()
                 .then(|| reference.hold_ms.unwrap_or(0.0));
-            let round = CandidateRound {
-                n,
-                first_call: candidate_call,
-                hold_ms,
-            };
-            let timed = match time_candidate(ctx, child, round, asks, keys) {
+            let timed = match time_candidate(ctx, child, n, candidate_call, hold_ms, asks, keys) {
                 Ok(timed) => timed,
                 Err(failure) => return Ok(Err(failure)),
             };
@@ -306,6 +296,7 @@ fn measure(
                 warmup_calls,
             });
         } else {
+            let asks = RoundAsks::new(baseline_call, n, one_call_at_a_time);
             baseline.push(reference.time(ctx, n, baseline_call, asks, keys)?);
             baseline_call += u64::from(n);
         }
@@ -453,27 +444,18 @@ struct Timed {
     persisting_l2: BTreeMap<String, String>,
 }
 
-/// One round of the candidate's timed calls: `n` calls from call `first_call` of its timing,
-/// behind the baseline's hold `hold_ms` under the queued timing.
-struct CandidateRound {
-    n: u32,
-    first_call: u64,
-    hold_ms: Option<f64>,
-}
-
-/// Timings of the candidate's `round`, its calls' keys handed out as its timer asks (`asks`).
+/// Timings of `n` calls of the candidate, from call `first_call` of its timing, behind the
+/// baseline's hold `hold_ms` under the queued timing; the calls' keys handed out as its timer
+/// asks (`asks`).
 fn time_candidate(
     ctx: &JobContext,
     child: &mut Child,
-    round: CandidateRound,
+    n: u32,
+    first_call: u64,
+    hold_ms: Option<f64>,
     mut asks: RoundAsks,
     keys: &mut CallKeys,
 ) -> Result<Timed, (Verdict, String)> {
-    let CandidateRound {
-        n,
-        first_call,
-        hold_ms,
-    } = round;
     let mut op = json!({"op": "time", "n": n, "first_call": first_call});
     if let Some(hold_ms) = hold_ms {
         op["hold_ms"] = json!(hold_ms);
