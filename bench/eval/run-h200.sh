@@ -57,9 +57,10 @@ publish() { # step name: its reports, or (PACK=1) every store, log and report in
   else cp "$runs/$1.md" "$runs/$1.json" "$OUT/"; store_copy "$runs/$1/dice.db" "$OUT/$1.db"; fi
 }
 # TIMING=METHOD: the evaluation steps judge with `--timing METHOD`, their runs named STEP-METHOD
-# (TIMING=dice-queued bash bench/eval/run-h200.sh id-nolook q-batch: the queued timing beside
-# the default's runs; not for q-kb, which names its own).
-suffix=${TIMING:+-$TIMING}
+# (TIMING=dice bash bench/eval/run-h200.sh id-nolook q-batch: dice's timer beside the runs of
+# the default, dice-queued; not for q-kb, which names its own). DICE_SHARED_OUTPUTS=1 (inherited by
+# dice's workers: python/shared_output.py) adds -shared to the names.
+suffix=${TIMING:+-$TIMING}${DICE_SHARED_OUTPUTS:+-shared}
 step() { # name, cap seconds, dice eval args...
   local name=$1$suffix cap=$2; shift 2
   local limit=$(( $(left) < cap ? $(left) : cap ))

@@ -22,6 +22,7 @@ from time import perf_counter_ns, thread_time_ns
 import torch
 
 import persisting_l2
+import shared_output
 # KernelBench's seed: the model's construction always, and the run's seed under `--input-seed 42`.
 SEED = 42
 WARMUP_CALLS = 3
@@ -593,17 +594,25 @@ class Staging:
         return cls.buffer
 
 
-def publish(tensors, path):
+def publish(tensors, path, share=False):
     """Writes tensors (on any device) and samples of tensors (`Sample`) to path in the published
-    format."""
+    format. Where `share` (a candidate's correctness trial) and sharing is on, device tensors of
+    at least `shared_output.SHARED_FROM_BYTES` go to the judge as shared device memory, named in
+    the header instead of written (shared_output.py), where this process can share them."""
 
-    def entry(t):
+    def entry(t, shared):
         if isinstance(t, Sample):
             return {"dtype": str(t.values.dtype).removeprefix("torch."), "shape": list(t.shape), "sampled": t.values.numel()}
-        return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+        described = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+        return dict(described, shared=shared) if shared is not None else described
 
-    header = json.dumps([entry(t) for t in tensors]).encode()
-    parts = [p for t in tensors for p in ((t.positions, t.values) if isinstance(t, Sample) else (t,))]
+    def shared_part(t):
+        large = isinstance(t, torch.Tensor) and t.is_cuda and t.numel() * t.element_size() >= shared_output.SHARED_FROM_BYTES
+        return shared_output.export(t.detach().contiguous()) if share and large and shared_output.enabled() else None
+
+    shared = [shared_part(t) for t in tensors]
+    header = json.dumps([entry(t, s) for t, s in zip(tensors, shared)]).encode()
+    parts = [p for t, s in zip(tensors, shared) if s is None for p in ((t.positions, t.values) if isinstance(t, Sample) else (t,))]
     with open(path, "wb") as f:
         f.write(len(header).to_bytes(8, "little"))
         f.write(header)
@@ -630,14 +639,17 @@ class PublishedFile:
     """A file a candidate published, opened for the judge and read once, front to back: its
     layout from the header (every size checked against the file's), then each tensor's bytes as
     asked (`read_whole`, or `read_chunks` a part at a time, so that a judge comparing a multi-GB
-    output holds one chunk of it instead of all of it). The writer is not trusted: the file is
+    output holds one chunk of it instead of all of it). Tensors the header names as shared device
+    memory (shared_output.py) are accepted only where `owner`, the evaluator's process of the
+    candidate, is given, and read from there by `read_chunks`. The writer is not trusted: the file is
     opened without following a link and without blocking (a FIFO would hold the judge until its
     timeout), must be a regular file of its folder's owner of at most `limit` bytes, and is read
     (never mapped), so that a file changed or truncated meanwhile cannot crash the judge; a read
     that comes short is Unacceptable. Malformed layouts are ValueErrors; `Sample`s are accepted
     only where `samples` allows them."""
 
-    def __init__(self, path, limit, samples=False):
+    def __init__(self, path, limit, samples=False, owner=None):
+        self.owner = owner
         try:
             self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
@@ -677,7 +689,8 @@ class PublishedFile:
         return data
 
     def _read_layout(self, size, samples):
-        """[(dtype, shape, sampled)] of the header, which must describe `size` bytes in all."""
+        """[(dtype, shape, sampled, shared)] of the header, which must describe `size` bytes in
+        all (a shared tensor's bytes are not in the file)."""
         if size < 8:
             raise ValueError("bad header length")
         length = int.from_bytes(self._read(8), "little")
@@ -696,9 +709,13 @@ class PublishedFile:
             sampled = entry.get("sampled")
             if sampled is not None and not (samples and type(sampled) is int and sampled > 0):
                 raise ValueError("a sample of an output where the whole output was asked for" if not samples else "bad sample entry in the header")
+            shared = entry.get("shared")
+            if shared is not None and (self.owner is None or sampled is not None or not shared_output.valid_entry(shared)):
+                raise ValueError("bad shared output entry in the header")
             values = torch.Size(shape).numel() if sampled is None else sampled
-            layout.append((dtype, shape, sampled))
-            offset += values * dtype.itemsize + (0 if sampled is None else sampled * 8)
+            layout.append((dtype, shape, sampled, shared))
+            if shared is None:
+                offset += values * dtype.itemsize + (0 if sampled is None else sampled * 8)
         if offset != size:
             raise ValueError(f"the header describes {offset} bytes, the file has {size}")
         return layout
@@ -710,22 +727,34 @@ class PublishedFile:
         return torch.frombuffer(self._read(nbytes), dtype=torch.uint8).view(dtype).reshape(shape)
 
     def read_whole(self, entry):
-        """The next entry of the layout, whole: a tensor, or a `Sample`."""
-        dtype, shape, sampled = entry
+        """The next entry of the layout, whole: a tensor, or a `Sample`; not a shared one."""
+        dtype, shape, sampled, shared = entry
+        if shared is not None:
+            raise Unacceptable("a shared output where the judge reads whole tensors")
         if sampled is None:
             return self._tensor(dtype, shape)
         positions = self._tensor(torch.int64, [sampled])
         return Sample(shape, positions, self._tensor(dtype, [sampled]))
 
-    def read_chunks(self, entry, elements, pinned):
+    def read_chunks(self, entry, elements, device):
         """The next entry of the layout (a tensor's, not a sample's), flat, `elements` values at a
-        time, each chunk in the same buffer (page-locked where `pinned` and CUDA allow): a chunk
-        is valid until the next is read."""
-        dtype, shape, _ = entry
+        time, each chunk in the same buffer (valid until the next is read): from the file through
+        host memory (page-locked where `device` is a CUDA device), or from the candidate's shared
+        device memory into a buffer on `device`."""
+        dtype, shape, _, shared = entry
         numel = torch.Size(shape).numel()
+        if shared is not None:
+            if device.type != "cuda":
+                raise Unacceptable("the published output names shared device memory where there is no device")
+            imported = shared_output.Imported(self.owner, shared, numel * dtype.itemsize, device)
+            try:
+                yield from imported.chunks(dtype, elements)
+            finally:
+                imported.close()
+            return
         step = min(elements, numel) * dtype.itemsize
         buffer = None
-        if pinned and step:
+        if device.type == "cuda" and step:
             try:
                 buffer = torch.empty(step, dtype=torch.uint8, pin_memory=True)
             except Exception:  # no CUDA host allocation here: pageable then

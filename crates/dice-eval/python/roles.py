@@ -18,6 +18,7 @@ import buildcache
 import kbtiming
 import profiling
 import protocol
+import shared_output
 
 MESSAGE_CHARS = 500
 
@@ -147,6 +148,8 @@ def candidate(channel, req):
     for trial, seed in enumerate(setup.seeds.trials(req["trials"])):
         if not await_op(ops, "trial"):
             return
+        # The last trial's shared output is judged (the evaluator asks for a trial only then).
+        shared_output.release()
         try:
             inputs = setup.inputs(problem, seed)
             before = protocol.snapshot(inputs)
@@ -169,7 +172,7 @@ def candidate(channel, req):
                 message = f"forward returned the storage of its input {aliased[0]}: it computes in place on the caller's tensor"
             channel.send(event="finding", rule="input_mutation", message=message)
         path = os.path.join(req["dir"], f"output_{trial}.bin")
-        protocol.publish(outputs, path)
+        protocol.publish(outputs, path, share=True)
         channel.send(event="output", trial=trial, path=path)
     profiled = Profiled(channel, setup, problem, model, req)
     make_timer = lambda: timer_for(req, setup, problem, model, "candidate")  # noqa: E731
@@ -213,7 +216,7 @@ class Profiled:
                 if not result:
                     raise
                 self.channel.send(event="profile_unavailable", message=one_line(e))
-        protocol.publish(protocol.as_tensor_list(result[0]), self.path)
+        protocol.publish(protocol.as_tensor_list(result[0]), self.path, share=True)
         self.channel.send(event="profiled", path=self.path)
 
 
@@ -236,6 +239,7 @@ def serve_timing(channel, ops, job_dir, make_timer, profiled):
     timer = None  # held here alone, and freed before the profiled trial
     for op in ops:
         if op["op"] == "prepare_timing":
+            shared_output.release()  # the last trial's, judged
             # The L2 flush buffer (and KernelBench's one input set) go on the device while the
             # evaluator holds an untimed pass: its exclusive window is for the timed calls alone.
             try:
@@ -327,7 +331,7 @@ def reference(channel, req):
             # From here on the candidate's files decide: the evaluator blames the candidate, not
             # the reference, for a judge that dies or hangs on them.
             channel.send(event="judging")
-            judged = judge.check(reference_outputs, op["path"], samples=timed_call is not None)
+            judged = judge.check(reference_outputs, op["path"], samples=timed_call is not None, owner=op.get("owner"))
             if timed_call is None:
                 judged["reference_ms"] = expected.forward_ms[op["trial"]]
             if pristine is not None:
@@ -376,6 +380,10 @@ class Expected:
         # output is (`kept_copies`), by both processes alike (outputs past DEVICE_KEPT_BYTES are
         # kept on the host, and their timed calls' as samples: `kept` counts none of them).
         peak = torch.cuda.max_memory_reserved() + (len(self.seeds) + checked_calls) * kept
+        # A candidate's correctness trial copies its large outputs into device memory it shares
+        # with the judge (shared_output.py) beside the outputs themselves.
+        if shared_output.enabled():
+            peak += sum(n for n in (t.numel() * t.element_size() for t in first) if n >= shared_output.SHARED_FROM_BYTES)
         return {"device_bytes": peak, "device_total": torch.cuda.mem_get_info()[1]}
 
     def inputs(self, index):
@@ -437,20 +445,21 @@ class Judge:
         self.rtol = rtol
         self.device = device
 
-    def check(self, expected, path, samples=False):
+    def check(self, expected, path, samples=False, owner=None):
         """The verdict of the output published at `path` against `expected` (a timed call's
-        output may be published as samples where `samples`); whatever the file holds is the
-        candidate's failure, never an exception of the judge."""
+        output may be published as samples where `samples`; large tensors as device memory shared
+        by the candidate's process below `owner`: protocol.PublishedFile); whatever the file holds
+        is the candidate's failure, never an exception of the judge."""
         try:
-            return self._check(expected, path, samples)
+            return self._check(expected, path, samples, owner)
         except Exception as e:
             return verdict("runtime_error", "the judge could not compare the published output: " + one_line(e))
 
-    def _check(self, expected, path, samples):
+    def _check(self, expected, path, samples, owner):
         # The format's header, and slack for a candidate whose outputs are wider than the reference's.
         limit = 2 * sum(t.numel() * t.element_size() for t in expected) + (1 << 20)
         try:
-            published = protocol.PublishedFile(path, limit, samples)
+            published = protocol.PublishedFile(path, limit, samples, owner)
         except protocol.Unacceptable as e:
             return verdict("runtime_error", str(e))
         except Exception as e:
@@ -459,7 +468,7 @@ class Judge:
             layout = published.layout
             if len(layout) != len(expected):
                 return verdict("shape_mismatch", f"expected {len(expected)} output tensors, got {len(layout)}")
-            for ref, (_, shape, _) in zip(expected, layout):
+            for ref, (_, shape, _, _) in zip(expected, layout):
                 if tuple(ref.shape) != tuple(shape):
                     return verdict("shape_mismatch", f"output shape mismatch: expected {tuple(ref.shape)}, got {tuple(shape)}")
             try:
@@ -484,7 +493,7 @@ class Judge:
             values = sample.values
             chunks = (values[start : start + COMPARE_CHUNK] for start in range(0, values.numel(), COMPARE_CHUNK))
             return self.compare(protocol.values_at(ref, sample.positions), values.dtype, chunks)
-        chunks = published.read_chunks(entry, COMPARE_CHUNK, pinned=self.device.type == "cuda")
+        chunks = published.read_chunks(entry, COMPARE_CHUNK, self.device)
         return self.compare(ref, entry[0], chunks)
 
     def compare(self, ref, dtype, chunks):

@@ -78,7 +78,8 @@ pub enum Timing {
     /// 34: such a spin outside the evaluator, per-call CV 0.05 where dice's was 0.29 on the same
     /// host). The hold follows the baseline's enqueues round by round (`_adapt_hold`). A
     /// candidate's host time beyond the baseline's margin still counts. The baseline's rounds
-    /// come first, to set the hold.
+    /// come first, to set the hold. On a GPU its speedup divides medians (stats.rs
+    /// `Statistic`). The default (TIMING.md says why).
     DiceQueued,
     /// KernelBench HEAD's `cuda_event` harness (KB spec §3): the candidate's calls, then the
     /// baseline's as `measure_ref_program_time` makes them; one input set; means to 3
@@ -347,7 +348,7 @@ impl EvalConfig {
             rtol: 1e-2,
             precision: Precision::Fp32,
             baseline: Baseline::Eager,
-            timing: Timing::Dice,
+            timing: Timing::DiceQueued,
             kernelbench_namespace: false,
             build_cache: default_build_cache(),
             pch_after_builds: 8,

@@ -319,8 +319,10 @@ pub(crate) struct Outcome {
     pub baseline_timing: Option<TimingStats>,
     pub candidate_wall_ms: Option<f64>,
     pub baseline_wall_ms: Option<f64>,
-    /// The candidate's per-call time by the evaluator's clock, when its own was caught out.
-    pub trusted_candidate_ms: Option<f64>,
+    /// The baseline's time over the candidate's, by the statistic of the timing
+    /// (stats.rs `Statistic`), or by the evaluator's clock where the candidate's own was caught
+    /// out; stored only for a correct candidate.
+    pub speedup: Option<f64>,
     pub speedup_interval: Option<SpeedupInterval>,
     pub timing_remeasures: u32,
     pub log: String,
@@ -353,7 +355,7 @@ impl Outcome {
             baseline_timing: None,
             candidate_wall_ms: None,
             baseline_wall_ms: None,
-            trusted_candidate_ms: None,
+            speedup: None,
             speedup_interval: None,
             timing_remeasures: 0,
             log,

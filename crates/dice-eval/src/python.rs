@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, PoisonError};
 
-const SCRIPTS: [(&str, &str); 9] = [
+const SCRIPTS: [(&str, &str); 10] = [
     ("zygote.py", include_str!("../python/zygote.py")),
     ("sandbox.py", include_str!("../python/sandbox.py")),
     ("profiling.py", include_str!("../python/profiling.py")),
@@ -23,6 +23,10 @@ const SCRIPTS: [(&str, &str); 9] = [
     ),
     ("buildcache.py", include_str!("../python/buildcache.py")),
     ("probe.py", include_str!("../python/probe.py")),
+    (
+        "shared_output.py",
+        include_str!("../python/shared_output.py"),
+    ),
 ];
 
 /// The project's own environment, made by scripts/setup-python.sh.

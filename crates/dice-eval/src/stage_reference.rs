@@ -221,6 +221,8 @@ impl Reference {
 
     /// Judges the output the candidate published at `path` against `expected`,
     /// then deletes it: published outputs can be GBs of RAM (job folders live in /dev/shm).
+    /// `owner`: the candidate's process, whose processes may hand the judge large outputs as
+    /// shared device memory (python/shared_output.py); None where the output is never shared.
     /// An untimed step of its own (the candidate's step that made the output is over), so a
     /// timer waits for one of the two, never for both.
     ///
@@ -234,29 +236,38 @@ impl Reference {
         clock: &mut StageClock,
         expected: ExpectedOutput,
         path: &Path,
+        owner: Option<i32>,
     ) -> Result<Value, ReferenceFailed> {
         let _step = clock.untimed(access);
-        let judged = self.judge_files(ctx, expected, path, None);
+        let judged = self.judge_files(ctx, expected, path, None, owner);
         let _ = std::fs::remove_file(path);
         judged
     }
 
-    /// [`Reference::judge`] for a correctness trial, whose inputs as the candidate's forward
-    /// left them are published at `inputs`: the judge compares them with the trial's inputs as
-    /// it makes them, and says in `input_mutation` (null when unchanged) which one changed.
+    /// [`Reference::judge`] for correctness trial `trial` of `candidate`, which published its
+    /// output in its folder, and its inputs as its forward left them: the judge compares those
+    /// with the trial's inputs as it makes them, and says in `input_mutation` (null when
+    /// unchanged) which one changed.
     pub(crate) fn judge_trial(
         &mut self,
         ctx: &JobContext,
         access: &Access<'_>,
         clock: &mut StageClock,
         trial: u32,
-        path: &Path,
-        inputs: &Path,
+        candidate: &Child,
     ) -> Result<Value, ReferenceFailed> {
+        let path = candidate.dir().join(format!("output_{trial}.bin"));
+        let inputs = candidate.dir().join(format!("inputs_{trial}.bin"));
         let _step = clock.untimed(access);
-        let judged = self.judge_files(ctx, ExpectedOutput::Trial(trial), path, Some(inputs));
-        let _ = std::fs::remove_file(path);
-        let _ = std::fs::remove_file(inputs);
+        let judged = self.judge_files(
+            ctx,
+            ExpectedOutput::Trial(trial),
+            &path,
+            Some(&inputs),
+            Some(candidate.pid),
+        );
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_file(&inputs);
         judged
     }
 
@@ -266,12 +277,14 @@ impl Reference {
         expected: ExpectedOutput,
         path: &Path,
         inputs: Option<&Path>,
+        owner: Option<i32>,
     ) -> Result<Value, ReferenceFailed> {
         if self.lost.is_none() {
             let mut op = json!({
                 "op": "judge",
                 "path": path.to_string_lossy(),
                 "inputs": inputs.map(Path::to_string_lossy),
+                "owner": owner,
             });
             match expected {
                 ExpectedOutput::Trial(trial) => op["trial"] = json!(trial),

@@ -153,10 +153,7 @@ pub(crate) fn run_candidate(
                         continue;
                     }
                     drop(step.take());
-                    let path = child.dir().join(format!("output_{trial}.bin"));
-                    let inputs = child.dir().join(format!("inputs_{trial}.bin"));
-                    let judged =
-                        reference.judge_trial(ctx, access, &mut clock, trial, &path, &inputs)?;
+                    let judged = reference.judge_trial(ctx, access, &mut clock, trial, &child)?;
                     // The judge's own comparison, which the program cannot patch (the
                     // candidate's report above is extra evidence); its first finding is kept.
                     if let Some(message) = judged["input_mutation"].as_str() {
@@ -245,7 +242,7 @@ pub(crate) fn run_candidate(
     outcome.findings = evidence.findings;
     outcome.kernels = evidence.kernels;
     if let Some(t) = timing.filter(|t| !t.candidate.is_empty()) {
-        t.record(ctx.cfg.timing, &mut outcome);
+        t.record(ctx.cfg.timing, ctx.cfg.device, &mut outcome);
     }
     Ok(Unsettled { outcome, child })
 }

@@ -12,7 +12,7 @@ use crate::job::{log_long_calls, persisting_l2_of, times_of, JobContext, Outcome
 use crate::quiet::Beside;
 use crate::runtime::{self, Finding, TimedRound};
 use crate::stage_reference::{judged_failure, ExpectedOutput, Reference, ReferenceFailed};
-use crate::stats::{dispersion, reported_stats, speedup_interval, timing_stats};
+use crate::stats::{dispersion, reported_stats, speedup_interval, timing_stats, Statistic};
 use dice_audit::Rule;
 use dice_store::Verdict;
 use serde_json::{json, Value};
@@ -37,8 +37,9 @@ pub(crate) struct Timings {
 
 impl Timings {
     /// Sets the outcome's timings: statistics of the calls as `timing` reports them, the
-    /// evaluator's wall time, the speedup's interval and how it was measured.
-    pub(crate) fn record(self, timing: Timing, outcome: &mut Outcome) {
+    /// evaluator's wall time, the speedup (by the statistic of `timing` on `device`) and its
+    /// interval, and how it was measured.
+    pub(crate) fn record(self, timing: Timing, device: Device, outcome: &mut Outcome) {
         let wall = |rounds: &[TimedRound]| rounds.iter().map(|r| r.wall_ms).sum::<f64>();
         let per_round = |rounds: &[TimedRound]| -> Vec<Vec<f64>> {
             rounds.iter().map(|r| r.reported_ms.clone()).collect()
@@ -47,10 +48,25 @@ impl Timings {
         outcome.baseline_timing = reported_stats(timing, &calls_ms(&self.baseline));
         outcome.candidate_wall_ms = Some(wall(&self.candidate));
         outcome.baseline_wall_ms = Some(wall(&self.baseline));
-        outcome.trusted_candidate_ms = self.trusted_candidate_ms;
+        // A candidate whose clock contradicted the evaluator's is timed by the evaluator's: the
+        // mean of its calls by wall time, against the baseline's mean.
+        let statistic = Statistic::of_timing(timing, device);
+        outcome.speedup = match (
+            self.trusted_candidate_ms,
+            &outcome.candidate_timing,
+            &outcome.baseline_timing,
+        ) {
+            (Some(trusted), _, Some(b)) => Some(b.mean_ms / trusted),
+            (None, Some(c), Some(b)) => Some(statistic.of_stats(b) / statistic.of_stats(c)),
+            _ => None,
+        }
+        .filter(|s| s.is_finite());
         if self.trusted_candidate_ms.is_none() {
-            outcome.speedup_interval =
-                speedup_interval(&per_round(&self.candidate), &per_round(&self.baseline));
+            outcome.speedup_interval = speedup_interval(
+                statistic,
+                &per_round(&self.candidate),
+                &per_round(&self.baseline),
+            );
         }
         outcome.timing_remeasures = self.remeasures;
         // How the sample was timed, beside its stages: for reports, and for curation that keeps
@@ -410,7 +426,7 @@ fn judge_timing_outputs(
         // A call whose key was never asked for gets one now, which its output cannot match.
         let key = keys.of_call(call);
         let expected = ExpectedOutput::TimedCall { call, key };
-        let judged = reference.judge(ctx, access, clock, expected, &path)?;
+        let judged = reference.judge(ctx, access, clock, expected, &path, None)?;
         if let Some((verdict, message)) = judged_failure(&judged) {
             let message = format!(
                 "timed call {} of {calls_made} was wrong: {message}",
@@ -545,7 +561,14 @@ pub(crate) fn profile_candidate(
         Ok(_) => {
             let path = child.dir().join("output_profiled.bin");
             let first_trial = ExpectedOutput::Trial(0);
-            Ok(reference.judge(ctx, access, check.clock, first_trial, &path)?)
+            Ok(reference.judge(
+                ctx,
+                access,
+                check.clock,
+                first_trial,
+                &path,
+                Some(child.pid),
+            )?)
         }
         Err(failure) => Err(failure),
     };

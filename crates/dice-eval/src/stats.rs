@@ -1,6 +1,6 @@
 //! Summary statistics of timings.
 
-use crate::config::Timing;
+use crate::config::{Device, Timing};
 use dice_store::{SpeedupInterval, TimingStats};
 
 /// The statistics `timing` reports: KernelBench's `get_timing_stats` rounds its mean, standard
@@ -58,6 +58,59 @@ pub(crate) fn median(values: &[f64]) -> Option<f64> {
     })
 }
 
+/// Which summary of a side's timed calls a speedup divides (`Statistic::of_timing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Statistic {
+    Mean,
+    Median,
+}
+
+impl Statistic {
+    /// The median for `--timing dice-queued` on a GPU, the mean otherwise. Queued calls time the
+    /// device's work alone; what still lands in a few of them is a host stall longer than the
+    /// hold (tens of microseconds to milliseconds among calls of a few), which moves a mean of
+    /// 100 calls by several times a small program while its median stays within 2 % of the
+    /// device's work (bench/notes/eval-h200.md, sessions 35-38). A median is safe there because
+    /// every timed call on a GPU gets inputs of its own, keyed one call at a time (call_keys.rs):
+    /// no program can move work from most of its calls into a few. Not on the CPU, whose rounds
+    /// make their inputs, and ask their keys, before their first call: a program could compute
+    /// a round's outputs in its first call and copy them out in the others, which a median
+    /// would credit. Under dice's timer the host's launches are inside every call and a small
+    /// program's calls mix two modes (launch-bound or not), whose mean is steadier than their
+    /// median; KernelBench's methods report means.
+    pub(crate) fn of_timing(timing: Timing, device: Device) -> Statistic {
+        if timing.queues_launches() && device == Device::Cuda {
+            Statistic::Median
+        } else {
+            Statistic::Mean
+        }
+    }
+
+    /// The statistic of calls summarised as `stats`.
+    pub(crate) fn of_stats(self, stats: &TimingStats) -> f64 {
+        match self {
+            Statistic::Mean => stats.mean_ms,
+            Statistic::Median => stats.median_ms,
+        }
+    }
+
+    /// The statistic of `calls` (not empty).
+    fn of_calls(self, calls: &mut [f64]) -> f64 {
+        match self {
+            Statistic::Mean => calls.iter().sum::<f64>() / calls.len() as f64,
+            Statistic::Median => {
+                calls.sort_by(f64::total_cmp);
+                let mid = calls.len() / 2;
+                if calls.len().is_multiple_of(2) {
+                    (calls[mid - 1] + calls[mid]) / 2.0
+                } else {
+                    calls[mid]
+                }
+            }
+        }
+    }
+}
+
 /// Coefficient of variation of the calls: their standard deviation over their mean.
 pub(crate) fn dispersion(stats: &TimingStats) -> f64 {
     if stats.mean_ms > 0.0 {
@@ -70,7 +123,7 @@ pub(crate) fn dispersion(stats: &TimingStats) -> f64 {
 /// Resamples of the speedup's bootstrap.
 const RESAMPLES: usize = 2000;
 
-/// A 95 % interval of the speedup (baseline mean over candidate mean) from the calls of each
+/// A 95 % interval of the speedup (baseline over candidate, by `statistic`) from the calls of each
 /// round, the candidate's and the baseline's rounds paired by index: a two-stage bootstrap that
 /// draws rounds with replacement (a pair at once, so a load that slowed both sides of a round
 /// stays together), then calls with replacement within each drawn round, and takes the 2.5th
@@ -78,6 +131,7 @@ const RESAMPLES: usize = 2000;
 /// units under load (one build slows a whole round); with one round it is a plain bootstrap of
 /// the calls. Seeded: a stored interval can be recomputed. None without calls on both sides.
 pub(crate) fn speedup_interval(
+    statistic: Statistic,
     candidate: &[Vec<f64>],
     baseline: &[Vec<f64>],
 ) -> Option<SpeedupInterval> {
@@ -87,16 +141,14 @@ pub(crate) fn speedup_interval(
         return None;
     }
     let mut rng = SplitMix64(0x5eed_d1ce);
-    let mean_of = |rounds: &[Vec<f64>], picked: &[usize], rng: &mut SplitMix64| {
-        let (mut sum, mut calls) = (0.0, 0usize);
+    let mut drawn = Vec::new();
+    let mut resampled = |rounds: &[Vec<f64>], picked: &[usize], rng: &mut SplitMix64| {
+        drawn.clear();
         for &r in picked {
             let round = &rounds[r];
-            for _ in 0..round.len() {
-                sum += round[rng.below(round.len())];
-            }
-            calls += round.len();
+            drawn.extend((0..round.len()).map(|_| round[rng.below(round.len())]));
         }
-        sum / calls as f64
+        statistic.of_calls(&mut drawn)
     };
     let mut speedups = Vec::with_capacity(RESAMPLES);
     let mut picked = vec![0; pairs];
@@ -104,8 +156,8 @@ pub(crate) fn speedup_interval(
         for p in &mut picked {
             *p = rng.below(pairs);
         }
-        let c = mean_of(candidate, &picked, &mut rng);
-        let b = mean_of(baseline, &picked, &mut rng);
+        let c = resampled(candidate, &picked, &mut rng);
+        let b = resampled(baseline, &picked, &mut rng);
         if c > 0.0 {
             speedups.push(b / c);
         }
@@ -160,7 +212,7 @@ mod tests {
     fn the_speedup_interval_holds_the_speedup_and_widens_with_dispersion() {
         let steady: Vec<Vec<f64>> = (0..10).map(|_| vec![1.0; 10]).collect();
         let twice: Vec<Vec<f64>> = (0..10).map(|_| vec![2.0; 10]).collect();
-        let exact = speedup_interval(&steady, &twice).unwrap();
+        let exact = speedup_interval(Statistic::Mean, &steady, &twice).unwrap();
         assert_eq!((exact.low, exact.high), (2.0, 2.0));
         // Candidate calls of 0.5..1.5 ms around 1 ms; one round of the baseline slowed by load.
         let noisy: Vec<Vec<f64>> = (0..10)
@@ -172,15 +224,54 @@ mod tests {
             .collect();
         let mut loaded = twice.clone();
         loaded[4] = vec![6.0; 10];
-        let wide = speedup_interval(&noisy, &loaded).unwrap();
+        let wide = speedup_interval(Statistic::Mean, &noisy, &loaded).unwrap();
         let speedup = loaded.iter().flatten().sum::<f64>() / noisy.iter().flatten().sum::<f64>();
         assert!(
             wide.low < speedup && speedup < wide.high,
             "{wide:?} {speedup}"
         );
         assert!(wide.high - wide.low > 0.5, "{wide:?}");
-        assert_eq!(speedup_interval(&noisy, &loaded), Some(wide));
-        assert_eq!(speedup_interval(&[], &twice), None);
+        assert_eq!(
+            speedup_interval(Statistic::Mean, &noisy, &loaded),
+            Some(wide)
+        );
+        assert_eq!(speedup_interval(Statistic::Mean, &[], &twice), None);
+    }
+
+    #[test]
+    fn a_median_speedup_ignores_rare_stalls_that_move_the_mean() {
+        // 100 calls of 10 us a side; two of the candidate's held up 2 ms by the host.
+        let base: Vec<Vec<f64>> = (0..4).map(|_| vec![0.010; 25]).collect();
+        let mut cand = base.clone();
+        cand[1][7] = 2.0;
+        cand[3][20] = 2.0;
+        let stats = timing_stats(&cand.concat()).unwrap();
+        let (mean, median) = (Statistic::Mean, Statistic::Median);
+        assert!(mean.of_stats(&stats) > 4.0 * median.of_stats(&stats));
+        let by_median = speedup_interval(median, &cand, &base).unwrap();
+        assert_eq!((by_median.low, by_median.high), (1.0, 1.0));
+        let by_mean = speedup_interval(mean, &cand, &base).unwrap();
+        assert!(by_mean.low < 0.5, "{by_mean:?}");
+        // A candidate slow on most of its calls is slow by its median too.
+        let slow: Vec<Vec<f64>> = (0..4)
+            .map(|r| {
+                (0..25)
+                    .map(|c| if (r + c) % 3 == 0 { 0.010 } else { 0.030 })
+                    .collect()
+            })
+            .collect();
+        let slowed = speedup_interval(median, &slow, &base).unwrap();
+        assert!(slowed.high < 0.4, "{slowed:?}");
+        assert_eq!(
+            Statistic::of_timing(Timing::DiceQueued, Device::Cuda),
+            median
+        );
+        assert_eq!(Statistic::of_timing(Timing::DiceQueued, Device::Cpu), mean);
+        assert_eq!(Statistic::of_timing(Timing::Dice, Device::Cuda), mean);
+        assert_eq!(
+            Statistic::of_timing(Timing::KernelBench, Device::Cuda),
+            mean
+        );
     }
 
     #[test]

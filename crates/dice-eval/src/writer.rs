@@ -164,14 +164,7 @@ fn progress_message(summary: &Summary) -> String {
 }
 
 fn into_record(sample: &EvalSample, o: Outcome) -> (SampleRecord, SampleExtras) {
-    // A candidate whose clock contradicted the evaluator's is timed by the evaluator's.
-    let speedup = match (&o.candidate_timing, &o.baseline_timing) {
-        (Some(c), Some(b)) if o.verdict == Verdict::Correct => {
-            let candidate_ms = o.trusted_candidate_ms.unwrap_or(c.mean_ms);
-            (candidate_ms > 0.0).then(|| b.mean_ms / candidate_ms)
-        }
-        _ => None,
-    };
+    let speedup = o.speedup.filter(|_| o.verdict == Verdict::Correct);
     let mut flags: Vec<String> = o.findings.iter().map(|f| f.rule.id().to_string()).collect();
     flags.sort();
     flags.dedup();

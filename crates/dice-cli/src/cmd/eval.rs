@@ -160,16 +160,18 @@ pub(crate) struct JudgeArgs {
     pub baseline: BaselineArg,
     /// How the timed calls are made. dice: candidate and baseline rounds interleaved, every call
     /// on inputs no call saw before (a sample of the timed outputs judged), L2 flushed before
-    /// every call. dice-queued: the same, with every call on the GPU starting behind a spin as
-    /// long as the baseline's enqueue of a call (times 1.5, plus 20 us), so that the time is
-    /// the device's work, not the host's launch path and its stalls (a program's host time
-    /// beyond that still counts). kernelbench: KernelBench's harness call for
+    /// every call, speedups from the means of the calls. dice-queued (the default): the same,
+    /// with every call on the GPU starting behind a spin as long as the baseline's enqueue of a
+    /// call (1.5 times its 90th percentile, plus 20 us), so that the time is the device's work,
+    /// not the host's launch path and its stalls (a program's host time beyond that still
+    /// counts), and speedups on a GPU from the medians of the calls, which a rare host stall
+    /// does not move. kernelbench: KernelBench's harness call for
     /// call (3 warm-ups, L2 flush and synchronisation before each of 100 calls, the first
     /// discarded, one input set, the candidate's calls then the baseline's, means to 3
     /// significant digits); kernelbench-v0.1: its form in DICE's paper (no flush, no
     /// synchronisation before a call, nothing discarded). crates/dice-eval/TIMING.md compares
     /// them.
-    #[arg(long, value_enum, default_value_t = TimingArg::Dice)]
+    #[arg(long, value_enum, default_value_t = TimingArg::DiceQueued)]
     pub timing: TimingArg,
     /// Run each program with the problem file's globals (its constants, imports, `Model`), as
     /// KernelBench's harness does by exec'ing both into one namespace, so that Exec rates

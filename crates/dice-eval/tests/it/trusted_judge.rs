@@ -23,7 +23,7 @@ def get_init_inputs():
 ";
 
 /// A ReLU candidate whose process replaces the evaluator's `publish` (python/protocol.py) with
-/// `plant(tensors, path)`, where `tensors` are its correct outputs.
+/// `plant(tensors, path, **_)`, where `tensors` are its correct outputs.
 fn planting(plant: &str) -> Vec<u8> {
     format!(
         "import os, sys, threading, torch\nimport torch.nn as nn\n_p = sys.modules['protocol']\n_publish = _p.publish\n{plant}\n_p.publish = plant\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return torch.relu(x)\n"
@@ -54,16 +54,18 @@ fn files_planted_where_the_judge_reads_fail_their_candidate_alone() {
     let huge = 8u64 << 30;
     let cases = [
         // A FIFO: opening it for reading would block the judge until its timeout.
-        "def plant(tensors, path):\n    os.mkfifo(path)",
-        "def plant(tensors, path):\n    os.symlink('/dev/zero', path)",
+        "def plant(tensors, path, **_):\n    os.mkfifo(path)",
+        "def plant(tensors, path, **_):\n    os.symlink('/dev/zero', path)",
         // A sparse file of 8 GiB, directly and through a link.
-        &format!("def plant(tensors, path):\n    with open(path, 'wb') as f:\n        f.truncate({huge})"),
-        &format!("def plant(tensors, path):\n    with open(path + '.big', 'wb') as f:\n        f.truncate({huge})\n    os.symlink(path + '.big', path)"),
+        &format!("def plant(tensors, path, **_):\n    with open(path, 'wb') as f:\n        f.truncate({huge})"),
+        &format!("def plant(tensors, path, **_):\n    with open(path + '.big', 'wb') as f:\n        f.truncate({huge})\n    os.symlink(path + '.big', path)"),
         // Published right, then truncated over and over while the judge reads it (a mapping
         // of the file would crash the judge with SIGBUS).
-        "def plant(tensors, path):\n    _publish(tensors, path)\n    def shrink():\n        for _ in range(20000):\n            try:\n                os.truncate(path, 8)\n            except OSError:\n                pass\n    threading.Thread(target=shrink, daemon=True).start()",
+        "def plant(tensors, path, **_):\n    _publish(tensors, path)\n    def shrink():\n        for _ in range(20000):\n            try:\n                os.truncate(path, 8)\n            except OSError:\n                pass\n    threading.Thread(target=shrink, daemon=True).start()",
         // Published right, then replaced by a FIFO.
-        "def plant(tensors, path):\n    _publish(tensors, path)\n    os.mkfifo(path + '.fifo')\n    os.replace(path + '.fifo', path)",
+        "def plant(tensors, path, **_):\n    _publish(tensors, path)\n    os.mkfifo(path + '.fifo')\n    os.replace(path + '.fifo', path)",
+        // A header naming shared device memory (python/shared_output.py): its process's stdin.
+        "def plant(tensors, path, **_):\n    import json\n    t = tensors[0]\n    h = json.dumps([{'dtype': 'float32', 'shape': list(t.shape), 'shared': {'pid': os.getpid(), 'fd': 0, 'size': 4 * t.numel()}}]).encode()\n    with open(path, 'wb') as f:\n        f.write(len(h).to_bytes(8, 'little') + h)",
     ];
     let mut codes: Vec<Vec<u8>> = cases.iter().map(|c| planting(c)).collect();
     codes.push(honest());
@@ -87,6 +89,17 @@ fn files_planted_where_the_judge_reads_fail_their_candidate_alone() {
         records[5]
     );
     let message = |i: usize| records[i].message.clone().unwrap_or_default();
+    assert_eq!(
+        records[6].verdict,
+        Verdict::RuntimeError,
+        "{:?}",
+        records[6]
+    );
+    assert!(
+        message(6).contains("shared device memory"),
+        "{}",
+        message(6)
+    );
     assert!(message(0).contains("not a regular file"), "{}", message(0));
     assert!(message(1).contains("symbolic link"), "{}", message(1));
     assert!(message(2).contains("far more"), "{}", message(2));
