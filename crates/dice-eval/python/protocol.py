@@ -746,7 +746,10 @@ class PublishedFile:
         if shared is not None:
             if device.type != "cuda":
                 raise Unacceptable("the published output names shared device memory where there is no device")
-            imported = shared_output.Imported(self.owner, shared, numel * dtype.itemsize, device)
+            try:
+                imported = shared_output.Imported(self.owner, shared, numel * dtype.itemsize, device)
+            except shared_output.Refused as e:
+                raise Unacceptable(str(e)) from None
             try:
                 yield from imported.chunks(dtype, elements)
             finally:

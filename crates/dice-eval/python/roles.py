@@ -321,7 +321,7 @@ def reference(channel, req):
             try:
                 timed_call = op.get("timed_call")
                 if timed_call is None:
-                    reference_outputs = expected[op["trial"]]
+                    reference_outputs = expected.for_judging(op["trial"])
                 else:
                     reference_outputs = expected.timed_call(timed_call, op["key"])
                 pristine = expected.inputs(op["trial"]) if op.get("inputs") else None
@@ -332,6 +332,9 @@ def reference(channel, req):
             # the reference, for a judge that dies or hangs on them.
             channel.send(event="judging")
             judged = judge.check(reference_outputs, op["path"], samples=timed_call is not None, owner=op.get("owner"))
+            # A device copy handed out for this judgement goes back to the allocator before the
+            # next expected output is computed (the footprint counts one at a time).
+            del reference_outputs
             if timed_call is None:
                 judged["reference_ms"] = expected.forward_ms[op["trial"]]
             if pristine is not None:
@@ -363,6 +366,9 @@ class Expected:
         self.model = model
         self.seeds = setup.seeds.trials(trials)
         self.outputs = []
+        # (trial, its output on the device) for the trial last computed where its kept copy is on
+        # the host (`for_judging`).
+        self.fresh = None
         # Each trial's forward in ms (wall, synchronised), which the evaluator takes to size a
         # slow program's timing before its first round (stage_timing.rs).
         self.forward_ms = []
@@ -408,9 +414,20 @@ class Expected:
             del inputs
             out = protocol.as_tensor_list(out)
             kept = protocol.kept_copies(out)
+            on_host = any(o.is_cuda and not k.is_cuda for o, k in zip(out, kept))
+            self.fresh = (len(self.outputs), out) if on_host else None
             del out
             self.outputs.append(kept)
         return self.outputs[index]
+
+    def for_judging(self, index):
+        """Trial `index`'s expected output for one judgement: the device's own where it was the
+        last computed and is kept on the host (over DEVICE_KEPT_BYTES: a candidate's first
+        judgement of each trial then compares on the device without sending GBs up from host
+        memory a chunk at a time), else the kept copy. The device's is dropped once handed out."""
+        kept = self[index]
+        fresh, self.fresh = self.fresh, None
+        return fresh[1] if fresh is not None and fresh[0] == index else kept
 
 
 def input_mutation(pristine, path, trial):

@@ -12,9 +12,9 @@ namespace sees it). The judge takes that descriptor out of the candidate's proce
 (`owner`): a candidate cannot point the judge at another program's memory. It maps the memory
 read-only, copies it a chunk at a time into buffers of its own and compares those, then unmaps
 it. Whatever the header says that does not hold (a process outside the candidate's, a descriptor
-that is no CUDA allocation, a size the allocation lacks) is the candidate's failure
-(`protocol.Unacceptable`). Where the candidate's side cannot share (no VMM support, no room), it
-publishes the bytes in the file as before.
+that is no CUDA allocation, a size the allocation lacks) is the candidate's failure (`Refused`,
+which the judge reports as protocol.py's `Unacceptable`). Where the candidate's side cannot share
+(no VMM support, no room), it publishes the bytes in the file as before.
 
 Off unless the evaluator's environment has DICE_SHARED_OUTPUTS=1 (`enabled`): not yet run on a
 GPU (bench/notes/eval-h200.md, session 38, has the probe and the runs that decide the default).
@@ -44,6 +44,10 @@ def enabled():
 
 class SharingFailed(Exception):
     """A driver or system call on the way failed."""
+
+
+class Refused(Exception):
+    """What a candidate's header says of its shared output does not hold: its failure."""
 
 
 class _Location(ctypes.Structure):
@@ -220,21 +224,19 @@ class Imported:
     process, from its process below `owner`; `chunks` copies it out a part at a time."""
 
     def __init__(self, owner, shared, nbytes, device):
-        from protocol import Unacceptable
-
         if shared["size"] < nbytes or shared["size"] > 2 * nbytes + (64 << 20):
-            raise Unacceptable("the shared output's size does not match its tensor's")
+            raise Refused("the shared output's size does not match its tensor's")
         host_pid = owned_process(owner, shared["pid"])
         if host_pid is None:
-            raise Unacceptable("the shared output is not held by the program's own process")
+            raise Refused("the shared output is not held by the program's own process")
         libc = ctypes.CDLL(None, use_errno=True)
         pidfd = libc.syscall(ctypes.c_long(SYS_PIDFD_OPEN), ctypes.c_int(host_pid), ctypes.c_uint(0))
         if pidfd < 0:
-            raise Unacceptable("the program's process holding its shared output is gone")
+            raise Refused("the program's process holding its shared output is gone")
         fd = libc.syscall(ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_int(pidfd), ctypes.c_int(shared["fd"]), ctypes.c_uint(0))
         os.close(pidfd)
         if fd < 0:
-            raise Unacceptable(f"the shared output's descriptor cannot be taken: {os.strerror(ctypes.get_errno())}")
+            raise Refused(f"the shared output's descriptor cannot be taken: {os.strerror(ctypes.get_errno())}")
         self.device = device
         self.nbytes = nbytes
         try:
@@ -244,7 +246,7 @@ class Imported:
             index = device.index if device.index is not None else torch.cuda.current_device()
             self.mapping = _Mapping(handle, shared["size"], index, CU_MEM_ACCESS_FLAGS_PROT_READ)
         except SharingFailed as e:
-            raise Unacceptable(f"the shared output cannot be read: {e}") from None
+            raise Refused(f"the shared output cannot be read: {e}") from None
         finally:
             os.close(fd)
 
