@@ -97,10 +97,11 @@ def _prop(device):
 
 
 class _Mapping:
-    """An allocation handle mapped at a reserved address range of this process; `close` unmaps
-    it and gives both back."""
+    """An allocation handle mapped at a reserved address range of this process with the first
+    of `access` (CU_MEM_ACCESS_FLAGS_*) the driver grants; `close` unmaps it and gives both
+    back."""
 
-    def __init__(self, handle, size, device, flags):
+    def __init__(self, handle, size, device, access):
         lib = _cuda()
         self.handle, self.size = handle, size
         self.address = ctypes.c_uint64()
@@ -108,8 +109,13 @@ class _Mapping:
         try:
             _check(lib.cuMemMap(self.address, ctypes.c_size_t(size), ctypes.c_size_t(0), handle, ctypes.c_ulonglong(0)), "mapping the shared output")
             try:
-                access = _AccessDesc(_Location(CU_MEM_LOCATION_TYPE_DEVICE, device), flags)
-                _check(lib.cuMemSetAccess(self.address, ctypes.c_size_t(size), ctypes.byref(access), ctypes.c_size_t(1)), "setting access to the shared output")
+                results = []
+                for flags in access:
+                    desc = _AccessDesc(_Location(CU_MEM_LOCATION_TYPE_DEVICE, device), flags)
+                    results.append(lib.cuMemSetAccess(self.address, ctypes.c_size_t(size), ctypes.byref(desc), ctypes.c_size_t(1)))
+                    if results[-1] == 0:
+                        break
+                _check(results[-1], f"setting access to the shared output (results {results})")
             except SharingFailed:
                 lib.cuMemUnmap(self.address, ctypes.c_size_t(size))
                 raise
@@ -146,7 +152,7 @@ def export(t):
         size = -(-nbytes // granularity.value) * granularity.value
         handle = ctypes.c_uint64()
         _check(lib.cuMemCreate(ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop), ctypes.c_ulonglong(0)), "allocating shared device memory")
-        mapping = _Mapping(handle, size, device, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        mapping = _Mapping(handle, size, device, (CU_MEM_ACCESS_FLAGS_PROT_READWRITE,))
         try:
             torch.cuda.synchronize(t.device)
             target = torch.as_tensor(DeviceBytes(mapping.address.value, nbytes, False), device=t.device)
@@ -244,7 +250,9 @@ class Imported:
             handle = ctypes.c_uint64()
             _check(lib.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "importing the shared output")
             index = device.index if device.index is not None else torch.cuda.current_device()
-            self.mapping = _Mapping(handle, shared["size"], index, CU_MEM_ACCESS_FLAGS_PROT_READ)
+            # Read-only where the driver maps device memory so; the judge only copies out of it.
+            access = (CU_MEM_ACCESS_FLAGS_PROT_READ, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            self.mapping = _Mapping(handle, shared["size"], index, access)
         except SharingFailed as e:
             raise Refused(f"the shared output cannot be read: {e}") from None
         finally:
