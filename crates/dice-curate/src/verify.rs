@@ -31,7 +31,8 @@ pub struct VerifiedPair {
     pub id: String,
     /// The evaluator's verdict (`None` when the reference itself failed).
     pub verdict: Option<String>,
-    /// Baseline mean over candidate mean, for correct pairs.
+    /// The evaluator's stored speedup (baseline over candidate by its timing statistic), for
+    /// correct pairs.
     pub speedup: Option<f64>,
     /// The 95 % interval of the speedup.
     pub speedup_low: Option<f64>,

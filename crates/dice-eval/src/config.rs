@@ -79,7 +79,8 @@ pub enum Timing {
     /// host). The hold follows the baseline's enqueues round by round (`_adapt_hold`). A
     /// candidate's host time beyond the baseline's margin still counts. The baseline's rounds
     /// come first, to set the hold. On a GPU its speedup divides medians (stats.rs
-    /// `Statistic`). The default (TIMING.md says why).
+    /// `Statistic`); on the CPU, with no launch queue to hold, it is `Dice`. The default
+    /// (TIMING.md says why).
     DiceQueued,
     /// KernelBench HEAD's `cuda_event` harness (KB spec §3): the candidate's calls, then the
     /// baseline's as `measure_ref_program_time` makes them; one input set; means to 3
@@ -111,9 +112,10 @@ impl Timing {
         self.interleaves()
     }
 
-    /// Whether timed calls start behind the baseline's hold (`DiceQueued`).
-    pub fn queues_launches(self) -> bool {
-        self == Timing::DiceQueued
+    /// Whether timed calls start behind the baseline's hold: `DiceQueued` on a GPU. On the CPU
+    /// there is no launch queue to hold, and `DiceQueued` times as `Dice` does.
+    pub fn queues_launches(self, device: Device) -> bool {
+        self == Timing::DiceQueued && device == Device::Cuda
     }
 
     /// Calls the candidate's timer makes before its first timed one: the warm-ups, and the

@@ -95,9 +95,9 @@ enum Side {
 
 /// The rounds of `total` calls per side, in order. dice's timing alternates the sides (the
 /// order flips each round), so a change of the machine's speed weighs on both alike, the
-/// candidate first, or the baseline where its first round sets the hold of the queued timing;
-/// KernelBench's times all of the candidate's calls, then all of the baseline's.
-fn schedule(timing: Timing, total: u32, rounds: u32) -> Vec<(Side, u32)> {
+/// candidate first, or the baseline where its first round sets the hold of the queued timing
+/// (on `device`); KernelBench's times all of the candidate's calls, then all of the baseline's.
+fn schedule(timing: Timing, device: Device, total: u32, rounds: u32) -> Vec<(Side, u32)> {
     let calls = |round: u32| total / rounds + u32::from(round < total % rounds);
     if !timing.interleaves() {
         let side = |side| (0..rounds).map(move |round| (side, calls(round)));
@@ -105,7 +105,7 @@ fn schedule(timing: Timing, total: u32, rounds: u32) -> Vec<(Side, u32)> {
     }
     let mut order = Vec::new();
     for round in 0..rounds {
-        let (first, second) = if (round % 2 == 0) != timing.queues_launches() {
+        let (first, second) = if (round % 2 == 0) != timing.queues_launches(device) {
             (Side::Candidate, Side::Baseline)
         } else {
             (Side::Baseline, Side::Candidate)
@@ -145,7 +145,7 @@ pub(crate) fn time_side_by_side(
     let rounds = ctx.cfg.timing_rounds.clamp(1, total);
     // Every measurement's plan: sized by the trials' call time once, then each measurement's
     // first rounds may cut its own copy further.
-    let mut plan = schedule(ctx.cfg.timing, total, rounds);
+    let mut plan = schedule(ctx.cfg.timing, ctx.cfg.device, total, rounds);
     if let (Some(budget), Some(call_ms)) = (timing_budget(ctx), trial_call_ms) {
         bound_plan(&mut plan, call_ms, budget);
     }
@@ -291,7 +291,7 @@ fn measure(
             let hold_ms = ctx
                 .cfg
                 .timing
-                .queues_launches()
+                .queues_launches(ctx.cfg.device)
                 .then(|| reference.hold_ms.unwrap_or(0.0));
             let timed = match time_candidate(ctx, child, n, candidate_call, hold_ms, asks, keys) {
                 Ok(timed) => timed,
@@ -625,7 +625,7 @@ mod tests {
     #[test]
     fn dice_alternates_the_sides_and_kernelbench_times_the_candidate_first() {
         let sides = |timing| {
-            let order = schedule(timing, 10, 3);
+            let order = schedule(timing, Device::Cuda, 10, 3);
             let calls: u32 = order.iter().map(|(_, n)| n).sum();
             let names: String = order
                 .iter()
@@ -637,6 +637,9 @@ mod tests {
         assert_eq!(sides(Timing::DiceQueued), ("bccbbc".to_string(), 20));
         assert_eq!(sides(Timing::KernelBench), ("cccbbb".to_string(), 20));
         assert_eq!(sides(Timing::KernelBenchV01), ("cccbbb".to_string(), 20));
+        // No hold to set on the CPU: the queued method's rounds are dice's.
+        let on_cpu = schedule(Timing::DiceQueued, Device::Cpu, 10, 3);
+        assert_eq!(on_cpu, schedule(Timing::Dice, Device::Cpu, 10, 3));
     }
 
     /// Calls of 0.25 s (a first round of 10 each side, 2.5 s) leave nothing of a 2 s budget:
@@ -650,7 +653,7 @@ mod tests {
             warmup_calls: 0,
         };
         let bounded = |candidate_ms: f64, baseline_ms: f64| {
-            let mut plan = schedule(Timing::Dice, 100, 10);
+            let mut plan = schedule(Timing::Dice, Device::Cuda, 100, 10);
             bound_rounds(
                 &mut plan[2..],
                 &first(candidate_ms),
@@ -685,7 +688,7 @@ mod tests {
             wall_ms: 30_000.0,
             warmup_calls: 5,
         };
-        let mut plan = schedule(Timing::Dice, 100, 10);
+        let mut plan = schedule(Timing::Dice, Device::Cuda, 100, 10);
         bound_rounds(
             &mut plan[2..],
             &first(1.0),
@@ -702,7 +705,7 @@ mod tests {
     #[test]
     fn the_trials_call_time_bounds_every_round_from_the_first() {
         let planned = |call_ms: f64| {
-            let mut plan = schedule(Timing::Dice, 100, 10);
+            let mut plan = schedule(Timing::Dice, Device::Cuda, 100, 10);
             bound_plan(&mut plan, call_ms, Duration::from_secs(2));
             for pair in plan.chunks(2) {
                 assert_eq!(pair[0].1, pair[1].1, "{plan:?}");

@@ -83,7 +83,7 @@ impl Statistic {
     /// program's calls mix two modes (launch-bound or not), whose mean is steadier than their
     /// median; KernelBench's methods report means.
     pub(crate) fn of_timing(timing: Timing, device: Device) -> Statistic {
-        if timing.queues_launches() && device == Device::Cuda {
+        if timing.queues_launches(device) {
             Statistic::Median
         } else {
             Statistic::Mean

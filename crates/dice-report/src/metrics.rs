@@ -10,7 +10,8 @@ use serde::Serialize;
 pub struct Outcome {
     pub compiled: bool,
     pub correct: bool,
-    /// baseline mean / candidate mean, for correct samples that were timed.
+    /// The stored speedup (baseline over candidate by the run's timing statistic: medians under
+    /// `--timing dice-queued` on a GPU, else means), for correct samples that were timed.
     pub speedup: Option<f64>,
 }
 

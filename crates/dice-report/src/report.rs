@@ -88,7 +88,8 @@ pub struct SampleRow {
     pub correct: bool,
     /// Correct and not deceptive.
     pub robust_correct: bool,
-    /// baseline mean / candidate mean; `None` unless correct (and timed).
+    /// The stored speedup: baseline over candidate by the run's timing statistic (medians under
+    /// `--timing dice-queued` on a GPU, else means); `None` unless correct (and timed).
     pub speedup: Option<f64>,
     /// baseline median / candidate median: the same comparison without the few slow calls that
     /// decide the mean of a kernel of tens of microseconds (bench/eval/h200/README.md, timing

@@ -111,9 +111,10 @@ pub struct SampleRecord {
     pub trials_passed: u32,
     pub candidate_timing: Option<TimingStats>,
     pub baseline_timing: Option<TimingStats>,
-    /// baseline mean / candidate mean, only for correct samples; when the candidate's clock
-    /// contradicts the evaluator's (`timer_inconsistent`), the candidate's mean is the
-    /// evaluator's bound of it.
+    /// Baseline over candidate, only for correct samples: by the medians of the calls under
+    /// `--timing dice-queued` on a GPU, by their means otherwise; when the candidate's clock
+    /// contradicts the evaluator's (`timer_inconsistent`), baseline mean over the evaluator's
+    /// bound of the candidate's mean.
     pub speedup: Option<f64>,
     /// Where the speedup lies with 95 % confidence, from the reported times (None without a
     /// speedup, or when the candidate's clock was not trusted).

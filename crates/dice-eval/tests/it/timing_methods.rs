@@ -32,7 +32,7 @@ fn kernelbench_methods_time_the_cpp_example() {
 }
 
 /// `--timing dice-queued` through the evaluator on the CPU, where there is no device to hold:
-/// dice's rounds (the baseline's first), a speedup, the run stored under its name.
+/// dice's rounds, a speedup, the run stored under its name.
 #[test]
 fn the_queued_timing_judges_the_cpp_example_with_dice_rounds() {
     let _machine = machine_shared();
