@@ -608,7 +608,7 @@ def publish(tensors, path, share=False):
 
     def shared_part(t):
         large = isinstance(t, torch.Tensor) and t.is_cuda and t.numel() * t.element_size() >= shared_output.SHARED_FROM_BYTES
-        return shared_output.export(t.detach().contiguous()) if share and large and shared_output.enabled() else None
+        return shared_output.export(t.detach()) if share and large and shared_output.enabled() else None
 
     shared = [shared_part(t) for t in tensors]
     header = json.dumps([entry(t, s) for t, s in zip(tensors, shared)]).encode()

@@ -21,6 +21,7 @@ GPU (bench/notes/eval-h200.md, session 38, has the probe and the runs that decid
 """
 
 import ctypes
+import functools
 import os
 
 import torch
@@ -73,14 +74,9 @@ class DeviceBytes:
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "strides": None, "data": (address, readonly), "version": 3}
 
 
-_driver = None
-
-
+@functools.cache
 def _cuda():
-    global _driver
-    if _driver is None:
-        _driver = ctypes.CDLL("libcuda.so.1")
-    return _driver
+    return ctypes.CDLL("libcuda.so.1")
 
 
 def _check(result, what):
@@ -131,16 +127,15 @@ class _Mapping:
         lib.cuMemRelease(self.handle)
 
 
-class _Exported:
-    """What this (candidate's) process shares until `release`: mappings and descriptors."""
-
-    held = []
+# What this (candidate's) process shares until `release`: (mapping, descriptor) of each export.
+_held = []
 
 
 def export(t):
-    """The header entry's "shared" part for device tensor `t` (contiguous), its bytes copied into
-    exportable device memory held until `release`; None where this process cannot share it."""
-    if not t.is_cuda or not t.is_contiguous():
+    """The header entry's "shared" part for device tensor `t`, its values copied (C order, as a
+    published file holds them) into exportable device memory held until `release`; None where
+    this process cannot share it."""
+    if not t.is_cuda:
         return None
     nbytes = t.numel() * t.element_size()
     device = t.device.index if t.device.index is not None else torch.cuda.current_device()
@@ -155,8 +150,10 @@ def export(t):
         mapping = _Mapping(handle, size, device, (CU_MEM_ACCESS_FLAGS_PROT_READWRITE,))
         try:
             torch.cuda.synchronize(t.device)
+            # One copy straight from `t`'s layout: a contiguous copy of a strided output first
+            # would hold its size once more on the device.
             target = torch.as_tensor(DeviceBytes(mapping.address.value, nbytes, False), device=t.device)
-            target.copy_(t.reshape(-1).view(torch.uint8))
+            target.view(t.dtype).view(t.shape).copy_(t)
             torch.cuda.synchronize(t.device)
             fd = ctypes.c_int()
             _check(lib.cuMemExportToShareableHandle(ctypes.byref(fd), handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, ctypes.c_ulonglong(0)), "exporting the shared output")
@@ -165,15 +162,15 @@ def export(t):
             raise
     except (OSError, SharingFailed, RuntimeError):
         return None
-    _Exported.held.append((mapping, fd.value))
+    _held.append((mapping, fd.value))
     return {"pid": os.getpid(), "fd": fd.value, "size": size}
 
 
 def release():
     """Gives back everything `export` holds (the judge has read it: the evaluator asks for the
     next step only after the judgement)."""
-    while _Exported.held:
-        mapping, fd = _Exported.held.pop()
+    while _held:
+        mapping, fd = _held.pop()
         os.close(fd)
         mapping.close()
 
